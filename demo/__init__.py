@@ -1,0 +1,1 @@
+"""Built-in JAX workloads for ``jaxtop demo`` and examples for ``jaxtop run``."""

@@ -1,0 +1,5 @@
+import sys
+
+from jaxtop.cli import main
+
+sys.exit(main())

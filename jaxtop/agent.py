@@ -1,0 +1,527 @@
+"""The in-process agent: probes -> samples -> Unix socket (and a log file).
+
+One daemon thread runs a selector loop: it accepts clients, reads their
+commands, takes the guard lines the stderr relay reports, and every
+``interval_s`` takes a sample and sends it to every client. Nothing here may
+raise into the user's program or block its threads: every entry point that
+runs on a user thread (``start``, the import hook, ``atexit``) is guarded, and
+all socket I/O is non-blocking on the agent's own thread.
+
+No Textual here: the agent must run in a job that has only jax installed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import platform
+import selectors
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from jaxtop import paths, protocol
+from jaxtop._clients import Client, command_reply, peer_uid
+from jaxtop._import_hook import when_imported
+from jaxtop.probes.compile import CompileProbe
+from jaxtop.probes.donation import DonationProbe
+from jaxtop.probes.jax_memory import JaxMemoryProbe, backend_ready
+from jaxtop.probes.nvml import NvmlProbe
+from jaxtop.probes.process import ProcessProbe
+from jaxtop.probes.stderr_capture import CaptureError, StderrCapture
+from jaxtop.probes.transfer_guard import GuardController, TransferCounter, parse_line
+
+__version__ = "0.1.0"
+
+CommandHandler = Callable[[dict[str, Any]], Any]
+
+
+def _versions() -> dict[str, Any]:
+    out: dict[str, Any] = {"jaxtop": __version__, "python": platform.python_version()}
+    for name in ("jax", "jaxlib"):
+        module = sys.modules.get(name)
+        out[name] = getattr(module, "__version__", None) if module else None
+    return out
+
+
+class Agent:
+    """Streams samples of this process over ``PID.sock``.
+
+    Args:
+        interval_s: sample period for memory, transfers and host stats.
+        slow_interval_s: period of the heavier probes (live-array scan).
+        backfill_s: how much history a newly connected client receives.
+        log_path: also write the stream to this JSON-lines file.
+        capture_stderr: count transfer-guard lines from fd 2 (via the relay).
+        nvml: enable the NVML probe.
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 0.1,
+        slow_interval_s: float = 1.0,
+        backfill_s: float = 600.0,
+        log_path: str | None = None,
+        capture_stderr: bool = True,
+        nvml: bool = True,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError("interval_s must be positive")
+        self.interval_s = float(interval_s)
+        self.slow_interval_s = max(float(slow_interval_s), self.interval_s)
+        self.backfill_s = float(backfill_s)
+        self.log_path = log_path
+        self.pid = os.getpid()
+        self.socket_path: str | None = None
+        self.started_t = time.time()
+        self.events: list[dict[str, Any]] = []  # notices for the next sample
+
+        self._capture_wanted = capture_stderr
+        self._nvml_wanted = nvml
+        self._ring: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._clients: dict[int, Client] = {}
+        self._next_client = 1
+        self._commands: dict[str, CommandHandler] = {"ping": lambda args: {"pong": True}}
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._stop_requested = False
+        self._final_requested = False
+        self._final_done = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._listener: socket.socket | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._log_file: Any = None
+
+        self.transfers = TransferCounter()
+        self.capture: StderrCapture | None = None
+        self.guard: GuardController | None = None
+        self.compile = CompileProbe()
+        self.donation = DonationProbe()
+        self.process = ProcessProbe()
+        self.nvml = NvmlProbe() if nvml else None
+        self.memory: JaxMemoryProbe | None = None
+        self._jax_hooked = False
+        self._capture_reason: str | None = None
+        self._agent_cpu_s = 0.0
+
+    # -- lifecycle (called on a user thread: must not raise) -----------------
+    def start(self) -> None:
+        """Bind the socket, start stderr capture and the agent thread.
+
+        Raises:
+            OSError, paths.SocketDirError: the socket cannot be created. This
+            is the one failure reported to the caller of ``instrument()``,
+            before anything in the process was changed.
+        """
+        directory = paths.ensure_socket_dir()
+        path = str(directory / f"{self.pid}.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if os.path.exists(path):
+                os.unlink(path)  # a previous process with our pid left it
+            listener.bind(path)
+            os.chmod(path, 0o600)
+            listener.listen(16)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener, self.socket_path = listener, path
+        if self.log_path:
+            self._log_file = open(self.log_path, "wb")
+        if self._capture_wanted:
+            self.capture = StderrCapture(self._on_guard_line)
+            try:
+                self.capture.start()
+            except CaptureError as exc:
+                self._capture_reason = str(exc)
+                self.capture = None
+        else:
+            self._capture_reason = "stderr capture disabled"
+        if self.nvml is not None:
+            self.nvml.start()
+        atexit.register(self._atexit)
+        when_imported("jax", self._on_jax_imported)
+        self._thread = threading.Thread(target=self._run, name="jaxtop-agent", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling, close clients, give fd 2 and the guard back."""
+        if self._thread is None or self._stopped.is_set():
+            return
+        self._stop_requested = True
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+        self._teardown()
+
+    def register_command(self, name: str, handler: CommandHandler) -> None:
+        """Serve ``{"type": "command", "name": name, "args": {...}}`` requests.
+
+        The handler runs on the agent thread and must return quickly; its
+        return value is sent back as ``result``.
+        """
+        self._commands[name] = handler
+
+    def post_event(self, kind: str, **fields: Any) -> None:
+        """Attach an event (e.g. a caught error) to the next sample."""
+        with self._lock:
+            if len(self.events) < 1000:
+                self.events.append({"kind": kind, "t": time.time(), **fields})
+
+    # -- hooks on user threads -------------------------------------------------
+    def _on_jax_imported(self, _module: Any) -> None:
+        """Runs right after ``import jax`` finishes, on the importing thread."""
+        if self._jax_hooked or self._stopped.is_set():
+            return
+        self._jax_hooked = True
+        try:
+            if self.capture is not None:
+                self.guard = GuardController(self.capture.set_visibility)
+                self.guard.start()
+        except Exception as exc:
+            self._capture_reason = f"transfer guard could not be set: {exc}"
+        try:
+            self.compile.start()
+            self.donation.start()
+        except Exception:
+            pass
+        # jax registered its own atexit clean-up (which tears the backends
+        # down) during import; registering again now runs ours before it.
+        atexit.register(self._atexit)
+
+    def _atexit(self) -> None:
+        """Final sample (true totals) at interpreter exit, then shut down."""
+        if self._thread is None or self._final_requested or self._stopped.is_set():
+            return
+        self._final_requested = True
+        self._wake()
+        self._final_done.wait(timeout=3.0)
+        self.stop()
+
+    def _on_guard_line(self, text: str) -> None:
+        parsed = parse_line(text)
+        if parsed is not None:
+            self.transfers.add(parsed)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    # -- the agent thread --------------------------------------------------------
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        self._selector = sel
+        sel.register(self._listener, selectors.EVENT_READ, ("accept", None))
+        sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        if self.capture is not None and self.capture.report_fd is not None:
+            sel.register(self.capture.report_fd, selectors.EVENT_READ, ("reports", None))
+        self._emit(self._hello(), keep=False)
+        next_tick = time.monotonic()
+        next_slow = next_tick
+        try:
+            while not self._stop_requested:
+                timeout = max(0.0, next_tick - time.monotonic())
+                for key, mask in sel.select(timeout):
+                    self._on_event(sel, key, mask)
+                if self._final_requested and not self._final_done.is_set():
+                    self._final_sample()
+                    break
+                now = time.monotonic()
+                if now >= next_tick:
+                    slow = now >= next_slow
+                    if slow:
+                        next_slow = now + self.slow_interval_s
+                    self._tick(slow=slow)
+                    next_tick += self.interval_s
+                    if next_tick < now:  # fell behind (suspended): don't burst
+                        next_tick = now + self.interval_s
+        except Exception:
+            # The agent dies quietly rather than disturb the program; the
+            # reason goes to clients still connected.
+            self._broadcast(protocol.encode({
+                "type": "error", "t": time.time(), "message": "agent stopped: " + traceback.format_exc(limit=5),
+            }))
+        finally:
+            self._final_done.set()
+            self._flush_all(deadline=time.monotonic() + 1.0)
+
+    def _on_event(self, sel: selectors.BaseSelector, key: selectors.SelectorKey, mask: int) -> None:
+        kind, client = key.data
+        if kind == "accept":
+            self._accept(sel)
+        elif kind == "wake":
+            try:
+                os.read(self._wake_r, 4096)
+            except OSError:
+                pass
+        elif kind == "reports":
+            self.capture.read_reports()
+            if self.capture.report_fd is None:
+                sel.unregister(key.fileobj)
+        elif kind == "client":
+            if mask & selectors.EVENT_READ:
+                self._read_client(client)
+            if not client.closed and mask & selectors.EVENT_WRITE:
+                self._flush_client(client)
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            sock.setblocking(False)
+            client = Client(sock, self._next_client)
+            self._next_client += 1
+            uid = peer_uid(sock)
+            if uid is not None and uid != os.getuid():
+                client.fail(f"refused: uid {uid} is not the owner (uid {os.getuid()}) of this process")
+                client.flush()
+                client.close()
+                continue
+            client.queue(protocol.encode(self._hello()), droppable=False)
+            horizon = time.time() - self.backfill_s
+            for t, line in self._ring:
+                if t >= horizon:
+                    client.queue(line, droppable=False)
+            self._clients[client.ident] = client
+            sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, ("client", client))
+
+    def _read_client(self, client: Client) -> None:
+        try:
+            lines = client.read_lines()
+        except protocol.ProtocolError as exc:
+            self._fail_client(client, str(exc))
+            return
+        if lines is None:
+            self._drop_client(client)
+            return
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                request = protocol.decode(raw)
+            except protocol.ProtocolError as exc:
+                self._fail_client(client, f"bad input: {exc}")
+                return
+            client.queue(self._handle_request(request), droppable=False)
+        self._flush_client(client)
+
+    def _handle_request(self, request: dict[str, Any]) -> bytes:
+        kind = request.get("type")
+        if kind == "ping":
+            return protocol.encode({"type": "pong", "t": time.time(), "id": request.get("id")})
+        if kind != "command":
+            return command_reply(request, False, error=f"unknown request type {kind!r}")
+        name = request.get("name")
+        handler = self._commands.get(name) if isinstance(name, str) else None
+        if handler is None:
+            return command_reply(request, False, error=f"unknown command {name!r}; known: {sorted(self._commands)}")
+        args = request.get("args") if isinstance(request.get("args"), dict) else {}
+        try:
+            return command_reply(request, True, result=handler(args))
+        except Exception as exc:
+            return command_reply(request, False, error=f"{type(exc).__name__}: {exc}")
+
+    def _fail_client(self, client: Client, message: str) -> None:
+        client.fail(message)
+        self._flush_client(client)
+
+    def _flush_client(self, client: Client) -> None:
+        if client.closed:
+            return
+        alive = client.flush()
+        if not alive or (client.close_after_flush and not client.out):
+            self._drop_client(client)
+            return
+        if client.close_after_flush:
+            # An error is pending for a peer that does not read: give it a
+            # moment via the selector, but never wait here.
+            pass
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
+        if client.close_after_flush:
+            events = selectors.EVENT_WRITE
+        try:
+            self._selector.modify(client.sock, events, ("client", client))
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _drop_client(self, client: Client) -> None:
+        try:
+            self._selector.unregister(client.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        client.close()
+        self._clients.pop(client.ident, None)
+
+    def _broadcast(self, line: bytes) -> None:
+        for client in list(self._clients.values()):
+            client.queue(line)
+            self._flush_client(client)
+
+    def _flush_all(self, deadline: float) -> None:
+        """Best effort to send what is queued (used at exit)."""
+        while time.monotonic() < deadline:
+            pending = [c for c in self._clients.values() if c.out and not c.closed]
+            if not pending:
+                return
+            for c in pending:
+                if not c.flush():
+                    c.close()
+            time.sleep(0.005)
+
+    def _emit(self, record: dict[str, Any], keep: bool = True) -> None:
+        line = protocol.encode(record)
+        if keep:
+            now = record["t"]
+            self._ring.append((now, line))
+            horizon = now - self.backfill_s
+            while self._ring and self._ring[0][0] < horizon:
+                self._ring.popleft()
+        self._broadcast(line)
+        if self._log_file is not None:
+            try:
+                self._log_file.write(line)
+                self._log_file.flush()
+            except (OSError, ValueError):
+                self._log_file = None
+
+    # -- samples ---------------------------------------------------------------
+    def _hello(self) -> dict[str, Any]:
+        argv = list(sys.argv) if getattr(sys, "argv", None) else []
+        return {
+            "type": "hello",
+            "t": time.time(),
+            "protocol": protocol.PROTOCOL_VERSION,
+            "pid": self.pid,
+            "argv": argv,
+            "started_t": self.started_t,
+            "versions": _versions(),
+            "backend": self.memory.backend if self.memory else None,
+            "devices": self.memory.describe() if self.memory else [],
+            "interval_s": self.interval_s,
+            "slow_interval_s": self.slow_interval_s,
+            "backfill_s": self.backfill_s,
+            "transfer_capture": self._capture_status(),
+            "nvml": self.nvml.describe() if self.nvml else {"available": False, "reason": "disabled"},
+            "host": platform.node(),
+        }
+
+    def _capture_status(self) -> dict[str, Any]:
+        if self.capture is None:
+            return {"available": False, "reason": self._capture_reason or "not started"}
+        if self.guard is None:
+            return {"available": True, "guard": None, "note": "waiting for jax to be imported"}
+        status: dict[str, Any] = {"available": True, "guard": self.guard.user_levels()}
+        if self.guard.reason:
+            status["note"] = self.guard.reason
+        return status
+
+    def _ensure_memory_probe(self) -> None:
+        if self.memory is not None or not self._jax_hooked:
+            return
+        if not backend_ready():
+            return
+        self.memory = JaxMemoryProbe()
+        self._emit({
+            "type": "backend",
+            "t": time.time(),
+            "backend": self.memory.backend,
+            "devices": self.memory.describe(),
+            "versions": _versions(),
+        }, keep=False)
+
+    def _tick(self, slow: bool, final: bool = False) -> None:
+        started_cpu = time.thread_time()
+        now = time.time()
+        if self.capture is not None:
+            self.capture.read_reports()
+        self._ensure_memory_probe()
+        if slow:
+            if self.guard is not None:
+                try:
+                    self.guard.refresh()
+                except Exception:
+                    pass
+            if self.memory is not None:
+                self.memory.scan_live_arrays(now)
+        self._seq += 1
+        record: dict[str, Any] = {
+            "type": "sample",
+            "t": now,
+            "seq": self._seq,
+            "devices": self.memory.sample(include_map=slow or final) if self.memory else [],
+            "transfers": self.transfers.take(),
+            "process": self.process.sample(),
+            "compile": self.compile.sample(),
+            "donation": self.donation.sample(),
+        }
+        if self.nvml is not None and self.nvml.available:
+            record["nvml"] = self.nvml.sample()
+        with self._lock:
+            if self.events:
+                record["events"], self.events = self.events, []
+        if final:
+            record["final"] = True
+        self._agent_cpu_s += time.thread_time() - started_cpu
+        record["agent"] = {"cpu_s_total": round(self._agent_cpu_s, 6)}
+        self._emit(record)
+
+    def _final_sample(self) -> None:
+        if self.capture is not None:
+            self.capture.sync(timeout_s=1.0)
+        if self.memory is not None:
+            self.memory.scan_live_arrays(time.time())
+        self._tick(slow=False, final=True)
+        self._emit({"type": "exit", "t": time.time(), "pid": self.pid}, keep=False)
+        self._final_done.set()
+
+    def _teardown(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        for client in list(self._clients.values()):
+            client.close()
+        self._clients.clear()
+        if self._listener is not None:
+            self._listener.close()
+        if self.socket_path:
+            try:
+                os.unlink(self.socket_path)
+            except OSError:
+                pass
+        if self.guard is not None:
+            self.guard.restore()
+        if self.capture is not None:
+            self.capture.stop()
+        self.compile.stop()
+        self.donation.stop()
+        if self.nvml is not None:
+            self.nvml.stop()
+        if self._log_file is not None:
+            try:
+                self._log_file.close()
+            except OSError:
+                pass
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            atexit.unregister(self._atexit)
+        except Exception:
+            pass

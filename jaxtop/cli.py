@@ -1,0 +1,228 @@
+"""``jaxtop`` command line: argument checks and wiring, nothing more."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import signal
+import sys
+import time
+from typing import Sequence
+
+from jaxtop import __version__
+
+EXIT_USAGE = 2
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _pid(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jaxtop",
+        description="top for JAX memory: device memory, fragmentation and host<->device transfers.",
+    )
+    parser.add_argument("--version", action="version", version=f"jaxtop {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="run a Python program with the jaxtop agent started first",
+        description="Run SCRIPT (or -m MODULE) like `python`, with the agent started first. "
+        "Same sys.argv, __main__, exit code and exceptions as a plain run.",
+    )
+    run.add_argument("--log", metavar="FILE", help="also record the stream to FILE (JSON lines)")
+    run.add_argument("--interval", type=_positive_float, default=0.1, metavar="S", help="sample period in seconds (default 0.1)")
+    run.add_argument("--no-capture", action="store_true", help="do not capture stderr (no transfer counts)")
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
+    run.add_argument("target", nargs="*", metavar="SCRIPT [ARGS...]", help="the program and its arguments")
+
+    ls = sub.add_parser("ls", help="list instrumented processes of this user")
+    ls.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+
+    log = sub.add_parser(
+        "log",
+        help="record a running agent's stream as JSON lines",
+        description="Record until the target exits, the duration ends, or SIGINT/SIGTERM; then exit 0.",
+    )
+    log.add_argument("pid", type=_pid)
+    log.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    log.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
+    return parser
+
+
+_RUN_OPTIONS_WITH_VALUE = {"--log", "--interval"}
+
+
+def split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split ``run``'s own options from the program and its arguments.
+
+    Everything after SCRIPT (or after ``-m MODULE``) belongs to the program,
+    even when it looks like one of jaxtop's options, as with ``python``.
+    """
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[:i], argv[i + 1 :]
+        if arg == "-m":
+            return argv[: i + 2], argv[i + 2 :]
+        if arg.startswith("-m") and len(arg) > 2:
+            return argv[: i + 1], argv[i + 1 :]
+        if arg in _RUN_OPTIONS_WITH_VALUE:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return argv[:i], argv[i:]
+    return argv, []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":
+        own, program = split_run_argv(argv[1:])
+        args = parser.parse_args(["run", *own])
+        args.target = program
+        return cmd_run(parser, args)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return cmd_run(parser, args)
+    if args.command == "ls":
+        return cmd_ls(args)
+    if args.command == "log":
+        return cmd_log(args)
+    parser.print_help()
+    return EXIT_USAGE
+
+
+# -- run -------------------------------------------------------------------------
+
+def _trim_traceback(tb):
+    """Drop jaxtop's and runpy's frames so the traceback reads like `python SCRIPT`."""
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+        tb = tb.tb_next
+    return tb
+
+
+# The program's globals live until interpreter exit, as a plain `python
+# SCRIPT`'s __main__ does, so the final sample sees the arrays it still holds.
+_program_globals: dict | None = None
+
+
+def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.module is None and not args.target:
+        parser.error("run: give a SCRIPT to run, or -m MODULE")
+    if args.module is None:
+        script = args.target[0]
+        if not os.path.exists(script):
+            print(f"jaxtop run: can't open file {script!r}: no such file", file=sys.stderr)
+            return EXIT_USAGE
+    import jaxtop
+
+    try:
+        jaxtop.instrument(interval_s=args.interval, log_path=args.log, capture_stderr=not args.no_capture)
+    except OSError as exc:
+        print(f"jaxtop run: cannot start the agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    global _program_globals
+    try:
+        if args.module is not None:
+            sys.argv = [args.module, *args.target]
+            sys.path[0] = os.getcwd()  # as `python -m` does
+            _program_globals = runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args.target)
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            _program_globals = runpy.run_path(script, run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        # Report it as the interpreter would (through the user's own
+        # excepthook, if their program installed one), exit status 1.
+        sys.excepthook(type(exc), exc, _trim_traceback(exc.__traceback__))
+        return 1
+    return 0
+
+
+# -- ls --------------------------------------------------------------------------
+
+def _uptime(started_t: float | None) -> str:
+    if started_t is None:
+        return "?"
+    s = max(0, int(time.time() - started_t))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from jaxtop import client, paths
+
+    agents = client.list_agents()
+    if args.json:
+        import json
+
+        for a in agents:
+            print(json.dumps({"pid": a.pid, "argv": a.argv, "started_t": a.started_t, "socket": str(a.socket_path)}))
+        return 0
+    if not agents:
+        print(f"No instrumented JAX processes for this user (looked in {paths.socket_dir()}).")
+        print("Start one with: jaxtop run your_script.py   (or call jaxtop.instrument() in it)")
+        return 0
+    rows = [("PID", "UPTIME", "COMMAND", "SOCKET")]
+    rows += [(str(a.pid), _uptime(a.started_t), a.command, str(a.socket_path)) for a in agents]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print(f"{r[0]:>{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
+    return 0
+
+
+# -- log -------------------------------------------------------------------------
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from jaxtop import client
+
+    stop = {"flag": False}
+
+    def on_signal(signum, frame):
+        stop["flag"] = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        out = open(args.output, "wb") if args.output else sys.stdout.buffer
+    except OSError as exc:
+        print(f"jaxtop log: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        client.record(args.pid, out, duration_s=args.duration, should_stop=lambda: stop["flag"])
+    except client.AgentNotFound as exc:
+        print(f"jaxtop log: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if args.output:
+            out.close()
+        else:
+            try:
+                out.flush()
+            except OSError:
+                pass
+    return 0

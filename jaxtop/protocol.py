@@ -1,0 +1,124 @@
+"""The wire format: newline-delimited JSON, shared by sockets and recordings.
+
+Every record is one JSON object on one line with at least ``type`` and ``t``
+(Unix seconds). An agent stream starts with ``hello``; a recording is exactly
+the stream written to a file, so one reader serves both. See docs/protocol.md.
+
+This module is stdlib only: the agent, the recorder and the dashboard all use it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import IO, Any, Iterator
+
+PROTOCOL_VERSION = 1
+
+#: Largest line a peer may send to the agent (commands are small).
+MAX_COMMAND_LINE_BYTES = 64 * 1024
+#: Largest line a reader accepts from an agent or a recording.
+MAX_RECORD_LINE_BYTES = 16 * 1024 * 1024
+
+
+def _clean(value: Any) -> Any:
+    """Replace NaN/inf (not valid JSON) by None, recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """Serialise one record as a single JSON line (bytes, ending in newline).
+
+    Args:
+        record: A dict with at least ``type`` and ``t``.
+
+    Returns:
+        UTF-8 bytes of compact JSON plus ``b"\\n"``.
+    """
+    try:
+        text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_clean(record), separators=(",", ":"), allow_nan=False)
+    return text.encode() + b"\n"
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid record."""
+
+
+def decode(line: bytes | str) -> dict[str, Any]:
+    """Parse one line into a record.
+
+    Raises:
+        ProtocolError: the line is not a JSON object with a string ``type``.
+    """
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        raise ProtocolError("not a record: expected an object with a 'type' string")
+    return obj
+
+
+@dataclass
+class ReadStats:
+    """What a reader skipped, so a viewer can say so instead of hiding it."""
+
+    records: int = 0
+    malformed: int = 0  # lines that were not valid records
+    truncated: bool = False  # the last line had no newline (killed writer)
+    first_error: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def note(self, lineno: int, message: str) -> None:
+        self.malformed += 1
+        if len(self.errors) < 20:
+            self.errors.append(f"line {lineno}: {message}")
+        if self.first_error is None:
+            self.first_error = f"line {lineno}: {message}"
+
+
+def iter_records(stream: IO[bytes], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+    """Yield records from a binary stream (file or ``socket.makefile('rb')``).
+
+    Tolerates what real streams contain: a truncated last line (skipped and
+    flagged in ``stats.truncated``), malformed or oversized lines (skipped and
+    counted), and unknown fields or record types (passed through untouched).
+
+    Args:
+        stream: Binary, line-iterable stream.
+        stats: Optional counters updated as lines are read.
+    """
+    stats = stats if stats is not None else ReadStats()
+    lineno = 0
+    while True:
+        line = stream.readline(MAX_RECORD_LINE_BYTES + 1)
+        if not line:
+            return
+        lineno += 1
+        if not line.endswith(b"\n"):
+            if len(line) > MAX_RECORD_LINE_BYTES:
+                stats.note(lineno, "line too long")
+                # Skip the rest of the oversized line.
+                while line and not line.endswith(b"\n"):
+                    line = stream.readline(MAX_RECORD_LINE_BYTES)
+                continue
+            stats.truncated = True
+            return
+        if not line.strip():
+            continue
+        try:
+            record = decode(line)
+        except ProtocolError as exc:
+            stats.note(lineno, str(exc))
+            continue
+        stats.records += 1
+        yield record

@@ -1,0 +1,220 @@
+"""The stderr relay: a tiny child process that owns the read end of fd 2.
+
+It is started by :mod:`jaxtop.probes.stderr_capture` as
+``python -S -E _relay.py ORIG_FD REPORT_FD TOKEN PASS``, with the capture pipe
+as its stdin. It forwards every byte the target writes to stderr to the
+original stderr, unchanged and in order, except transfer-guard lines that only
+jaxtop asked for (directions not in PASS). Every guard line is reported to the
+agent on REPORT_FD as ``G <line>``; sync markers written by the agent are
+removed from the stream and acknowledged as ``S <n>``.
+
+Why a process and not a thread: a reader thread dies with the target, so the
+last lines before ``os._exit``, an abort or a segfault (OOM reports, XLA
+fatal checks) were lost. This process drains the pipe to EOF, which only
+comes when every writer (the target and any children holding fd 2) is gone.
+
+Stdlib only and started without ``site`` so it costs a few milliseconds.
+"""
+
+import errno
+import os
+import re
+import select
+import signal
+import sys
+
+GUARD_RE = re.compile(
+    rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+\S+:\d+\] "
+    rb"(host-to-device|device-to-device|device-to-host) transfer:"
+)
+ABSEIL_RE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+\S+:\d+\] ")
+# A partial line that may still turn into an abseil header: hold it briefly.
+HEADER_PREFIX_RE = re.compile(rb"[IWEF](\d{0,4}|\d{4} [\d:.]*|\d{4} \d\d:\d\d:\d\d\.\d+\s.*)", re.S)
+DIRECTION_KEYS = {
+    b"host-to-device": "h2d",
+    b"device-to-device": "d2d",
+    b"device-to-host": "d2h",
+}
+HOLD_S = 0.05
+REPORT_BACKLOG_MAX = 64 * 1024 * 1024
+
+
+class Relay:
+    def __init__(self, out_fd, report_fd, token, passed):
+        self.out_fd = out_fd
+        self.report_fd = report_fd
+        self.mark_prefix = b"\x00jaxtop:" + token + b":"
+        self.mark_re = re.compile(re.escape(self.mark_prefix) + rb"(sync|show) ([^\x00\n]*)\x00")
+        self.passed = passed
+        self.silenced = b""  # abseil severities the user had switched off
+        self.buf = b""
+        self.midline = False  # part of the current line was already forwarded
+        self.report_backlog = bytearray()
+        self.out_broken = False
+
+    # -- output ---------------------------------------------------------------
+    def forward(self, data):
+        if self.out_broken:
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.out_fd, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                # The terminal is gone. Keep draining so the target never sees
+                # a full pipe, but there is nowhere to write.
+                self.out_broken = True
+                return
+            view = view[n:]
+
+    def report(self, data):
+        if self.report_fd is None:
+            return
+        if len(self.report_backlog) < REPORT_BACKLOG_MAX:
+            self.report_backlog += data
+        self.flush_reports()
+
+    def flush_reports(self):
+        while self.report_backlog and self.report_fd is not None:
+            try:
+                n = os.write(self.report_fd, self.report_backlog)
+            except BlockingIOError:
+                return
+            except InterruptedError:
+                continue
+            except OSError:
+                # The agent stopped listening (detached or exited).
+                os.close(self.report_fd)
+                self.report_fd = None
+                self.report_backlog.clear()
+                return
+            del self.report_backlog[:n]
+
+    # -- parsing --------------------------------------------------------------
+    def strip_markers(self, data):
+        if b"\x00" not in data:
+            return data
+        def handle(match):
+            verb, arg = match.group(1), match.group(2)
+            if verb == b"sync":
+                self.report(b"S " + arg + b"\n")
+            else:  # "show h2d,d2d|IW": what the user sees, what they silenced
+                shown, _, silenced = arg.decode("ascii", "replace").partition("|")
+                self.passed = set(filter(None, shown.split(",")))
+                self.silenced = silenced.encode()
+            return b""
+
+        return self.mark_re.sub(handle, data)
+
+    def partial_marker_at(self, data):
+        """Index where an incomplete sync marker starts at the end, or len."""
+        i = data.rfind(b"\x00")
+        while i >= 0:
+            tail = data[i:]
+            if self.mark_prefix.startswith(tail) or (
+                tail.startswith(self.mark_prefix) and len(tail) < 256
+            ):
+                return i
+            i = data.rfind(b"\x00", 0, i)
+        return len(data)
+
+    def line(self, line):
+        if self.midline:
+            self.midline = False
+            self.forward(line)
+            return
+        match = GUARD_RE.match(line)
+        if match is None:
+            if self.silenced and line[:1] in self.silenced and ABSEIL_RE.match(line):
+                return  # an abseil warning the user had silenced
+            self.forward(line)
+            return
+        self.report(b"G " + line)
+        if DIRECTION_KEYS[match.group(1)] in self.passed:
+            self.forward(line)
+
+    def feed(self, data):
+        self.buf += data
+        while True:
+            nl = self.buf.find(b"\n")
+            if nl < 0:
+                break
+            line, self.buf = self.buf[: nl + 1], self.buf[nl + 1 :]
+            line = self.strip_markers(line)
+            self.line(line)
+        self.buf = self.strip_markers(self.buf)
+        cut = self.partial_marker_at(self.buf)
+        head, tail = self.buf[:cut], self.buf[cut:]
+        if head and (self.midline or not HEADER_PREFIX_RE.fullmatch(head)):
+            self.forward(head)
+            self.midline = True
+            self.buf = tail
+
+    def holding(self):
+        return bool(self.buf)
+
+    def release(self):
+        """Give up waiting for the rest of a held partial line."""
+        cut = self.partial_marker_at(self.buf)
+        head, self.buf = self.buf[:cut], self.buf[cut:]
+        if head:
+            self.forward(head)
+            self.midline = True
+
+    def finish(self):
+        if self.buf:
+            data = self.strip_markers(self.buf)
+            self.buf = b""
+            if self.midline or not GUARD_RE.match(data):
+                self.forward(data)
+            else:
+                self.line(data)
+        self.flush_reports()
+
+
+def main(argv):
+    out_fd, report_fd = int(argv[1]), int(argv[2])
+    token, passed = argv[3].encode(), set(filter(None, argv[4].split(",")))
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        # The target's process group gets Ctrl-C too; this process must live
+        # until the target is gone, so it waits for EOF instead.
+        signal.signal(sig, signal.SIG_IGN)
+    if report_fd >= 0:
+        os.set_blocking(report_fd, False)
+    relay = Relay(out_fd, report_fd if report_fd >= 0 else None, token, passed)
+    while True:
+        wanted_w = [relay.report_fd] if relay.report_backlog and relay.report_fd is not None else []
+        timeout = HOLD_S if relay.holding() else None
+        try:
+            readable, writable, _ = select.select([0], wanted_w, [], timeout)
+        except InterruptedError:
+            continue
+        if writable:
+            relay.flush_reports()
+        if not readable:
+            if relay.holding() and not writable:
+                relay.release()
+            continue
+        try:
+            data = os.read(0, 65536)
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EAGAIN:
+                continue
+            break
+        if not data:
+            break
+        relay.feed(data)
+    relay.finish()
+    # Give the agent a moment to take the last reports, without hanging.
+    if relay.report_fd is not None and relay.report_backlog:
+        os.set_blocking(relay.report_fd, True)
+        relay.flush_reports()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

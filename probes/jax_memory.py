@@ -1,0 +1,198 @@
+"""Device memory: ``Device.memory_stats()`` where the backend has it, live
+arrays where it does not (CPU).
+
+Pure helpers (:func:`normalize_stats`, :func:`fragmentation`,
+:func:`summarize_live_arrays`) take plain dicts and are tested against
+recorded GPU dicts; :class:`JaxMemoryProbe` calls into jax.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterable
+
+#: Fields memory_stats() always has, and those present only when the
+#: allocator sets them (DESIGN.md §3).
+STAT_KEYS = (
+    "num_allocs", "bytes_in_use", "peak_bytes_in_use", "largest_alloc_size",
+    "bytes_reserved", "peak_bytes_reserved", "largest_free_block_bytes",
+    "bytes_limit", "bytes_reservable_limit", "pool_bytes", "peak_pool_bytes",
+)
+BUFFER_MAP_MAX = 2000
+TOP_BUFFERS = 10
+
+
+def normalize_stats(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Pass ``memory_stats()`` through, mapping the PJRT C API's -1 to None."""
+    if raw is None:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, (int, float)) and value == -1:
+            out[key] = None
+        else:
+            out[key] = value
+    return out
+
+
+def fragmentation(stats: dict[str, Any] | None, platform: str = "") -> tuple[float | None, str | None]:
+    """BFC's own fragmentation: ``1 - largest_free_block / (pool - in_use)``.
+
+    Returns:
+        (value in [0, 1], None), or (None, reason) when the allocator does not
+        report what the formula needs.
+    """
+    if stats is None:
+        return None, f"memory_stats() is None on {platform or 'this'} backend: the allocator reports no pool"
+    pool = stats.get("pool_bytes")
+    free_block = stats.get("largest_free_block_bytes")
+    in_use = stats.get("bytes_in_use")
+    if pool is None or free_block is None or in_use is None:
+        return None, "allocator reports no pool_bytes/largest_free_block_bytes (e.g. cuda_async or platform allocator)"
+    free = pool - in_use
+    if free <= 0:
+        return 0.0, None  # nothing free in the pool: nothing to fragment
+    value = 1.0 - free_block / free
+    return min(1.0, max(0.0, value)), None
+
+
+def summarize_live_arrays(buffers: Iterable[tuple[int, int, int | None, str, str]]) -> dict[int, dict[str, Any]]:
+    """Per-device accounting from ``(device_id, nbytes, ptr, dtype, shape)`` rows.
+
+    Returns:
+        ``{device_id: {"bytes", "count", "largest_bytes", "top", "map"}}`` where
+        ``top`` lists the largest buffers and ``map`` is ``[[ptr, nbytes], …]``
+        in address order (the largest ``BUFFER_MAP_MAX`` when there are more).
+    """
+    per: dict[int, dict[str, Any]] = {}
+    rows: dict[int, list] = {}
+    for dev, nbytes, ptr, dtype, shape in buffers:
+        entry = per.setdefault(dev, {"bytes": 0, "count": 0, "largest_bytes": 0})
+        entry["bytes"] += nbytes
+        entry["count"] += 1
+        if nbytes > entry["largest_bytes"]:
+            entry["largest_bytes"] = nbytes
+        rows.setdefault(dev, []).append((nbytes, ptr, dtype, shape))
+    for dev, items in rows.items():
+        items.sort(key=lambda r: r[0], reverse=True)
+        per[dev]["top"] = [
+            {"nbytes": n, "dtype": dt, "shape": sh, "ptr": p} for n, p, dt, sh in items[:TOP_BUFFERS]
+        ]
+        mapped = [[p, n] for n, p, _, _ in items[:BUFFER_MAP_MAX] if p is not None]
+        mapped.sort()
+        per[dev]["map"] = mapped
+        per[dev]["map_complete"] = len(items) <= BUFFER_MAP_MAX
+    return per
+
+
+def backend_ready() -> bool:
+    """True once the user's program has imported jax and created a backend.
+
+    The agent must not create the backend itself: allocator settings
+    (``XLA_PYTHON_CLIENT_*``, ``XLA_FLAGS``) are read at that moment, and a
+    program may still be setting them.
+    """
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        if hasattr(xla_bridge, "backends_are_initialized"):
+            return bool(xla_bridge.backends_are_initialized())
+        return bool(getattr(xla_bridge, "_backends", None))
+    except Exception:
+        return False
+
+
+class JaxMemoryProbe:
+    """Samples every local device. Call only after :func:`backend_ready`."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self._jax = jax
+        self.devices = list(jax.local_devices())
+        self.backend = jax.default_backend()
+        self._prev_peak: dict[int, int] = {}
+        self._live: dict[int, dict[str, Any]] = {}
+        self._live_t: float | None = None
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Static facts about each device, for ``hello``."""
+        out = []
+        for d in self.devices:
+            out.append({
+                "id": d.id,
+                "platform": d.platform,
+                "kind": getattr(d, "device_kind", d.platform),
+                "process_index": getattr(d, "process_index", 0),
+            })
+        return out
+
+    def scan_live_arrays(self, now: float) -> None:
+        """The slow-cadence scan of ``jax.live_arrays()`` (all devices)."""
+        rows = []
+        for arr in self._jax.live_arrays():
+            try:
+                dtype, shape = str(arr.dtype), str(list(arr.shape))
+                devs = arr.sharding.device_set
+                if len(devs) == 1:
+                    (dev,) = devs
+                    try:
+                        ptr = arr.unsafe_buffer_pointer()
+                    except Exception:
+                        ptr = None
+                    rows.append((dev.id, int(arr.nbytes), ptr, dtype, shape))
+                    continue
+                for shard in arr.addressable_shards:
+                    data = shard.data
+                    try:
+                        ptr = data.unsafe_buffer_pointer()
+                    except Exception:
+                        ptr = None
+                    rows.append((shard.device.id, int(data.nbytes), ptr, dtype, str(list(data.shape))))
+            except Exception:
+                continue  # deleted or donated while we looked
+        self._live = summarize_live_arrays(rows)
+        self._live_t = now
+
+    def sample(self, include_map: bool) -> list[dict[str, Any]]:
+        """One record per device for a sample."""
+        out = []
+        for d in self.devices:
+            try:
+                raw = d.memory_stats()
+            except Exception:
+                raw = None
+            stats = normalize_stats(raw)
+            live = self._live.get(d.id, {"bytes": 0, "count": 0, "largest_bytes": 0, "top": [], "map": []})
+            rec: dict[str, Any] = {"id": d.id, "platform": d.platform}
+            live_summary = {
+                "bytes": live["bytes"],
+                "count": live["count"],
+                "largest_bytes": live["largest_bytes"],
+                "scanned_t": self._live_t,
+            }
+            if include_map:
+                live_summary["top"] = live.get("top", [])
+                live_summary["map"] = live.get("map", [])
+                live_summary["map_complete"] = live.get("map_complete", True)
+            if stats is not None:
+                rec["source"] = "memory_stats"
+                rec.update(stats)
+                peak = stats.get("peak_bytes_in_use")
+                prev = self._prev_peak.get(d.id)
+                rec["peak_rise_bytes"] = (peak - prev) if (peak is not None and prev is not None) else None
+                if peak is not None:
+                    self._prev_peak[d.id] = peak
+            else:
+                rec["source"] = "live_arrays"
+                rec["bytes_in_use"] = live["bytes"]
+                rec["peak_rise_bytes"] = None
+            frag, reason = fragmentation(stats, d.platform)
+            rec["fragmentation"] = frag
+            if reason:
+                rec["fragmentation_reason"] = reason
+            rec["live_arrays"] = live_summary
+            out.append(rec)
+        return out

@@ -1,0 +1,301 @@
+"""Implicit host<->device transfers, counted from JAX's transfer-guard log lines.
+
+JAX has no Python hook for transfers. With the guard at ``log``, jaxlib writes
+one abseil ``LOG(WARNING)`` line per implicit transfer (per argument, per call)
+to fd 2. :mod:`jaxtop.probes.stderr_capture` hands those lines here; this
+module parses them (every known payload variant), aggregates them per sample
+interval and owns the guard setting: it switches ``allow`` directions to
+``log`` and remembers what the user had, so their own lines still reach them.
+
+The parser and counter are pure (no jax import) and tested on recorded lines.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+DIRECTIONS = ("h2d", "d2h", "d2d")
+_DIRECTION_TEXT = {
+    "host-to-device": "h2d",
+    "device-to-host": "d2h",
+    "device-to-device": "d2d",
+}
+# Match on the message text, not the C++ file name in the prefix: that moved
+# from xla/python/transfer_guard_lib.cc to jaxlib/guard_lib.cc between releases.
+_LINE_RE = re.compile(r"(host-to-device|device-to-host|device-to-device) transfer:(.*)$", re.S)
+_AVAL_RE = re.compile(r"aval=ShapedArray\((\w+)\[([^\]]*)\]")
+_SHAPE_RE = re.compile(r"shape=\(([^)]*)\),\s*dtype=(\w+)")
+
+#: Bits per element for dtype names that carry no bit count.
+_SPECIAL_BITS = {"bool": 8, "pred": 8, "float0": 0, "token": 0}
+_TOP_SHAPES_KEPT = 1000
+
+
+@dataclass(frozen=True)
+class GuardLine:
+    """One parsed guard line.
+
+    Attributes:
+        direction: ``h2d``, ``d2h`` or ``d2d``.
+        shape_key: e.g. ``float32[1000,1000]``; None for an empty payload
+            (a cached jit call logs ``host-to-device transfer:`` and nothing more).
+        nbytes: bytes of the transferred value when the line names aval or
+            shape and dtype; None when unknown.
+    """
+
+    direction: str
+    shape_key: str | None
+    nbytes: int | None
+
+
+def dtype_bits(name: str) -> int | None:
+    """Bits per element from a JAX (``float32``) or XLA (``F32``) dtype name."""
+    low = name.lower()
+    if low in _SPECIAL_BITS:
+        return _SPECIAL_BITS[low]
+    match = re.match(r"^(?:bfloat|float|int|uint|complex|f|s|u|c|bf)(\d+)", low)
+    if match:
+        return int(match.group(1))
+    return None
+
+
+def _dims(text: str) -> list[int] | None:
+    text = text.strip().rstrip(",")
+    if not text:
+        return []
+    dims = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            return None  # symbolic or dynamic dimension
+        dims.append(int(part))
+    return dims
+
+
+def _size(dims: list[int] | None, bits: int | None) -> int | None:
+    if dims is None or bits is None:
+        return None
+    count = 1
+    for d in dims:
+        count *= d
+    return (count * bits + 7) // 8
+
+
+def parse_line(line: str) -> GuardLine | None:
+    """Parse one stderr line; None when it is not a transfer-guard line.
+
+    Handles h2d ``aval=…, dst_sharding=…``, the empty payload of cached jit
+    calls, d2d with or without ``sharding=``, and the GPU d2h form
+    ``shape=(d0,d1), dtype=F32, device=cuda:0``.
+    """
+    match = _LINE_RE.search(line)
+    if match is None:
+        return None
+    direction = _DIRECTION_TEXT[match.group(1)]
+    payload = match.group(2)
+    aval = _AVAL_RE.search(payload)
+    if aval:
+        dtype, dims_text = aval.group(1), aval.group(2)
+        dims = _dims(dims_text)
+        return GuardLine(direction, f"{dtype}[{dims_text}]", _size(dims, dtype_bits(dtype)))
+    shape = _SHAPE_RE.search(payload)
+    if shape:
+        dims_text, dtype = shape.group(1), shape.group(2)
+        dims = _dims(dims_text)
+        key = f"{dtype.lower()}[{dims_text.strip().rstrip(',').replace(' ', '')}]"
+        return GuardLine(direction, key, _size(dims, dtype_bits(dtype)))
+    return GuardLine(direction, None, None)
+
+
+class TransferCounter:
+    """Per-direction counts: this interval and since start. Thread-safe.
+
+    ``add`` is called from the line reader; ``take`` once per sample.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._interval = {d: [0, 0, 0] for d in DIRECTIONS}  # count, bytes, unknown
+        self._total = {d: [0, 0, 0] for d in DIRECTIONS}
+        self._shapes: Counter[tuple[str, str]] = Counter()
+        self.errors = 0  # implicit transfers refused by a user's disallow
+
+    def add(self, parsed: GuardLine) -> None:
+        with self._lock:
+            for bucket in (self._interval[parsed.direction], self._total[parsed.direction]):
+                bucket[0] += 1
+                if parsed.nbytes is None:
+                    bucket[2] += 1
+                else:
+                    bucket[1] += parsed.nbytes
+            key = (parsed.direction, parsed.shape_key or "(cached call, shape not logged)")
+            if key in self._shapes or len(self._shapes) < _TOP_SHAPES_KEPT:
+                self._shapes[key] += 1
+
+    def take(self, top: int = 5) -> dict[str, Any]:
+        """The wire ``transfers`` object; resets the interval counts."""
+        with self._lock:
+            out: dict[str, Any] = {}
+            for d in DIRECTIONS:
+                i, t = self._interval[d], self._total[d]
+                out[d] = {
+                    "count": i[0],
+                    "bytes_known": i[1],
+                    "count_bytes_unknown": i[2],
+                    "count_total": t[0],
+                    "bytes_known_total": t[1],
+                    "count_bytes_unknown_total": t[2],
+                }
+                self._interval[d] = [0, 0, 0]
+            out["top_shapes"] = [
+                {"direction": d, "shape": s, "count": n}
+                for (d, s), n in self._shapes.most_common(top)
+            ]
+        return out
+
+
+# -- the guard setting --------------------------------------------------------
+
+_OPTION = {
+    "h2d": "jax_transfer_guard_host_to_device",
+    "d2h": "jax_transfer_guard_device_to_host",
+    "d2d": "jax_transfer_guard_device_to_device",
+}
+_GLOBAL_OPTION = "jax_transfer_guard"
+_USER_SEES = ("log", "log_explicit")
+
+
+def _level_of_cpp_threshold() -> int:
+    """Abseil's minimum log level as the user configured it (0 INFO … 3 FATAL)."""
+    import os
+
+    try:
+        env = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        env = 0
+    level = env
+    try:
+        import jax
+
+        name = jax.config.jax_logging_level
+        table = {"CRITICAL": 3, "FATAL": 3, "ERROR": 2, "WARN": 1, "WARNING": 1, "INFO": 0, "DEBUG": 0}
+        if name in table:
+            level = table[name]
+    except Exception:
+        pass
+    return level
+
+
+class GuardController:
+    """Switches the implicit-transfer guard to ``log`` where the user had ``allow``.
+
+    Works per direction. Where the user chose ``log`` (or ``log_explicit``)
+    their lines keep reaching their terminal; where they chose ``disallow``
+    jaxtop changes nothing. ``refresh`` notices later ``jax.config.update``
+    calls by the user. ``restore`` puts every option back.
+
+    Args:
+        on_visibility: called with (directions whose lines the user sees,
+            abseil severities the user had silenced) whenever that changes.
+    """
+
+    def __init__(self, on_visibility: Callable[[set[str], str], None]) -> None:
+        self._on_visibility = on_visibility
+        self._user: dict[str, str | None] = {}
+        self._ours: dict[str, str] = {}
+        self._last: dict[str, Any] = {}
+        self._raw: dict[str, Any] = {}
+        self._user_global: Any = None
+        self._silenced = ""
+        self._cpp_level_changed = False
+        self.active = False
+        self.reason: str | None = None
+
+    def _read(self) -> dict[str, Any]:
+        import jax
+
+        values = {d: getattr(jax.config, opt) for d, opt in _OPTION.items()}
+        values["global"] = getattr(jax.config, _GLOBAL_OPTION)
+        return values
+
+    def start(self) -> None:
+        """Read the user's settings and switch ``allow`` directions to ``log``."""
+        import jax
+
+        values = self._read()
+        self._raw = dict(values)
+        self._user_global = values["global"]
+        for d in DIRECTIONS:
+            self._user[d] = values[d] if values[d] is not None else self._user_global
+        level = _level_of_cpp_threshold()
+        if level >= 2:
+            # The user silenced abseil warnings (TF_CPP_MIN_LOG_LEVEL or
+            # jax_logging_level): guard lines need WARNING, so lower the bar
+            # and have the relay drop the other warnings they did not want.
+            try:
+                from jax._src.lib import utils
+
+                utils.absl_set_min_log_level(1)
+                self._cpp_level_changed = True
+                self._silenced = "IW"
+            except Exception as exc:  # older jaxlib without the hook
+                self.reason = f"abseil warnings are silenced and cannot be re-enabled: {exc}"
+        self._apply(jax)
+        self.active = True
+
+    def _apply(self, jax: Any) -> None:
+        visible = set()
+        for d in DIRECTIONS:
+            level = self._user.get(d)
+            if level in (None, "allow"):
+                if self._ours.get(d) != "log":
+                    jax.config.update(_OPTION[d], "log")
+                    self._ours[d] = "log"
+            else:
+                self._ours.pop(d, None)
+                if level in _USER_SEES:
+                    visible.add(d)
+        self._last = self._read()
+        self._on_visibility(visible, self._silenced)
+
+    def refresh(self) -> None:
+        """Pick up guard changes the user made with ``jax.config.update``."""
+        if not self.active:
+            return
+        import jax
+
+        now = self._read()
+        if now == self._last:
+            return
+        if now["global"] != self._last.get("global"):
+            for d in DIRECTIONS:
+                self._user[d] = now["global"]
+        for d in DIRECTIONS:
+            if now[d] != self._last.get(d) and now[d] != now["global"]:
+                self._user[d] = now[d]
+        self._apply(jax)
+
+    def user_levels(self) -> dict[str, str]:
+        return {d: (self._user.get(d) or "allow") for d in DIRECTIONS}
+
+    def restore(self) -> None:
+        """Put back every option jaxtop changed."""
+        if not self.active:
+            return
+        self.active = False
+        try:
+            import jax
+
+            for d in list(self._ours):
+                jax.config.update(_OPTION[d], self._raw.get(d))
+            self._ours.clear()
+            if self._cpp_level_changed:
+                from jax._src.lib import utils
+
+                utils.absl_set_min_log_level(_level_of_cpp_threshold())
+        except Exception:
+            pass

@@ -1,0 +1,1 @@
+"""Textual widgets of the dashboard: they render what the model hands them."""
