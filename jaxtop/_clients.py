@@ -7,6 +7,7 @@ closes only this client.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -15,7 +16,7 @@ from typing import Any
 from jaxtop import protocol
 
 #: Queued output per client before live samples are dropped for it.
-MAX_CLIENT_BUFFER_BYTES = 16 * 1024 * 1024
+MAX_CLIENT_BUFFER_BYTES = int(os.environ.get("JAXTOP_CLIENT_BUFFER_BYTES", 16 * 1024 * 1024))
 
 
 def peer_uid(sock: socket.socket) -> int | None:

@@ -116,8 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _trim_traceback(tb):
     """Drop jaxtop's and runpy's frames so the traceback reads like `python SCRIPT`."""
-    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+    ours = {__file__, runpy.__file__, "<frozen runpy>"}
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
     return tb
 
@@ -157,7 +157,8 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except BaseException as exc:
         # Report it as the interpreter would (through the user's own
         # excepthook, if their program installed one), exit status 1.
-        sys.excepthook(type(exc), exc, _trim_traceback(exc.__traceback__))
+        tb = _trim_traceback(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         return 1
     return 0
 

@@ -1,0 +1,91 @@
+"""Shared fixtures: a private socket directory and real JAX child processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+TARGETS = Path(__file__).parent / "targets"
+PY = sys.executable
+
+
+@pytest.fixture
+def sockdir(monkeypatch):
+    # A short path: AF_UNIX socket paths are limited to 108 bytes.
+    path = tempfile.mkdtemp(prefix="jt-")
+    monkeypatch.setenv("JAXTOP_SOCKET_DIR", path)
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def child_env(sockdir):
+    env = dict(os.environ)
+    env["JAXTOP_SOCKET_DIR"] = str(sockdir)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["JAX_PLATFORMS"] = "cpu"
+    env.pop("JAX_TRANSFER_GUARD", None)
+    return env
+
+
+def wait_for(predicate, timeout=30.0, interval=0.05, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Targets:
+    """Starts `jaxtop run` children and cleans them up."""
+
+    def __init__(self, env, sockdir):
+        self.env = env
+        self.sockdir = sockdir
+        self.procs: list[subprocess.Popen] = []
+
+    def run(self, *args, env=None, wait_socket=True, **kw):
+        proc = subprocess.Popen(
+            [PY, "-m", "jaxtop", "run", *map(str, args)],
+            env=env or self.env,
+            stdout=kw.pop("stdout", subprocess.PIPE),
+            stderr=kw.pop("stderr", subprocess.PIPE),
+            **kw,
+        )
+        self.procs.append(proc)
+        if wait_socket:
+            sock = self.sockdir / f"{proc.pid}.sock"
+            wait_for(lambda: sock.exists() or proc.poll() is not None, what="agent socket")
+            assert proc.poll() is None, proc.communicate()
+        return proc
+
+    def cleanup(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            try:
+                p.communicate(timeout=10)
+            except Exception:
+                pass
+
+
+@pytest.fixture
+def targets(child_env, sockdir):
+    t = Targets(child_env, sockdir)
+    yield t
+    t.cleanup()
+
+
+def jaxtop_cmd(*args, env, timeout=60, **kw):
+    return subprocess.run(
+        [PY, "-m", "jaxtop", *map(str, args)], env=env, capture_output=True, timeout=timeout, **kw
+    )
