@@ -85,7 +85,10 @@ class Agent:
         self._ring: collections.deque[tuple[float, bytes]] = collections.deque()
         self._clients: dict[int, Client] = {}
         self._next_client = 1
-        self._commands: dict[str, CommandHandler] = {"ping": lambda args: {"pong": True}}
+        self._commands: dict[str, CommandHandler] = {
+            "ping": lambda args: {"pong": True},
+            "memory_profile": self._cmd_memory_profile,
+        }
         self._seq = 0
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
@@ -170,6 +173,16 @@ class Agent:
         return value is sent back as ``result``.
         """
         self._commands[name] = handler
+
+    def _cmd_memory_profile(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Take a device memory profile; saved next to the program (or in
+        ``args["directory"]`` / ``$JAXTOP_PROFILE_DIR``)."""
+        if self.memory is None:
+            return {"error": "the program has not started a JAX backend yet"}
+        from jaxtop.probes.memory_profile import take_profile
+
+        directory = args.get("directory") or os.environ.get("JAXTOP_PROFILE_DIR") or os.getcwd()
+        return take_profile(str(directory))
 
     def post_event(self, kind: str, **fields: Any) -> None:
         """Attach an event (e.g. a caught error) to the next sample."""

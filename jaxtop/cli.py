@@ -62,6 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("pid", type=_pid)
     log.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     log.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
+
+    attach = sub.add_parser(
+        "attach",
+        help="open the dashboard on running agents",
+        description="Open the live dashboard on one or more instrumented processes.",
+    )
+    attach.add_argument("pids", type=_pid, nargs="+", metavar="PID")
+
+    replay = sub.add_parser("replay", help="open the dashboard on a recording")
+    replay.add_argument("file", help="a JSON-lines recording (jaxtop run --log / jaxtop log)")
+    replay.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
     return parser
 
 
@@ -108,8 +119,69 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_ls(args)
     if args.command == "log":
         return cmd_log(args)
-    parser.print_help()
-    return EXIT_USAGE
+    if args.command == "attach":
+        return cmd_attach(args.pids)
+    if args.command == "replay":
+        return cmd_replay(args)
+    return cmd_default()
+
+
+# -- dashboard -------------------------------------------------------------------
+
+def cmd_attach(pids: list[int]) -> int:
+    from jaxtop import client
+
+    missing = []
+    for pid in pids:
+        if not client.paths.socket_path(pid).exists():
+            missing.append(client.no_agent_message(pid))
+    if missing:
+        for m in missing:
+            print(f"jaxtop attach: {m}", file=sys.stderr)
+        return EXIT_USAGE
+    from jaxtop.app import live_app
+
+    live_app(pids).run()
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from jaxtop.app import replay_app
+
+    if not os.path.isfile(args.file):
+        print(f"jaxtop replay: no such file: {args.file}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        app = replay_app(args.file, speed=args.speed)
+    except (OSError, ValueError) as exc:
+        print(f"jaxtop replay: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    app.run()
+    return 0
+
+
+def cmd_default() -> int:
+    """Bare `jaxtop`: attach to the only agent, pick among several, or explain."""
+    from jaxtop import client, paths
+
+    agents = client.list_agents()
+    if not agents:
+        print(f"No instrumented JAX processes for this user (looked in {paths.socket_dir()}).")
+        print("Start one with:  jaxtop run your_script.py   or try:  jaxtop demo")
+        return 0
+    if len(agents) == 1:
+        return cmd_attach([agents[0].pid])
+    if not sys.stdin.isatty():
+        print("Several instrumented processes; choose with `jaxtop attach PID [PID...]`:")
+        for a in agents:
+            print(f"  {a.pid}  {_uptime(a.started_t)}  {a.command}")
+        return EXIT_USAGE
+    from jaxtop.picker import pick
+
+    chosen = pick(agents)
+    if not chosen:
+        return 0
+    return cmd_attach(chosen)
 
 
 # -- run -------------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""Time series that stay small for runs of any length, without losing peaks.
+
+A :class:`History` keeps several resolutions of the same K series: the raw
+samples for the last few minutes, then 1 s, 10 s and 60 s buckets. Each
+bucket keeps the min and max of every series, so a chart of a day-long run
+still shows a 100 ms spike. Memory is bounded by the capacities, not by the
+run length (the 60 s level holds 2 weeks; values are float32).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# (bucket seconds, capacity); 0 = raw samples.
+DEFAULT_LEVELS = ((0.0, 6000), (1.0, 3600), (10.0, 8640), (60.0, 20_000))
+
+
+class _Ring:
+    """Fixed-capacity arrays of (t, lo[K], hi[K]) in time order."""
+
+    def __init__(self, capacity: int, k: int) -> None:
+        self.capacity = capacity
+        self.t = np.full(capacity, np.nan)
+        self.lo = np.full((capacity, k), np.nan, dtype=np.float32)
+        self.hi = np.full((capacity, k), np.nan, dtype=np.float32)
+        self.start = 0
+        self.size = 0
+
+    def append(self, t: float, lo: np.ndarray, hi: np.ndarray) -> None:
+        i = (self.start + self.size) % self.capacity
+        self.t[i], self.lo[i], self.hi[i] = t, lo, hi
+        if self.size < self.capacity:
+            self.size += 1
+        else:
+            self.start = (self.start + 1) % self.capacity
+
+    def ordered(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.size == 0:
+            k = self.lo.shape[1]
+            return np.empty(0), np.empty((0, k)), np.empty((0, k))
+        idx = (self.start + np.arange(self.size)) % self.capacity
+        return self.t[idx], self.lo[idx], self.hi[idx]
+
+    def first_t(self) -> float | None:
+        return float(self.t[self.start]) if self.size else None
+
+
+@dataclass(frozen=True)
+class Window:
+    """A slice of a History: times and per-series min/max, oldest first."""
+
+    t: np.ndarray
+    lo: np.ndarray  # shape (n, K)
+    hi: np.ndarray
+    bucket_s: float  # 0 for raw samples
+
+    def series(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.t, self.lo[:, index], self.hi[:, index]
+
+
+class History:
+    """K named series at several resolutions.
+
+    Args:
+        names: series names, in column order.
+        levels: (bucket_s, capacity) pairs, finest first; bucket 0 = raw.
+    """
+
+    def __init__(self, names: tuple[str, ...], levels: tuple[tuple[float, int], ...] = DEFAULT_LEVELS) -> None:
+        self.names = names
+        self.index = {n: i for i, n in enumerate(names)}
+        k = len(names)
+        self._levels = [(step, _Ring(cap, k)) for step, cap in levels]
+        # The bucket being filled at each coarse level: (bucket id, lo, hi).
+        self._open: list[tuple[int, np.ndarray, np.ndarray] | None] = [None] * len(levels)
+        self.last_t: float | None = None
+
+    def append(self, t: float, values: dict[str, float | None]) -> None:
+        """Add one sample (missing or None values are stored as NaN)."""
+        row = np.array([_num(values.get(n)) for n in self.names], dtype=np.float32)
+        self.last_t = t
+        for li, (step, ring) in enumerate(self._levels):
+            if step == 0:
+                ring.append(t, row, row)
+                continue
+            bucket = math.floor(t / step)
+            cur = self._open[li]
+            if cur is not None and cur[0] != bucket:
+                ring.append(cur[0] * step, cur[1], cur[2])
+                cur = None
+            if cur is None:
+                self._open[li] = (bucket, row.copy(), row.copy())
+            else:
+                with np.errstate(invalid="ignore"):
+                    np.fmin(cur[1], row, out=cur[1])
+                    np.fmax(cur[2], row, out=cur[2])
+
+    def window(self, seconds: float | None, end_t: float | None = None) -> Window:
+        """The finest level that covers ``seconds`` back from ``end_t``.
+
+        ``seconds=None`` means the whole run.
+        """
+        end = end_t if end_t is not None else self.last_t
+        if end is None:
+            k = len(self.names)
+            return Window(np.empty(0), np.empty((0, k)), np.empty((0, k)), 0.0)
+        start = -math.inf if seconds is None else end - seconds
+        chosen = len(self._levels) - 1
+        for li, (step, ring) in enumerate(self._levels):
+            first = ring.first_t()
+            full = ring.size == ring.capacity
+            if first is not None and (first <= start or not full):
+                chosen = li
+                break
+        step, ring = self._levels[chosen]
+        t, lo, hi = ring.ordered()
+        cur = self._open[chosen]
+        if cur is not None:  # include the bucket still being filled
+            t = np.append(t, cur[0] * step)
+            lo = np.vstack([lo, cur[1]])
+            hi = np.vstack([hi, cur[2]])
+        mask = (t >= start) & (t <= end)
+        return Window(t[mask], lo[mask], hi[mask], step)
+
+    def nbytes(self) -> int:
+        return sum(r.t.nbytes + r.lo.nbytes + r.hi.nbytes for _, r in self._levels)
+
+
+def _num(value: object) -> float:
+    if value is None or isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan

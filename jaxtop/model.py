@@ -1,0 +1,441 @@
+"""The dashboard's model: records in, frozen snapshots out.
+
+Fed the same way from a live socket, a recording or a test (``feed(pid,
+record)``); keeps all history (bounded, see :mod:`jaxtop.history`); builds an
+immutable :class:`Snapshot` for the widgets. No Textual, no sockets.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxtop.history import History, Window
+
+DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes", "live_bytes")
+PROCESS_SERIES = ("h2d_per_s", "d2h_per_s", "d2d_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "d2d_bytes_per_s", "rss_bytes", "cpu_percent", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
+DIRECTIONS = ("h2d", "d2h", "d2d")
+STALE_INTERVALS = 3
+MAX_EVENTS = 500
+
+#: Connection states shown in the header.
+CONNECTING, LIVE, STALE, DISCONNECTED, EXITED, REPLAY = "connecting", "live", "stale", "disconnected", "exited", "replay"
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float
+    pid: int
+    kind: str  # compile, donation, dropped, disconnect, error, exit, profile, info, ...
+    text: str
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """Everything the screen shows for one device, at one moment."""
+
+    pid: int
+    id: int
+    platform: str
+    source: str  # memory_stats | live_arrays
+    bytes_in_use: int | None
+    pool_bytes: int | None
+    bytes_limit: int | None
+    peak_bytes_in_use: int | None
+    largest_free_block_bytes: int | None
+    num_allocs: int | None
+    live_bytes: int | None
+    live_count: int | None
+    nvml: dict[str, Any] | None  # the matching NVML GPU, if any
+    fragmentation: float | None
+    fragmentation_reason: str | None
+    allocs_per_s: float | None
+    allocs_reason: str | None
+    buffer_map: tuple[tuple[int, int], ...]
+    map_complete: bool
+    top_buffers: tuple[dict[str, Any], ...]
+    timeline: Window
+
+    @property
+    def label(self) -> str:
+        return f"{self.platform}:{self.id}"
+
+    @property
+    def cached_unused_bytes(self) -> int | None:
+        if self.pool_bytes is None or self.bytes_in_use is None:
+            return None
+        return self.pool_bytes - self.bytes_in_use
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        if self.bytes_limit is None or self.pool_bytes is None:
+            return None
+        return self.bytes_limit - self.pool_bytes
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    pid: int
+    argv: tuple[str, ...]
+    backend: str | None
+    versions: dict[str, Any]
+    state: str
+    sample_age_s: float | None
+    uptime_s: float | None
+    interval_s: float
+    seq: int | None
+    transfers: dict[str, dict[str, Any]]  # per direction: count_per_s, bytes_per_s, totals
+    top_shapes: tuple[dict[str, Any], ...]
+    capture: dict[str, Any]
+    process: dict[str, Any]
+    compile: dict[str, Any]
+    donation: dict[str, Any]
+    nvml_status: dict[str, Any]
+    history: Window
+    last_profile: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One frozen picture of the model for the widgets."""
+
+    t: float
+    processes: tuple[ProcessView, ...]
+    devices: tuple[DeviceView, ...]
+    selected: int  # index into devices; -1 = overview
+    window_s: float | None
+    events: tuple[Event, ...]
+    notices: tuple[str, ...] = ()
+    replay: dict[str, Any] | None = None
+
+    @property
+    def device(self) -> DeviceView | None:
+        if 0 <= self.selected < len(self.devices):
+            return self.devices[self.selected]
+        return None
+
+    def process_of(self, device: DeviceView | None) -> ProcessView | None:
+        pid = device.pid if device is not None else (self.processes[0].pid if self.processes else None)
+        for p in self.processes:
+            if p.pid == pid:
+                return p
+        return None
+
+
+@dataclass
+class _DeviceState:
+    id: int
+    platform: str
+    latest: dict[str, Any] = field(default_factory=dict)
+    history: History = field(default_factory=lambda: History(DEVICE_SERIES))
+    prev_allocs: tuple[float, int] | None = None
+    allocs_per_s: float | None = None
+    buffer_map: tuple[tuple[int, int], ...] = ()
+    map_complete: bool = True
+    top_buffers: tuple[dict[str, Any], ...] = ()
+
+
+class ProcessModel:
+    """State of one agent's stream."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.hello: dict[str, Any] = {}
+        self.state = CONNECTING
+        self.devices: dict[int, _DeviceState] = {}
+        self.history = History(PROCESS_SERIES)
+        self.latest: dict[str, Any] = {}
+        self.last_t: float | None = None  # agent time of the last sample
+        self.last_recv: float | None = None  # our monotonic clock at receipt
+        self.prev_t: float | None = None
+        self.rates: dict[str, dict[str, Any]] = {}
+        self.last_profile: dict[str, Any] | None = None
+        self.backend: str | None = None
+        self.versions: dict[str, Any] = {}
+        self.nvml_status: dict[str, Any] = {}
+
+
+class Model:
+    """All processes being watched. Thread-safe: a reader thread feeds it,
+    the UI thread takes snapshots."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self.processes: dict[int, ProcessModel] = {}
+        self.events: collections.deque[Event] = collections.deque(maxlen=MAX_EVENTS)
+        self.notices: list[str] = []
+        self.version = 0  # bumps on every change
+
+    # -- feeding ---------------------------------------------------------------
+    def process(self, pid: int) -> ProcessModel:
+        proc = self.processes.get(pid)
+        if proc is None:
+            proc = self.processes[pid] = ProcessModel(pid)
+        return proc
+
+    def reset(self, pid: int) -> None:
+        """Forget one process (a replay seeking backwards rebuilds it)."""
+        with self._lock:
+            self.processes.pop(pid, None)
+            self.events = collections.deque((e for e in self.events if e.pid != pid), maxlen=MAX_EVENTS)
+            self.version += 1
+
+    def add_event(self, pid: int, kind: str, text: str, t: float | None = None) -> None:
+        with self._lock:
+            self._event(pid, kind, text, t)
+
+    def _event(self, pid: int, kind: str, text: str, t: float | None = None) -> None:
+        self.events.append(Event(t if t is not None else time.time(), pid, kind, text))
+        self.version += 1
+
+    def add_notice(self, text: str) -> None:
+        with self._lock:
+            self.notices.append(text)
+            self.version += 1
+
+    def set_state(self, pid: int, state: str, why: str | None = None) -> None:
+        with self._lock:
+            proc = self.process(pid)
+            if proc.state == state:
+                return
+            if proc.state == EXITED and state == DISCONNECTED:
+                return  # an exited process stays exited
+            proc.state = state
+            if state in (DISCONNECTED, EXITED):
+                self._event(pid, "disconnect" if state == DISCONNECTED else "exit", why or state)
+            self.version += 1
+
+    def feed(self, pid: int, record: dict[str, Any]) -> None:
+        """Apply one wire record from the stream of ``pid``."""
+        kind = record.get("type")
+        with self._lock:
+            proc = self.process(pid)
+            proc.last_recv = self._clock()
+            if kind == "hello":
+                self._hello(proc, record)
+            elif kind == "backend":
+                proc.backend = record.get("backend") or proc.backend
+                proc.versions.update(record.get("versions") or {})
+                self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(record.get('devices') or [])} device(s)", record.get("t"))
+            elif kind == "sample":
+                self._sample(proc, record)
+            elif kind == "dropped":
+                self._event(pid, "dropped", f"{record.get('count')} samples dropped ({record.get('reason', 'client too slow')})", record.get("t"))
+            elif kind == "error":
+                self._event(pid, "error", f"agent: {record.get('message')}", record.get("t"))
+            elif kind == "exit":
+                proc.state = EXITED
+                self._event(pid, "exit", "process exited (final sample received)", record.get("t"))
+            elif kind == "reply":
+                self._reply(proc, record)
+            self.version += 1
+
+    def _hello(self, proc: ProcessModel, rec: dict[str, Any]) -> None:
+        proc.hello = rec
+        proc.backend = rec.get("backend")
+        proc.versions = dict(rec.get("versions") or {})
+        proc.nvml_status = rec.get("nvml") or {}
+        if proc.state in (CONNECTING, DISCONNECTED, STALE):
+            proc.state = LIVE
+        cap = rec.get("transfer_capture") or {}
+        if not cap.get("available", True):
+            self._event(proc.pid, "info", f"transfer counts n/a: {cap.get('reason')}", rec.get("t"))
+        if proc.nvml_status and not proc.nvml_status.get("available", False):
+            self._event(proc.pid, "info", f"NVML n/a: {proc.nvml_status.get('reason')}", rec.get("t"))
+
+    def _reply(self, proc: ProcessModel, rec: dict[str, Any]) -> None:
+        result = rec.get("result")
+        if isinstance(result, dict) and ("top_sites" in result or "path" in result):
+            proc.last_profile = result
+            if result.get("error"):
+                self._event(proc.pid, "profile", f"memory profile failed: {result['error']}", rec.get("t"))
+            else:
+                self._event(proc.pid, "profile", f"memory profile saved: {result.get('path')}", rec.get("t"))
+        elif not rec.get("ok", True):
+            self._event(proc.pid, "error", f"command failed: {rec.get('error')}", rec.get("t"))
+
+    def _sample(self, proc: ProcessModel, rec: dict[str, Any]) -> None:
+        t = rec.get("t")
+        if not isinstance(t, (int, float)):
+            return
+        dt = (t - proc.last_t) if proc.last_t is not None else None
+        if dt is not None and dt <= 0:
+            dt = None
+        interval = (proc.hello.get("interval_s") or 0.1)
+        proc.prev_t, proc.last_t = proc.last_t, t
+        proc.latest = rec
+        if proc.state in (CONNECTING, STALE, DISCONNECTED):
+            proc.state = LIVE
+        nvml = rec.get("nvml") if isinstance(rec.get("nvml"), dict) else None
+        nvml_by_index = {g.get("index"): g for g in (nvml or {}).get("devices", []) if isinstance(g, dict)}
+        jax_to_nvml = {d.get("jax_id"): d.get("index") for d in proc.nvml_status.get("devices", []) if isinstance(d, dict)}
+        for dev in rec.get("devices") or []:
+            if not isinstance(dev, dict) or "id" not in dev:
+                continue
+            state = proc.devices.get(dev["id"])
+            if state is None:
+                state = proc.devices[dev["id"]] = _DeviceState(dev["id"], str(dev.get("platform", "?")))
+            state.latest = dev
+            num_allocs = dev.get("num_allocs")
+            if isinstance(num_allocs, (int, float)):
+                if state.prev_allocs is not None and t > state.prev_allocs[0]:
+                    state.allocs_per_s = max(0.0, (num_allocs - state.prev_allocs[1]) / (t - state.prev_allocs[0]))
+                state.prev_allocs = (t, num_allocs)
+            live = dev.get("live_arrays") or {}
+            if "map" in live:
+                state.buffer_map = tuple((int(p), int(n)) for p, n in live.get("map") or [] if p is not None)
+                state.map_complete = bool(live.get("map_complete", True))
+                state.top_buffers = tuple(live.get("top") or ())
+            gpu = nvml_by_index.get(jax_to_nvml.get(dev["id"]))
+            state.history.append(t, {
+                "bytes_in_use": dev.get("bytes_in_use"),
+                "pool_bytes": dev.get("pool_bytes"),
+                "peak_bytes_in_use": dev.get("peak_bytes_in_use"),
+                "allocs_per_s": state.allocs_per_s,
+                "fragmentation": dev.get("fragmentation"),
+                "nvml_used_bytes": gpu.get("memory_used_bytes") if gpu else None,
+                "live_bytes": live.get("bytes"),
+            })
+        transfers = rec.get("transfers") or {}
+        row: dict[str, Any] = {}
+        rates: dict[str, dict[str, Any]] = {}
+        for d in DIRECTIONS:
+            tr = transfers.get(d) or {}
+            span = dt if dt is not None else interval
+            count, nbytes = tr.get("count"), tr.get("bytes_known")
+            rate = count / span if isinstance(count, (int, float)) else None
+            brate = nbytes / span if isinstance(nbytes, (int, float)) else None
+            row[f"{d}_per_s"], row[f"{d}_bytes_per_s"] = rate, brate
+            rates[d] = {
+                "count_per_s": rate,
+                "bytes_known_per_s": brate,
+                "count_total": tr.get("count_total"),
+                "bytes_known_total": tr.get("bytes_known_total"),
+                "count_bytes_unknown_total": tr.get("count_bytes_unknown_total"),
+            }
+        proc.rates = rates
+        host = rec.get("process") or {}
+        row["rss_bytes"], row["cpu_percent"] = host.get("rss_bytes"), host.get("cpu_percent")
+        gpus = list(nvml_by_index.values())
+        if gpus:
+            tx = [g.get("pcie_tx_bytes_per_s") for g in gpus if g.get("pcie_tx_bytes_per_s") is not None]
+            rx = [g.get("pcie_rx_bytes_per_s") for g in gpus if g.get("pcie_rx_bytes_per_s") is not None]
+            row["pcie_tx_bytes_per_s"] = sum(tx) if tx else None
+            row["pcie_rx_bytes_per_s"] = sum(rx) if rx else None
+        proc.history.append(t, row)
+        comp = rec.get("compile") or {}
+        if comp.get("count"):
+            self._event(proc.pid, "compile", f"{comp['count']} backend compile(s); {comp.get('count_total')} total, {comp.get('seconds_total', 0):.2f} s", t)
+        don = rec.get("donation") or {}
+        if don.get("failed"):
+            self._event(proc.pid, "donation", f"{don['failed']} failed donation(s): {don.get('last_message') or ''}", t)
+        for ev in rec.get("events") or []:
+            if isinstance(ev, dict):
+                text = ev.get("text") or ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("kind", "t"))
+                self._event(proc.pid, str(ev.get("kind", "event")), text, ev.get("t", t))
+
+    # -- reading -----------------------------------------------------------------
+    def refresh_states(self) -> None:
+        """Mark live processes stale after 3 missed intervals."""
+        now = self._clock()
+        with self._lock:
+            for proc in self.processes.values():
+                if proc.state not in (LIVE, STALE) or proc.last_recv is None:
+                    continue
+                interval = proc.hello.get("interval_s") or 0.1
+                state = STALE if now - proc.last_recv > STALE_INTERVALS * max(interval, 0.05) else LIVE
+                if state != proc.state:
+                    proc.state = state
+                    self.version += 1
+
+    def device_keys(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return [(pid, did) for pid, p in self.processes.items() for did in sorted(p.devices)]
+
+    def snapshot(self, selected: int = 0, window_s: float | None = 600.0, replay: dict[str, Any] | None = None, now: float | None = None) -> Snapshot:
+        wall = now if now is not None else time.time()
+        mono = self._clock()
+        with self._lock:
+            devices: list[DeviceView] = []
+            procs: list[ProcessView] = []
+            for pid, p in self.processes.items():
+                end_t = p.last_t
+                for did in sorted(p.devices):
+                    devices.append(self._device_view(p, p.devices[did], window_s, end_t))
+                age = (mono - p.last_recv) if (p.last_recv is not None and p.state in (LIVE, STALE)) else None
+                started = p.hello.get("started_t")
+                ref = p.last_t if p.state in (EXITED, DISCONNECTED, REPLAY) or replay else wall
+                latest = p.latest
+                procs.append(ProcessView(
+                    pid=pid,
+                    argv=tuple(p.hello.get("argv") or ()),
+                    backend=p.backend,
+                    versions=dict(p.versions),
+                    state=p.state,
+                    sample_age_s=age,
+                    uptime_s=(ref - started) if (started and ref) else None,
+                    interval_s=p.hello.get("interval_s") or 0.1,
+                    seq=latest.get("seq"),
+                    transfers=dict(p.rates),
+                    top_shapes=tuple((latest.get("transfers") or {}).get("top_shapes") or ()),
+                    capture=dict(p.hello.get("transfer_capture") or {}),
+                    process=dict(latest.get("process") or {}),
+                    compile=dict(latest.get("compile") or {}),
+                    donation=dict(latest.get("donation") or {}),
+                    nvml_status=dict(p.nvml_status),
+                    history=p.history.window(window_s, end_t),
+                    last_profile=p.last_profile,
+                ))
+            n = len(devices)
+            sel = -1 if selected < 0 or n == 0 else selected % n
+            return Snapshot(
+                t=wall,
+                processes=tuple(procs),
+                devices=tuple(devices),
+                selected=sel,
+                window_s=window_s,
+                events=tuple(self.events),
+                notices=tuple(self.notices),
+                replay=replay,
+            )
+
+    def _device_view(self, p: ProcessModel, s: _DeviceState, window_s: float | None, end_t: float | None) -> DeviceView:
+        d = s.latest
+        live = d.get("live_arrays") or {}
+        jax_to_nvml = {x.get("jax_id"): x.get("index") for x in p.nvml_status.get("devices", []) if isinstance(x, dict)}
+        gpu = None
+        nv = p.latest.get("nvml") if isinstance(p.latest.get("nvml"), dict) else None
+        if nv:
+            for g in nv.get("devices", []):
+                if g.get("index") == jax_to_nvml.get(s.id):
+                    gpu = g
+        allocs_reason = None
+        if d.get("num_allocs") is None:
+            allocs_reason = "allocator reports no num_allocs" if d.get("source") == "memory_stats" else "no allocator statistics on this backend"
+        return DeviceView(
+            pid=p.pid,
+            id=s.id,
+            platform=s.platform,
+            source=str(d.get("source", "?")),
+            bytes_in_use=d.get("bytes_in_use"),
+            pool_bytes=d.get("pool_bytes"),
+            bytes_limit=d.get("bytes_limit"),
+            peak_bytes_in_use=d.get("peak_bytes_in_use"),
+            largest_free_block_bytes=d.get("largest_free_block_bytes"),
+            num_allocs=d.get("num_allocs"),
+            live_bytes=live.get("bytes"),
+            live_count=live.get("count"),
+            nvml=dict(gpu) if gpu else None,
+            fragmentation=d.get("fragmentation"),
+            fragmentation_reason=d.get("fragmentation_reason"),
+            allocs_per_s=s.allocs_per_s if d.get("num_allocs") is not None else None,
+            allocs_reason=allocs_reason,
+            buffer_map=s.buffer_map,
+            map_complete=s.map_complete,
+            top_buffers=s.top_buffers,
+            timeline=s.history.window(window_s, end_t),
+        )

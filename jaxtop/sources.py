@@ -1,0 +1,462 @@
+"""Where records come from: live agents or a recording. One code path feeds
+the model either way; each source runs its own thread and never touches the UI.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from typing import IO, Any, Callable
+
+from jaxtop import client, protocol
+from jaxtop.model import DISCONNECTED, EXITED, REPLAY, Model
+
+OnUpdate = Callable[[], None]
+
+
+class Source:
+    """Base: a set of processes whose records go into a model."""
+
+    kind = "base"
+
+    def __init__(self) -> None:
+        self.model: Model | None = None
+        self.on_update: OnUpdate = lambda: None
+
+    @property
+    def pids(self) -> list[int]:
+        raise NotImplementedError
+
+    def start(self, model: Model, on_update: OnUpdate) -> None:
+        self.model, self.on_update = model, on_update
+
+    def stop(self) -> None:
+        pass
+
+    def send_command(self, pid: int, name: str, args: dict[str, Any] | None = None) -> str | None:
+        """Send a command to the agent; None when sent, else why not."""
+        return "commands need a live agent"
+
+    def save(self, path: str) -> list[str]:
+        """Write the session as JSON lines; returns the files written."""
+        raise NotImplementedError
+
+    def replay_state(self) -> dict[str, Any] | None:
+        return None
+
+
+class _Connection:
+    """One agent: reader thread, spool file of every raw line, command writer."""
+
+    def __init__(self, pid: int, spool_dir: str) -> None:
+        self.pid = pid
+        self.sock: socket.socket | None = None
+        self.send_lock = threading.Lock()
+        self.spool_path = os.path.join(spool_dir, f"{pid}.jsonl.gz")
+        # Every raw line goes to a compressed spool on disk, so `w` can save
+        # the whole session while the dashboard's memory stays flat.
+        self.spool: IO[bytes] = gzip.open(self.spool_path, "wb", compresslevel=1)
+        self.spool_lock = threading.Lock()
+        self.saw_exit = False
+        self.thread: threading.Thread | None = None
+        self.next_id = 1
+
+
+class LiveSource(Source):
+    """Reads one or more running agents over their sockets.
+
+    Reconnects while the target lives (an agent that was stopped and started
+    again); marks a process exited when its stream ends for good.
+    """
+
+    kind = "live"
+
+    def __init__(self, pids: list[int], retry_s: float = 1.0) -> None:
+        super().__init__()
+        self._pids = list(dict.fromkeys(pids))
+        self._retry_s = retry_s
+        self._stop = threading.Event()
+        self._spool_dir = tempfile.mkdtemp(prefix="jaxtop-session-")
+        self._conns = {pid: _Connection(pid, self._spool_dir) for pid in self._pids}
+
+    @property
+    def pids(self) -> list[int]:
+        return list(self._pids)
+
+    def start(self, model: Model, on_update: OnUpdate) -> None:
+        super().start(model, on_update)
+        for conn in self._conns.values():
+            model.process(conn.pid)
+            conn.thread = threading.Thread(target=self._run, args=(conn,), name=f"jaxtop-read-{conn.pid}", daemon=True)
+            conn.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for conn in self._conns.values():
+            if conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        for conn in self._conns.values():
+            if conn.thread is not None:
+                conn.thread.join(timeout=2)
+            with conn.spool_lock:
+                try:
+                    conn.spool.close()
+                except OSError:
+                    pass
+
+    def _run(self, conn: _Connection) -> None:
+        model = self.model
+        assert model is not None
+        first = True
+        while not self._stop.is_set():
+            try:
+                sock = client.connect(conn.pid)
+            except client.AgentNotFound as exc:
+                if first:
+                    model.add_event(conn.pid, "error", str(exc))
+                if not client._pid_alive(conn.pid):
+                    model.set_state(conn.pid, EXITED, "process exited" + ("" if conn.saw_exit else " (no final sample)"))
+                    self.on_update()
+                    return
+                model.set_state(conn.pid, DISCONNECTED, str(exc))
+                self.on_update()
+                first = False
+                self._stop.wait(self._retry_s)
+                continue
+            first = False
+            conn.sock = sock
+            sock.settimeout(0.5)
+            self._read(conn, sock)
+            conn.sock = None
+            try:
+                sock.close()
+            except OSError:
+                pass
+            if self._stop.is_set():
+                return
+            if conn.saw_exit or not client._pid_alive(conn.pid):
+                model.set_state(conn.pid, EXITED, "process exited" + ("" if conn.saw_exit else " (no final sample)"))
+                self.on_update()
+                return
+            model.set_state(conn.pid, DISCONNECTED, "connection lost; retrying")
+            self.on_update()
+            self._stop.wait(self._retry_s)
+
+    def _read(self, conn: _Connection, sock: socket.socket) -> None:
+        model = self.model
+        assert model is not None
+        pending = b""
+        while not self._stop.is_set():
+            try:
+                chunk = sock.recv(1 << 16)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            pending += chunk
+            if len(pending) > protocol.MAX_RECORD_LINE_BYTES and b"\n" not in pending:
+                model.add_event(conn.pid, "error", "agent sent an oversized line; skipped")
+                pending = b""
+                continue
+            *lines, pending = pending.split(b"\n")
+            with conn.spool_lock:
+                for line in lines:
+                    try:
+                        conn.spool.write(line + b"\n")
+                    except (OSError, ValueError):
+                        pass
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    record = protocol.decode(line)
+                except protocol.ProtocolError as exc:
+                    model.add_event(conn.pid, "error", f"malformed line from agent skipped: {exc}")
+                    continue
+                if record.get("type") == "exit":
+                    conn.saw_exit = True
+                model.feed(conn.pid, record)
+            self.on_update()
+
+    def send_command(self, pid: int, name: str, args: dict[str, Any] | None = None) -> str | None:
+        conn = self._conns.get(pid)
+        if conn is None or conn.sock is None:
+            return f"pid {pid} is not connected"
+        with conn.send_lock:
+            request = {"type": "command", "t": time.time(), "name": name, "args": args or {}, "id": conn.next_id}
+            conn.next_id += 1
+            try:
+                conn.sock.sendall(protocol.encode(request))
+            except OSError as exc:
+                return f"send failed: {exc}"
+        return None
+
+    def save(self, path: str) -> list[str]:
+        written = []
+        for pid, conn in self._conns.items():
+            target = path if len(self._conns) == 1 else _with_suffix(path, pid)
+            with conn.spool_lock:
+                try:
+                    conn.spool.flush()
+                except (OSError, ValueError):
+                    pass
+                _copy_gzip_lines(conn.spool_path, target)
+            written.append(target)
+        return written
+
+
+def _with_suffix(path: str, pid: int) -> str:
+    root, ext = os.path.splitext(path)
+    return f"{root}-{pid}{ext or '.jsonl'}"
+
+
+def _copy_gzip_lines(src: str, dst: str) -> None:
+    """Copy the complete lines of a (possibly still open) gzip spool."""
+    with open(dst, "wb") as out:
+        try:
+            with gzip.open(src, "rb") as f:
+                while True:
+                    try:
+                        line = f.readline()
+                    except (EOFError, OSError):
+                        break  # the unfinished tail of a stream still being written
+                    if not line or not line.endswith(b"\n"):
+                        break
+                    out.write(line)
+        except OSError:
+            pass
+
+
+class ReplaySource(Source):
+    """Plays a recording: play/pause, step, seek, speed.
+
+    The file is indexed once (line offsets); records are decoded as they are
+    played, so big recordings open fast and cost little memory.
+    """
+
+    kind = "replay"
+
+    def __init__(self, path: str, speed: float = 1.0, start_playing: bool = True) -> None:
+        super().__init__()
+        self.path = path
+        self.speed = speed
+        self.playing = start_playing
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self.stats = protocol.ReadStats()
+        self._offsets: list[int] = []
+        self._times: list[float] = []
+        self._is_sample: list[bool] = []
+        self.position = 0  # index of the next record to play
+        self.pid = 0
+        self._index()
+        self._thread: threading.Thread | None = None
+
+    def _index(self) -> None:
+        """Find every valid record's offset and time (skips what is broken)."""
+        with open(self.path, "rb") as f:
+            offset = 0
+            lineno = 0
+            for line in f:
+                lineno += 1
+                start, offset = offset, offset + len(line)
+                if not line.endswith(b"\n"):
+                    self.stats.truncated = True
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    rec = protocol.decode(line)
+                    t = float(rec.get("t"))
+                except (protocol.ProtocolError, TypeError, ValueError) as exc:
+                    self.stats.note(lineno, str(exc) if isinstance(exc, protocol.ProtocolError) else "no numeric 't'")
+                    continue
+                if rec.get("type") == "hello" and not self._offsets:
+                    self.pid = int(rec.get("pid") or 0)
+                self.stats.records += 1
+                self._offsets.append(start)
+                self._times.append(t)
+                self._is_sample.append(rec.get("type") == "sample")
+        if not self._offsets:
+            raise ValueError(f"{self.path}: no jaxtop records found" + (f" ({self.stats.first_error})" if self.stats.first_error else ""))
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.pid]
+
+    @property
+    def length(self) -> int:
+        return len(self._offsets)
+
+    def notices(self) -> list[str]:
+        out = []
+        if self.stats.truncated:
+            out.append("recording ends with a truncated line (writer was killed); it was skipped")
+        if self.stats.malformed:
+            out.append(f"{self.stats.malformed} malformed line(s) skipped; first: {self.stats.first_error}")
+        return out
+
+    def start(self, model: Model, on_update: OnUpdate) -> None:
+        super().start(model, on_update)
+        for note in self.notices():
+            model.add_notice(note)
+        model.process(self.pid)
+        self._thread = threading.Thread(target=self._run, name="jaxtop-replay", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _read_at(self, index: int) -> dict[str, Any]:
+        with open(self.path, "rb") as f:
+            f.seek(self._offsets[index])
+            return protocol.decode(f.readline())
+
+    def _feed_range(self, start: int, stop: int) -> None:
+        model = self.model
+        assert model is not None
+        with open(self.path, "rb") as f:
+            f.seek(self._offsets[start]) if start < len(self._offsets) else None
+            for i in range(start, stop):
+                f.seek(self._offsets[i])
+                model.feed(self.pid, protocol.decode(f.readline()))
+        model.set_state(self.pid, REPLAY)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                playing = self.playing and self.position < self.length
+                if playing:
+                    i = self.position
+                    self._feed_range(i, i + 1)
+                    self.position = i + 1
+                    gap = (self._times[i + 1] - self._times[i]) / self.speed if i + 1 < self.length else None
+            if playing:
+                self.on_update()
+                if gap is not None:
+                    self._wake.wait(min(max(gap, 0.0), 1.0))
+                    self._wake.clear()
+            else:
+                self._wake.wait(0.2)
+                self._wake.clear()
+
+    # -- controls (UI thread) ----------------------------------------------------
+    def toggle(self) -> bool:
+        with self._lock:
+            self.playing = not self.playing
+        self._wake.set()
+        return self.playing
+
+    def set_speed(self, speed: float) -> None:
+        self.speed = max(0.1, min(speed, 1000.0))
+        self._wake.set()
+
+    def step(self, samples: int = 1) -> None:
+        """Advance by whole samples (and the records between them), paused."""
+        with self._lock:
+            self.playing = False
+            seen = 0
+            start = self.position
+            while self.position < self.length and seen < samples:
+                if self._is_sample[self.position]:
+                    seen += 1
+                self.position += 1
+            self._feed_range(start, self.position)
+        self.on_update()
+
+    def seek(self, t: float) -> None:
+        """Jump to recording time ``t`` (rebuilds the model up to there)."""
+        import bisect
+
+        with self._lock:
+            target = bisect.bisect_right(self._times, t)
+            target = max(1, min(target, self.length))
+            if target < self.position:
+                assert self.model is not None
+                self.model.reset(self.pid)
+                self._feed_range(0, target)
+            else:
+                self._feed_range(self.position, target)
+            self.position = target
+        self._wake.set()
+        self.on_update()
+
+    def current_t(self) -> float:
+        return self._times[max(0, self.position - 1)]
+
+    def replay_state(self) -> dict[str, Any]:
+        return {
+            "playing": self.playing and self.position < self.length,
+            "speed": self.speed,
+            "position": self.position,
+            "length": self.length,
+            "t": self.current_t(),
+            "t_start": self._times[0],
+            "t_end": self._times[-1],
+            "path": self.path,
+        }
+
+    def save(self, path: str) -> list[str]:
+        with open(path, "wb") as out, open(self.path, "rb") as f:
+            for i in range(self.position):
+                f.seek(self._offsets[i])
+                out.write(f.readline())
+        return [path]
+
+
+class PushSource(Source):
+    """Records pushed in by code: embedding the dashboard, tests, benchmarks.
+
+    ``push`` may be called from any thread; commands are recorded in
+    ``commands`` (and answered by ``on_command`` if given).
+    """
+
+    kind = "live"
+
+    def __init__(self, pids: list[int] | None = None, on_command: Callable[[int, str, dict], dict | None] | None = None) -> None:
+        super().__init__()
+        self._pids = list(pids or [])
+        self.commands: list[tuple[int, str, dict[str, Any]]] = []
+        self._on_command = on_command
+        self._lines: list[bytes] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return list(self._pids)
+
+    def push(self, pid: int, record: dict[str, Any], update: bool = True) -> None:
+        assert self.model is not None, "start() the source first (mount the app)"
+        if pid not in self._pids:
+            self._pids.append(pid)
+        self.model.feed(pid, record)
+        if len(self._lines) < 100_000:
+            self._lines.append(protocol.encode(record))
+        if update:
+            self.on_update()
+
+    def send_command(self, pid: int, name: str, args: dict[str, Any] | None = None) -> str | None:
+        self.commands.append((pid, name, dict(args or {})))
+        if self._on_command is not None:
+            reply = self._on_command(pid, name, dict(args or {}))
+            if reply is not None and self.model is not None:
+                self.push(pid, {"type": "reply", "t": time.time(), "ok": True, "result": reply})
+        return None
+
+    def save(self, path: str) -> list[str]:
+        with open(path, "wb") as f:
+            f.writelines(self._lines)
+        return [path]

@@ -1,0 +1,122 @@
+"""Pure layer: the model and its history, fed records by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from jaxtop import synthetic
+from jaxtop.history import History
+from jaxtop.model import DISCONNECTED, EXITED, LIVE, STALE, Model
+
+
+def test_history_keeps_spikes_when_downsampling():
+    h = History(("v",), levels=((0.0, 100), (1.0, 1000)))
+    for k in range(5000):  # 500 s at 10 Hz, raw level holds only 10 s
+        h.append(k * 0.1, {"v": 1000.0 if k == 1234 else 1.0})
+    w = h.window(None)
+    assert w.bucket_s == 1.0
+    assert np.nanmax(w.hi[:, 0]) == 1000.0  # the single spike survived
+    assert np.nanmin(w.lo[:, 0]) == 1.0
+    recent = h.window(5.0)
+    assert recent.bucket_s == 0.0 and len(recent.t) == 51
+
+
+def test_history_missing_values_are_nan_not_zero():
+    h = History(("a", "b"))
+    h.append(1.0, {"a": 5, "b": None})
+    w = h.window(60)
+    assert w.hi[0, 0] == 5 and math.isnan(w.hi[0, 1])
+
+
+def test_history_memory_is_bounded():
+    h = History(("a", "b", "c"))
+    before = h.nbytes()
+    for k in range(20000):
+        h.append(k * 0.1, {"a": k, "b": k, "c": k})
+    assert h.nbytes() == before  # preallocated rings: no growth with run length
+
+
+def _feed_synthetic(model, pid=1, n=2, count=50):
+    model.feed(pid, synthetic.hello(pid, n, 1000.0))
+    for rec in synthetic.samples(pid, n, 1000.0, count):
+        model.feed(pid, rec)
+
+
+def test_snapshot_from_gpu_shaped_stream():
+    clock = [0.0]
+    model = Model(clock=lambda: clock[0])
+    _feed_synthetic(model, n=2, count=30)
+    snap = model.snapshot(selected=1, window_s=60.0, now=1010.0)
+    assert len(snap.devices) == 2 and snap.device.id == 1
+    dev = snap.device
+    assert dev.source == "memory_stats"
+    assert dev.nvml is not None and dev.nvml["memory_used_bytes"] >= dev.pool_bytes >= dev.bytes_in_use
+    assert dev.allocs_per_s is not None and dev.allocs_per_s > 0
+    assert dev.cached_unused_bytes == dev.pool_bytes - dev.bytes_in_use
+    assert len(dev.timeline.t) == 30
+    proc = snap.processes[0]
+    assert proc.state == LIVE
+    assert proc.transfers["h2d"]["count_total"] >= 0
+    assert proc.transfers["h2d"]["count_per_s"] is not None
+    assert snap.process_of(dev) is proc
+
+
+def test_cpu_stream_reports_reasons_not_zeros():
+    model = Model()
+    model.feed(5, {"type": "hello", "t": 1.0, "pid": 5, "argv": ["x.py"], "interval_s": 0.1,
+                   "nvml": {"available": False, "reason": "NVML unavailable: NVMLError_LibraryNotFound"},
+                   "transfer_capture": {"available": True}})
+    model.feed(5, {"type": "sample", "t": 1.1, "seq": 1, "devices": [
+        {"id": 0, "platform": "cpu", "source": "live_arrays", "bytes_in_use": 4096, "fragmentation": None,
+         "fragmentation_reason": "memory_stats() is None on cpu backend",
+         "live_arrays": {"bytes": 4096, "count": 1, "largest_bytes": 4096, "map": [[100, 4096]], "top": []}}],
+        "transfers": {"h2d": {"count": 3, "bytes_known": 12, "count_total": 3, "bytes_known_total": 12}}})
+    snap = model.snapshot()
+    dev = snap.device
+    assert dev.pool_bytes is None and dev.fragmentation is None and "cpu" in dev.fragmentation_reason
+    assert dev.allocs_per_s is None and dev.allocs_reason
+    assert dev.buffer_map == ((100, 4096),)
+    assert any("NVML" in e.text for e in snap.events)
+    assert snap.processes[0].transfers["h2d"]["count_per_s"] == 30.0  # 3 in a 0.1 s interval
+
+
+def test_states_stale_disconnected_exited_and_events():
+    clock = [0.0]
+    model = Model(clock=lambda: clock[0])
+    _feed_synthetic(model, count=3)
+    assert model.snapshot().processes[0].state == LIVE
+    clock[0] = 0.5  # > 3 intervals of 0.1 s without a sample
+    model.refresh_states()
+    assert model.snapshot().processes[0].state == STALE
+    model.set_state(1, DISCONNECTED, "connection lost")
+    model.feed(1, {"type": "exit", "t": 2000.0, "pid": 1})
+    model.set_state(1, DISCONNECTED, "eof")  # stays exited
+    snap = model.snapshot()
+    assert snap.processes[0].state == EXITED
+    kinds = [e.kind for e in snap.events]
+    assert "disconnect" in kinds and "exit" in kinds
+    model.feed(1, {"type": "dropped", "t": 2.0, "count": 7, "count_total": 7})
+    assert model.snapshot().events[-1].kind == "dropped"
+
+
+def test_overview_selection_and_multiple_processes():
+    model = Model()
+    _feed_synthetic(model, pid=1, n=2, count=5)
+    _feed_synthetic(model, pid=2, n=1, count=5)
+    snap = model.snapshot(selected=-1)
+    assert snap.device is None and len(snap.devices) == 3
+    assert {d.pid for d in snap.devices} == {1, 2}
+    assert model.snapshot(selected=2).device.pid == 2
+
+
+def test_profile_reply_and_reset():
+    model = Model()
+    _feed_synthetic(model, count=2)
+    model.feed(1, {"type": "reply", "t": 5.0, "ok": True, "result": {"path": "/tmp/x.prof", "top_sites": [{"site": "f (a.py:1)", "bytes": 10}]}})
+    snap = model.snapshot()
+    assert snap.processes[0].last_profile["path"] == "/tmp/x.prof"
+    assert snap.events[-1].kind == "profile"
+    model.reset(1)
+    assert model.snapshot().processes == ()

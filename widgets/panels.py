@@ -1,0 +1,326 @@
+"""Dashboard panels. Each one renders what the snapshot hands it and keeps
+no history of its own; drawing is done by the pure renderables in
+:mod:`jaxtop.widgets.render`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from jaxtop.model import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, Snapshot
+from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, MiniBars, Series, Timeline, fmt_bytes, fmt_duration, fmt_rate
+
+STATE_STYLE = {LIVE: "bold green", STALE: "bold yellow", DISCONNECTED: "bold red", EXITED: "bold magenta", REPLAY: "bold cyan"}
+WINDOW_LABEL = {60.0: "1 min", 600.0: "10 min", 3600.0: "1 h", None: "whole run"}
+
+
+def _title(text: str, extra: str = "") -> Text:
+    line = Text(f" {text} ", style="bold reverse")
+    if extra:
+        line.append(f" {extra}", style="dim")
+    return line
+
+
+def _na(reason: str | None) -> Text:
+    return Text(f"n/a ({reason})" if reason else "n/a", style="dim")
+
+
+class Panel(Widget):
+    """A titled box fed with snapshots."""
+
+    snapshot: reactive[Snapshot | None] = reactive(None, layout=False, always_update=True)
+    """The snapshot to draw; None until the first one arrives."""
+
+    TITLE = ""
+
+    def render(self) -> RenderableType:
+        snap = self.snapshot
+        if snap is None:
+            return Group(_title(self.TITLE), Text("waiting for data…", style="dim"))
+        try:
+            return self.draw(snap, max(1, self.size.width), max(1, self.size.height))
+        except Exception as exc:  # a drawing bug must not take the dashboard down
+            return Group(_title(self.TITLE), Text(f"render error: {exc}", style="red"))
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        raise NotImplementedError
+
+
+class HeaderBar(Panel):
+    """pid, command, backend, versions, uptime, connection state, sample age."""
+
+    paused: reactive[bool] = reactive(False)
+    """True while the live view is frozen with space."""
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        dev = snap.device
+        proc = snap.process_of(dev)
+        top = Text(" jaxtop ", style="bold white on dark_green")
+        bottom = Text()
+        if proc is None:
+            top.append(" no process", style="dim")
+            return Group(top, bottom)
+        cmd = " ".join(proc.argv) or "?"
+        top.append(f" pid {proc.pid} ", style="bold")
+        top.append(cmd[: max(10, width - 50)])
+        backend = proc.backend or "backend not started"
+        top.append(f"  {backend} · jax {proc.versions.get('jax') or '?'}", style="cyan")
+        if len(snap.processes) > 1:
+            top.append(f"  ({len(snap.processes)} processes)", style="dim")
+        state = proc.state
+        bottom.append(f" ● {state}", style=STATE_STYLE.get(state, "bold"))
+        if snap.replay:
+            r = snap.replay
+            bottom.append(f" {'▶' if r['playing'] else '❚❚'} {r['speed']:g}× ", style="cyan")
+            span = max(1e-9, r["t_end"] - r["t_start"])
+            bottom.append(f"{fmt_duration(r['t'] - r['t_start'])}/{fmt_duration(span)}")
+        elif proc.sample_age_s is not None:
+            bottom.append(f" (sample {proc.sample_age_s:.1f}s ago)", style="dim")
+        if self.paused:
+            bottom.append("  PAUSED", style="bold black on yellow")
+        if proc.uptime_s is not None:
+            bottom.append(f"  up {fmt_duration(proc.uptime_s)}")
+        if dev is not None:
+            bottom.append(f"  device {dev.label} ({snap.selected + 1}/{len(snap.devices)})", style="bold")
+        elif snap.devices:
+            bottom.append(f"  overview: {len(snap.devices)} devices", style="bold")
+        else:
+            bottom.append("  no devices yet (waiting for the program to start JAX)", style="yellow")
+        bottom.append(f"  window {WINDOW_LABEL.get(snap.window_s, snap.window_s)}", style="dim")
+        return Group(top, bottom)
+
+
+class MemoryPanel(Panel):
+    """NVML used ≥ pool ≥ in use ≥ live arrays, against the limit."""
+
+    TITLE = "Memory"
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        dev = snap.device
+        if dev is None:
+            return Group(_title(self.TITLE), Text("no device", style="dim"))
+        proc = snap.process_of(dev)
+        nvml_reason = None
+        nvml_used = dev.nvml.get("memory_used_bytes") if dev.nvml else None
+        if dev.nvml is None:
+            nvml_reason = (proc.nvml_status.get("reason") if proc and proc.nvml_status else None) or "no NVIDIA GPU"
+            if dev.platform == "cpu":
+                nvml_reason = "CPU device"
+        pool_reason = None if dev.pool_bytes is not None else (
+            "no allocator pool on CPU" if dev.source == "live_arrays" else "allocator reports no pool")
+        in_use_label = "in use" if dev.source == "memory_stats" else "in use*"
+        layers = [
+            ("NVML used", nvml_used, "magenta", nvml_reason),
+            ("pool", dev.pool_bytes, "blue", pool_reason),
+            (in_use_label, dev.bytes_in_use, "green", None),
+            ("live arrays", dev.live_bytes, "cyan", None),
+        ]
+        limit = dev.bytes_limit or (dev.nvml or {}).get("memory_total_bytes")
+        extra = []
+        if dev.cached_unused_bytes is not None:
+            extra.append(f"cached unused {fmt_bytes(dev.cached_unused_bytes)}")
+        if dev.headroom_bytes is not None:
+            extra.append(f"headroom {fmt_bytes(dev.headroom_bytes)}")
+        if dev.source == "live_arrays":
+            extra.append("*from live arrays")
+        body: list[RenderableType] = [_title(self.TITLE, dev.label), LayersBar(layers, limit)]
+        if extra and height > 6:
+            body.append(Text(" · ".join(extra), style="dim"))
+        return Group(*body)
+
+
+class FragmentationPanel(Panel):
+    TITLE = "Fragmentation"
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        dev = snap.device
+        if dev is None:
+            return Group(_title(self.TITLE))
+        return Group(_title(self.TITLE), Gauge(dev.fragmentation, reason=dev.fragmentation_reason, label="frag"))
+
+
+class MemoryMapPanel(Panel):
+    """Live buffers in address order, and the largest ones."""
+
+    TITLE = "Memory map"
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        dev = snap.device
+        if dev is None:
+            return Group(_title(self.TITLE))
+        extra = "" if dev.map_complete else "largest 2000 buffers"
+        parts: list[RenderableType] = [_title(self.TITLE, extra), MemoryMap(list(dev.buffer_map), rows=1 if height < 6 else 2)]
+        room = height - (3 if height < 6 else 4)
+        for buf in dev.top_buffers[: max(0, room)]:
+            parts.append(Text(f" {fmt_bytes(buf.get('nbytes')):>10}  {buf.get('dtype')}{buf.get('shape')}", no_wrap=True, overflow="ellipsis"))
+        return Group(*parts)
+
+
+class TimelinePanel(Panel):
+    """bytes in use, pool and the peak over the selected window."""
+
+    TITLE = "Allocation timeline"
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        dev = snap.device
+        if dev is None:
+            return Group(_title(self.TITLE))
+        win = dev.timeline
+        names = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "nvml_used_bytes")
+        from jaxtop.model import DEVICE_SERIES
+
+        idx = {n: DEVICE_SERIES.index(n) for n in names + ("allocs_per_s",)}
+        series = []
+        for name, label, style, kind in (
+            ("nvml_used_bytes", "NVML", "magenta", "line"),
+            ("pool_bytes", "pool", "blue", "line"),
+            ("peak_bytes_in_use", "peak", "red", "line"),
+            ("bytes_in_use", "in use", "green", "fill"),
+        ):
+            t, lo, hi = win.series(idx[name])
+            if len(t) and not _all_nan(hi):
+                series.append(Series(label, t, lo, hi, style, kind))
+        end = win.t[-1] if len(win.t) else time.time()
+        start = end - snap.window_s if snap.window_s else (win.t[0] if len(win.t) else end - 60)
+        rate = fmt_rate(dev.allocs_per_s, "allocs") if dev.allocs_per_s is not None else f"allocs/s n/a ({dev.allocs_reason})"
+        bucket = f"{win.bucket_s:g}s buckets (min/max)" if win.bucket_s else "raw samples"
+        return Group(
+            _title(self.TITLE, f"{WINDOW_LABEL.get(snap.window_s, '')} · {bucket} · {rate}"),
+            Timeline(series, start, end, height=max(3, height - 1), unit="bytes"),
+        )
+
+
+def _all_nan(values: Any) -> bool:
+    import numpy as np
+
+    return bool(np.all(np.isnan(values))) if len(values) else True
+
+
+class TransfersPanel(Panel):
+    """Implicit h2d / d2h / d2d per second, totals, frequent shapes, PCIe."""
+
+    TITLE = "Transfers (implicit)"
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        proc = snap.process_of(snap.device)
+        if proc is None:
+            return Group(_title(self.TITLE))
+        cap = proc.capture
+        if cap and cap.get("available") is False:
+            return Group(_title(self.TITLE), _na(cap.get("reason")))
+        table = Table.grid(padding=(0, 1))
+        for _ in range(5):
+            table.add_column(no_wrap=True)
+        table.add_row(Text("dir", style="dim"), Text("count/s", style="dim"), Text("bytes/s ≥", style="dim"), Text("total", style="dim"), Text("recent", style="dim"))
+        from jaxtop.model import PROCESS_SERIES
+
+        hist = proc.history
+        for d in ("h2d", "d2h", "d2d"):
+            r = proc.transfers.get(d) or {}
+            t, lo, hi = hist.series(PROCESS_SERIES.index(f"{d}_per_s"))
+            recent = [None if v != v else float(v) for v in hi[-12:]]
+            table.add_row(
+                Text(d, style="bold"),
+                Text(fmt_rate(r.get("count_per_s"), "")),
+                Text(fmt_bytes(r.get("bytes_known_per_s"))),
+                Text(f"{r.get('count_total', 'n/a')} · {fmt_bytes(r.get('bytes_known_total'))}≥"),
+                MiniBars(recent, width=12),
+            )
+        parts: list[RenderableType] = [_title(self.TITLE, "bytes are a lower bound"), table]
+        if proc.top_shapes and height > 5:
+            top = proc.top_shapes[0]
+            parts.append(Text(f" top: {top['direction']} {top['shape']} ×{top['count']}", style="dim", no_wrap=True, overflow="ellipsis"))
+        dev = snap.device
+        if dev is not None and dev.nvml and height > 6:
+            parts.append(Text(
+                f" PCIe TX {fmt_bytes(dev.nvml.get('pcie_tx_bytes_per_s'))}/s  RX {fmt_bytes(dev.nvml.get('pcie_rx_bytes_per_s'))}/s",
+                no_wrap=True))
+        elif height > 6:
+            parts.append(Text(" PCIe n/a (no NVML device)", style="dim"))
+        return Group(*parts)
+
+
+class HostPanel(Panel):
+    """RSS, CPU %, GPU utilisation, temperature, power."""
+
+    TITLE = "Host & GPU"
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        proc = snap.process_of(snap.device)
+        if proc is None:
+            return Group(_title(self.TITLE))
+        p = proc.process
+        if p.get("available") is False:
+            line1 = _na(p.get("reason"))
+        else:
+            cpu = p.get("cpu_percent")
+            line1 = Text(
+                f" RSS {fmt_bytes(p.get('rss_bytes'))} (peak {fmt_bytes(p.get('peak_rss_bytes'))})"
+                f"  CPU {cpu if cpu is not None else 'n/a'}%  threads {p.get('threads', 'n/a')}",
+                no_wrap=True, overflow="ellipsis")
+        dev = snap.device
+        if dev is not None and dev.nvml:
+            g = dev.nvml
+            line2 = Text(
+                f" GPU {g.get('gpu_util_percent', 'n/a')}%  {g.get('temperature_c', 'n/a')}°C  "
+                f"{g.get('power_w') if g.get('power_w') is not None else 'n/a'} W  "
+                f"proc {fmt_bytes(g.get('process_memory_bytes'))}",
+                no_wrap=True, overflow="ellipsis")
+        else:
+            reason = proc.nvml_status.get("reason") if proc.nvml_status else None
+            line2 = _na(f"GPU: {reason or 'no NVML device for this JAX device'}")
+            line2.no_wrap = True
+            line2.overflow = "ellipsis"
+        comp = proc.compile
+        don = proc.donation
+        line3 = Text(
+            f" compiles {comp.get('count_total', 'n/a')} ({comp.get('seconds_total', 0) or 0:.1f}s)"
+            f"  failed donations {don.get('failed_total', 'n/a')}",
+            no_wrap=True, overflow="ellipsis")
+        return Group(_title(self.TITLE), line1, line2, line3)
+
+
+class EventsPanel(Panel):
+    """Compiles, failed donations, drops, disconnects, errors: newest last."""
+
+    TITLE = "Events"
+    STYLE = {"error": "red", "donation": "yellow", "dropped": "yellow", "disconnect": "red", "exit": "magenta", "compile": "cyan", "profile": "green"}
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        lines: list[RenderableType] = [_title(self.TITLE, f"{len(snap.events)} shown of the last 500")]
+        for note in snap.notices:
+            lines.append(Text(f" ! {note}", style="bold yellow", no_wrap=True, overflow="ellipsis"))
+        room = max(0, height - len(lines))
+        multi = len(snap.processes) > 1
+        for ev in list(snap.events)[-room:] if room else []:
+            stamp = time.strftime("%H:%M:%S", time.localtime(ev.t))
+            who = f"[{ev.pid}] " if multi else ""
+            lines.append(Text(f" {stamp} {who}{ev.kind:<9} {ev.text}", style=self.STYLE.get(ev.kind, ""), no_wrap=True, overflow="ellipsis"))
+        return Group(*lines)
+
+
+class OverviewPanel(Panel):
+    """Every device of every process, side by side."""
+
+    TITLE = "All devices"
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        table = Table(expand=True, box=None, padding=(0, 1), header_style="dim")
+        for col in ("pid", "device", "in use", "pool", "limit", "frag", "h2d/s", "state"):
+            table.add_column(col, no_wrap=True)
+        procs = {p.pid: p for p in snap.processes}
+        for dev in snap.devices:
+            p = procs.get(dev.pid)
+            frag = f"{dev.fragmentation:.0%}" if dev.fragmentation is not None else "n/a"
+            h2d = (p.transfers.get("h2d") or {}).get("count_per_s") if p else None
+            table.add_row(str(dev.pid), dev.label, fmt_bytes(dev.bytes_in_use), fmt_bytes(dev.pool_bytes),
+                          fmt_bytes(dev.bytes_limit), frag, fmt_rate(h2d, ""), p.state if p else "?")
+        if not snap.devices:
+            return Group(_title(self.TITLE), Text("no devices yet", style="dim"))
+        return Group(_title(self.TITLE, "tab: next device"), table)
