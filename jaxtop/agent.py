@@ -90,6 +90,7 @@ class Agent:
             "memory_profile": self._cmd_memory_profile,
         }
         self._seq = 0
+        self._fields: dict[str, Callable[[], Any]] = {}
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -183,6 +184,13 @@ class Agent:
 
         directory = args.get("directory") or os.environ.get("JAXTOP_PROFILE_DIR") or os.getcwd()
         return take_profile(str(directory))
+
+    def register_sample_field(self, name: str, fn: Callable[[], Any]) -> None:
+        """Add ``record[name] = fn()`` to each sample when fn returns non-None.
+
+        Runs on the agent thread: fn must be quick and thread-safe.
+        """
+        self._fields[name] = fn
 
     def post_event(self, kind: str, **fields: Any) -> None:
         """Attach an event (e.g. a caught error) to the next sample."""
@@ -484,6 +492,13 @@ class Agent:
         }
         if self.nvml is not None and self.nvml.available:
             record["nvml"] = self.nvml.sample()
+        for name, fn in list(self._fields.items()):
+            try:
+                value = fn()
+            except Exception as exc:
+                value = {"error": f"{type(exc).__name__}: {exc}"}
+            if value is not None:
+                record[name] = value
         with self._lock:
             if self.events:
                 record["events"], self.events = self.events, []

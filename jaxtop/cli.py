@@ -70,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     attach.add_argument("pids", type=_pid, nargs="+", metavar="PID")
 
+    demo = sub.add_parser(
+        "demo",
+        help="run the built-in workload and flip each memory strategy live",
+        description="Start a jitted workload with the agent and open the dashboard with a Strategies panel. "
+        "--headless runs every strategy off then on and prints what changed.",
+    )
+    demo.add_argument("--headless", action="store_true", help="no dashboard: print the before/after table")
+    demo.add_argument("--steps", type=int, default=30, help="steps per variant in --headless (default 30)")
+    demo.add_argument("--json", action="store_true", help="--headless output as JSON")
+    demo.add_argument("--small", action="store_true", help="smallest workload sizes")
+
     replay = sub.add_parser("replay", help="open the dashboard on a recording")
     replay.add_argument("file", help="a JSON-lines recording (jaxtop run --log / jaxtop log)")
     replay.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
@@ -123,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_attach(args.pids)
     if args.command == "replay":
         return cmd_replay(args)
+    if args.command == "demo":
+        return cmd_demo(args)
     return cmd_default()
 
 
@@ -143,6 +156,22 @@ def cmd_attach(pids: list[int]) -> int:
 
     live_app(pids).run()
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        print("jaxtop demo: --steps must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.headless:
+        from jaxtop.demo.headless import run
+
+        return run(steps=args.steps, as_json=args.json, small=args.small)
+    if args.json:
+        print("jaxtop demo: --json needs --headless", file=sys.stderr)
+        return EXIT_USAGE
+    from jaxtop.demo_app import run_demo
+
+    return run_demo(small=args.small)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

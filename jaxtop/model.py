@@ -96,6 +96,7 @@ class ProcessView:
     nvml_status: dict[str, Any]
     history: Window
     last_profile: dict[str, Any] | None
+    demo: dict[str, Any] | None = None  # the demo workload's state, if any
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class ProcessModel:
         self.backend: str | None = None
         self.versions: dict[str, Any] = {}
         self.nvml_status: dict[str, Any] = {}
+        self.demo: dict[str, Any] | None = None
 
 
 class Model:
@@ -268,6 +270,8 @@ class Model:
         interval = (proc.hello.get("interval_s") or 0.1)
         proc.prev_t, proc.last_t = proc.last_t, t
         proc.latest = rec
+        if isinstance(rec.get("demo"), dict):
+            proc.demo = rec["demo"]
         if proc.state in (CONNECTING, STALE, DISCONNECTED):
             proc.state = LIVE
         nvml = rec.get("nvml") if isinstance(rec.get("nvml"), dict) else None
@@ -389,6 +393,7 @@ class Model:
                     nvml_status=dict(p.nvml_status),
                     history=p.history.window(window_s, end_t),
                     last_profile=p.last_profile,
+                    demo=p.demo,
                 ))
             n = len(devices)
             sel = -1 if selected < 0 or n == 0 else selected % n

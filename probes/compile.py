@@ -56,6 +56,11 @@ class CompileProbe:
         except Exception:
             pass  # older jax cannot unregister; the inactive flag makes it inert
 
+    def total(self) -> int:
+        """Backend compiles since the probe started."""
+        with self._lock:
+            return self._count_total
+
     def sample(self) -> dict[str, Any]:
         if not self.active and self.reason:
             return {"available": False, "reason": self.reason}

@@ -14,6 +14,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -39,6 +40,7 @@ class StderrCapture:
         self._report_r: int | None = None
         self._relay: subprocess.Popen | None = None
         self._pending = b""
+        self._read_lock = threading.Lock()  # the agent thread and sync() both read
         self._sync_n = 0
         self._acked = 0
         self.active = False
@@ -104,6 +106,10 @@ class StderrCapture:
 
     def read_reports(self) -> None:
         """Consume whatever the relay reported so far (non-blocking)."""
+        with self._read_lock:
+            self._read_reports()
+
+    def _read_reports(self) -> None:
         fd = self._report_r
         if fd is None:
             return
@@ -139,8 +145,9 @@ class StderrCapture:
         """
         if not self.active or self._report_r is None:
             return False
-        self._sync_n += 1
-        want = self._sync_n
+        with self._read_lock:
+            self._sync_n += 1
+            want = self._sync_n
         try:
             self._write_marker("sync", str(want))
         except OSError:

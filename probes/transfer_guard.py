@@ -136,6 +136,11 @@ class TransferCounter:
             if key in self._shapes or len(self._shapes) < _TOP_SHAPES_KEPT:
                 self._shapes[key] += 1
 
+    def totals(self) -> dict[str, int]:
+        """Counts since start per direction (does not reset anything)."""
+        with self._lock:
+            return {d: self._total[d][0] for d in DIRECTIONS}
+
     def take(self, top: int = 5) -> dict[str, Any]:
         """The wire ``transfers`` object; resets the interval counts."""
         with self._lock:
@@ -249,12 +254,16 @@ class GuardController:
 
     def _apply(self, jax: Any) -> None:
         visible = set()
+        current = self._read()
         for d in DIRECTIONS:
             level = self._user.get(d)
             if level in (None, "allow"):
-                if self._ours.get(d) != "log":
+                # Compare with the live value, not with what we set last: a
+                # user's later "allow" overwrote our "log" and must be undone,
+                # or transfers silently stop being counted.
+                if current[d] != "log":
                     jax.config.update(_OPTION[d], "log")
-                    self._ours[d] = "log"
+                self._ours[d] = "log"
             else:
                 self._ours.pop(d, None)
                 if level in _USER_SEES:
@@ -277,6 +286,8 @@ class GuardController:
         for d in DIRECTIONS:
             if now[d] != self._last.get(d) and now[d] != now["global"]:
                 self._user[d] = now[d]
+            if now[d] != self._last.get(d):
+                self._raw[d] = now[d]  # the user's newest choice: restore() puts it back
         self._apply(jax)
 
     def user_levels(self) -> dict[str, str]:

@@ -1,0 +1,66 @@
+"""The demo workload process: ``python -m jaxtop.demo.worker``.
+
+Starts the agent, compiles every strategy, then steps the active one until
+its parent (``jaxtop demo``) goes away. Toggles arrive as agent commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="smallest sizes")
+    parser.add_argument("--interval", type=float, default=0.1)
+    parser.add_argument("--log", help="also record the stream to this file")
+    args = parser.parse_args(argv)
+
+    import jaxtop
+
+    handle = jaxtop.instrument(interval_s=args.interval, log_path=args.log)
+    import jax
+
+    jax.numpy.zeros(()).block_until_ready()  # create the backend before the agent reports devices
+    from jaxtop.demo.runner import DemoRunner
+
+    runner = DemoRunner(handle.agent, small=args.small)
+    agent = handle.agent
+    agent.register_command("demo_set", lambda a: runner.request(a["strategy"], a.get("variant")))
+    agent.register_command("demo_state", lambda a: runner.state())
+    last = {"version": -1}
+
+    def demo_field():
+        # Sent when something changed: the model keeps the latest.
+        with runner._lock:
+            version = runner.version
+        if version == last["version"]:
+            return None
+        last["version"] = version
+        return runner.state()
+
+    agent.register_sample_field("demo", demo_field)
+    stop = threading.Event()
+    parent = os.getppid()
+
+    def watch_parent():
+        while not stop.wait(0.5):
+            if os.getppid() != parent:
+                stop.set()
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    print(f"jaxtop demo worker pid {os.getpid()} on {runner.backend}, socket {handle.socket_path}", flush=True)
+    try:
+        runner.loop(stop)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

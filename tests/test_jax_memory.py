@@ -1,0 +1,339 @@
+"""Pure layer: device memory helpers and JaxMemoryProbe (probes/jax_memory.py).
+
+GPU dicts are shaped like what jaxlib returns (DESIGN.md §3): the default BFC
+allocator's 10 keys, the cuda_async allocator's 5, and the PJRT C API's -1
+for fields it does not set. The CPU tests use the real backend in-process.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from jaxtop.probes import jax_memory as jm
+from jaxtop.probes.jax_memory import JaxMemoryProbe, fragmentation, normalize_stats, summarize_live_arrays
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+BFC_GPU = {
+    "num_allocs": 37,
+    "bytes_in_use": 5 * GiB,
+    "peak_bytes_in_use": 6 * GiB,
+    "largest_alloc_size": 2 * GiB,
+    "bytes_limit": 60 * GiB,
+    "bytes_reserved": 0,
+    "peak_bytes_reserved": 0,
+    "largest_free_block_bytes": 1 * GiB,
+    "pool_bytes": 8 * GiB,
+    "peak_pool_bytes": 8 * GiB,
+}
+CUDA_ASYNC_GPU = {
+    "num_allocs": 5,
+    "bytes_in_use": 300 * MiB,
+    "peak_bytes_in_use": 400 * MiB,
+    "largest_alloc_size": 128 * MiB,
+    "bytes_limit": 60 * GiB,
+}
+PJRT_C_API_GPU = {
+    "num_allocs": 3,
+    "bytes_in_use": 12 * MiB,
+    "peak_bytes_in_use": 16 * MiB,
+    "largest_alloc_size": 8 * MiB,
+    "bytes_limit": 60 * GiB,
+    "bytes_reserved": -1,
+    "peak_bytes_reserved": -1,
+    "largest_free_block_bytes": -1,
+    "bytes_reservable_limit": -1,
+    "pool_bytes": -1,
+    "peak_pool_bytes": -1,
+}
+
+
+# -- normalize_stats ---------------------------------------------------------------
+
+
+def test_normalize_maps_minus_one_to_none_and_keeps_the_rest():
+    out = normalize_stats(PJRT_C_API_GPU)
+    assert out["bytes_in_use"] == 12 * MiB
+    assert out["bytes_limit"] == 60 * GiB
+    for key in ("bytes_reserved", "largest_free_block_bytes", "pool_bytes", "peak_pool_bytes"):
+        assert out[key] is None, key
+    assert set(out) == set(PJRT_C_API_GPU)
+
+
+def test_normalize_passes_a_bfc_dict_through_unchanged():
+    assert normalize_stats(BFC_GPU) == BFC_GPU
+    assert normalize_stats(BFC_GPU) is not BFC_GPU  # a copy: callers may add fields
+
+
+def test_normalize_keeps_zero_and_unknown_keys():
+    out = normalize_stats({"bytes_reserved": 0, "new_field_from_newer_jaxlib": 7, "name": "x"})
+    assert out == {"bytes_reserved": 0, "new_field_from_newer_jaxlib": 7, "name": "x"}
+
+
+def test_normalize_none_is_none():
+    assert normalize_stats(None) is None
+
+
+# -- fragmentation -----------------------------------------------------------------
+
+
+def test_fragmentation_of_default_bfc_dict():
+    # pool 8 GiB, 5 in use: 3 GiB cached, the largest free chunk 1 GiB.
+    value, reason = fragmentation(BFC_GPU, "gpu")
+    assert reason is None
+    assert value == pytest.approx(1 - 1 / 3)
+
+
+def test_fragmentation_zero_when_free_space_is_one_block():
+    stats = dict(BFC_GPU, largest_free_block_bytes=3 * GiB)
+    assert fragmentation(stats) == (0.0, None)
+
+
+def test_fragmentation_is_zero_not_nan_when_nothing_is_free():
+    stats = dict(BFC_GPU, bytes_in_use=8 * GiB, largest_free_block_bytes=0)
+    value, reason = fragmentation(stats)
+    assert value == 0.0 and reason is None
+
+
+def test_fragmentation_clamped_to_unit_interval():
+    # Stats are read non-atomically; inconsistent numbers must not leave [0, 1].
+    assert fragmentation(dict(BFC_GPU, largest_free_block_bytes=5 * GiB))[0] == 0.0
+    assert fragmentation(dict(BFC_GPU, bytes_in_use=9 * GiB))[0] == 0.0
+
+
+def test_fragmentation_unavailable_for_cuda_async():
+    value, reason = fragmentation(normalize_stats(CUDA_ASYNC_GPU), "gpu")
+    assert value is None
+    assert reason and "pool_bytes" in reason
+
+
+def test_fragmentation_unavailable_through_pjrt_c_api_minus_ones():
+    value, reason = fragmentation(normalize_stats(PJRT_C_API_GPU), "gpu")
+    assert value is None
+    assert reason
+
+
+def test_fragmentation_on_cpu_none_says_why():
+    value, reason = fragmentation(None, "cpu")
+    assert value is None
+    assert "None" in reason and "cpu" in reason
+
+
+# -- summarize_live_arrays -----------------------------------------------------------
+
+
+def test_summary_per_device():
+    rows = [
+        (0, 400, 0x7000, "float32", "[100]"),
+        (0, 4000, 0x1000, "float32", "[1000]"),
+        (0, 40, 0x9000, "int32", "[10]"),
+        (1, 800, 0x2000, "float64", "[100]"),
+    ]
+    out = summarize_live_arrays(rows)
+    assert set(out) == {0, 1}
+    d0 = out[0]
+    assert (d0["bytes"], d0["count"], d0["largest_bytes"]) == (4440, 3, 4000)
+    assert [t["nbytes"] for t in d0["top"]] == [4000, 400, 40]
+    assert d0["top"][0] == {"nbytes": 4000, "dtype": "float32", "shape": "[1000]", "ptr": 0x1000}
+    assert d0["map"] == [[0x1000, 4000], [0x7000, 400], [0x9000, 40]]  # address order
+    assert d0["map_complete"] is True
+    assert (out[1]["bytes"], out[1]["count"]) == (800, 1)
+
+
+def test_summary_top_is_limited_and_pointerless_buffers_are_not_mapped():
+    rows = [(0, n, (None if n % 2 else 0x10000 - n), "uint8", f"[{n}]") for n in range(1, 31)]
+    out = summarize_live_arrays(rows)[0]
+    assert len(out["top"]) == jm.TOP_BUFFERS
+    assert [t["nbytes"] for t in out["top"]] == list(range(30, 30 - jm.TOP_BUFFERS, -1))
+    assert out["count"] == 30 and out["bytes"] == sum(range(1, 31))
+    assert all(ptr is not None for ptr, _ in out["map"])
+    assert len(out["map"]) == 15
+    assert [p for p, _ in out["map"]] == sorted(p for p, _ in out["map"])
+
+
+def test_summary_map_truncated_keeps_the_largest(monkeypatch):
+    monkeypatch.setattr(jm, "BUFFER_MAP_MAX", 4)
+    rows = [(0, n * 10, 0x100 * (20 - n), "float32", "[x]") for n in range(1, 11)]
+    out = summarize_live_arrays(rows)[0]
+    assert out["map_complete"] is False
+    assert sorted(n for _, n in out["map"]) == [70, 80, 90, 100]
+    assert [p for p, _ in out["map"]] == sorted(p for p, _ in out["map"])
+    assert out["count"] == 10 and out["bytes"] == 550  # accounting is never truncated
+
+
+def test_summary_of_nothing():
+    assert summarize_live_arrays([]) == {}
+
+
+# -- JaxMemoryProbe, real CPU backend ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cpu_jax():
+    import jax
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("these tests describe the CPU backend")
+    return jax
+
+
+def test_backend_ready_once_arrays_exist(cpu_jax):
+    cpu_jax.numpy.zeros(1).block_until_ready()
+    assert jm.backend_ready() is True
+
+
+def test_cpu_probe_falls_back_to_live_arrays(cpu_jax):
+    jnp = cpu_jax.numpy
+    mine = [jnp.ones((256, 256), jnp.float32), jnp.arange(1000, dtype=jnp.int32), jnp.zeros((3, 5), jnp.bfloat16)]
+    for a in mine:
+        a.block_until_ready()
+    my_bytes = sum(a.nbytes for a in mine)
+
+    probe = JaxMemoryProbe()
+    assert probe.backend == "cpu"
+    described = probe.describe()
+    assert described[0]["platform"] == "cpu" and described[0]["id"] == probe.devices[0].id
+
+    probe.scan_live_arrays(now=123.0)
+    recs = probe.sample(include_map=True)
+    assert len(recs) == len(probe.devices)
+    rec = next(r for r in recs if r["id"] == mine[0].devices().pop().id)
+    assert rec["source"] == "live_arrays"
+    assert rec["platform"] == "cpu"
+    assert rec["bytes_in_use"] >= my_bytes
+    assert rec["peak_rise_bytes"] is None
+    assert rec["fragmentation"] is None
+    assert "None" in rec["fragmentation_reason"]
+    live = rec["live_arrays"]
+    assert live["bytes"] == rec["bytes_in_use"]
+    assert live["count"] >= 3
+    assert live["largest_bytes"] >= 256 * 256 * 4
+    assert live["scanned_t"] == 123.0
+    mapped = {ptr: n for ptr, n in live["map"]}
+    for a in mine:
+        assert mapped.get(a.unsafe_buffer_pointer()) == a.nbytes
+    assert [p for p, _ in live["map"]] == sorted(mapped)
+    assert live["map_complete"] is True
+    assert live["top"][0]["nbytes"] == live["largest_bytes"]
+
+    # Without the map the record stays small.
+    small = probe.sample(include_map=False)[0]["live_arrays"]
+    assert "map" not in small and "top" not in small
+    del mine
+
+
+def test_cpu_probe_sees_arrays_go_away(cpu_jax):
+    jnp = cpu_jax.numpy
+    probe = JaxMemoryProbe()
+    big = jnp.ones((1024, 1024), jnp.float32).block_until_ready()
+    probe.scan_live_arrays(time.time())
+    with_big = probe.sample(include_map=False)[0]["bytes_in_use"]
+    big.delete()
+    probe.scan_live_arrays(time.time())
+    without = probe.sample(include_map=False)[0]["bytes_in_use"]
+    assert with_big - without >= 4 * MiB
+
+
+def test_sample_before_any_scan_reports_zero_live_bytes_and_no_scan_time(cpu_jax):
+    probe = JaxMemoryProbe()
+    rec = probe.sample(include_map=True)[0]
+    assert rec["live_arrays"]["scanned_t"] is None
+    assert rec["live_arrays"]["map"] == []
+
+
+class FakeDevice:
+    def __init__(self, id, stats_seq, platform="gpu"):
+        self.id = id
+        self.platform = platform
+        self.device_kind = "NVIDIA H200"
+        self._stats = list(stats_seq)
+
+    def memory_stats(self):
+        item = self._stats.pop(0) if len(self._stats) > 1 else self._stats[0]
+        if isinstance(item, Exception):
+            raise item
+        return None if item is None else dict(item)
+
+
+def test_fake_gpu_device_uses_memory_stats(cpu_jax, monkeypatch):
+    probe = JaxMemoryProbe()
+    second = dict(BFC_GPU, peak_bytes_in_use=7 * GiB, bytes_in_use=4 * GiB)
+    monkeypatch.setattr(probe, "devices", [FakeDevice(0, [BFC_GPU, second])])
+    first = probe.sample(include_map=False)[0]
+    assert first["source"] == "memory_stats"
+    for key, value in BFC_GPU.items():
+        assert first[key] == value, key
+    assert first["peak_rise_bytes"] is None  # nothing to compare with yet
+    assert first["fragmentation"] == pytest.approx(2 / 3)
+    assert "fragmentation_reason" not in first
+
+    rec = probe.sample(include_map=False)[0]
+    assert rec["peak_rise_bytes"] == 1 * GiB
+    assert rec["bytes_in_use"] == 4 * GiB
+    assert rec["fragmentation"] == pytest.approx(0.75)  # 4 GiB cached, 1 GiB largest block
+    assert probe.describe()[0] == {"id": 0, "platform": "gpu", "kind": "NVIDIA H200", "process_index": 0}
+
+
+def test_fake_pjrt_c_api_device_gives_none_not_minus_one(cpu_jax, monkeypatch):
+    probe = JaxMemoryProbe()
+    monkeypatch.setattr(probe, "devices", [FakeDevice(0, [PJRT_C_API_GPU])])
+    rec = probe.sample(include_map=False)[0]
+    assert rec["source"] == "memory_stats"
+    assert rec["pool_bytes"] is None and rec["largest_free_block_bytes"] is None
+    assert rec["fragmentation"] is None and rec["fragmentation_reason"]
+    assert -1 not in rec.values()
+
+
+def test_fake_cuda_async_device(cpu_jax, monkeypatch):
+    probe = JaxMemoryProbe()
+    monkeypatch.setattr(probe, "devices", [FakeDevice(3, [CUDA_ASYNC_GPU])])
+    rec = probe.sample(include_map=False)[0]
+    assert rec["id"] == 3
+    assert rec["bytes_in_use"] == 300 * MiB
+    assert "pool_bytes" not in rec  # not invented
+    assert rec["fragmentation"] is None
+    assert "cuda_async" in rec["fragmentation_reason"]
+
+
+def test_memory_stats_raising_falls_back_to_live_arrays(cpu_jax, monkeypatch):
+    probe = JaxMemoryProbe()
+    monkeypatch.setattr(probe, "devices", [FakeDevice(0, [RuntimeError("UNIMPLEMENTED")])])
+    rec = probe.sample(include_map=False)[0]
+    assert rec["source"] == "live_arrays"
+    assert rec["fragmentation"] is None
+
+
+def test_scan_counts_each_shard_on_its_device_and_skips_deleted_arrays(cpu_jax, monkeypatch):
+    probe = JaxMemoryProbe()
+    d0, d1 = FakeDevice(0, [None], "cpu"), FakeDevice(1, [None], "cpu")
+
+    def shard(dev, nbytes, ptr):
+        data = SimpleNamespace(nbytes=nbytes, shape=(nbytes // 4,), unsafe_buffer_pointer=lambda: ptr)
+        return SimpleNamespace(device=dev, data=data)
+
+    sharded = SimpleNamespace(
+        dtype="float32",
+        shape=(8,),
+        nbytes=32,
+        sharding=SimpleNamespace(device_set={d0, d1}),
+        addressable_shards=[shard(d0, 16, 0x100), shard(d1, 16, 0x200)],
+    )
+
+    class Deleted:
+        @property
+        def dtype(self):
+            raise RuntimeError("Array has been deleted")
+
+    fake_jax = SimpleNamespace(live_arrays=lambda: [sharded, Deleted()])
+    monkeypatch.setattr(probe, "_jax", fake_jax)
+    monkeypatch.setattr(probe, "devices", [d0, d1])
+    probe.scan_live_arrays(now=1.0)
+    recs = {r["id"]: r for r in probe.sample(include_map=True)}
+    assert recs[0]["live_arrays"]["map"] == [[0x100, 16]]
+    assert recs[1]["live_arrays"]["map"] == [[0x200, 16]]
+    assert recs[0]["bytes_in_use"] == 16 and recs[1]["bytes_in_use"] == 16
+    assert recs[0]["live_arrays"]["top"][0]["shape"] == "[4]"

@@ -1,0 +1,421 @@
+"""Pure layer: the stderr relay (probes/_relay.py), driven through its Relay class.
+
+The relay stands between the user's program and their terminal, so the main
+promise is byte-exactness: everything that is not a guard line jaxtop caused
+comes out unchanged and in order. One test runs it as the real child process.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from jaxtop.probes import _relay
+from jaxtop.probes._relay import Relay
+
+RELAY_PATH = Path(_relay.__file__)
+TOKEN = b"c0ffee42"
+
+GUARD_H2D = (
+    b"W1202 18:34:30.919532    2146 guard_lib.cc:125] host-to-device transfer: "
+    b"aval=ShapedArray(float32[1000,1000]), dst_sharding=SingleDeviceSharding(device=CpuDevice(id=0), "
+    b"memory_kind=device)\n"
+)
+GUARD_CACHED = b"W1202 18:34:30.920001    2146 guard_lib.cc:125] host-to-device transfer: \n"
+GUARD_D2D = (
+    b"W1202 19:10:03.642390    6082 guard_lib.cc:140] device-to-device transfer: "
+    b"aval=ShapedArray(bfloat16[8]), sharding=SingleDeviceSharding(device=CpuDevice(id=0), memory_kind=device), "
+    b"dst_sharding=SingleDeviceSharding(device=CpuDevice(id=1), memory_kind=device)\n"
+)
+GUARD_OLD = (
+    b"W0611 09:01:02.000017   31337 external/xla/xla/python/transfer_guard_lib.cc:149] "
+    b"device-to-host transfer: shape=(2,3), dtype=F32, device=cuda:0\n"
+)
+OTHER_WARNING = b"W1202 18:34:31.000001    2146 cpu_client.cc:77] something else entirely\n"
+OTHER_ERROR = b"E1202 18:34:31.000002    2146 cpu_client.cc:78] a real error\n"
+
+
+def marker(verb: str, arg: str, token: bytes = TOKEN) -> bytes:
+    return b"\x00jaxtop:" + token + b":" + f"{verb} {arg}".encode() + b"\x00"
+
+
+def _drain(fd: int) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class Rig:
+    """A Relay writing into two pipes that the test reads back."""
+
+    def __init__(self, passed=()):
+        self.out_r, self.out_w = os.pipe()
+        self.rep_r, self.rep_w = os.pipe()
+        for fd in (self.out_r, self.rep_r, self.rep_w):
+            os.set_blocking(fd, False)  # rep_w as main() sets it
+        self.relay = Relay(self.out_w, self.rep_w, TOKEN, set(passed))
+        self._out = b""
+        self._rep = b""
+
+    def feed(self, *chunks: bytes) -> "Rig":
+        for c in chunks:
+            self.relay.feed(c)
+        return self
+
+    @property
+    def out(self) -> bytes:
+        self._out += _drain(self.out_r)
+        return self._out
+
+    @property
+    def reports(self) -> bytes:
+        self._rep += _drain(self.rep_r)
+        return self._rep
+
+    def close(self):
+        for fd in (self.out_r, self.out_w, self.rep_r, self.rep_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def rig():
+    made = []
+
+    def make(passed=()):
+        r = Rig(passed)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+
+
+# -- plain bytes -------------------------------------------------------------------
+
+
+def test_plain_lines_pass_through_unchanged(rig):
+    r = rig().feed(b"hello\n", b"world\nand more\n")
+    assert r.out == b"hello\nworld\nand more\n"
+    assert r.reports == b""
+
+
+def test_partial_line_is_forwarded_at_once_and_completed_later(rig):
+    r = rig()
+    r.feed(b"Loading model")
+    assert r.out == b"Loading model"  # a prompt without newline is not held
+    r.feed(b"... done\n")
+    assert r.out == b"Loading model... done\n"
+
+
+def test_binary_and_invalid_utf8_bytes_are_byte_identical(rig):
+    blob = bytes(range(256)).replace(b"\n", b"") + b"\xff\xfe\xc3(\x80\n" + b"\x00\x00tail"
+    r = rig().feed(blob)
+    r.relay.finish()
+    assert r.out == blob
+    assert r.reports == b""
+
+
+def test_carriage_return_progress_bars(rig):
+    r = rig()
+    frames = [b"\r  %3d%%|%s|" % (p, b"#" * (p // 10)) for p in range(0, 101, 10)]
+    for f in frames:
+        r.feed(f)
+    # Each frame reaches the terminal as soon as it is written, not at the newline.
+    assert r.out == b"".join(frames)
+    r.feed(b"\n")
+    assert r.out == b"".join(frames) + b"\n"
+
+
+def test_progress_bar_starting_like_a_severity_letter_still_flows(rig):
+    r = rig().feed(b"Epoch 1  10%\r", b"Working...\r")
+    assert r.out == b"Epoch 1  10%\rWorking...\r"
+
+
+# -- guard lines --------------------------------------------------------------------
+
+
+def test_guard_lines_are_reported_and_hidden(rig):
+    r = rig().feed(b"before\n" + GUARD_H2D + b"middle\n" + GUARD_CACHED + GUARD_D2D + b"after\n")
+    assert r.out == b"before\nmiddle\nafter\n"
+    assert r.reports == b"G " + GUARD_H2D + b"G " + GUARD_CACHED + b"G " + GUARD_D2D
+
+
+def test_guard_lines_of_passed_directions_still_reach_the_user(rig):
+    r = rig(passed={"h2d"}).feed(GUARD_H2D, GUARD_D2D, GUARD_CACHED)
+    assert r.out == GUARD_H2D + GUARD_CACHED
+    assert r.reports.count(b"G ") == 3
+
+
+def test_old_jaxlib_prefix_is_recognised(rig):
+    r = rig().feed(b"x\n" + GUARD_OLD)
+    assert r.out == b"x\n"
+    assert r.reports == b"G " + GUARD_OLD
+
+
+def test_guard_text_not_at_a_line_start_is_not_a_guard_line(rig):
+    line = b"user printed: " + GUARD_H2D
+    r = rig().feed(line)
+    assert r.out == line
+    assert r.reports == b""
+
+
+def test_guard_line_split_byte_by_byte_is_still_caught(rig):
+    r = rig()
+    stream = b"a\n" + GUARD_H2D + b"b\n"
+    for i in range(len(stream)):
+        r.feed(stream[i : i + 1])
+    assert r.out == b"a\nb\n"
+    assert r.reports == b"G " + GUARD_H2D
+
+
+# -- sync and show markers ------------------------------------------------------------
+
+
+def test_sync_marker_between_lines_is_stripped_and_acknowledged(rig):
+    r = rig().feed(b"one\n" + marker("sync", "1") + b"two\n")
+    assert r.out == b"one\ntwo\n"
+    assert r.reports == b"S 1\n"
+
+
+def test_sync_marker_mid_line_is_stripped(rig):
+    r = rig().feed(b"abc" + marker("sync", "7") + b"def\n")
+    assert r.out == b"abcdef\n"
+    assert r.reports == b"S 7\n"
+
+
+def test_sync_marker_inside_a_partial_line(rig):
+    r = rig().feed(b"abc" + marker("sync", "8"))
+    assert r.out == b"abc"
+    assert r.reports == b"S 8\n"
+
+
+def test_sync_marker_split_across_two_feeds(rig):
+    m = marker("sync", "5")
+    for cut in range(1, len(m)):
+        r = rig().feed(b"abc" + m[:cut])
+        assert b"\x00" not in r.out, cut  # the partial marker is held back
+        r.feed(m[cut:] + b"def\n")
+        assert r.out == b"abcdef\n", cut
+        assert r.reports == b"S 5\n", cut
+
+
+def test_sync_after_a_guard_line_is_acknowledged_after_its_report(rig):
+    # The agent's sync() relies on this order: "S n" means every guard line
+    # written before the marker has been reported.
+    r = rig().feed(GUARD_H2D + marker("sync", "3") + GUARD_D2D + marker("sync", "4"))
+    assert r.reports == b"G " + GUARD_H2D + b"S 3\n" + b"G " + GUARD_D2D + b"S 4\n"
+    assert r.out == b""
+
+
+def test_marker_with_another_token_is_not_ours(rig):
+    foreign = marker("sync", "9", token=b"deadbeef") + b"\n"
+    r = rig().feed(foreign)
+    assert r.out == foreign
+    assert r.reports == b""
+
+
+def test_show_marker_sets_passed_and_silenced(rig):
+    r = rig()
+    r.feed(marker("show", "h2d|IW"))
+    assert r.relay.passed == {"h2d"}
+    assert r.relay.silenced == b"IW"
+    r.feed(GUARD_H2D, GUARD_D2D, OTHER_WARNING, OTHER_ERROR, b"Warning: not abseil\n")
+    assert r.out == GUARD_H2D + OTHER_ERROR + b"Warning: not abseil\n"
+    assert r.reports == b"G " + GUARD_H2D + b"G " + GUARD_D2D
+
+    r.feed(marker("show", "d2d,d2h|"))
+    assert r.relay.passed == {"d2d", "d2h"}
+    assert r.relay.silenced == b""
+    r.feed(GUARD_H2D, GUARD_D2D, OTHER_WARNING)
+    assert r.out.endswith(GUARD_D2D + OTHER_WARNING)
+    assert r.out.count(GUARD_H2D) == 1
+
+
+def test_abseil_warnings_are_kept_unless_silenced(rig):
+    r = rig().feed(OTHER_WARNING, OTHER_ERROR)
+    assert r.out == OTHER_WARNING + OTHER_ERROR
+
+
+def test_info_lines_dropped_when_info_is_silenced(rig):
+    info = b"I1202 18:34:31.000003    2146 service.cc:1] XLA service initialized\n"
+    r = rig().feed(marker("show", "|IW"), info, OTHER_WARNING, OTHER_ERROR)
+    assert r.out == OTHER_ERROR
+
+
+# -- holding, release, finish --------------------------------------------------------
+
+
+def test_possible_header_is_held_then_released(rig):
+    r = rig()
+    r.feed(b"W1202 18:34")
+    assert r.out == b""  # it may become a guard line
+    assert r.relay.holding()
+    r.relay.release()  # the relay's timer gave up waiting
+    assert r.out == b"W1202 18:34"
+    assert not r.relay.holding()
+    # The rest of that line belongs to what was already forwarded.
+    r.feed(b":30.1 1 guard_lib.cc:1] host-to-device transfer: \n")
+    assert r.out == b"W1202 18:34:30.1 1 guard_lib.cc:1] host-to-device transfer: \n"
+    assert r.reports == b""
+    r.feed(GUARD_H2D)  # the next line is judged afresh
+    assert r.reports == b"G " + GUARD_H2D
+
+
+def test_release_keeps_a_partial_marker(rig):
+    r = rig().feed(b"abc" + marker("sync", "9")[:10])
+    assert r.out == b"abc"
+    r.relay.release()
+    assert r.out == b"abc"
+    r.feed(marker("sync", "9")[10:] + b"\n")
+    assert r.out == b"abc\n"
+    assert r.reports == b"S 9\n"
+
+
+def test_finish_flushes_a_held_partial_line(rig):
+    r = rig().feed(b"ok\n", b"E1202 18:3")
+    assert r.out == b"ok\n"
+    r.relay.finish()
+    assert r.out == b"ok\nE1202 18:3"
+
+
+def test_finish_reports_and_hides_an_unterminated_guard_line(rig):
+    r = rig().feed(GUARD_H2D.rstrip(b"\n"))
+    assert r.out == b""
+    r.relay.finish()
+    assert r.out == b""
+    assert r.reports.startswith(b"G " + GUARD_H2D.rstrip(b"\n"))
+
+
+def test_finish_with_nothing_held_writes_nothing(rig):
+    r = rig().feed(b"done\n")
+    r.relay.finish()
+    assert r.out == b"done\n"
+
+
+# -- broken ends --------------------------------------------------------------------
+
+
+def test_without_a_report_fd_guard_lines_are_still_hidden(rig):
+    r = rig()
+    r.relay.report_fd = None
+    r.feed(b"a\n" + GUARD_H2D + marker("sync", "1") + b"b\n")
+    assert r.out == b"a\nb\n"
+
+
+def test_agent_gone_does_not_stop_forwarding(rig):
+    r = rig()
+    os.close(r.rep_r)
+    r.feed(GUARD_H2D, b"still here\n")
+    assert r.relay.report_fd is None
+    assert r.out == b"still here\n"
+
+
+def test_terminal_gone_keeps_draining(rig):
+    r = rig()
+    os.close(r.out_r)
+    r.feed(b"x" * 10 + b"\n", GUARD_H2D, b"y\n")  # EPIPE, not an exception
+    assert r.relay.out_broken
+    assert r._rep + _drain(r.rep_r) == b"G " + GUARD_H2D
+
+
+def test_many_short_lines_are_fast(rig):
+    # The relay is in the path of every byte of stderr: a flood of short
+    # lines must not throttle the user's program.
+    import time
+
+    r = rig()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        r.relay.out_fd = devnull
+        chunk = b"ab\n" * (65536 // 3)
+        t0 = time.perf_counter()
+        r.feed(chunk, chunk)
+        elapsed = time.perf_counter() - t0
+    finally:
+        os.close(devnull)
+    assert elapsed < 1.0, elapsed
+
+
+# -- the real child process ---------------------------------------------------------------
+
+
+def test_relay_process_is_byte_exact_on_a_megabyte_of_random_bytes(tmp_path):
+    rng = random.Random(1234)
+    guards = [GUARD_H2D, GUARD_CACHED, GUARD_D2D, GUARD_OLD]
+    stream = bytearray()
+    expected = bytearray()
+    n_guard = n_sync = 0
+    while len(expected) < 1_000_000:
+        piece = rng.randbytes(rng.randint(1, 20000))
+        if rng.random() < 0.2:
+            piece += marker("sync", str(n_sync + 1))  # anywhere, even mid-line
+            n_sync += 1
+        piece += b"\n"
+        stream += piece
+        expected += piece
+        for _ in range(rng.randint(0, 3)):
+            stream += rng.choice(guards)
+            n_guard += 1
+    # Strip our markers from the expectation (they are not user bytes).
+    for k in range(1, n_sync + 1):
+        expected = expected.replace(marker("sync", str(k)), b"", 1)
+    expected += b"unterminated tail \xff"
+    stream += b"unterminated tail \xff"
+    assert n_guard > 50 and n_sync > 10
+
+    out_path, rep_path = tmp_path / "out", tmp_path / "rep"
+    out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    rep_fd = os.open(rep_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-S", "-E", str(RELAY_PATH), str(out_fd), str(rep_fd), TOKEN.decode(), ""],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(out_fd, rep_fd),
+            bufsize=0,
+        )
+    finally:
+        os.close(out_fd)
+        os.close(rep_fd)
+    err = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()))
+    reader.start()
+    pos = 0
+    view = memoryview(bytes(stream))
+    while pos < len(view):  # irregular writes: chunk edges fall anywhere
+        size = rng.randint(1, 70000)
+        proc.stdin.write(view[pos : pos + size])
+        pos += size
+    proc.stdin.close()
+    assert proc.wait(timeout=20) == 0
+    reader.join(timeout=5)
+    assert err == [b""]
+
+    got = out_path.read_bytes()
+    assert len(got) == len(expected)
+    assert got == bytes(expected)
+    reports = rep_path.read_bytes().split(b"\n")
+    assert reports[-1] == b""
+    g_lines = [x for x in reports if x.startswith(b"G ")]
+    s_lines = [x for x in reports if x.startswith(b"S ")]
+    assert len(g_lines) == n_guard
+    assert all(x[2:] + b"\n" in guards for x in g_lines)
+    assert s_lines == [b"S %d" % k for k in range(1, n_sync + 1)]

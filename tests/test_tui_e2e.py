@@ -1,0 +1,47 @@
+"""Real layer: `jaxtop attach PID` in a real terminal (tmux), read with capture-pane."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import PY, TARGETS, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
+
+H2D_TOTAL = re.compile(r"h2d\s.*?(\d+) · ")
+
+
+def capture(session: str) -> str:
+    res = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True)
+    return res.stdout
+
+
+def test_attach_in_tmux_shows_device_growing_transfers_and_exit(targets, child_env):
+    target = targets.run(TARGETS / "loop.py", "--seconds", "12", "--sleep", "0.01", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    session = f"jaxtop-test-{uuid.uuid4().hex[:8]}"
+    env_args = [f"{k}={v}" for k, v in child_env.items() if k in ("JAXTOP_SOCKET_DIR", "PATH", "HOME")]
+    cmd = ["env", *env_args, "TERM=xterm-256color", PY, "-m", "jaxtop", "attach", str(target.pid)]
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", *cmd], check=True)
+    try:
+        screen = wait_for(lambda: (lambda s: s if "cpu:0" in s and H2D_TOTAL.search(s) else None)(capture(session)),
+                          timeout=40, what="device line and transfer row on screen")
+        first = int(H2D_TOTAL.search(screen).group(1))
+        assert "live" in screen
+        later = wait_for(lambda: (lambda m: int(m.group(1)) if m and int(m.group(1)) > first else None)(H2D_TOTAL.search(capture(session))),
+                         timeout=20, what="growing h2d count")
+        assert later > first
+        target.wait(timeout=30)
+        final = wait_for(lambda: (lambda s: s if "exited" in s else None)(capture(session)), timeout=20, what="exited state")
+        assert "cpu:0" in final  # history stays on screen after the target ended
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"])
+        wait_for(lambda: subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0,
+                 timeout=10, what="dashboard to quit on q")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

@@ -1,0 +1,99 @@
+"""The Strategies panel of ``jaxtop demo``: which variant runs, and what it
+measurably did (value before → after, from the probes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.reactive import reactive
+
+from jaxtop.model import Snapshot
+from jaxtop.widgets.panels import Panel, _title
+from jaxtop.widgets.render import fmt_bytes
+
+ARROW = {"down": "↓", "up": "↑", "zero": "→0", "": ""}
+
+
+def fmt_metric(value: Any, unit: str) -> str:
+    if value is None:
+        return "…"
+    if unit == "bytes":
+        return fmt_bytes(value)
+    if unit == "s":
+        return f"{value * 1e3:.2f}ms"
+    if unit == "ratio":
+        return f"{value:.0%}"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def judge(expect: str, before: Any, after: Any) -> tuple[str, str]:
+    """(mark, style) for a measured change."""
+    if before is None or after is None or not expect:
+        return "", "dim"
+    ok = (after < before) if expect == "down" else (after > before) if expect == "up" else (before > 0 and after == 0)
+    return ("✓", "green") if ok else ("✗", "red")
+
+
+class StrategiesPanel(Panel):
+    """One line per strategy; the selected one explains itself below."""
+
+    TITLE = "Strategies"
+    cursor: reactive[int] = reactive(0)
+    """Index of the highlighted strategy (↑/↓)."""
+
+    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
+        demo = demo_state(snap)
+        if demo is None:
+            return Group(_title(self.TITLE), Text("waiting for the demo workload (compiling every variant)…", style="dim"))
+        strategies = demo.get("strategies") or []
+        table = Table.grid(padding=(0, 1))
+        table.add_column(no_wrap=True)  # cursor + name
+        table.add_column(no_wrap=True)  # variant
+        table.add_column(no_wrap=True, overflow="ellipsis")  # effect
+        for i, s in enumerate(strategies):
+            active = s["name"] == demo.get("active")
+            mark = "▶" if active else " "
+            name = Text(f"{mark}{i + 1} {s['title']}", style="bold reverse" if i == self.cursor else ("bold" if active else ""))
+            variant = Text(" / ".join(v.upper() if v == s["variant"] else v for v in s["variants"]),
+                           style="cyan" if active else "dim")
+            table.add_row(name, variant, self._effect(s))
+        parts: list[RenderableType] = [_title(self.TITLE, f"{demo.get('backend')} · step {demo.get('steps')} · enter: toggle · ↑↓ select"), table]
+        if 0 <= self.cursor < len(strategies) and height > len(strategies) + 3:
+            parts.append(Text(" " + strategies[self.cursor]["about"], style="dim", overflow="ellipsis"))
+        return Group(*parts)
+
+    def _effect(self, s: dict[str, Any]) -> Text:
+        results = s.get("results") or {}
+        text = Text()
+        for m in s.get("metrics") or []:
+            a, b = m.get("pair") or s["variants"][:2]
+            before = (results.get(a) or {}).get(m["key"])
+            after = (results.get(b) or {}).get(m["key"])
+            if before is None and after is None:
+                continue
+            mark, style = judge(m.get("expect", ""), before, after)
+            if text:
+                text.append("  ")
+            text.append(f"{m['label']} ")
+            text.append(f"{fmt_metric(before, m['unit'])} → {fmt_metric(after, m['unit'])}", style="bold")
+            if mark:
+                text.append(f" {mark}", style=style)
+        if s["name"] == "profiling":
+            snap = results.get("snapshot") or {}
+            if snap.get("profile_path"):
+                text = Text(f"{fmt_bytes(snap.get('profile_bytes'))} in {snap.get('profile_path')}; top: {snap.get('top_site')}")
+        if not text:
+            text = Text("not measured yet: toggle it to run each variant", style="dim")
+        return text
+
+
+def demo_state(snap: Snapshot) -> dict[str, Any] | None:
+    for p in snap.processes:
+        if p.demo:
+            return p.demo
+    return None
