@@ -186,6 +186,16 @@ class Model:
             self.events = collections.deque((e for e in self.events if e.pid != pid), maxlen=MAX_EVENTS)
             self.version += 1
 
+    def adopt(self, pid: int, rebuilt: "Model") -> None:
+        """Swap in ``pid`` as rebuilt in another model, in one step, so a
+        snapshot taken meanwhile never sees a half-built process."""
+        with self._lock, rebuilt._lock:
+            self.processes[pid] = rebuilt.processes[pid]
+            kept = [e for e in self.events if e.pid != pid]
+            ours = [e for e in rebuilt.events if e.pid == pid]
+            self.events = collections.deque(sorted(kept + ours, key=lambda e: e.t), maxlen=MAX_EVENTS)
+            self.version += 1
+
     def add_event(self, pid: int, kind: str, text: str, t: float | None = None) -> None:
         with self._lock:
             self._event(pid, kind, text, t)

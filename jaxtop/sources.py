@@ -326,8 +326,8 @@ class ReplaySource(Source):
             f.seek(self._offsets[index])
             return protocol.decode(f.readline())
 
-    def _feed_range(self, start: int, stop: int) -> None:
-        model = self.model
+    def _feed_range(self, start: int, stop: int, model: Model | None = None) -> None:
+        model = model or self.model
         assert model is not None
         with open(self.path, "rb") as f:
             f.seek(self._offsets[start]) if start < len(self._offsets) else None
@@ -384,11 +384,14 @@ class ReplaySource(Source):
 
         with self._lock:
             target = bisect.bisect_right(self._times, t)
-            target = max(1, min(target, self.length))
+            # Never seek to before the first sample: an empty screen says nothing.
+            first_sample = next((i + 1 for i, is_sample in enumerate(self._is_sample) if is_sample), 1)
+            target = max(first_sample, min(target, self.length))
             if target < self.position:
                 assert self.model is not None
-                self.model.reset(self.pid)
-                self._feed_range(0, target)
+                rebuilt = Model(clock=self.model._clock)
+                self._feed_range(0, target, rebuilt)
+                self.model.adopt(self.pid, rebuilt)
             else:
                 self._feed_range(self.position, target)
             self.position = target

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from rich.console import Console
+from textual.widgets import Static
 
 from jaxtop import protocol, synthetic
 from jaxtop.app import HelpScreen, ProfileScreen, make_app
@@ -22,7 +23,9 @@ SIZE = (120, 40)
 
 def text_of(widget) -> str:
     console = Console(width=max(20, widget.size.width), record=True, file=io.StringIO(), color_system=None)
-    console.print(widget.render())
+    # Static keeps what it was given; other widgets render a Rich renderable.
+    content = widget.content if isinstance(widget, Static) else widget.render()
+    console.print(content)
     return console.export_text()
 
 

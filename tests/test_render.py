@@ -380,3 +380,15 @@ def test_minibars_fixed_width_in_a_table():
     table.add_row("h2d", MiniBars([1, 2, 3], width=12))
     (line,) = render(table, 80)
     assert line.rstrip() == "h2d " + " " * 9 + "▃▅█"
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["/usr/bin/python3.11", "-m", "jaxtop", "run", "/home/u/train.py", "--lr", "3"], "train.py --lr 3"),
+    (["/venv/bin/jaxtop", "run", "-m", "pkg.train"], "-m pkg.train"),
+    (["/home/u/train.py"], "train.py"),
+    ([], "?"),
+])
+def test_short_command_drops_interpreter_and_wrapper(argv, shown):
+    from jaxtop.widgets.panels import short_command
+
+    assert short_command(argv) == shown

@@ -15,7 +15,7 @@ from conftest import PY, TARGETS, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
 
-H2D_TOTAL = re.compile(r"h2d\s.*?(\d+) · ")
+H2D_TOTAL = re.compile(r"h2d\s.*?(\d+) \(")
 
 
 def capture(session: str) -> str:
@@ -28,10 +28,14 @@ def test_attach_in_tmux_shows_device_growing_transfers_and_exit(targets, child_e
     session = f"jaxtop-test-{uuid.uuid4().hex[:8]}"
     env_args = [f"{k}={v}" for k, v in child_env.items() if k in ("JAXTOP_SOCKET_DIR", "PATH", "HOME")]
     cmd = ["env", *env_args, "TERM=xterm-256color", PY, "-m", "jaxtop", "attach", str(target.pid)]
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", *cmd], check=True)
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", *cmd], check=True)
     try:
-        screen = wait_for(lambda: (lambda s: s if "cpu:0" in s and H2D_TOTAL.search(s) else None)(capture(session)),
-                          timeout=40, what="device line and transfer row on screen")
+        try:
+            screen = wait_for(lambda: (lambda s: s if "cpu:0" in s and H2D_TOTAL.search(s) else None)(capture(session)),
+                              timeout=40, what="device line and transfer row on screen")
+        except AssertionError:
+            print(capture(session))  # shown by pytest on failure
+            raise
         first = int(H2D_TOTAL.search(screen).group(1))
         assert "live" in screen
         later = wait_for(lambda: (lambda m: int(m.group(1)) if m and int(m.group(1)) > first else None)(H2D_TOTAL.search(capture(session))),

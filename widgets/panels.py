@@ -4,6 +4,7 @@ no history of its own; drawing is done by the pure renderables in
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ WINDOW_LABEL = {60.0: "1 min", 600.0: "10 min", 3600.0: "1 h", None: "whole run"
 
 
 def _title(text: str, extra: str = "") -> Text:
-    line = Text(f" {text} ", style="bold reverse")
+    line = Text(f" {text} ", style="bold reverse", no_wrap=True, overflow="ellipsis")
     if extra:
         line.append(f" {extra}", style="dim")
     return line
@@ -29,6 +30,21 @@ def _title(text: str, extra: str = "") -> Text:
 
 def _na(reason: str | None) -> Text:
     return Text(f"n/a ({reason})" if reason else "n/a", style="dim")
+
+
+def short_command(argv: list[str]) -> str:
+    """The part of a command line that tells runs apart: no interpreter path,
+    no ``jaxtop run`` wrapper, the script by its file name."""
+    args = list(argv)
+    if args and os.path.basename(args[0]).startswith("python"):
+        args = args[1:]
+    if args[:3] == ["-m", "jaxtop", "run"]:
+        args = args[3:]
+    elif len(args) >= 2 and os.path.basename(args[0]) == "jaxtop" and args[1] == "run":
+        args = args[2:]
+    if args and os.sep in args[0]:
+        args[0] = os.path.basename(args[0])
+    return " ".join(args) or "?"
 
 
 class Panel(Widget):
@@ -66,7 +82,7 @@ class HeaderBar(Panel):
         if proc is None:
             top.append(" no process", style="dim")
             return Group(top, bottom)
-        cmd = " ".join(proc.argv) or "?"
+        cmd = short_command(proc.argv)
         top.append(f" pid {proc.pid} ", style="bold")
         top.append(cmd[: max(10, width - 50)])
         backend = proc.backend or "backend not started"
@@ -187,7 +203,11 @@ class TimelinePanel(Panel):
             if len(t) and not _all_nan(hi):
                 series.append(Series(label, t, lo, hi, style, kind))
         end = win.t[-1] if len(win.t) else time.time()
-        start = end - snap.window_s if snap.window_s else (win.t[0] if len(win.t) else end - 60)
+        first = win.t[0] if len(win.t) else end - 60
+        # A run shorter than the window fills the chart instead of a sliver at its right edge.
+        start = max(end - snap.window_s, first) if snap.window_s else first
+        if end - start < 1.0:
+            start = end - 1.0
         rate = fmt_rate(dev.allocs_per_s, "allocs") if dev.allocs_per_s is not None else f"allocs/s n/a ({dev.allocs_reason})"
         bucket = f"{win.bucket_s:g}s buckets (min/max)" if win.bucket_s else "raw samples"
         return Group(
@@ -214,25 +234,33 @@ class TransfersPanel(Panel):
         cap = proc.capture
         if cap and cap.get("available") is False:
             return Group(_title(self.TITLE), _na(cap.get("reason")))
+        # Narrow panels drop the sparkline, then the byte rate; the direction
+        # and the totals are what must stay legible at 80x24.
+        show_recent = width >= 52
+        show_rate_bytes = width >= 38
         table = Table.grid(padding=(0, 1))
-        for _ in range(5):
+        table.add_column(no_wrap=True, min_width=3)
+        headers = ["/s" if width < 44 else "count/s"] + (["bytes/s≥"] if show_rate_bytes else []) + ["total (bytes≥)"]
+        for _ in headers:
+            table.add_column(no_wrap=True, overflow="ellipsis")
+        if show_recent:
             table.add_column(no_wrap=True)
-        table.add_row(Text("dir", style="dim"), Text("count/s", style="dim"), Text("bytes/s ≥", style="dim"), Text("total", style="dim"), Text("recent", style="dim"))
+            headers.append("recent")
+        table.add_row(Text("dir", style="dim"), *(Text(h, style="dim") for h in headers))
         from jaxtop.model import PROCESS_SERIES
 
         hist = proc.history
         for d in ("h2d", "d2h", "d2d"):
             r = proc.transfers.get(d) or {}
-            t, lo, hi = hist.series(PROCESS_SERIES.index(f"{d}_per_s"))
-            recent = [None if v != v else float(v) for v in hi[-12:]]
-            table.add_row(
-                Text(d, style="bold"),
-                Text(fmt_rate(r.get("count_per_s"), "")),
-                Text(fmt_bytes(r.get("bytes_known_per_s"))),
-                Text(f"{r.get('count_total', 'n/a')} · {fmt_bytes(r.get('bytes_known_total'))}≥"),
-                MiniBars(recent, width=12),
-            )
-        parts: list[RenderableType] = [_title(self.TITLE, "bytes are a lower bound"), table]
+            cells: list[RenderableType] = [Text(d, style="bold"), Text(fmt_rate(r.get("count_per_s"), ""))]
+            if show_rate_bytes:
+                cells.append(Text(fmt_bytes(r.get("bytes_known_per_s"))))
+            cells.append(Text(f"{r.get('count_total', 'n/a')} ({fmt_bytes(r.get('bytes_known_total'))})"))
+            if show_recent:
+                t, lo, hi = hist.series(PROCESS_SERIES.index(f"{d}_per_s"))
+                cells.append(MiniBars([None if v != v else float(v) for v in hi[-12:]], width=12))
+            table.add_row(*cells)
+        parts: list[RenderableType] = [_title(self.TITLE, "bytes are a lower bound" if width >= 46 else ""), table]
         if proc.top_shapes and height > 5:
             top = proc.top_shapes[0]
             parts.append(Text(f" top: {top['direction']} {top['shape']} ×{top['count']}", style="dim", no_wrap=True, overflow="ellipsis"))
