@@ -85,6 +85,22 @@ def summarize_live_arrays(buffers: Iterable[tuple[int, int, int | None, str, str
     return per
 
 
+def _pointer_if_ready(arr: Any) -> int | None:
+    """The buffer's device address, or None while it is still being computed.
+
+    ``unsafe_buffer_pointer()`` on a buffer that an in-flight step is still
+    producing waits for it while holding the GIL: one forced host-device sync
+    per scan, stalling the user's threads for up to a step (measured 50-150
+    ms). A pending buffer simply has no place in this scan's memory map.
+    """
+    try:
+        if not arr.is_ready():
+            return None
+        return arr.unsafe_buffer_pointer()
+    except Exception:
+        return None
+
+
 def backend_ready() -> bool:
     """True once the user's program has imported jax and created a backend.
 
@@ -138,18 +154,12 @@ class JaxMemoryProbe:
                 devs = arr.sharding.device_set
                 if len(devs) == 1:
                     (dev,) = devs
-                    try:
-                        ptr = arr.unsafe_buffer_pointer()
-                    except Exception:
-                        ptr = None
+                    ptr = _pointer_if_ready(arr)
                     rows.append((dev.id, int(arr.nbytes), ptr, dtype, shape))
                     continue
                 for shard in arr.addressable_shards:
                     data = shard.data
-                    try:
-                        ptr = data.unsafe_buffer_pointer()
-                    except Exception:
-                        ptr = None
+                    ptr = _pointer_if_ready(data)
                     rows.append((shard.device.id, int(data.nbytes), ptr, dtype, str(list(data.shape))))
             except Exception:
                 continue  # deleted or donated while we looked

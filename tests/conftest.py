@@ -68,6 +68,19 @@ class Targets:
             assert proc.poll() is None, proc.communicate()
         return proc
 
+    def wait_ready(self, proc, marker=b"ready", timeout=60.0):
+        """Read the target's stdout until ``marker`` (jax imported, loop starting)."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        fd = proc.stdout.fileno()
+        seen = b""
+        while marker not in seen:
+            left = deadline - time.monotonic()
+            assert left > 0 and proc.poll() is None, f"target never printed {marker!r}: {seen[-500:]!r}"
+            if select.select([fd], [], [], min(left, 0.5))[0]:
+                seen += os.read(fd, 65536)
+
     def cleanup(self):
         for p in self.procs:
             if p.poll() is None:

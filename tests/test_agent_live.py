@@ -128,6 +128,7 @@ def test_run_module_same_argv_as_python_m(child_env):
 
 def test_ls_log_backfill_and_stale_sockets(targets, child_env, sockdir, tmp_path):
     proc = targets.run(TARGETS / "loop.py", "--seconds", "60")
+    targets.wait_ready(proc)  # jax imported: samples carry devices from here on
     # A stale socket left by a dead process is removed quietly.
     dead = subprocess.Popen(["true"])
     dead.wait()

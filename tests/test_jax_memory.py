@@ -312,7 +312,9 @@ def test_scan_counts_each_shard_on_its_device_and_skips_deleted_arrays(cpu_jax, 
     d0, d1 = FakeDevice(0, [None], "cpu"), FakeDevice(1, [None], "cpu")
 
     def shard(dev, nbytes, ptr):
-        data = SimpleNamespace(nbytes=nbytes, shape=(nbytes // 4,), unsafe_buffer_pointer=lambda: ptr)
+        data = SimpleNamespace(
+            nbytes=nbytes, shape=(nbytes // 4,), is_ready=lambda: True, unsafe_buffer_pointer=lambda: ptr
+        )
         return SimpleNamespace(device=dev, data=data)
 
     sharded = SimpleNamespace(
@@ -337,3 +339,30 @@ def test_scan_counts_each_shard_on_its_device_and_skips_deleted_arrays(cpu_jax, 
     assert recs[1]["live_arrays"]["map"] == [[0x200, 16]]
     assert recs[0]["bytes_in_use"] == 16 and recs[1]["bytes_in_use"] == 16
     assert recs[0]["live_arrays"]["top"][0]["shape"] == "[4]"
+
+
+def test_scan_never_waits_for_a_buffer_still_being_computed(cpu_jax, monkeypatch):
+    """A pending buffer is counted but not mapped: asking for its pointer
+    would block (holding the GIL) until the step that produces it finishes."""
+    probe = JaxMemoryProbe()
+    d0 = FakeDevice(0, [None], "cpu")
+
+    def must_not_wait():
+        raise AssertionError("unsafe_buffer_pointer() called on a pending buffer")
+
+    pending = SimpleNamespace(
+        dtype="float32", shape=(256,), nbytes=1024,
+        sharding=SimpleNamespace(device_set={d0}),
+        is_ready=lambda: False, unsafe_buffer_pointer=must_not_wait,
+    )
+    ready = SimpleNamespace(
+        dtype="float32", shape=(4,), nbytes=16,
+        sharding=SimpleNamespace(device_set={d0}),
+        is_ready=lambda: True, unsafe_buffer_pointer=lambda: 0x40,
+    )
+    monkeypatch.setattr(probe, "_jax", SimpleNamespace(live_arrays=lambda: [pending, ready]))
+    monkeypatch.setattr(probe, "devices", [d0])
+    probe.scan_live_arrays(now=1.0)
+    (rec,) = probe.sample(include_map=True)
+    assert rec["bytes_in_use"] == 1040  # both counted
+    assert rec["live_arrays"]["map"] == [[0x40, 16]]  # only the ready one placed
