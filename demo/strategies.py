@@ -16,6 +16,7 @@ and large on a GPU.
 
 from __future__ import annotations
 
+import abc
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -80,7 +81,7 @@ def _analysis(compiled: Any) -> dict[str, int | None]:
     return out
 
 
-class Strategy:
+class Strategy(abc.ABC):
     name = ""
     title = ""
     variants: tuple[str, ...] = ("off", "on")
@@ -95,8 +96,9 @@ class Strategy:
     def prepare(self, variant: str) -> None:
         """Compile the variant (called once per variant, before the loop)."""
 
+    @abc.abstractmethod
     def step(self, variant: str) -> None:
-        raise NotImplementedError
+        """One iteration of the workload in ``variant``."""
 
     def static(self, variant: str) -> dict[str, Any]:
         return dict(self._static.get(variant, {}))

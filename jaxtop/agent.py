@@ -33,7 +33,7 @@ from jaxtop.probes.jax_memory import JaxMemoryProbe, backend_ready
 from jaxtop.probes.nvml import NvmlProbe
 from jaxtop.probes.process import ProcessProbe
 from jaxtop.probes.stderr_capture import CaptureError, StderrCapture
-from jaxtop.probes.transfer_guard import GuardController, TransferCounter, parse_line
+from jaxtop.probes.transfer_guard import CachedParser, GuardController, TransferCounter
 
 __version__ = "0.1.0"
 
@@ -105,6 +105,7 @@ class Agent:
         self._log_file: Any = None
 
         self.transfers = TransferCounter()
+        self._parse_guard_line = CachedParser()
         self.capture: StderrCapture | None = None
         self.guard: GuardController | None = None
         self.compile = CompileProbe()
@@ -229,7 +230,7 @@ class Agent:
         self.stop()
 
     def _on_guard_line(self, text: str) -> None:
-        parsed = parse_line(text)
+        parsed = self._parse_guard_line(text)
         if parsed is not None:
             self.transfers.add(parsed)
 

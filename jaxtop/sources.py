@@ -4,6 +4,7 @@ the model either way; each source runs its own thread and never touches the UI.
 
 from __future__ import annotations
 
+import abc
 import gzip
 import json
 import os
@@ -19,7 +20,7 @@ from jaxtop.model import DISCONNECTED, EXITED, REPLAY, Model
 OnUpdate = Callable[[], None]
 
 
-class Source:
+class Source(abc.ABC):
     """Base: a set of processes whose records go into a model."""
 
     kind = "base"
@@ -29,8 +30,9 @@ class Source:
         self.on_update: OnUpdate = lambda: None
 
     @property
+    @abc.abstractmethod
     def pids(self) -> list[int]:
-        raise NotImplementedError
+        """The processes this source follows, in display order."""
 
     def start(self, model: Model, on_update: OnUpdate) -> None:
         self.model, self.on_update = model, on_update
@@ -42,9 +44,9 @@ class Source:
         """Send a command to the agent; None when sent, else why not."""
         return "commands need a live agent"
 
+    @abc.abstractmethod
     def save(self, path: str) -> list[str]:
         """Write the session as JSON lines; returns the files written."""
-        raise NotImplementedError
 
     def replay_state(self) -> dict[str, Any] | None:
         return None

@@ -447,3 +447,22 @@ def test_cpp_threshold_from_environment(monkeypatch, env, level):
     else:
         monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", env)
     assert tg._level_of_cpp_threshold() == level
+
+
+def test_cached_parser_agrees_with_parse_line_and_stays_bounded():
+    from jaxtop.probes.transfer_guard import CachedParser
+
+    parse = CachedParser(capacity=3)
+    lines = [
+        "W1203 07:06:04.123456  4242 guard_lib.cc:117] host-to-device transfer: aval=ShapedArray(float32[64,64]), dst_sharding=SingleDeviceSharding(device=CpuDevice(id=0))",
+        "W1203 07:06:04.223456  4243 guard_lib.cc:117] host-to-device transfer: aval=ShapedArray(float32[64,64]), dst_sharding=SingleDeviceSharding(device=CpuDevice(id=0))",
+        "W1203 07:06:05.000001  4242 guard_lib.cc:117] host-to-device transfer:",
+        "W1203 07:06:05.000002  4242 guard_lib.cc:117] device-to-host transfer: shape=(4, 8), dtype=F32, device=cuda:0",
+        "I1203 07:06:05.000003  4242 other.cc:1] not a transfer",
+    ]
+    for _ in range(3):
+        for line in lines:
+            assert parse(line) == parse_line(line)
+    # The two h2d lines differ only in their header: one memo entry.
+    assert len(parse._memo) <= 3
+    assert parse(lines[0]).nbytes == 64 * 64 * 4

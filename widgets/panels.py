@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -55,6 +55,9 @@ class Panel(Widget):
 
     TITLE = ""
 
+    draw: Callable[[Snapshot, int, int], RenderableType]
+    """Each panel's drawing: the snapshot into ``width`` x ``height`` cells."""
+
     def render(self) -> RenderableType:
         snap = self.snapshot
         if snap is None:
@@ -63,10 +66,6 @@ class Panel(Widget):
             return self.draw(snap, max(1, self.size.width), max(1, self.size.height))
         except Exception as exc:  # a drawing bug must not take the dashboard down
             return Group(_title(self.TITLE), Text(f"render error: {exc}", style="red"))
-
-    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
-        raise NotImplementedError
-
 
 class HeaderBar(Panel):
     """pid, command, backend, versions, uptime, connection state, sample age."""
