@@ -6,19 +6,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from jaxtop.widgets.render import fmt_bytes
-
-
-def _fmt(value: Any, unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit == "bytes":
-        return fmt_bytes(value)
-    if unit == "s":
-        return f"{value * 1e3:.3f} ms"
-    if unit == "ratio":
-        return f"{value:.1%}"
-    return f"{value:g}" if isinstance(value, float) else str(value)
+from jaxtop.demo.metrics import fmt_metric
 
 
 def _change(row: dict[str, Any]) -> str:
@@ -41,7 +29,8 @@ def print_table(rows: list[dict[str, Any]], backend: str, out: TextIO = sys.stdo
         ok = {True: "yes", False: "NO", None: "(informational)"}[r.get("ok")]
         metric = r["metric"] if variants == ["off", "on"] else f"{r['metric']} ({variants[0]} → {variants[1]})"
         note = f"  {r['note']}" if r.get("note") else ""
-        table.append((r["strategy"], metric, _fmt(r.get("off"), r.get("unit", "")), _fmt(r.get("on"), r.get("unit", "")),
+        table.append((r["strategy"], metric, fmt_metric(r.get("off"), r.get("unit", ""), "-", precise=True),
+                      fmt_metric(r.get("on"), r.get("unit", ""), "-", precise=True),
                       _change(r), r.get("expect") or "", ok + note))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head) - 1)]
     print(f"jaxtop demo --headless on {backend}", file=out)

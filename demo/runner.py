@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 
+from jaxtop.demo.metrics import verdict
 from jaxtop.demo.strategies import Metric, Scale, Strategy, build
 from jaxtop.probes.jax_memory import fragmentation, normalize_stats
 
@@ -258,14 +259,3 @@ def _row(name: str, strategy: Strategy, metric: Metric, measured: dict[str, dict
     row["change"] = on - off
     row["ok"] = verdict(metric.expect, off, on)
     return row
-
-
-def verdict(expect: str, off: float, on: float) -> bool | None:
-    """Did the metric move the expected way? None when nothing is expected."""
-    if expect == "down":
-        return on < off
-    if expect == "up":
-        return on > off
-    if expect == "zero":
-        return off > 0 and on == 0
-    return None

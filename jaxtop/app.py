@@ -177,6 +177,7 @@ class JaxtopApp(App[None]):
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
+        yield from self.compose_extra()
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield MemoryPanel(id="memory")
@@ -189,6 +190,10 @@ class JaxtopApp(App[None]):
         yield OverviewPanel(id="overview")
         yield EventsPanel(id="events")
         yield Footer()
+
+    def compose_extra(self) -> ComposeResult:
+        """Panels a subclass puts between the header and the main area."""
+        return iter(())
 
     def on_mount(self) -> None:
         self.source.start(self.model, self._poke)
@@ -266,20 +271,20 @@ class JaxtopApp(App[None]):
     def _device_count(self) -> int:
         return len(self.model.device_keys())
 
-    def action_next_device(self) -> None:
+    def _step_device(self, delta: int) -> None:
+        """Cycle through devices 0..n-1, then the overview (-1), and round."""
         n = self._device_count()
         if n:
-            # 0..n-1 are devices, -1 is the overview after the last one.
-            self.selected = -1 if self.selected == n - 1 else (0 if self.selected < 0 else self.selected + 1)
-            if n == 1 and self.selected == -1:
-                self.selected = -1
+            pos = n if self.selected < 0 else self.selected
+            pos = (pos + delta) % (n + 1)
+            self.selected = -1 if pos == n else pos
         self.refresh_now()
 
+    def action_next_device(self) -> None:
+        self._step_device(1)
+
     def action_prev_device(self) -> None:
-        n = self._device_count()
-        if n:
-            self.selected = n - 1 if self.selected == -1 else (-1 if self.selected == 0 else self.selected - 1)
-        self.refresh_now()
+        self._step_device(-1)
 
     def action_overview(self) -> None:
         self.selected = 0 if self.selected < 0 else -1

@@ -11,16 +11,10 @@ from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer
 
 from jaxtop import paths
 from jaxtop.app import JaxtopApp
 from jaxtop.sources import LiveSource
-from jaxtop.widgets.panels import (
-    EventsPanel, FragmentationPanel, HeaderBar, HostPanel, MemoryMapPanel, MemoryPanel,
-    OverviewPanel, TimelinePanel, TransfersPanel,
-)
 from jaxtop.widgets.strategies import StrategiesPanel, demo_state
 
 FRACTIONS = ("0.75", "0.5", "0.25")
@@ -84,21 +78,8 @@ class DemoApp(JaxtopApp):
         super().__init__(LiveSource([pid]))
         self.worker = worker
 
-    def compose(self) -> ComposeResult:
-        yield HeaderBar(id="header")
+    def compose_extra(self) -> ComposeResult:
         yield StrategiesPanel(id="strategies")
-        with Horizontal(id="main"):
-            with Vertical(id="left"):
-                yield MemoryPanel(id="memory")
-                yield FragmentationPanel(id="frag")
-                yield MemoryMapPanel(id="map")
-                yield HostPanel(id="host")
-            with Vertical(id="right"):
-                yield TimelinePanel(id="timeline")
-                yield TransfersPanel(id="transfers")
-        yield OverviewPanel(id="overview")
-        yield EventsPanel(id="events")
-        yield Footer()
 
     def on_mount(self) -> None:
         super().on_mount()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import abc
 import gzip
-import json
 import os
 import socket
 import tempfile

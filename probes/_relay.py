@@ -57,11 +57,20 @@ class Relay:
         self.midline = False  # part of the current line was already forwarded
         self.report_backlog = bytearray()
         self.out_broken = False
+        self.out = bytearray()  # forwarded bytes not yet written
         self.saw_guard = False  # the last feed() held a guard line
 
     # -- output ---------------------------------------------------------------
+    # Bytes to forward and reports are gathered per read and written with one
+    # write() each at the end of it, not one per line: the per-line syscalls
+    # were most of the relay's cost under a stream of guard lines.
     def forward(self, data):
-        if self.out_broken:
+        if not self.out_broken:
+            self.out += data
+
+    def flush_out(self):
+        data, self.out = self.out, bytearray()
+        if self.out_broken or not data:
             return
         view = memoryview(data)
         while view:
@@ -81,7 +90,6 @@ class Relay:
             return
         if len(self.report_backlog) < REPORT_BACKLOG_MAX:
             self.report_backlog += data
-        self.flush_reports()
 
     def flush_reports(self):
         while self.report_backlog and self.report_fd is not None:
@@ -145,21 +153,23 @@ class Relay:
 
     def feed(self, data):
         self.saw_guard = False
-        self.buf += data
+        buf = self.buf + data
+        start = 0
         while True:
-            nl = self.buf.find(b"\n")
+            nl = buf.find(b"\n", start)
             if nl < 0:
                 break
-            line, self.buf = self.buf[: nl + 1], self.buf[nl + 1 :]
-            line = self.strip_markers(line)
-            self.line(line)
-        self.buf = self.strip_markers(self.buf)
+            self.line(self.strip_markers(buf[start : nl + 1]))
+            start = nl + 1
+        self.buf = self.strip_markers(buf[start:])
         cut = self.partial_marker_at(self.buf)
         head, tail = self.buf[:cut], self.buf[cut:]
         if head and (self.midline or not HEADER_PREFIX_RE.fullmatch(head)):
             self.forward(head)
             self.midline = True
             self.buf = tail
+        self.flush_out()
+        self.flush_reports()
 
     def holding(self):
         return bool(self.buf)
@@ -171,6 +181,7 @@ class Relay:
         if head:
             self.forward(head)
             self.midline = True
+        self.flush_out()
 
     def finish(self):
         if self.buf:
@@ -180,6 +191,7 @@ class Relay:
                 self.forward(data)
             else:
                 self.line(data)
+        self.flush_out()
         self.flush_reports()
 
 

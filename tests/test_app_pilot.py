@@ -9,7 +9,6 @@ import socket
 import threading
 import time
 
-import pytest
 from rich.console import Console
 from textual.widgets import Static
 

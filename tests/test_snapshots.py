@@ -6,7 +6,6 @@ the time zone is fixed, so the screens are deterministic.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
-import time
 import uuid
 
 import pytest

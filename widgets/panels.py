@@ -14,7 +14,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from jaxtop.model import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, Snapshot
+from jaxtop.model import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, Snapshot
 from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, MiniBars, Series, Timeline, fmt_bytes, fmt_duration, fmt_rate
 
 STATE_STYLE = {LIVE: "bold green", STALE: "bold yellow", DISCONNECTED: "bold red", EXITED: "bold magenta", REPLAY: "bold cyan"}

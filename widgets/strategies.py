@@ -12,30 +12,19 @@ from textual.reactive import reactive
 
 from jaxtop.model import Snapshot
 from jaxtop.widgets.panels import Panel, _title
+from jaxtop.demo.metrics import fmt_metric, verdict
 from jaxtop.widgets.render import fmt_bytes
 
 ARROW = {"down": "↓", "up": "↑", "zero": "→0", "": ""}
 
 
-def fmt_metric(value: Any, unit: str) -> str:
-    if value is None:
-        return "…"
-    if unit == "bytes":
-        return fmt_bytes(value)
-    if unit == "s":
-        return f"{value * 1e3:.2f}ms"
-    if unit == "ratio":
-        return f"{value:.0%}"
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
-
-
 def judge(expect: str, before: Any, after: Any) -> tuple[str, str]:
     """(mark, style) for a measured change."""
-    if before is None or after is None or not expect:
+    if before is None or after is None:
         return "", "dim"
-    ok = (after < before) if expect == "down" else (after > before) if expect == "up" else (before > 0 and after == 0)
+    ok = verdict(expect, before, after)
+    if ok is None:
+        return "", "dim"
     return ("✓", "green") if ok else ("✗", "red")
 
 
