@@ -50,12 +50,12 @@ def mib(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def start_dashboard(pid: int, env: dict[str, str], cols: int, rows: int) -> tuple[subprocess.Popen, int]:
+def start_dashboard(pid: int, env: dict[str, str], cols: int, rows: int, extra: list[str]) -> tuple[subprocess.Popen, int]:
     """``jaxtop attach pid`` in a pseudo-terminal; returns it and the master fd."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxtop", "attach", str(pid)],
+        [sys.executable, "-m", "jaxtop", "attach", str(pid), *extra],
         stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True, close_fds=True,
     )
     os.close(slave)
@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--measure-s", type=float, default=60.0, help="steady-state window at 10 Hz (default 60)")
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--size", default="120x40", help="terminal COLSxROWS (default 120x40)")
+    ap.add_argument("--refresh", type=float, help="pass --refresh S to jaxtop attach (default: its own default)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args()
     cols, rows = (int(v) for v in args.size.split("x"))
@@ -91,11 +92,13 @@ def main() -> int:
     listener.bind(os.path.join(sockdir, f"{pid}.sock"))
     listener.listen(1)
     env = dict(os.environ, JAXTOP_SOCKET_DIR=sockdir, TERM="xterm-256color", COLUMNS=str(cols), LINES=str(rows))
-    proc, master = start_dashboard(pid, env, cols, rows)
+    extra = ["--refresh", str(args.refresh)] if args.refresh else []
+    proc, master = start_dashboard(pid, env, cols, rows, extra)
     out_bytes = [0]
     threading.Thread(target=drain, args=(master, out_bytes), daemon=True).start()
     dash = psutil.Process(proc.pid)
-    results: dict[str, object] = {"devices": args.devices, "hz": HZ, "hours": args.hours, "terminal": args.size}
+    results: dict[str, object] = {"devices": args.devices, "hz": HZ, "hours": args.hours, "terminal": args.size,
+                                  "refresh_s": args.refresh}
     try:
         listener.settimeout(60)
         conn, _ = listener.accept()
@@ -106,7 +109,7 @@ def main() -> int:
         total = n_backlog + int(args.measure_s * HZ) + 10
         stream = synthetic.samples(pid, args.devices, t0, total, INTERVAL_S)
 
-        print(f"dashboard pid {proc.pid}, terminal {args.size}; backlog {n_backlog:,} samples x {args.devices} devices ({args.hours:g} h at {HZ} Hz)")
+        print(f"dashboard pid {proc.pid}, terminal {args.size}, refresh {args.refresh or 'default'}; backlog {n_backlog:,} samples x {args.devices} devices ({args.hours:g} h at {HZ} Hz)")
         rss_curve = []
         sent_bytes = 0
         started = time.monotonic()

@@ -27,7 +27,11 @@ from jaxtop.widgets.panels import (
 from jaxtop.widgets.render import fmt_bytes
 
 WINDOWS = {"1": 60.0, "2": 600.0, "3": 3600.0, "4": None}
-SNAPSHOT_PERIOD_S = 0.25  # at most 4 redraws a second, whatever the sample rate
+# Redraws per second are what the dashboard's CPU scales with (Textual
+# renders every panel on each snapshot); samples arrive at 10 Hz regardless
+# and all of them go into the history. Keys redraw at once. 2 s is nvitop's
+# default too; benchmarks/tui.py measures the cost (docs/benchmarks.md).
+DEFAULT_REFRESH_S = 2.0
 AGE_REFRESH_S = 1.0
 
 HELP = """\
@@ -161,9 +165,11 @@ class JaxtopApp(App[None]):
         Binding("question_mark", "help", "help"),
     ]
 
-    def __init__(self, source: Source, model: Model | None = None, save_dir: str | None = None) -> None:
+    def __init__(self, source: Source, model: Model | None = None, save_dir: str | None = None,
+                 refresh_s: float = DEFAULT_REFRESH_S) -> None:
         super().__init__()
         self.source = source
+        self.refresh_s = refresh_s
         self.model = model or Model()
         self.save_dir = save_dir or os.getcwd()
         self.selected = 0
@@ -221,7 +227,7 @@ class JaxtopApp(App[None]):
             now = time.monotonic()
             if self.model.version == last_version and now - last_post < AGE_REFRESH_S:
                 continue
-            wait = SNAPSHOT_PERIOD_S - (now - last_post)
+            wait = self.refresh_s - (now - last_post)
             if wait > 0:
                 self._pump_stop.wait(wait)
             last_version = self.model.version
@@ -351,14 +357,15 @@ class JaxtopApp(App[None]):
             self.refresh_now()
 
 
-def make_app(source: Source, model: Model | None = None, save_dir: str | None = None) -> JaxtopApp:
+def make_app(source: Source, model: Model | None = None, save_dir: str | None = None,
+             refresh_s: float = DEFAULT_REFRESH_S) -> JaxtopApp:
     """Build the dashboard for any source (live agents, a recording, a fake)."""
-    return JaxtopApp(source, model, save_dir)
+    return JaxtopApp(source, model, save_dir, refresh_s=refresh_s)
 
 
-def live_app(pids: Iterable[int]) -> JaxtopApp:
-    return make_app(LiveSource(list(pids)))
+def live_app(pids: Iterable[int], refresh_s: float = DEFAULT_REFRESH_S) -> JaxtopApp:
+    return make_app(LiveSource(list(pids)), refresh_s=refresh_s)
 
 
-def replay_app(path: str, speed: float = 1.0) -> JaxtopApp:
-    return make_app(ReplaySource(path, speed=speed))
+def replay_app(path: str, speed: float = 1.0, refresh_s: float = DEFAULT_REFRESH_S) -> JaxtopApp:
+    return make_app(ReplaySource(path, speed=speed), refresh_s=refresh_s)

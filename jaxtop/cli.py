@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Open the live dashboard on one or more instrumented processes.",
     )
     attach.add_argument("pids", type=_pid, nargs="+", metavar="PID")
+    attach.add_argument("--refresh", type=_positive_float, default=None, metavar="S",
+                        help="seconds between redraws (default 2; every sample is kept regardless)")
 
     demo = sub.add_parser(
         "demo",
@@ -84,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="open the dashboard on a recording")
     replay.add_argument("file", help="a JSON-lines recording (jaxtop run --log / jaxtop log)")
     replay.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
+    replay.add_argument("--refresh", type=_positive_float, default=0.25, metavar="S",
+                        help="seconds between redraws while playing (default 0.25)")
     return parser
 
 
@@ -131,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "log":
         return cmd_log(args)
     if args.command == "attach":
-        return cmd_attach(args.pids)
+        return cmd_attach(args.pids, args.refresh)
     if args.command == "replay":
         return cmd_replay(args)
     if args.command == "demo":
@@ -141,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # -- dashboard -------------------------------------------------------------------
 
-def cmd_attach(pids: list[int]) -> int:
+def cmd_attach(pids: list[int], refresh_s: float | None = None) -> int:
     from jaxtop import client
 
     missing = []
@@ -154,7 +158,10 @@ def cmd_attach(pids: list[int]) -> int:
         return EXIT_USAGE
     from jaxtop.app import live_app
 
-    live_app(pids).run()
+    if refresh_s is None:
+        live_app(pids).run()
+    else:
+        live_app(pids, refresh_s=refresh_s).run()
     return 0
 
 
@@ -181,7 +188,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"jaxtop replay: no such file: {args.file}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        app = replay_app(args.file, speed=args.speed)
+        app = replay_app(args.file, speed=args.speed, refresh_s=args.refresh)
     except (OSError, ValueError) as exc:
         print(f"jaxtop replay: {exc}", file=sys.stderr)
         return EXIT_USAGE

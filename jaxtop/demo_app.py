@@ -75,7 +75,8 @@ class DemoApp(JaxtopApp):
     ]
 
     def __init__(self, worker: Worker, pid: int) -> None:
-        super().__init__(LiveSource([pid]))
+        # One device and effects to watch as they happen: redraw every second.
+        super().__init__(LiveSource([pid]), refresh_s=1.0)
         self.worker = worker
 
     def compose_extra(self) -> ComposeResult:
