@@ -88,6 +88,7 @@ class Agent:
         self._commands: dict[str, CommandHandler] = {
             "ping": lambda args: {"pong": True},
             "memory_profile": self._cmd_memory_profile,
+            "detach": self._cmd_detach,
         }
         self._seq = 0
         self._fields: dict[str, Callable[[], Any]] = {}
@@ -185,6 +186,24 @@ class Agent:
 
         directory = args.get("directory") or os.environ.get("JAXTOP_PROFILE_DIR") or os.getcwd()
         return take_profile(str(directory))
+
+    def _cmd_detach(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Stop this agent (``jaxtop detach PID``); the program keeps running.
+
+        The stop runs on its own thread once this reply is queued: the agent
+        thread then flushes the reply to the client on its way out.
+        """
+        def stop() -> None:
+            import jaxtop
+
+            handle = jaxtop._handle
+            if handle is not None and handle.agent is self:
+                handle.stop()
+            else:
+                self.stop()
+
+        threading.Thread(target=stop, name="jaxtop-detach", daemon=True).start()
+        return {"detaching": True, "pid": self.pid}
 
     def register_sample_field(self, name: str, fn: Callable[[], Any]) -> None:
         """Add ``record[name] = fn()`` to each sample when fn returns non-None.

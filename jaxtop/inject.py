@@ -1,0 +1,499 @@
+"""Start the agent inside a running Python process that did not start it.
+
+How (docs/attach.md):
+
+* Python >= 3.14 on both sides: ``sys.remote_exec(pid, bootstrap)``, which
+  runs the file in the target's main thread at its next eval-loop check.
+* Older Pythons: gdb. gdb stops the target only long enough to call two
+  functions that are safe at any instruction: ``mmap`` (a bare system call:
+  no allocator lock) for a page holding one line of Python, and
+  ``Py_AddPendingCall(PyRun_SimpleString, page)``, which CPython provides to
+  be called from any thread without the GIL. gdb then detaches; the target's
+  main thread runs that line itself at its next eval-loop check, holding the
+  GIL, between two bytecodes: the same safe point as ``sys.remote_exec``.
+
+The line runs the bootstrap file below with ``runpy`` in its own namespace
+(nothing is added to ``__main__``) and swallows every exception, so a
+missing bootstrap (the CLI gave up and removed it) does nothing at all. The
+bootstrap makes this jaxtop importable in the target (only the packages the
+agent needs), calls ``jaxtop.instrument()`` and writes the outcome to a
+result file the CLI waits for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jaxtop import paths
+
+DEFAULT_TIMEOUT_S = 15.0
+GDB_TIMEOUT_S = 30.0
+
+
+class InjectError(RuntimeError):
+    """Injection did not happen (or did not finish); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Target:
+    pid: int
+    exe: str
+    python: tuple[int, int]
+
+
+# -- checks that need no ptrace ---------------------------------------------------
+
+
+def _python_version_of(pid: int) -> tuple[str, tuple[int, int]]:
+    """The target's executable and Python major.minor, or InjectError."""
+    proc = Path(f"/proc/{pid}")
+    if not proc.exists():
+        raise InjectError(f"no process {pid}")
+    try:
+        exe = os.readlink(proc / "exe")
+    except PermissionError:
+        raise InjectError(f"cannot inspect process {pid}: it belongs to another user (jaxtop attaches to your own processes only)") from None
+    except OSError as exc:
+        raise InjectError(f"cannot inspect process {pid}: {exc.strerror}") from None
+    if proc.stat().st_uid != os.getuid() and os.getuid() != 0:
+        raise InjectError(f"process {pid} belongs to another user; jaxtop attaches to your own processes only")
+    try:
+        maps = (proc / "maps").read_text(errors="replace")
+    except OSError as exc:
+        raise InjectError(f"cannot read /proc/{pid}/maps: {exc.strerror}") from None
+    version = _version_from_maps(maps, exe)
+    if version is None:
+        raise InjectError(f"process {pid} ({os.path.basename(exe)}) is not a Python process: no libpython or python executable in it")
+    return exe, version
+
+
+def _version_from_maps(maps: str, exe: str) -> tuple[int, int] | None:
+    """Python major.minor from the mapped libpython or the executable's name."""
+    import re
+
+    names = [line.rsplit(None, 1)[-1] for line in maps.splitlines() if "/" in line]
+    for name in names + [exe]:
+        base = os.path.basename(name)
+        match = re.match(r"(?:lib)?python(\d)\.(\d+)", base)
+        if match:
+            return int(match.group(1)), int(match.group(2))
+    return None
+
+
+def check_target(pid: int) -> Target:
+    """Everything that can be checked without stopping the target."""
+    exe, version = _python_version_of(pid)
+    ours = sys.version_info[:2]
+    if version != ours:
+        raise InjectError(
+            f"process {pid} runs Python {version[0]}.{version[1]} but this jaxtop runs on "
+            f"{ours[0]}.{ours[1]}: the agent must be imported by the same Python version. "
+            f"Install jaxtop for Python {version[0]}.{version[1]} (e.g. in the target's environment) "
+            "and run that jaxtop"
+        )
+    return Target(pid, exe, version)
+
+
+def _ptrace_hint() -> str:
+    scope = "?"
+    try:
+        scope = Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        pass
+    return (
+        f"ptrace is not permitted (kernel.yama.ptrace_scope = {scope}). Allow it with "
+        "`sudo sysctl kernel.yama.ptrace_scope=0`, run jaxtop with CAP_SYS_PTRACE, or in a container "
+        "start it with `--cap-add=SYS_PTRACE` (docker) / securityContext.capabilities.add: [SYS_PTRACE] (Kubernetes)"
+    )
+
+
+# -- the bootstrap ---------------------------------------------------------------------
+
+_BOOTSTRAP = r'''
+# Written by `jaxtop attach --inject`; runs once in the target's main thread.
+import importlib.util
+import json
+import os
+import sys
+import traceback
+
+PARAMS = __PARAMS__
+
+
+def _write(result):
+    tmp = PARAMS["result"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, PARAMS["result"])
+
+
+class _JaxtopFinder:
+    """Finds jaxtop (and, if the target lacks them, psutil and pynvml) where
+    the attaching jaxtop has them, without putting that whole environment on
+    the target's sys.path."""
+
+    def __init__(self, packages, fallbacks):
+        self.packages = packages
+        self.fallbacks = fallbacks
+
+    def find_spec(self, name, path=None, target=None):
+        where = self.packages.get(name)
+        if where is None and name in self.fallbacks:
+            where = self.fallbacks[name]
+        if where is None:
+            return None
+        if where.endswith(".py"):
+            return importlib.util.spec_from_file_location(name, where)
+        return importlib.util.spec_from_file_location(
+            name, os.path.join(where, "__init__.py"), submodule_search_locations=[where]
+        )
+
+
+def _main():
+    if tuple(sys.version_info[:2]) != tuple(PARAMS["python"]):
+        _write({"ok": False, "error": "Python version changed: " + sys.version})
+        return
+    import jaxtop  # noqa: F401 (a jaxtop the target already has wins only if it is ours)
+
+    handle = jaxtop.instrument(**PARAMS["instrument"])
+    _write({"ok": True, "socket": str(handle.socket_path), "jax_imported": "jax" in sys.modules,
+            "pid": os.getpid()})
+
+
+_finder = _JaxtopFinder(PARAMS["packages"], {})
+sys.meta_path.insert(0, _finder)
+fallbacks = {}
+for _name, _where in PARAMS["fallbacks"].items():
+    if importlib.util.find_spec(_name) is None:
+        fallbacks[_name] = _where
+_finder.fallbacks = fallbacks
+try:
+    _main()
+except BaseException as exc:
+    try:
+        _write({"ok": False, "error": type(exc).__name__ + ": " + str(exc),
+                "traceback": traceback.format_exc(limit=8)})
+    except BaseException:
+        pass
+'''
+
+
+def _package_locations() -> tuple[dict[str, str], dict[str, str]]:
+    """Where this jaxtop's agent packages live, and psutil/pynvml as fallbacks."""
+    import jaxtop
+    import jaxtop.probes
+
+    packages = {"jaxtop": list(jaxtop.__path__)[0], "jaxtop.probes": list(jaxtop.probes.__path__)[0]}
+    fallbacks: dict[str, str] = {}
+    for name in ("psutil", "pynvml"):
+        spec = __import__("importlib.util").util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue
+        if spec.submodule_search_locations:
+            fallbacks[name] = list(spec.submodule_search_locations)[0]
+        else:
+            fallbacks[name] = spec.origin
+    return packages, fallbacks
+
+
+def _one_line(boot: str) -> str:
+    """The Python line the target runs: the bootstrap, or nothing at all."""
+    code = f"try:\n __import__('runpy').run_path({boot!r}, run_name='__jaxtop_inject__')\nexcept BaseException:\n pass\n"
+    return f"exec({code!r}, {{}})"
+
+
+# -- injection ---------------------------------------------------------------------------
+
+
+# Runs inside gdb (its embedded Python). gdb attaches with no shared-library
+# symbols except libc's and libpython's (loading jaxlib's would keep the target
+# stopped for many seconds), then lets the target run until its main thread
+# enters a function where calling in is safe: at a function's entry the thread
+# is in user space (a call made while it sits in a system call breaks the
+# call's restart: time.sleep() would fail with errno 514), holds no allocator
+# lock, and its caller-saved registers carry nothing but the arguments.
+#
+# gdb's own `call` is not used: it saves and restores the whole extended
+# register state, which fails on some CPUs and VMs ("Couldn't write extended
+# state status"). The script makes the two calls by hand with general-purpose
+# registers only: arguments in rdi/rsi/..., a return address pointing back at
+# the safe function's entry (where a breakpoint catches the return), below the
+# red zone; then it puts every register back. x86-64 only.
+_GDB_SCRIPT = r"""
+import gdb
+
+LINE = bytes.fromhex("__LINE__")
+SAFE = ("PyEval_RestoreThread", "PyEval_SaveThread", "PyErr_CheckSignals")
+ARGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
+SAVED = ("rip", "rsp", "rax", "rdi", "rsi", "rdx", "rcx", "r8", "r9", "r10", "r11", "eflags")
+
+
+def say(text):
+    gdb.write(text + "\n")
+    gdb.flush()
+
+
+def reg(name):
+    value = gdb.parse_and_eval("$" + name)
+    try:
+        return int(value) & (2 ** 64 - 1)
+    except gdb.error:  # a pointer-typed register (rip, rsp)
+        return int(value.cast(gdb.lookup_type("long"))) & (2 ** 64 - 1)
+
+
+def addr(expr):
+    return int(gdb.parse_and_eval("(unsigned long)&" + expr))
+
+
+class Stop(gdb.Breakpoint):
+    def stop(self):
+        return True
+
+
+def call(func, args, entry):
+    # Call func(*args) in the stopped main thread; returns rax.
+    rsp = reg("rsp")
+    new = ((rsp - 512) & ~0xF) - 8  # below the red zone; rsp % 16 == 8 at entry, as after a call
+    gdb.selected_inferior().write_memory(new, entry.to_bytes(8, "little"))
+    for name, value in zip(ARGS, args):
+        gdb.execute("set $%s = %d" % (name, value))
+    gdb.execute("set $rax = 0")
+    gdb.execute("set $rsp = %d" % new)
+    gdb.execute("set $pc = %d" % func)
+    back = Stop("*%d" % entry, internal=True)
+    back.thread = 1
+    try:
+        while True:
+            gdb.execute("continue")
+            if reg("rsp") == new + 8:
+                return reg("rax")
+    finally:
+        back.delete()
+
+
+if gdb.selected_thread().num != 1:
+    gdb.execute("thread 1")
+points = []
+for name in SAFE:
+    try:
+        bp = Stop(name, internal=True)
+    except Exception:
+        continue
+    bp.thread = 1  # the main thread: the one that will run the pending call
+    points.append(bp)
+say("JAXTOP_WAITING %d" % len(points))
+try:
+    gdb.execute("continue")
+    reached = True
+except BaseException as exc:  # the CLI interrupts us (SIGINT) when it gives up
+    reached = False
+    say("JAXTOP_INTERRUPTED %s" % type(exc).__name__)
+for bp in points:
+    bp.delete()
+if reached and points and gdb.selected_thread().num == 1:
+    gdb.execute("set scheduler-locking on")  # only the main thread runs our calls
+    saved = {name: reg(name) for name in SAVED}
+    entry = saved["rip"]
+    try:
+        size = (len(LINE) + 1 + 4095) // 4096 * 4096
+        page = call(addr("mmap"), (0, size, 3, 0x22, 2 ** 64 - 1, 0), entry)
+        if page in (0, 2 ** 64 - 1) or page > 2 ** 63:
+            say("JAXTOP_PAGE 0")
+        else:
+            gdb.selected_inferior().write_memory(page, LINE + b"\0")
+            rc = call(addr("Py_AddPendingCall"), (addr("PyRun_SimpleString"), page), entry)
+            say("JAXTOP_PAGE %d" % page)
+            say("JAXTOP_RC %d" % (rc if rc < 2 ** 31 else rc - 2 ** 32 if rc < 2 ** 32 else rc - 2 ** 64))
+    finally:
+        for name, value in saved.items():
+            gdb.execute("set $%s = %d" % (name, value))
+else:
+    say("JAXTOP_NO_SAFE_POINT")
+gdb.execute("detach")
+"""
+
+
+def _run_gdb(target: Target, line: bytes, timeout_s: float) -> None:
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        raise InjectError(
+            "gdb is not installed (needed to inject into Python < 3.14). Install it: "
+            "`sudo apt install gdb` (Debian/Ubuntu), `sudo dnf install gdb` (Fedora/RHEL), "
+            "`conda install -c conda-forge gdb`; or start the program with `jaxtop run`"
+        )
+    fd, script = tempfile.mkstemp(prefix="jaxtop-gdb-", suffix=".py")
+    with os.fdopen(fd, "w") as f:
+        f.write(_GDB_SCRIPT.replace("__LINE__", line.hex()))
+    cmd = [
+        gdb, "-batch", "-nx", "-q",
+        "-iex", "set auto-solib-add off",
+        "-iex", "set confirm off",
+        "-iex", "set pagination off",
+        "-p", str(target.pid),
+        "-ex", "handle SIGINT stop print nopass",
+        "-ex", "set unwindonsignal on",
+        "-ex", r"sharedlibrary ^/.*/libc\.so",
+        "-ex", r"sharedlibrary libpython",
+        "-ex", f"source {script}",
+    ]
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # No thread reached a safe function: interrupt gdb, which then
+            # removes its breakpoints and detaches without calling in.
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, _ = proc.communicate(timeout=GDB_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+                raise InjectError(f"gdb did not detach from process {target.pid}; check that it runs (kill -CONT {target.pid})") from None
+    finally:
+        os.unlink(script)
+    if "ptrace: Operation not permitted" in out or "Could not attach to process" in out:
+        raise InjectError(_ptrace_hint())
+    if "No such process" in out or "The program is not being run" in out or "exited" in out and "JAXTOP_RC" not in out:
+        raise InjectError(f"process {target.pid} exited during injection")
+    if "JAXTOP_NO_SAFE_POINT" in out:
+        raise InjectError(
+            f"no thread of process {target.pid} reached a safe point within {timeout_s:g} s (it is idle or blocked "
+            "in a system call); nothing was injected. Try again while it is working, or raise --inject-timeout"
+        )
+    if "JAXTOP_WAITING 0" in out or "No symbol \"Py_AddPendingCall\"" in out:
+        raise InjectError(f"process {target.pid} has no CPython symbols gdb can call (not CPython, or a stripped build)")
+    rc = page = None
+    for text in out.splitlines():
+        if text.startswith("JAXTOP_RC "):
+            rc = int(text.split()[1])
+        elif text.startswith("JAXTOP_PAGE "):
+            page = int(text.split()[1])
+    if not page:
+        raise InjectError(f"could not map a page in process {target.pid}: " + _tail(out))
+    if rc != 0:
+        raise InjectError(f"Py_AddPendingCall failed in process {target.pid} (rc={rc}): " + _tail(out))
+
+
+def _tail(text: str, n: int = 6) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-n:])
+
+
+def _remote_exec(target: Target, boot: str) -> None:
+    try:
+        sys.remote_exec(target.pid, boot)  # type: ignore[attr-defined]
+    except PermissionError:
+        raise InjectError(_ptrace_hint()) from None
+    except ProcessLookupError:
+        raise InjectError(f"process {target.pid} exited during injection") from None
+    except RuntimeError as exc:
+        if "disabled" in str(exc).lower():
+            raise InjectError(
+                f"remote debugging is disabled in process {target.pid} (PYTHON_DISABLE_REMOTE_DEBUG or "
+                "-X disable_remote_debug); restart it with `jaxtop run`"
+            ) from None
+        raise InjectError(f"sys.remote_exec failed: {exc}") from None
+
+
+def inject(pid: int, timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = 0.1,
+           method: str | None = None) -> dict[str, Any]:
+    """Start the agent in ``pid``; returns the bootstrap's report.
+
+    Raises:
+        InjectError: with what happened and what to do. On failure the target
+            is left as it was: a bootstrap that has not run yet finds its file
+            gone and does nothing.
+    """
+    target = check_target(pid)
+    if paths.socket_path(pid).exists():
+        return {"ok": True, "socket": str(paths.socket_path(pid)), "already": True}
+    workdir = tempfile.mkdtemp(prefix="jaxtop-inject-")
+    boot = os.path.join(workdir, "bootstrap.py")
+    result = os.path.join(workdir, "result.json")
+    packages, fallbacks = _package_locations()
+    params = {
+        "result": result,
+        "python": list(target.python),
+        "packages": packages,
+        "fallbacks": fallbacks,
+        "instrument": {"interval_s": interval_s},
+    }
+    Path(boot).write_text(_BOOTSTRAP.replace("__PARAMS__", repr(params)))
+    if method is None:
+        method = "remote_exec" if target.python >= (3, 14) and hasattr(sys, "remote_exec") else "gdb"
+    try:
+        if method == "remote_exec":
+            _remote_exec(target, boot)
+        else:
+            _run_gdb(target, _one_line(boot).encode(), timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if os.path.exists(result):
+                report = json.loads(Path(result).read_text())
+                if not report.get("ok"):
+                    raise InjectError(f"the agent did not start in process {pid}: {report.get('error')}\n{report.get('traceback', '')}".rstrip())
+                return report
+            if not _alive(pid):
+                raise InjectError(f"process {pid} exited during injection")
+            time.sleep(0.05)
+        raise InjectError(
+            f"process {pid} did not run the injected code within {timeout_s:g} s: its main thread is "
+            "probably inside a long C call (a blocking read, a long XLA computation, time.sleep). "
+            "The pending injection was withdrawn; try again when it is back in Python code, or raise --inject-timeout"
+        )
+    finally:
+        # On failure this withdraws the injection: a pending line that runs
+        # later finds no bootstrap and does nothing.
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def detach(pid: int, timeout_s: float = 5.0) -> dict[str, Any]:
+    """Ask the agent in ``pid`` to stop; returns its reply."""
+    from jaxtop import client, protocol
+
+    sock = client.connect(pid)
+    try:
+        sock.sendall(protocol.encode({"type": "command", "t": time.time(), "name": "detach", "args": {}, "id": 1}))
+        sock.settimeout(timeout_s)
+        stream = sock.makefile("rb")
+        for rec in protocol.iter_records(stream):
+            if rec.get("type") == "reply" and rec.get("id") == 1:
+                break
+        else:
+            raise InjectError(f"the agent in process {pid} closed the connection without replying")
+    finally:
+        sock.close()
+    if not rec.get("ok"):
+        raise InjectError(f"detach failed: {rec.get('error')}")
+    deadline = time.monotonic() + timeout_s
+    while paths.socket_path(pid).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return rec.get("result") or {}
+
+
