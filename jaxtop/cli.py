@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("pid", type=_pid)
     log.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     log.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
+    log.add_argument("--inject", action="store_true", help="no agent in PID: inject one first (docs/attach.md)")
+    log.add_argument("--inject-timeout", type=_positive_float, default=15.0, metavar="S",
+                     help="how long to wait for the target to run the injected agent (default 15)")
 
     attach = sub.add_parser(
         "attach",
@@ -69,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Open the live dashboard on one or more instrumented processes.",
     )
     attach.add_argument("pids", type=_pid, nargs="+", metavar="PID")
+    how = attach.add_mutually_exclusive_group()
+    how.add_argument("--inject", "-y", action="store_true",
+                     help="inject the agent into a PID that has none, without asking (docs/attach.md)")
+    how.add_argument("--no-inject", action="store_true",
+                     help="never inject: a PID without an agent gets the external view (psutil + NVML only)")
+    attach.add_argument("--inject-timeout", type=_positive_float, default=15.0, metavar="S",
+                        help="how long to wait for the target to run the injected agent (default 15)")
     attach.add_argument("--refresh", type=_positive_float, default=None, metavar="S",
                         help="seconds between redraws (default 2; every sample is kept regardless)")
 
@@ -82,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=30, help="steps per variant in --headless (default 30)")
     demo.add_argument("--json", action="store_true", help="--headless output as JSON")
     demo.add_argument("--small", action="store_true", help="smallest workload sizes")
+
+    detach = sub.add_parser(
+        "detach",
+        help="stop the agent in a running process (injected or not); the process keeps running",
+        description="Stop the agent in PID: its socket is removed, stderr and the transfer guard are put back.",
+    )
+    detach.add_argument("pid", type=_pid)
 
     replay = sub.add_parser("replay", help="open the dashboard on a recording")
     replay.add_argument("file", help="a JSON-lines recording (jaxtop run --log / jaxtop log)")
@@ -135,7 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "log":
         return cmd_log(args)
     if args.command == "attach":
-        return cmd_attach(args.pids, args.refresh)
+        return cmd_attach(args.pids, args.refresh, inject=args.inject, no_inject=args.no_inject,
+                          inject_timeout=args.inject_timeout)
+    if args.command == "detach":
+        return cmd_detach(args.pid)
     if args.command == "replay":
         return cmd_replay(args)
     if args.command == "demo":
@@ -145,23 +165,78 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # -- dashboard -------------------------------------------------------------------
 
-def cmd_attach(pids: list[int], refresh_s: float | None = None) -> int:
-    from jaxtop import client
+INJECT_EXPLAINED = """\
+pid {pid} has no jaxtop agent. jaxtop can inject one: gdb stops the process for
+about a second, queues one line of Python for its main thread and detaches;
+the main thread then starts the agent between two bytecodes. The agent turns
+the transfer guard to `log` and relays stderr (your output is unchanged);
+`jaxtop detach {pid}` undoes all of it. Same user only. docs/attach.md has the
+details and the risks."""
 
-    missing = []
+
+def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: float) -> tuple[list[int], list[int]] | int:
+    """(pids with an agent, pids to watch from outside), or an exit code."""
+    from jaxtop import client, inject as injector
+
+    external = []
     for pid in pids:
-        if not client.paths.socket_path(pid).exists():
-            missing.append(client.no_agent_message(pid))
-    if missing:
-        for m in missing:
-            print(f"jaxtop attach: {m}", file=sys.stderr)
-        return EXIT_USAGE
-    from jaxtop.app import live_app
+        if client.paths.socket_path(pid).exists():
+            continue
+        if not client._pid_alive(pid):
+            print(f"jaxtop attach: {client.no_agent_message(pid)}", file=sys.stderr)
+            return EXIT_USAGE
+        if no_inject:
+            external.append(pid)
+            continue
+        if not inject:
+            if not sys.stdin.isatty():
+                print(f"jaxtop attach: {client.no_agent_message(pid)}\n"
+                      "  add --inject to start one in it, or --no-inject for an external view (psutil + NVML only)",
+                      file=sys.stderr)
+                return EXIT_USAGE
+            print(INJECT_EXPLAINED.format(pid=pid))
+            answer = input("Inject the agent now? [y]es / [e]xternal view only / [N]o: ").strip().lower()
+            if answer in ("e", "external"):
+                external.append(pid)
+                continue
+            if answer not in ("y", "yes"):
+                return 0
+        print(f"jaxtop: injecting the agent into pid {pid}…", file=sys.stderr, flush=True)
+        try:
+            report = injector.inject(pid, timeout_s=timeout_s)
+        except injector.InjectError as exc:
+            print(f"jaxtop attach: {exc}", file=sys.stderr)
+            return 1
+        note = "" if report.get("jax_imported", True) else " (jax not imported yet: probing starts when it is)"
+        print(f"jaxtop: agent running in pid {pid}{note}", file=sys.stderr)
+    return [p for p in pids if p not in external], external
 
-    if refresh_s is None:
-        live_app(pids).run()
-    else:
-        live_app(pids, refresh_s=refresh_s).run()
+
+def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = False, no_inject: bool = False,
+               inject_timeout: float = 15.0) -> int:
+    ready = _ensure_agents(pids, inject, no_inject, inject_timeout)
+    if isinstance(ready, int):
+        return ready
+    _, external = ready
+    from jaxtop.app import DEFAULT_REFRESH_S, make_app
+    from jaxtop.sources import LiveSource
+
+    make_app(LiveSource(pids, external=external), refresh_s=refresh_s or DEFAULT_REFRESH_S).run()
+    return 0
+
+
+def cmd_detach(pid: int) -> int:
+    from jaxtop import client, inject as injector
+
+    try:
+        injector.detach(pid)
+    except client.AgentNotFound as exc:
+        print(f"jaxtop detach: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (injector.InjectError, OSError) as exc:
+        print(f"jaxtop detach: {exc}", file=sys.stderr)
+        return 1
+    print(f"jaxtop: agent in pid {pid} stopped; the process keeps running")
     return 0
 
 
@@ -314,6 +389,14 @@ def cmd_log(args: argparse.Namespace) -> int:
     def on_signal(signum, frame):
         stop["flag"] = True
 
+    if args.inject and not client.paths.socket_path(args.pid).exists():
+        from jaxtop import inject as injector
+
+        try:
+            injector.inject(args.pid, timeout_s=args.inject_timeout)
+        except injector.InjectError as exc:
+            print(f"jaxtop log: {exc}", file=sys.stderr)
+            return 1
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:

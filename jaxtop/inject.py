@@ -256,7 +256,10 @@ def addr(expr):
 
 
 class Stop(gdb.Breakpoint):
+    hits = []
+
     def stop(self):
+        Stop.hits.append(int(gdb.parse_and_eval("(unsigned long)$pc")))
         return True
 
 
@@ -294,10 +297,16 @@ for name in SAFE:
 say("JAXTOP_WAITING %d" % len(points))
 try:
     gdb.execute("continue")
-    reached = True
 except BaseException as exc:  # the CLI interrupts us (SIGINT) when it gives up
-    reached = False
     say("JAXTOP_INTERRUPTED %s" % type(exc).__name__)
+# Only a stop at one of our breakpoints is a safe point: a stop for any other
+# reason (the CLI's interrupt, a signal) may have the thread inside a system
+# call, and calling in from there would break the call's restart.
+reached = bool(Stop.hits) and gdb.selected_thread() is not None and \
+    int(gdb.parse_and_eval("(unsigned long)$pc")) == Stop.hits[-1]
+if gdb.selected_thread() is None or gdb.selected_inferior().pid == 0:
+    say("JAXTOP_EXITED")
+    raise SystemExit
 for bp in points:
     bp.delete()
 if reached and points and gdb.selected_thread().num == 1:
@@ -365,7 +374,7 @@ def _run_gdb(target: Target, line: bytes, timeout_s: float) -> None:
         os.unlink(script)
     if "ptrace: Operation not permitted" in out or "Could not attach to process" in out:
         raise InjectError(_ptrace_hint())
-    if "No such process" in out or "The program is not being run" in out or "exited" in out and "JAXTOP_RC" not in out:
+    if "JAXTOP_EXITED" in out or "No such process" in out or "The program no longer exists" in out:
         raise InjectError(f"process {target.pid} exited during injection")
     if "JAXTOP_NO_SAFE_POINT" in out:
         raise InjectError(

@@ -97,6 +97,8 @@ class ProcessView:
     history: Window
     last_profile: dict[str, Any] | None
     demo: dict[str, Any] | None = None  # the demo workload's state, if any
+    external: str | None = None  # set for an external view (no agent): what it can see
+    nvml: dict[str, Any] | None = None  # the latest NVML reading of the process
 
 
 @dataclass(frozen=True)
@@ -404,6 +406,8 @@ class Model:
                     history=p.history.window(window_s, end_t),
                     last_profile=p.last_profile,
                     demo=p.demo,
+                    external=(p.hello.get("external") or {}).get("note") if isinstance(p.hello.get("external"), dict) else None,
+                    nvml=dict(latest.get("nvml") or {}) or None,
                 ))
             n = len(devices)
             sel = -1 if selected < 0 or n == 0 else selected % n

@@ -11,7 +11,7 @@ import socket
 import tempfile
 import threading
 import time
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterable
 
 from jaxtop import client, protocol
 from jaxtop.model import DISCONNECTED, EXITED, REPLAY, Model
@@ -77,9 +77,11 @@ class LiveSource(Source):
 
     kind = "live"
 
-    def __init__(self, pids: list[int], retry_s: float = 1.0) -> None:
+    def __init__(self, pids: list[int], retry_s: float = 1.0, external: Iterable[int] = ()) -> None:
         super().__init__()
         self._pids = list(dict.fromkeys(pids))
+        # Processes without an agent, watched from outside (psutil + NVML).
+        self._external = set(external)
         self._retry_s = retry_s
         self._stop = threading.Event()
         self._spool_dir = tempfile.mkdtemp(prefix="jaxtop-session-")
@@ -93,7 +95,8 @@ class LiveSource(Source):
         super().start(model, on_update)
         for conn in self._conns.values():
             model.process(conn.pid)
-            conn.thread = threading.Thread(target=self._run, args=(conn,), name=f"jaxtop-read-{conn.pid}", daemon=True)
+            run = self._run_external if conn.pid in self._external else self._run
+            conn.thread = threading.Thread(target=run, args=(conn,), name=f"jaxtop-read-{conn.pid}", daemon=True)
             conn.thread.start()
 
     def stop(self) -> None:
@@ -150,6 +153,61 @@ class LiveSource(Source):
             model.set_state(conn.pid, DISCONNECTED, "connection lost; retrying")
             self.on_update()
             self._stop.wait(self._retry_s)
+
+    def _feed_spooled(self, conn: _Connection, record: dict[str, Any]) -> None:
+        assert self.model is not None
+        with conn.spool_lock:
+            try:
+                conn.spool.write(protocol.encode(record))
+            except (OSError, ValueError):
+                pass
+        self.model.feed(conn.pid, record)
+        self.on_update()
+
+    def _run_external(self, conn: _Connection) -> None:
+        """No agent: what needs no cooperation, once a second (psutil, NVML)."""
+        import psutil
+
+        from jaxtop.probes.nvml import NvmlProbe
+        from jaxtop.probes.process import ProcessProbe
+
+        pid = conn.pid
+        try:
+            ps = psutil.Process(pid)
+            argv, started = ps.cmdline(), ps.create_time()
+            probe = ProcessProbe(pid)
+        except (psutil.Error, OSError) as exc:
+            assert self.model is not None
+            self.model.add_event(pid, "error", f"cannot watch pid {pid}: {exc}")
+            self.model.set_state(pid, EXITED, str(exc))
+            self.on_update()
+            return
+        nvml = NvmlProbe(pid=pid)
+        nvml.start(thread=True)
+        note = "psutil + NVML only, no agent in the process (jaxtop attach --inject for device memory and transfers)"
+        self._feed_spooled(conn, {
+            "type": "hello", "t": time.time(), "protocol": protocol.PROTOCOL_VERSION, "pid": pid, "argv": argv,
+            "started_t": started, "interval_s": 1.0, "devices": [], "backend": None,
+            "external": {"note": note, "probes": ["psutil", "nvml"]},
+            "transfer_capture": {"available": False, "reason": "external view: no agent in the process"},
+            "nvml": nvml.describe(),
+        })
+        self.model.add_event(pid, "info", f"external view of pid {pid}: {note}")
+        seq = 0
+        try:
+            while not self._stop.wait(1.0):
+                if not client._pid_alive(pid):
+                    self.model.set_state(pid, EXITED, "process exited")
+                    self.on_update()
+                    return
+                seq += 1
+                record: dict[str, Any] = {"type": "sample", "t": time.time(), "seq": seq, "devices": [],
+                                          "process": probe.sample()}
+                if nvml.available:
+                    record["nvml"] = nvml.sample()
+                self._feed_spooled(conn, record)
+        finally:
+            nvml.stop()
 
     def _read(self, conn: _Connection, sock: socket.socket) -> None:
         model = self.model

@@ -105,6 +105,8 @@ class HeaderBar(Panel):
             bottom.append(f"  device {dev.label} ({snap.selected + 1}/{len(snap.devices)})", style="bold")
         elif snap.devices:
             bottom.append(f"  overview: {len(snap.devices)} devices", style="bold")
+        elif proc.external:
+            bottom.append(f"  EXTERNAL VIEW: {proc.external}", style="bold black on cyan")
         else:
             bottom.append("  no devices yet (waiting for the program to start JAX)", style="yellow")
         bottom.append(f"  window {WINDOW_LABEL.get(snap.window_s, snap.window_s)}", style="dim")
@@ -299,6 +301,10 @@ class HostPanel(Panel):
                 f"{g.get('power_w') if g.get('power_w') is not None else 'n/a'} W  "
                 f"proc {fmt_bytes(g.get('process_memory_bytes'))}",
                 no_wrap=True, overflow="ellipsis")
+        elif dev is None and proc.nvml and proc.nvml.get("devices"):
+            # No JAX devices (an external view): this pid's memory on each GPU.
+            parts = [f"gpu{d.get('index')} {fmt_bytes(d.get('process_memory_bytes'))}" for d in proc.nvml["devices"]]
+            line2 = Text(" GPU memory of this pid: " + ", ".join(parts), no_wrap=True, overflow="ellipsis")
         else:
             reason = proc.nvml_status.get("reason") if proc.nvml_status else None
             line2 = _na(f"GPU: {reason or 'no NVML device for this JAX device'}")
