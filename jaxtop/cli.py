@@ -100,6 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     detach.add_argument("pid", type=_pid)
 
+    export = sub.add_parser(
+        "export",
+        help="turn a recording into CSV or a Perfetto trace",
+        description="CSV: one row per sample and device (columns in docs/protocol.md). perfetto: Chrome "
+        "trace-event JSON for ui.perfetto.dev (counter tracks for memory and transfers, instants for compiles "
+        "and failed donations).",
+    )
+    export.add_argument("file", help="a JSON-lines recording (plain or .gz)")
+    export.add_argument("--format", choices=("csv", "perfetto"), required=True)
+    export.add_argument("-o", "--output", metavar="OUT", help="where to write (default: FILE with .csv / .perfetto.json; - for stdout)")
+
     replay = sub.add_parser("replay", help="open the dashboard on a recording")
     replay.add_argument("file", help="a JSON-lines recording (jaxtop run --log / jaxtop log)")
     replay.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
@@ -156,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           inject_timeout=args.inject_timeout)
     if args.command == "detach":
         return cmd_detach(args.pid)
+    if args.command == "export":
+        return cmd_export(args)
     if args.command == "replay":
         return cmd_replay(args)
     if args.command == "demo":
@@ -222,6 +235,39 @@ def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = F
     from jaxtop.sources import LiveSource
 
     make_app(LiveSource(pids, external=external), refresh_s=refresh_s or DEFAULT_REFRESH_S).run()
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from jaxtop import export
+
+    if not os.path.isfile(args.file):
+        print(f"jaxtop export: no such file: {args.file}", file=sys.stderr)
+        return EXIT_USAGE
+    write = export.write_csv if args.format == "csv" else export.write_perfetto
+    output = args.output
+    if output is None:
+        root = args.file[:-3] if args.file.endswith(".gz") else args.file
+        root = os.path.splitext(root)[0]
+        output = root + (".csv" if args.format == "csv" else ".perfetto.json")
+    try:
+        if output == "-":
+            stats = write(args.file, sys.stdout)
+        else:
+            tmp = output + ".tmp"
+            with open(tmp, "w", newline="") as out:
+                stats = write(args.file, out)
+            os.replace(tmp, output)
+    except OSError as exc:
+        print(f"jaxtop export: {exc}", file=sys.stderr)
+        return 1
+    notes = []
+    if stats.malformed:
+        notes.append(f"{stats.malformed} malformed line(s) skipped (first: {stats.first_error})")
+    if stats.truncated:
+        notes.append("the last line was truncated and skipped")
+    where = "" if output == "-" else f" -> {output}"
+    print(f"jaxtop export: {stats.records} records{where}" + ("; " + "; ".join(notes) if notes else ""), file=sys.stderr)
     return 0
 
 

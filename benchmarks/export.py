@@ -1,0 +1,91 @@
+"""Speed of `jaxtop export` (CSV and Perfetto) on a recording of the demo.
+
+Records the demo workload (`python -m jaxtop.demo.worker --small --log`)
+for --record-s seconds, then repeats its samples with shifted times and seq
+numbers up to --samples samples (the recording stays a real one; only its
+length is stretched), and times `jaxtop export` in both formats, each as a
+fresh `python -m jaxtop export` process, as a user runs it.
+
+Target (issue 6): under 2 s per 100,000 samples.
+
+    .venv/bin/python benchmarks/export.py                 # 100,000 samples
+    .venv/bin/python benchmarks/export.py --recording my.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def record_demo(path: str, seconds: float) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "jaxtop.demo.worker", "--small", "--log", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(seconds)
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def stretch(src: str, dst: str, n_samples: int) -> int:
+    """Repeat the samples of ``src`` (times and seq shifted) up to n_samples."""
+    head, samples = [], []
+    with open(src, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            rec = json.loads(line)
+            (samples if rec.get("type") == "sample" else head).append(rec)
+    if not samples:
+        raise SystemExit(f"no samples in {src}")
+    span = samples[-1]["t"] - samples[0]["t"] + 0.1
+    with open(dst, "w") as out:
+        for rec in head:
+            if rec.get("type") != "exit":
+                out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        for k in range(n_samples):
+            rec = dict(samples[k % len(samples)])
+            lap = k // len(samples)
+            rec["t"] = rec["t"] + lap * span
+            rec["seq"] = k + 1
+            out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    return n_samples
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recording", help="use this recording instead of recording the demo")
+    ap.add_argument("--record-s", type=float, default=20.0)
+    ap.add_argument("--samples", type=int, default=100_000)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="jaxtop-export-bench-")
+    src = args.recording
+    if src is None:
+        src = os.path.join(work, "demo.jsonl")
+        print(f"recording the demo for {args.record_s:g} s …", flush=True)
+        record_demo(src, args.record_s)
+    big = os.path.join(work, "big.jsonl")
+    n = stretch(src, big, args.samples)
+    size = os.path.getsize(big)
+    print(f"input: {n:,} samples, {size / 2**20:.1f} MiB ({size / n:.0f} bytes a sample)")
+    for fmt, suffix in (("csv", ".csv"), ("perfetto", ".json")):
+        out = os.path.join(work, "out" + suffix)
+        started = time.perf_counter()
+        res = subprocess.run([sys.executable, "-m", "jaxtop", "export", big, "--format", fmt, "-o", out],
+                             capture_output=True, text=True)
+        elapsed = time.perf_counter() - started
+        if res.returncode != 0:
+            raise SystemExit(res.stderr)
+        per_100k = elapsed * 100_000 / n
+        verdict = "meets" if per_100k < 2.0 else "MISSES"
+        print(f"{fmt:9s} {elapsed:6.2f} s  = {per_100k:.2f} s per 100,000 samples  ({per_100k / 2.0:.2f} of the 2 s target: {verdict}); "
+              f"output {os.path.getsize(out) / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

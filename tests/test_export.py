@@ -1,0 +1,122 @@
+"""`jaxtop export`: CSV rows and the Perfetto trace-event structure."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PY
+from jaxtop import export
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def samples_of(path):
+    return [json.loads(l) for l in path.read_bytes().splitlines() if json.loads(l)["type"] == "sample"]
+
+
+@pytest.mark.parametrize("name", ["synthetic_gpu.jsonl", "cpu_train_loop.jsonl"])
+def test_csv_has_one_row_per_sample_and_device(name):
+    path = FIXTURES / name
+    out = io.StringIO()
+    stats = export.write_csv(str(path), out)
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    samples = samples_of(path)
+    assert stats.malformed == 0
+    assert list(rows[0].keys()) == list(export.CSV_COLUMNS)
+    assert len(rows) == sum(max(1, len(s["devices"])) for s in samples)
+    # Values come straight from the sample: check the last one, device by device.
+    last = samples[-1]
+    tail = rows[-max(1, len(last["devices"])):]
+    for row, dev in zip(tail, last["devices"] or [{}]):
+        assert row["seq"] == str(last["seq"])
+        assert row["device_id"] == ("" if not dev else str(dev["id"]))
+        assert row["bytes_in_use"] == ("" if dev.get("bytes_in_use") is None else str(dev["bytes_in_use"]))
+        assert row["h2d_count_total"] == str(last["transfers"]["h2d"]["count_total"])
+        assert row["rss_bytes"] == str(last["process"]["rss_bytes"])
+
+
+def test_missing_values_are_empty_cells_not_zero():
+    path = FIXTURES / "cpu_train_loop.jsonl"
+    out = io.StringIO()
+    export.write_csv(str(path), out)
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    cpu_rows = [r for r in rows if r["platform"] == "cpu"]
+    assert cpu_rows and all(r["fragmentation"] == "" and r["pool_bytes"] == "" for r in cpu_rows)
+
+
+def validate_trace(doc):
+    """The parts of the trace-event format that Perfetto relies on."""
+    assert isinstance(doc, dict) and isinstance(doc["traceEvents"], list)
+    last_ts = {}
+    for ev in doc["traceEvents"]:
+        assert ev["ph"] in ("M", "C", "i"), ev
+        assert isinstance(ev["name"], str) and isinstance(ev["pid"], int) and isinstance(ev["tid"], int)
+        if ev["ph"] == "M":
+            assert ev["name"] == "process_name" and isinstance(ev["args"]["name"], str)
+            continue
+        assert isinstance(ev["ts"], int)
+        if ev["ph"] == "C":
+            assert ev["args"] and all(isinstance(v, (int, float)) for v in ev["args"].values()), ev
+            # Each counter track moves forward in time.
+            key = (ev["pid"], ev["name"])
+            assert ev["ts"] >= last_ts.get(key, 0)
+            last_ts[key] = ev["ts"]
+        else:
+            assert ev["s"] in ("g", "p", "t")
+    return doc
+
+
+def test_perfetto_trace_is_well_formed_with_counters_and_instants():
+    out = io.StringIO()
+    export.write_perfetto(str(FIXTURES / "synthetic_gpu.jsonl"), out)
+    doc = validate_trace(json.loads(out.getvalue()))
+    names = {ev["name"] for ev in doc["traceEvents"]}
+    assert {"device 0 memory (bytes)", "device 1 memory (bytes)", "device 0 fragmentation",
+            "implicit transfers/s", "host RSS (bytes)"} <= names
+    mem = [ev for ev in doc["traceEvents"] if ev["name"] == "device 0 memory (bytes)"]
+    first = samples_of(FIXTURES / "synthetic_gpu.jsonl")[0]
+    assert mem[0]["args"]["bytes_in_use"] == first["devices"][0]["bytes_in_use"]
+    assert mem[0]["ts"] == round(first["t"] * 1e6)
+
+
+def test_perfetto_marks_compiles_as_instant_events():
+    out = io.StringIO()
+    export.write_perfetto(str(FIXTURES / "cpu_train_loop.jsonl"), out)
+    doc = validate_trace(json.loads(out.getvalue()))
+    samples = samples_of(FIXTURES / "cpu_train_loop.jsonl")
+    totals = [s["compile"]["count_total"] for s in samples]
+    rises = sum(1 for a, b in zip(totals, totals[1:]) if b > a)
+    compiles = [ev for ev in doc["traceEvents"] if ev["ph"] == "i" and ev["name"].startswith("compile")]
+    assert rises > 0 and len(compiles) == rises
+
+
+def test_cli_export_truncated_file_and_gzip(tmp_path):
+    import gzip
+
+    src = (FIXTURES / "synthetic_gpu.jsonl").read_bytes()
+    cut = tmp_path / "cut.jsonl"
+    lines = src.splitlines(keepends=True)
+    last_sample = max(i for i, l in enumerate(lines) if b'"type":"sample"' in l)
+    cut.write_bytes(b"".join(lines[: last_sample + 1])[:-40])  # a killed writer: half a sample at the end
+    res = subprocess.run([PY, "-m", "jaxtop", "export", cut, "--format", "csv"], capture_output=True)
+    assert res.returncode == 0, res.stderr
+    assert b"truncated" in res.stderr
+    rows = list(csv.DictReader(open(tmp_path / "cut.csv")))
+    assert len(rows) == 2 * (len(samples_of(FIXTURES / "synthetic_gpu.jsonl")) - 1)
+
+    gz = tmp_path / "session.jsonl.gz"
+    gz.write_bytes(gzip.compress(src))
+    res = subprocess.run([PY, "-m", "jaxtop", "export", gz, "--format", "perfetto"], capture_output=True)
+    assert res.returncode == 0, res.stderr
+    validate_trace(json.loads((tmp_path / "session.perfetto.json").read_text()))
+
+
+def test_cli_export_missing_file():
+    res = subprocess.run([PY, "-m", "jaxtop", "export", "/nonexistent.jsonl", "--format", "csv"], capture_output=True)
+    assert res.returncode == 2 and b"no such file" in res.stderr
