@@ -7,6 +7,7 @@ imports neither jax nor Textual.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -57,6 +58,8 @@ def instrument(
     slow_interval_s: float = 1.0,
     capture_stderr: bool = True,
     nvml: bool = True,
+    prometheus_port: int | None = None,
+    prometheus_addr: str = "127.0.0.1",
 ) -> Handle:
     """Start the jaxtop agent in this process (idempotent).
 
@@ -70,12 +73,19 @@ def instrument(
         slow_interval_s: period of the live-array scan.
         capture_stderr: count implicit transfers from the guard's log lines.
         nvml: read NVIDIA driver metrics when a driver is present.
+        prometheus_port: also serve Prometheus metrics on this port
+            (default: ``$JAXTOP_PROMETHEUS_PORT`` if set; needs
+            prometheus-client). Binds ``prometheus_addr``, loopback unless
+            you choose otherwise.
 
     Returns:
         The handle of the (already) running agent; ``.stop()`` stops it.
 
     Raises:
-        OSError: the socket could not be created (nothing was changed).
+        OSError: the socket or the metrics port could not be bound (nothing
+            was changed).
+        ImportError: a Prometheus port was asked for without prometheus-client.
+        ValueError: ``$JAXTOP_PROMETHEUS_PORT`` is not a port number.
     """
     global _handle
     with _lock:
@@ -83,6 +93,11 @@ def instrument(
             return _handle
         from jaxtop.agent import Agent
 
+        if prometheus_port is None and os.environ.get("JAXTOP_PROMETHEUS_PORT"):
+            text = os.environ["JAXTOP_PROMETHEUS_PORT"]
+            if not text.isdigit() or not 0 < int(text) < 65536:
+                raise ValueError(f"JAXTOP_PROMETHEUS_PORT={text!r} is not a port number")
+            prometheus_port = int(text)
         agent = Agent(
             interval_s=interval_s,
             slow_interval_s=slow_interval_s,
@@ -90,6 +105,8 @@ def instrument(
             log_path=log_path,
             capture_stderr=capture_stderr,
             nvml=nvml,
+            prometheus_port=prometheus_port,
+            prometheus_addr=prometheus_addr,
         )
         agent.start()
         _handle = Handle(agent)

@@ -68,6 +68,8 @@ class Agent:
         log_path: str | None = None,
         capture_stderr: bool = True,
         nvml: bool = True,
+        prometheus_port: int | None = None,
+        prometheus_addr: str = "127.0.0.1",
     ) -> None:
         if not interval_s > 0:
             raise ValueError("interval_s must be positive")
@@ -77,6 +79,10 @@ class Agent:
         self.log_path = log_path
         self.pid = os.getpid()
         self.socket_path: str | None = None
+        self.prometheus_port = prometheus_port
+        self.prometheus_addr = prometheus_addr
+        self._prom_state: Any = None  # jaxtop.prometheus.StreamState when serving
+        self._prom_server: Any = None
         self.started_t = time.time()
         self.events: list[dict[str, Any]] = []  # notices for the next sample
 
@@ -127,7 +133,19 @@ class Agent:
             is the one failure reported to the caller of ``instrument()``,
             before anything in the process was changed.
         """
-        directory = paths.ensure_socket_dir()
+        if self.prometheus_port is not None:
+            # First, so that a missing package or a taken port is reported
+            # before anything in the process was changed.
+            from jaxtop.prometheus import StreamState, serve
+
+            state = StreamState()
+            self._prom_server = serve(state, self.prometheus_port, self.prometheus_addr)
+            self._prom_state = state
+        try:
+            directory = paths.ensure_socket_dir()
+        except Exception:
+            self._stop_prometheus()
+            raise
         path = str(directory / f"{self.pid}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -139,6 +157,7 @@ class Agent:
             listener.setblocking(False)
         except OSError:
             listener.close()
+            self._stop_prometheus()
             raise
         self._listener, self.socket_path = listener, path
         if self.log_path:
@@ -423,6 +442,8 @@ class Agent:
 
     def _emit(self, record: dict[str, Any], keep: bool = True) -> None:
         line = protocol.encode(record)
+        if self._prom_state is not None:
+            self._prom_state.update(record)
         if keep:
             now = record["t"]
             self._ring.append((now, line))
@@ -455,6 +476,8 @@ class Agent:
             "backfill_s": self.backfill_s,
             "transfer_capture": self._capture_status(),
             "nvml": self.nvml.describe() if self.nvml else {"available": False, "reason": "disabled"},
+            "prometheus": ({"addr": self.prometheus_addr, "port": self.prometheus_port}
+                           if self._prom_server is not None else None),
             "host": platform.node(),
         }
 
@@ -534,10 +557,20 @@ class Agent:
         self._emit({"type": "exit", "t": time.time(), "pid": self.pid}, keep=False)
         self._final_done.set()
 
+    def _stop_prometheus(self) -> None:
+        server, self._prom_server = self._prom_server, None
+        if server is not None:
+            try:
+                server.shutdown()
+                server.server_close()
+            except Exception:
+                pass
+
     def _teardown(self) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self._stop_prometheus()
         for client in list(self._clients.values()):
             client.close()
         self._clients.clear()

@@ -25,6 +25,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    return value
+
+
 def _pid(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
@@ -48,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log", metavar="FILE", help="also record the stream to FILE (JSON lines)")
     run.add_argument("--interval", type=_positive_float, default=0.1, metavar="S", help="sample period in seconds (default 0.1)")
     run.add_argument("--no-capture", action="store_true", help="do not capture stderr (no transfer counts)")
+    run.add_argument("--prometheus", type=_port, metavar="PORT", help="also serve Prometheus metrics on PORT (docs/cluster.md)")
+    run.add_argument("--prometheus-addr", default="127.0.0.1", metavar="ADDR",
+                     help="address for --prometheus (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     run.add_argument("target", nargs="*", metavar="SCRIPT [ARGS...]", help="the program and its arguments")
 
@@ -62,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("pid", type=_pid)
     log.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     log.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
+    log.add_argument("--prometheus", type=_port, metavar="PORT", help="re-export the stream as Prometheus metrics on PORT")
+    log.add_argument("--prometheus-addr", default="127.0.0.1", metavar="ADDR", help="address for --prometheus (default 127.0.0.1)")
     log.add_argument("--inject", action="store_true", help="no agent in PID: inject one first (docs/attach.md)")
     log.add_argument("--inject-timeout", type=_positive_float, default=15.0, metavar="S",
                      help="how long to wait for the target to run the injected agent (default 15)")
@@ -119,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_RUN_OPTIONS_WITH_VALUE = {"--log", "--interval"}
+_RUN_OPTIONS_WITH_VALUE = {"--log", "--interval", "--prometheus", "--prometheus-addr"}
 
 
 def split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -367,8 +382,9 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import jaxtop
 
     try:
-        jaxtop.instrument(interval_s=args.interval, log_path=args.log, capture_stderr=not args.no_capture)
-    except OSError as exc:
+        jaxtop.instrument(interval_s=args.interval, log_path=args.log, capture_stderr=not args.no_capture,
+                          prometheus_port=args.prometheus, prometheus_addr=args.prometheus_addr)
+    except (OSError, ImportError, ValueError) as exc:
         print(f"jaxtop run: cannot start the agent: {exc}", file=sys.stderr)
         return EXIT_USAGE
     global _program_globals
@@ -443,6 +459,17 @@ def cmd_log(args: argparse.Namespace) -> int:
         except injector.InjectError as exc:
             print(f"jaxtop log: {exc}", file=sys.stderr)
             return 1
+    on_record = None
+    if args.prometheus is not None:
+        from jaxtop import prometheus
+
+        state = prometheus.StreamState()
+        try:
+            prometheus.serve(state, args.prometheus, args.prometheus_addr)
+        except (ImportError, OSError) as exc:
+            print(f"jaxtop log: cannot serve Prometheus metrics: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        on_record = state.update
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
@@ -451,7 +478,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         print(f"jaxtop log: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        client.record(args.pid, out, duration_s=args.duration, should_stop=lambda: stop["flag"])
+        client.record(args.pid, out, duration_s=args.duration, should_stop=lambda: stop["flag"], on_record=on_record)
     except client.AgentNotFound as exc:
         print(f"jaxtop log: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -11,7 +11,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
 from jaxtop import paths, protocol
 
@@ -123,9 +123,12 @@ def record(
     out: IO[bytes],
     duration_s: float | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
     """Copy an agent's stream to ``out`` until it ends, time runs out, or
     ``should_stop()``. Only whole lines are written, byte for byte.
+    ``on_record`` also gets each decoded record (undecodable lines are still
+    copied, and skipped for it).
 
     Returns:
         Number of lines written.
@@ -152,6 +155,12 @@ def record(
             if cut:
                 out.write(pending[:cut])
                 out.flush()
+                if on_record is not None:
+                    for line in pending[:cut].splitlines():
+                        try:
+                            on_record(protocol.decode(line))
+                        except protocol.ProtocolError:
+                            pass
                 lines += pending.count(b"\n", 0, cut)
                 pending = pending[cut:]
     return lines

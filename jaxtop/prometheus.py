@@ -1,0 +1,175 @@
+"""Prometheus metrics from an agent's stream (prometheus-client).
+
+Served by the agent itself (``jaxtop run --prometheus PORT``,
+``jaxtop.instrument(prometheus_port=PORT)``, ``JAXTOP_PROMETHEUS_PORT``) or
+re-exported by ``jaxtop log PID --prometheus PORT``. Both feed a
+:class:`StreamState` with the records they see; the collector turns the
+latest sample into metrics when Prometheus scrapes, so a scrape costs the
+agent nothing between scrapes. Names and labels: docs/cluster.md.
+
+A value the sample does not have (n/a, e.g. fragmentation on CPU) is left
+out, never exported as 0.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Iterator
+
+INSTALL_HINT = "prometheus-client is not installed: pip install 'jaxtop[prometheus]' (or prometheus-client)"
+DEFAULT_ADDR = "127.0.0.1"
+
+_DEVICE_GAUGES = (
+    # (metric, sample key, help)
+    ("jaxtop_device_bytes_in_use", "bytes_in_use", "Bytes held by live buffers on the device (allocator's bytes_in_use; live arrays on CPU)."),
+    ("jaxtop_device_peak_bytes_in_use", "peak_bytes_in_use", "Allocator's peak bytes in use since start."),
+    ("jaxtop_device_pool_bytes", "pool_bytes", "Bytes the allocator reserved from the device (its pool)."),
+    ("jaxtop_device_limit_bytes", "bytes_limit", "Allocator's limit on the device."),
+    ("jaxtop_device_largest_free_block_bytes", "largest_free_block_bytes", "Largest free block in the allocator's pool."),
+    ("jaxtop_device_fragmentation_ratio", "fragmentation", "1 - largest free block / free bytes in the pool (BFC allocator)."),
+)
+
+
+class StreamState:
+    """The latest records of one agent stream. Written by one thread, read
+    by the scraping thread; each field is replaced whole, never mutated."""
+
+    def __init__(self) -> None:
+        self.hello: dict[str, Any] = {}
+        self.devices: dict[int, dict[str, Any]] = {}  # id -> description (process_index, platform)
+        self.sample: dict[str, Any] | None = None
+
+    def update(self, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if kind == "sample":
+            self.sample = record
+        elif kind in ("hello", "backend"):
+            if kind == "hello":
+                self.hello = record
+            described = {d.get("id"): d for d in record.get("devices") or [] if isinstance(d, dict)}
+            if described:
+                self.devices = described
+
+
+def make_registry(state: StreamState, host: str | None = None) -> Any:
+    """A prometheus-client registry whose only collector reads ``state``."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    host = host or socket.gethostname()
+
+    class Collector:
+        def collect(self) -> Iterator[Any]:
+            sample = state.sample
+            pid = str(state.hello.get("pid", ""))
+            if sample is None:
+                return
+            proc_labels = ["host", "pid", "process_index"]
+            index = _process_index(state)
+            base = [host, pid, index]
+
+            info = GaugeMetricFamily("jaxtop_sample_seq", "Sequence number of the sample these values come from.",
+                                     labels=proc_labels)
+            info.add_metric(base, sample.get("seq") or 0)
+            yield info
+            ts = GaugeMetricFamily("jaxtop_sample_timestamp_seconds", "Unix time of that sample.", labels=proc_labels)
+            ts.add_metric(base, sample.get("t") or 0)
+            yield ts
+
+            dev_labels = ["device", "platform", "host", "pid", "process_index"]
+            families = {name: GaugeMetricFamily(name, text, labels=dev_labels) for name, _, text in _DEVICE_GAUGES}
+            live = GaugeMetricFamily("jaxtop_device_live_array_bytes", "Bytes of live jax.Arrays on the device (slow-cadence scan).",
+                                     labels=dev_labels)
+            for dev in sample.get("devices") or []:
+                described = state.devices.get(dev.get("id"), {})
+                labels = [str(dev.get("id")), str(dev.get("platform") or described.get("platform") or ""), host, pid,
+                          str(described.get("process_index", index))]
+                for name, key, _ in _DEVICE_GAUGES:
+                    value = dev.get(key)
+                    if isinstance(value, (int, float)):
+                        families[name].add_metric(labels, value)
+                la = (dev.get("live_arrays") or {}).get("bytes")
+                if isinstance(la, (int, float)):
+                    live.add_metric(labels, la)
+            yield from families.values()
+            yield live
+
+            tr = sample.get("transfers") or {}
+            dir_labels = ["direction", "host", "pid", "process_index"]
+            count = CounterMetricFamily("jaxtop_transfers", "Implicit transfers seen by the transfer guard.", labels=dir_labels)
+            known = CounterMetricFamily("jaxtop_transfer_known_bytes",
+                                        "Bytes of implicit transfers whose size was logged (a lower bound).", labels=dir_labels)
+            for d in ("h2d", "d2h", "d2d"):
+                x = tr.get(d)
+                if isinstance(x, dict) and isinstance(x.get("count_total"), int):
+                    count.add_metric([d] + base, x["count_total"])
+                    known.add_metric([d] + base, x.get("bytes_known_total") or 0)
+            yield count
+            yield known
+
+            comp = sample.get("compile") or {}
+            if isinstance(comp.get("count_total"), int):
+                c = CounterMetricFamily("jaxtop_compiles", "XLA compilations (jax.monitoring).", labels=proc_labels)
+                c.add_metric(base, comp["count_total"])
+                yield c
+                s = CounterMetricFamily("jaxtop_compile_seconds", "Seconds spent compiling.", labels=proc_labels)
+                s.add_metric(base, comp.get("seconds_total") or 0.0)
+                yield s
+            don = sample.get("donation") or {}
+            if isinstance(don.get("failed_total"), int):
+                f = CounterMetricFamily("jaxtop_donation_failures", "'Some donated buffers were not usable' warnings.",
+                                        labels=proc_labels)
+                f.add_metric(base, don["failed_total"])
+                yield f
+            proc = sample.get("process") or {}
+            if isinstance(proc.get("rss_bytes"), int):
+                r = GaugeMetricFamily("jaxtop_process_resident_memory_bytes", "Resident set size of the process.",
+                                      labels=proc_labels)
+                r.add_metric(base, proc["rss_bytes"])
+                yield r
+            if isinstance(proc.get("cpu_percent"), (int, float)):
+                u = GaugeMetricFamily("jaxtop_process_cpu_ratio", "CPU use of the process (1 = one full core).",
+                                      labels=proc_labels)
+                u.add_metric(base, proc["cpu_percent"] / 100.0)
+                yield u
+            nvml = sample.get("nvml") or {}
+            if nvml.get("available"):
+                gpu_labels = ["gpu", "host", "pid", "process_index"]
+                used = GaugeMetricFamily("jaxtop_gpu_memory_used_bytes", "NVML: memory used on the GPU (all processes).",
+                                         labels=gpu_labels)
+                mine = GaugeMetricFamily("jaxtop_gpu_process_memory_bytes", "NVML: this process's memory on the GPU.",
+                                         labels=gpu_labels)
+                for g in nvml.get("devices") or []:
+                    labels = [str(g.get("index")), host, pid, index]
+                    if isinstance(g.get("memory_used_bytes"), (int, float)):
+                        used.add_metric(labels, g["memory_used_bytes"])
+                    if isinstance(g.get("process_memory_bytes"), (int, float)):
+                        mine.add_metric(labels, g["process_memory_bytes"])
+                yield used
+                yield mine
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    return registry
+
+
+def _process_index(state: StreamState) -> str:
+    for d in state.devices.values():
+        if "process_index" in d:
+            return str(d["process_index"])
+    return "0"
+
+
+def serve(state: StreamState, port: int, addr: str = DEFAULT_ADDR) -> Any:
+    """Start the HTTP endpoint (a daemon thread); returns the server.
+
+    Raises:
+        ImportError: prometheus-client is missing (message says how to install).
+        OSError: the port cannot be bound.
+    """
+    try:
+        from prometheus_client import start_http_server
+    except ImportError:
+        raise ImportError(INSTALL_HINT) from None
+    result = start_http_server(port, addr=addr, registry=make_registry(state))
+    return result[0] if isinstance(result, tuple) else result

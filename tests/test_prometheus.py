@@ -1,0 +1,146 @@
+"""Prometheus metrics: served by a real agent (and re-exported by
+`jaxtop log`), scraped over HTTP, parsed with prometheus_client.parser and
+checked against the JSON sample of the same moment."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.request
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import PY, TARGETS, wait_for
+from jaxtop import prometheus, synthetic
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def scrape(port: int) -> dict[str, list]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def samples_in(path):
+    recs = []
+    for line in path.read_bytes().splitlines():
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            pass  # the line being written
+    return {r["seq"]: r for r in recs if r.get("type") == "sample"}
+
+
+def check_matches_json(metrics, samples, pid):
+    seq = int(metrics["jaxtop_sample_seq"][0].value)
+    sample = samples[seq]
+    assert metrics["jaxtop_sample_seq"][0].labels["pid"] == str(pid)
+    by_dir = {s.labels["direction"]: s.value for s in metrics["jaxtop_transfers_total"]}
+    for d in ("h2d", "d2h", "d2d"):
+        assert by_dir[d] == sample["transfers"][d]["count_total"]
+    known = {s.labels["direction"]: s.value for s in metrics["jaxtop_transfer_known_bytes_total"]}
+    assert known["h2d"] == sample["transfers"]["h2d"]["bytes_known_total"]
+    dev0 = next(s for s in metrics["jaxtop_device_bytes_in_use"] if s.labels["device"] == "0")
+    assert dev0.value == sample["devices"][0]["bytes_in_use"]
+    assert dev0.labels["platform"] == "cpu" and dev0.labels["process_index"] == "0"
+    assert metrics["jaxtop_process_resident_memory_bytes"][0].value == sample["process"]["rss_bytes"]
+    return sample
+
+
+@pytest.mark.slow
+def test_agent_serves_metrics_equal_to_its_json_samples(child_env, sockdir, tmp_path):
+    port = free_port()
+    log = tmp_path / "run.jsonl"
+    proc = subprocess.Popen([PY, "-m", "jaxtop", "run", "--prometheus", str(port), "--log", str(log),
+                             str(TARGETS / "loop.py"), "--seconds", "30"], env=child_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: log.exists() and any(s["devices"] and s["transfers"]["h2d"]["count_total"] > 5
+                                              for s in samples_in(log).values()), timeout=60, what="samples")
+        metrics = scrape(port)
+        time.sleep(0.3)  # let the log catch up with the scraped sample
+        sample = check_matches_json(metrics, samples_in(log), proc.pid)
+        assert sample["transfers"]["h2d"]["count_total"] > 5
+        # n/a is left out, not exported as 0: CPU has no allocator pool.
+        assert "jaxtop_device_fragmentation_ratio" not in metrics
+        assert "jaxtop_device_pool_bytes" not in metrics
+        # Loopback unless asked otherwise.
+        listening = [c for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        assert [c.laddr.ip for c in listening] == ["127.0.0.1"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_log_reexports_a_running_agent(targets, child_env, tmp_path):
+    target = targets.run(TARGETS / "loop.py", "--seconds", "30")
+    port = free_port()
+    out = tmp_path / "rec.jsonl"
+    rec = subprocess.Popen([PY, "-m", "jaxtop", "log", str(target.pid), "-o", str(out), "--duration", "20",
+                            "--prometheus", str(port)], env=child_env)
+    try:
+        wait_for(lambda: out.exists() and any(s["devices"] and s["transfers"]["h2d"]["count_total"] > 5
+                                              for s in samples_in(out).values()), timeout=60, what="samples")
+        metrics = scrape(port)
+        time.sleep(0.3)
+        check_matches_json(metrics, samples_in(out), target.pid)
+    finally:
+        rec.terminate()
+        rec.wait(timeout=30)
+
+
+def test_port_in_use_is_refused_before_anything_changes(child_env, sockdir, tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text("print('ran')\n")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    try:
+        res = subprocess.run([PY, "-m", "jaxtop", "run", "--prometheus", str(port), str(script)], env=child_env,
+                             capture_output=True, timeout=60)
+        assert res.returncode == 2
+        assert b"cannot start the agent" in res.stderr and b"Address already in use" in res.stderr
+        assert res.stdout == b""  # the program did not run
+        assert list(sockdir.iterdir()) == []  # no socket left behind
+    finally:
+        s.close()
+
+
+def test_gpu_sample_gives_every_device_metric_with_labels():
+    state = prometheus.StreamState()
+    hello = synthetic.hello(4242, 2, 1000.0)
+    state.update(hello)
+    sample = next(synthetic.samples(4242, 2, 1000.0, 1))
+    state.update(sample)
+    registry = prometheus.make_registry(state, host="node-7")
+    from prometheus_client import generate_latest
+
+    metrics: dict[str, list] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            metrics.setdefault(s.name, []).append(s)
+    frag = {s.labels["device"]: s for s in metrics["jaxtop_device_fragmentation_ratio"]}
+    assert set(frag) == {"0", "1"}
+    assert frag["1"].value == pytest.approx(sample["devices"][1]["fragmentation"])
+    assert frag["0"].labels == {"device": "0", "platform": "gpu", "host": "node-7", "pid": "4242", "process_index": "0"}
+    pool = {s.labels["device"]: s.value for s in metrics["jaxtop_device_pool_bytes"]}
+    assert pool["0"] == sample["devices"][0]["pool_bytes"]
+    mine = {s.labels["gpu"]: s.value for s in metrics["jaxtop_gpu_process_memory_bytes"]}
+    assert mine["1"] == sample["nvml"]["devices"][1]["process_memory_bytes"]
