@@ -144,3 +144,27 @@ def test_gpu_sample_gives_every_device_metric_with_labels():
     assert pool["0"] == sample["devices"][0]["pool_bytes"]
     mine = {s.labels["gpu"]: s.value for s in metrics["jaxtop_gpu_process_memory_bytes"]}
     assert mine["1"] == sample["nvml"]["devices"][1]["process_memory_bytes"]
+
+
+def test_grafana_dashboard_queries_only_metrics_the_exporter_has():
+    """Every metric name in contrib/grafana/jaxtop.json exists in the
+    exporter's output for a GPU-shaped sample (names drift otherwise)."""
+    import re
+    from pathlib import Path
+
+    from prometheus_client import generate_latest
+
+    dash = json.loads((Path(__file__).parent.parent / "contrib" / "grafana" / "jaxtop.json").read_text())
+    state = prometheus.StreamState()
+    state.update(synthetic.hello(1, 2, 1000.0))
+    state.update(next(synthetic.samples(1, 2, 1000.0, 1)))
+    exported = {s.name for f in text_string_to_metric_families(generate_latest(prometheus.make_registry(state)).decode())
+                for s in f.samples}
+    queried = set()
+    for panel in dash["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            queried |= set(re.findall(r"\bjaxtop_\w+", target["expr"]))
+    for var in dash["templating"]["list"]:
+        queried |= set(re.findall(r"\bjaxtop_\w+", json.dumps(var.get("query", ""))))
+    assert queried and queried <= exported, queried - exported

@@ -1,0 +1,56 @@
+"""Several processes in one dashboard: two real CPU JAX targets, one attach."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from rich.console import Console
+
+from conftest import TARGETS
+from jaxtop.app import make_app
+from jaxtop.sources import LiveSource
+from jaxtop.widgets.panels import HeaderBar, OverviewPanel
+
+pytestmark = pytest.mark.slow
+
+
+def text_of(panel, snap, width=120, height=20) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(panel.draw(snap, width, height))
+    return console.export_text()
+
+
+async def test_attach_two_targets_shows_both_side_by_side(targets):
+    a = targets.run(TARGETS / "loop.py", "--seconds", "40")
+    b = targets.run(TARGETS / "loop.py", "--seconds", "40")
+    targets.wait_ready(a)
+    targets.wait_ready(b)
+    app = make_app(LiveSource([a.pid, b.pid]), refresh_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            await pilot.pause(0.3)
+            snap = app.snapshot
+            if snap and {d.pid for d in snap.devices} == {a.pid, b.pid} and all(
+                    (p.transfers.get("h2d") or {}).get("count_total") for p in snap.processes):
+                break
+        snap = app.snapshot
+        assert {d.pid for d in snap.devices} == {a.pid, b.pid}
+        # Overview: one row per device of each process.
+        await pilot.press("o")
+        await pilot.pause(0.3)
+        assert app.query_one(OverviewPanel).display
+        overview = text_of(app.query_one(OverviewPanel), app.snapshot)
+        assert str(a.pid) in overview and str(b.pid) in overview
+        assert overview.count("cpu:0") == 2
+        # Stepping through devices reaches the second process; the header follows.
+        await pilot.press("o")
+        seen = set()
+        for _ in range(3):
+            await pilot.pause(0.2)
+            header = text_of(app.query_one(HeaderBar), app.snapshot, height=2)
+            seen |= {pid for pid in (a.pid, b.pid) if f"pid {pid}" in header}
+            await pilot.press("tab")
+        assert seen == {a.pid, b.pid}
+        assert "(2 processes)" in header
