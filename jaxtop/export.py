@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 from typing import IO, Any, Iterator
 
 from jaxtop import protocol
@@ -45,44 +46,48 @@ def _num(value: Any) -> Any:
     return "" if value is None else value
 
 
+_DEVICE_KEYS = ("id", "platform", "source", "bytes_in_use", "peak_bytes_in_use", "peak_rise_bytes", "pool_bytes",
+                "bytes_limit", "largest_free_block_bytes", "fragmentation", "num_allocs")
+_LIVE_KEYS = ("bytes", "count", "largest_bytes")
+_TRANSFER_KEYS = ("count", "bytes_known", "count_total", "bytes_known_total")
+_EMPTY: dict[str, Any] = {}
+
+
 def write_csv(path: str, out: IO[str]) -> protocol.ReadStats:
     """Write the CSV table of the recording at ``path`` to ``out``."""
     stats = protocol.ReadStats()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
-    pid = None
+    rows: list[list[Any]] = []
+    pid: Any = ""
     for rec in _records(path, stats):
         kind = rec.get("type")
-        if kind == "hello":
-            pid = rec.get("pid")
-            continue
         if kind != "sample":
+            if kind == "hello":
+                pid = _num(rec.get("pid"))
             continue
-        tr = rec.get("transfers") or {}
-        proc = rec.get("process") or {}
-        comp = rec.get("compile") or {}
-        don = rec.get("donation") or {}
-        tail = []
-        for d in DIRECTIONS:
-            x = tr.get(d) or {}
-            tail += [_num(x.get("count")), _num(x.get("bytes_known")), _num(x.get("count_total")), _num(x.get("bytes_known_total"))]
+        tr = rec.get("transfers") or _EMPTY
+        proc = rec.get("process") or _EMPTY
+        comp = rec.get("compile") or _EMPTY
+        tail = [_num(x.get(k)) for d in DIRECTIONS for x in (tr.get(d) or _EMPTY,) for k in _TRANSFER_KEYS]
         tail += [_num(proc.get("rss_bytes")), _num(proc.get("cpu_percent")), _num(comp.get("count_total")),
-                 _num(comp.get("seconds_total")), _num(don.get("failed_total"))]
-        head = [rec.get("t"), rec.get("seq"), _num(pid)]
-        devices = rec.get("devices") or [{}]
-        for dev in devices:
-            live = dev.get("live_arrays") or {}
-            writer.writerow(head + [
-                _num(dev.get("id")), _num(dev.get("platform")), _num(dev.get("source")),
-                _num(dev.get("bytes_in_use")), _num(dev.get("peak_bytes_in_use")), _num(dev.get("peak_rise_bytes")),
-                _num(dev.get("pool_bytes")), _num(dev.get("bytes_limit")), _num(dev.get("largest_free_block_bytes")),
-                _num(dev.get("fragmentation")), _num(dev.get("num_allocs")),
-                _num(live.get("bytes")), _num(live.get("count")), _num(live.get("largest_bytes")),
-            ] + tail)
+                 _num(comp.get("seconds_total")), _num((rec.get("donation") or _EMPTY).get("failed_total"))]
+        head = [rec.get("t"), rec.get("seq"), pid]
+        for dev in rec.get("devices") or (_EMPTY,):
+            live = dev.get("live_arrays") or _EMPTY
+            rows.append(head + [_num(dev.get(k)) for k in _DEVICE_KEYS] + [_num(live.get(k)) for k in _LIVE_KEYS] + tail)
+        if len(rows) >= 4096:
+            writer.writerows(rows)
+            rows.clear()
+    writer.writerows(rows)
     return stats
 
 
 _MEMORY_KEYS = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "bytes_limit")
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def write_perfetto(path: str, out: IO[str]) -> protocol.ReadStats:
@@ -101,6 +106,14 @@ def write_perfetto(path: str, out: IO[str]) -> protocol.ReadStats:
         out.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":")))
         first = False
 
+    def counter(name: str, ts: int, args: dict[str, Any]) -> None:
+        # The bulk of a trace: formatted directly (numbers only, names fixed).
+        nonlocal first
+        body = ",".join(f'"{k}":{v!r}' for k, v in args.items() if _finite(v))
+        if body:
+            out.write(f'{"" if first else ","}\n{{"ph":"C","name":"{name}","ts":{ts},"pid":{pid},"tid":0,"args":{{{body}}}}}')
+            first = False
+
     pid = 0
     last_t: float | None = None
     last_compiles = last_failed = None
@@ -111,7 +124,7 @@ def write_perfetto(path: str, out: IO[str]) -> protocol.ReadStats:
             continue
         ts = round(t * 1e6)
         if kind == "hello":
-            pid = rec.get("pid") or 0
+            pid = rec.get("pid") if isinstance(rec.get("pid"), int) else 0
             name = " ".join(rec.get("argv") or []) or f"pid {pid}"
             emit({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"{name} (pid {pid})"}})
             continue
@@ -122,22 +135,18 @@ def write_perfetto(path: str, out: IO[str]) -> protocol.ReadStats:
             continue
         for dev in rec.get("devices") or []:
             did = dev.get("id")
-            mem = {k: dev[k] for k in _MEMORY_KEYS if isinstance(dev.get(k), (int, float))}
-            if mem:
-                emit({"ph": "C", "name": f"device {did} memory (bytes)", "ts": ts, "pid": pid, "tid": 0, "args": mem})
-            if isinstance(dev.get("fragmentation"), (int, float)):
-                emit({"ph": "C", "name": f"device {did} fragmentation", "ts": ts, "pid": pid, "tid": 0,
-                      "args": {"fragmentation": dev["fragmentation"]}})
+            if not isinstance(did, int):
+                continue
+            counter(f"device {did} memory (bytes)", ts, {k: dev.get(k) for k in _MEMORY_KEYS})
+            counter(f"device {did} fragmentation", ts, {"fragmentation": dev.get("fragmentation")})
         tr = rec.get("transfers") or {}
         if last_t is not None and t > last_t:
             dt = t - last_t
-            rates = {d: (tr.get(d) or {}).get("count", 0) / dt for d in DIRECTIONS if isinstance(tr.get(d), dict)}
-            if rates:
-                emit({"ph": "C", "name": "implicit transfers/s", "ts": ts, "pid": pid, "tid": 0, "args": rates})
+            counter("implicit transfers/s", ts,
+                    {d: tr[d].get("count", 0) / dt for d in DIRECTIONS if isinstance(tr.get(d), dict)})
         last_t = t
         proc = rec.get("process") or {}
-        if isinstance(proc.get("rss_bytes"), (int, float)):
-            emit({"ph": "C", "name": "host RSS (bytes)", "ts": ts, "pid": pid, "tid": 0, "args": {"rss": proc["rss_bytes"]}})
+        counter("host RSS (bytes)", ts, {"rss": proc.get("rss_bytes")})
         comp = (rec.get("compile") or {}).get("count_total")
         if isinstance(comp, int):
             if last_compiles is not None and comp > last_compiles:
