@@ -82,13 +82,14 @@ class DemoApp(JaxtopApp):
     def compose_extra(self) -> ComposeResult:
         yield StrategiesPanel(id="strategies")
 
+    # Textual calls the on_mount/on_unmount of every class in the MRO: the
+    # dashboard's own (start and stop the source) run without being called
+    # here. Calling them again started a second reader: every sample twice.
     def on_mount(self) -> None:
-        super().on_mount()
         if self.worker.log_path:
             self.model.add_event(self.source.pids[0], "info", f"demo workload output: {self.worker.log_path}")
 
     def on_unmount(self) -> None:
-        super().on_unmount()
         self.worker.stop()
 
     def _strategies(self) -> list[dict[str, Any]]:

@@ -86,24 +86,36 @@ async def test_dashboard_toggles_each_strategy_against_a_real_child(child_env, m
                 name = s["name"]
                 while panel.cursor != index:
                     await pilot.press("down")
-                first, second = s["variants"][0], s["variants"][1]
-                await pilot.press("enter")  # makes it active and flips to its next variant
+                variants = s["variants"]
+                latest = demo_state(app.snapshot)
+                current = latest["strategies"][index]["variant"]
+                nxt = lambda v: variants[(variants.index(v) + 1) % len(variants)]
+                # A strategy that is not running starts in its current variant;
+                # the running one flips to its next variant.
+                expected = nxt(current) if latest["active"] == name else current
+                await pilot.press("enter")
                 if name == "profiling":
+                    await wait(lambda d: d["active"] == name)
+                    await pilot.press("enter")  # idle -> snapshot: takes a profile
                     d = await wait(lambda d: (d["strategies"][index]["results"].get("snapshot") or {}).get("profile_path"))
                     continue
-                # Each window of the running variant is measured from the probes.
-                d = await wait(lambda d: d["active"] == name and d["strategies"][index]["variant"] == second
-                               and second in d["strategies"][index]["results"])
-                if first not in d["strategies"][index]["results"]:
-                    await pilot.press("enter")  # back to the first variant (guard: through disallow)
-                    if len(s["variants"]) == 3:
-                        await pilot.press("enter")
-                    d = await wait(lambda d: first in d["strategies"][index]["results"])
+                # Each window of the running variant is measured from the probes;
+                # enter moves on until every variant has been measured.
+                for _ in range(len(variants) + 1):
+                    d = await wait(lambda d: d["active"] == name and d["strategies"][index]["variant"] == expected
+                                   and expected in d["strategies"][index]["results"])
+                    if all(v in d["strategies"][index]["results"] for v in variants):
+                        break
+                    expected = nxt(expected)
+                    await pilot.press("enter")
                 res = d["strategies"][index]["results"]
                 key = s["metrics"][0]["key"]
                 a, b = s["metrics"][0]["pair"]
                 if name in MUST_MOVE or name == "guard":
                     assert res[a].get(key) != res[b].get(key), (name, res)
+            # One event per switch: the dashboard reads each sample once.
+            switches = [(e.t, e.text) for e in app.snapshot.events if e.kind == "strategy"]
+            assert switches and len(switches) == len(set(switches)), switches
             rendered = panel.render()
             from rich.console import Console
             import io

@@ -51,7 +51,7 @@ class StrategiesPanel(Panel):
             variant = Text(" / ".join(v.upper() if v == s["variant"] else v for v in s["variants"]),
                            style="cyan" if active else "dim")
             table.add_row(name, variant, self._effect(s))
-        parts: list[RenderableType] = [_title(self.TITLE, f"{demo.get('backend')} · step {demo.get('steps')} · enter: toggle · ↑↓ select"), table]
+        parts: list[RenderableType] = [_title(self.TITLE, f"{demo.get('backend')} · step {demo.get('steps')} · enter: run, then toggle · ↑↓ select"), table]
         if 0 <= self.cursor < len(strategies) and height > len(strategies) + 3:
             parts.append(Text(" " + strategies[self.cursor]["about"], style="dim", overflow="ellipsis"))
         return Group(*parts)
