@@ -81,13 +81,18 @@ async def shot_demo() -> None:
         app = DemoApp(worker, pid)
         async with app.run_test(size=SIZE) as pilot:
             await _wait(pilot, app, lambda: app.snapshot is not None and demo_state(app.snapshot), 120)
-            # Toggle placement, donation and batching, each after a few steps
-            # in the default variant, so both sides of the effect are measured.
-            for index in (0, 1, 3):
+            # Placement runs first: flip it. Then run donation, batching and
+            # checkpointing in their first variant and flip each, so both
+            # sides of every effect shown are measured.
+            await pilot.pause(3.0)
+            await pilot.press("enter")
+            await pilot.pause(3.5)
+            for index in (1, 3, 7):
                 app.query_one("#strategies").cursor = index
-                await pilot.pause(3.0)
                 await pilot.press("enter")
-                await pilot.pause(4.0)
+                await pilot.pause(3.5)
+                await pilot.press("enter")
+                await pilot.pause(3.5)
             app.query_one("#strategies").cursor = 0
             app.refresh_now()
             await pilot.pause(0.5)
