@@ -1,8 +1,8 @@
 """The in-process agent: probes -> samples -> Unix socket (and a log file).
 
-One daemon thread runs a selector loop: it accepts clients, reads their
-commands, takes the guard lines the stderr relay reports, and every
-``interval_s`` takes a sample and sends it to every client. Nothing here may
+One daemon thread runs a selector loop: it accepts clients and reads their
+commands; every ``interval_s`` it takes the guard lines the stderr relay
+reported, takes a sample and sends it to every client. Nothing here may
 raise into the user's program or block its threads: every entry point that
 runs on a user thread (``start``, the import hook, ``atexit``) is guarded, and
 all socket I/O is non-blocking on the agent's own thread.
@@ -133,9 +133,7 @@ class Agent:
             is the one failure reported to the caller of ``instrument()``,
             before anything in the process was changed.
         """
-        if self.prometheus_port is not None:
-            # First, so that a missing package or a taken port is reported
-            # before anything in the process was changed.
+        if self.prometheus_port is not None:  # first: fail before changing anything
             from jaxtop.prometheus import StreamState, serve
 
             state = StreamState()
@@ -207,11 +205,8 @@ class Agent:
         return take_profile(str(directory))
 
     def _cmd_detach(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Stop this agent (``jaxtop detach PID``); the program keeps running.
-
-        The stop runs on its own thread once this reply is queued: the agent
-        thread then flushes the reply to the client on its way out.
-        """
+        """Stop this agent (``jaxtop detach PID``), on a thread of its own so
+        that the agent thread flushes this reply on its way out."""
         def stop() -> None:
             import jaxtop
 
@@ -284,9 +279,8 @@ class Agent:
         self._selector = sel
         sel.register(self._listener, selectors.EVENT_READ, ("accept", None))
         sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
-        # The relay's report pipe is deliberately not in the selector: waking
-        # for every guard line cost ~80 us of GIL-holding CPU per implicit
-        # transfer. Reports are read once per tick (the relay buffers them).
+        # The relay's reports are read once per tick, not selected on: waking
+        # per guard line cost ~80 us of GIL-holding CPU per implicit transfer.
         self._emit(self._hello(), keep=False)
         next_tick = time.monotonic()
         next_slow = next_tick
