@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxtop import paths
+from jaxtop import client, paths
 
 DEFAULT_TIMEOUT_S = 15.0
 GDB_TIMEOUT_S = 30.0
@@ -454,7 +454,7 @@ def inject(pid: int, timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = 0
                 if not report.get("ok"):
                     raise InjectError(f"the agent did not start in process {pid}: {report.get('error')}\n{report.get('traceback', '')}".rstrip())
                 return report
-            if not _alive(pid):
+            if not client._pid_alive(pid):
                 raise InjectError(f"process {pid} exited during injection")
             time.sleep(0.05)
         raise InjectError(
@@ -468,23 +468,9 @@ def inject(pid: int, timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = 0
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def detach(pid: int, timeout_s: float = 5.0) -> dict[str, Any]:
     """Ask the agent in ``pid`` to stop; returns its reply."""
-    from jaxtop import client, protocol
+    from jaxtop import protocol
 
     sock = client.connect(pid)
     try:

@@ -108,30 +108,23 @@ def make_registry(state: StreamState, host: str | None = None) -> Any:
             yield known
 
             comp = sample.get("compile") or {}
-            if isinstance(comp.get("count_total"), int):
-                c = CounterMetricFamily("jaxtop_compiles", "XLA compilations (jax.monitoring).", labels=proc_labels)
-                c.add_metric(base, comp["count_total"])
-                yield c
-                s = CounterMetricFamily("jaxtop_compile_seconds", "Seconds spent compiling.", labels=proc_labels)
-                s.add_metric(base, comp.get("seconds_total") or 0.0)
-                yield s
             don = sample.get("donation") or {}
-            if isinstance(don.get("failed_total"), int):
-                f = CounterMetricFamily("jaxtop_donation_failures", "'Some donated buffers were not usable' warnings.",
-                                        labels=proc_labels)
-                f.add_metric(base, don["failed_total"])
-                yield f
             proc = sample.get("process") or {}
-            if isinstance(proc.get("rss_bytes"), int):
-                r = GaugeMetricFamily("jaxtop_process_resident_memory_bytes", "Resident set size of the process.",
-                                      labels=proc_labels)
-                r.add_metric(base, proc["rss_bytes"])
-                yield r
-            if isinstance(proc.get("cpu_percent"), (int, float)):
-                u = GaugeMetricFamily("jaxtop_process_cpu_ratio", "CPU use of the process (1 = one full core).",
-                                      labels=proc_labels)
-                u.add_metric(base, proc["cpu_percent"] / 100.0)
-                yield u
+            cpu = proc.get("cpu_percent")
+            for family in (
+                _one(CounterMetricFamily, "jaxtop_compiles", "XLA compilations (jax.monitoring).",
+                     proc_labels, base, comp.get("count_total")),
+                _one(CounterMetricFamily, "jaxtop_compile_seconds", "Seconds spent compiling.",
+                     proc_labels, base, comp.get("seconds_total")),
+                _one(CounterMetricFamily, "jaxtop_donation_failures", "'Some donated buffers were not usable' warnings.",
+                     proc_labels, base, don.get("failed_total")),
+                _one(GaugeMetricFamily, "jaxtop_process_resident_memory_bytes", "Resident set size of the process.",
+                     proc_labels, base, proc.get("rss_bytes")),
+                _one(GaugeMetricFamily, "jaxtop_process_cpu_ratio", "CPU use of the process (1 = one full core).",
+                     proc_labels, base, cpu / 100.0 if _number(cpu) else None),
+            ):
+                if family is not None:
+                    yield family
             nvml = sample.get("nvml") or {}
             if nvml.get("available"):
                 gpu_labels = ["gpu", "host", "pid", "process_index"]
@@ -151,6 +144,19 @@ def make_registry(state: StreamState, host: str | None = None) -> Any:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())
     return registry
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _one(cls: Any, name: str, text: str, labels: list[str], values: list[str], value: Any) -> Any:
+    """A one-sample metric family, or None when the value is missing (n/a)."""
+    if not _number(value):
+        return None
+    family = cls(name, text, labels=labels)
+    family.add_metric(values, value)
+    return family
 
 
 def _process_index(state: StreamState) -> str:
