@@ -7,6 +7,7 @@ from __future__ import annotations
 import abc
 import gzip
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -115,6 +116,8 @@ class LiveSource(Source):
                     conn.spool.close()
                 except OSError:
                     pass
+        # The spool only serves `w` while the dashboard runs: remove it.
+        shutil.rmtree(self._spool_dir, ignore_errors=True)
 
     def _run(self, conn: _Connection) -> None:
         model = self.model

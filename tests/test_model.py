@@ -120,3 +120,19 @@ def test_profile_reply_and_reset():
     assert snap.events[-1].kind == "profile"
     model.reset(1)
     assert model.snapshot().processes == ()
+
+
+def test_live_source_removes_its_session_spool_when_stopped(sockdir):
+    import os
+    import subprocess
+
+    from jaxtop.sources import LiveSource
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    src = LiveSource([gone.pid])
+    spool_dir = src._spool_dir
+    assert os.path.isdir(spool_dir)
+    src.start(Model(), lambda: None)
+    src.stop()
+    assert not os.path.exists(spool_dir)
