@@ -80,6 +80,7 @@ class Child:
         cmd = [
             sys.executable, CHILD, arm,
             "--warmup", str(args.warmup), "--interval", str(args.interval), "--workdir", self.workdir,
+            "--feed", args.feed,
         ]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
@@ -272,10 +273,13 @@ def summarize(rounds: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
             r["agent_tick_cpu_s"] / r["samples_in_window"] * 1e6
             for r in runs if r.get("agent_tick_cpu_s") is not None and r.get("samples_in_window")
         ])
-        cpu["guard_lines_per_s"] = _med([2 * r["steps"] / r["wall_s"] for r in runs])
-        if cpu["relay_core_frac"] is not None:
+        # Two implicit transfers a step with NumPy batches; none with --feed device.
+        cpu["guard_lines_per_s"] = _med([2 * r["steps"] / r["wall_s"] for r in runs if r.get("feed", "numpy") == "numpy"])
+        if not cpu["guard_lines_per_s"]:
+            cpu["guard_lines_per_s"] = None
+        elif cpu["relay_core_frac"] is not None:
             cpu["relay_us_per_line"] = cpu["relay_core_frac"] / cpu["guard_lines_per_s"] * 1e6
-        if cpu["agent_thread_core_frac"] is not None and cpu["agent_tick_core_frac"] is not None:
+        if cpu["guard_lines_per_s"] and cpu["agent_thread_core_frac"] is not None and cpu["agent_tick_core_frac"] is not None:
             # Thread time outside _tick: selector wake-ups for relay reports,
             # guard-line parsing, JSON encoding and the log write.
             outside = cpu["agent_thread_core_frac"] - cpu["agent_tick_core_frac"]
@@ -333,8 +337,9 @@ def print_table(rounds: list[dict[str, Any]], arms: list[str], summary: dict[str
         print(f"  agent thread, all of it (pthread clock) {_pct(c['agent_thread_core_frac'])} %")
         if c.get("agent_outside_tick_us_per_line") is not None:
             print(f"    outside the tick (relay reports)       {c['agent_outside_tick_us_per_line']:6.1f} us per guard line")
-        print(f"  stderr relay process (psutil)           {_pct(c['relay_core_frac'])} %"
-              f"   = {c.get('relay_us_per_line', 0):.1f} us per guard line ({c['guard_lines_per_s']:.0f} lines/s)")
+        per_line = (f"   = {c.get('relay_us_per_line', 0):.1f} us per guard line ({c['guard_lines_per_s']:.0f} lines/s)"
+                    if c.get("guard_lines_per_s") else "   (no implicit transfers with --feed device)")
+        print(f"  stderr relay process (psutil)           {_pct(c['relay_core_frac'])} %" + per_line)
         total = sum(v for v in (c["agent_thread_core_frac"], c["relay_core_frac"]) if v is not None)
         print(f"  agent thread + relay                    {_pct(total)} %")
     if "nocapture_thread_core_frac" in c:
@@ -371,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-steps", type=int, default=300, help="steps per block in interleaved mode (default 300)")
     p.add_argument("--interval", type=float, default=0.1, help="agent interval_s (default 0.1)")
     p.add_argument("--no-jaxsmi", action="store_true", help="skip the jax-smi arm")
+    p.add_argument("--feed", choices=("numpy", "device"), default="numpy",
+                   help="numpy: a NumPy batch per step (2 implicit transfers a step, the worst case for the agent); "
+                   "device: batches placed with device_put up front (no implicit transfers)")
     p.add_argument("--extra-arms", default="", help="comma-separated diagnostic arms: guard, nocapture")
     p.add_argument("--json", action="store_true", help="print machine-readable results (JSON) instead of the table")
     p.add_argument("--json-out", metavar="PATH", help="also write the JSON results to PATH")
@@ -414,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rounds, arms)
     results = {
         "config": {
-            "pairs": args.pairs, "steps": args.steps, "warmup": args.warmup, "mode": args.mode,
+            "pairs": args.pairs, "steps": args.steps, "warmup": args.warmup, "mode": args.mode, "feed": args.feed,
             "block_steps": args.block_steps, "interval_s": args.interval,
             "model": {"batch": BATCH, "d_in": D_IN, "hidden": HIDDEN, "d_out": D_OUT, "layers": 3},
             "python": sys.version.split()[0], "cpus": os.cpu_count(), "jax": _jax_version(),

@@ -119,9 +119,9 @@ def _say(text: str) -> None:
     sys.stdout.flush()
 
 
-def run_child(arm: str, warmup: int, interval_s: float, workdir: str) -> dict[str, Any]:
+def run_child(arm: str, warmup: int, interval_s: float, workdir: str, feed: str = "numpy") -> dict[str, Any]:
     """Set up, warm up, say READY, then obey ``RUN n`` / ``END`` on stdin."""
-    out: dict[str, Any] = {"arm": arm, "pid": os.getpid()}
+    out: dict[str, Any] = {"arm": arm, "pid": os.getpid(), "feed": feed}
     handle = None
     log_path = os.path.join(workdir, "agent.jsonl")
     if arm in AGENT_ARMS:
@@ -163,6 +163,10 @@ def run_child(arm: str, warmup: int, interval_s: float, workdir: str) -> dict[st
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((BATCH, D_IN), dtype=np.float32) for _ in range(N_BATCHES)]
     ys = [rng.integers(0, D_OUT, BATCH).astype(np.int32) for _ in range(N_BATCHES)]
+    if feed == "device":
+        # Batches placed up front: no implicit transfer, no guard line.
+        xs = [jax.device_put(x) for x in xs]
+        ys = [jax.device_put(y) for y in ys]
 
     smi_ident = None
     if arm == "jaxsmi":
@@ -275,7 +279,7 @@ def run_child(arm: str, warmup: int, interval_s: float, workdir: str) -> dict[st
             if arm == "agent":
                 out["h2d_counted_total"] = last.get("transfers", {}).get("h2d", {}).get("count_total")
         if arm == "agent":
-            out["h2d_expected_min"] = 2 * (warmup + done)
+            out["h2d_expected_min"] = 2 * (warmup + done) if feed == "numpy" else 0
         out["transfer_capture"] = next(
             (r.get("transfer_capture") for r in records if r.get("type") == "hello"), None
         )
@@ -290,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--interval", type=float, required=True)
     p.add_argument("--workdir", required=True)
+    p.add_argument("--feed", choices=("numpy", "device"), default="numpy")
     args = p.parse_args(argv)
-    result = run_child(args.arm, args.warmup, args.interval, args.workdir)
+    result = run_child(args.arm, args.warmup, args.interval, args.workdir, args.feed)
     _say(MARK + json.dumps(result))
     return 0
 
