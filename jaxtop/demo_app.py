@@ -62,7 +62,7 @@ class DemoApp(JaxtopApp):
     """The dashboard plus the Strategies panel; toggles go to the workload."""
 
     CSS = JaxtopApp.CSS + """
-    #strategies { height: 12; }
+    #strategies { height: 11; }
     #memory { height: 6; }
     """
     BINDINGS = [

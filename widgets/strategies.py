@@ -40,23 +40,31 @@ class StrategiesPanel(Panel):
         if demo is None:
             return Group(_title(self.TITLE), Text("waiting for the demo workload (compiling every variant)…", style="dim"))
         strategies = demo.get("strategies") or []
-        table = Table.grid(padding=(0, 1))
-        table.add_column(no_wrap=True)  # cursor + name
-        table.add_column(no_wrap=True)  # variant
-        table.add_column(no_wrap=True, overflow="ellipsis")  # effect
+        # Narrow terminals: the current variant only, and the measured values
+        # before the metric's name, so that "1 → 0 ✓" survives the cut.
+        compact = width < 110
+        rows = []
         for i, s in enumerate(strategies):
             active = s["name"] == demo.get("active")
             mark = "▶" if active else " "
             name = Text(f"{mark}{i + 1} {s['title']}", style="bold reverse" if i == self.cursor else ("bold" if active else ""))
-            variant = Text(" / ".join(v.upper() if v == s["variant"] else v for v in s["variants"]),
+            shown = [s["variant"]] if compact else s["variants"]
+            variant = Text(" / ".join(v.upper() if v == s["variant"] else v for v in shown),
                            style="cyan" if active else "dim")
-            table.add_row(name, variant, self._effect(s))
+            rows.append((name, variant, self._effect(s, values_first=compact)))
+        # Name and variant keep their width; only the effect is cut short.
+        table = Table.grid(padding=(0, 1), expand=True)
+        table.add_column(no_wrap=True, overflow="ellipsis", max_width=20 if compact else 32)
+        table.add_column(no_wrap=True, min_width=max((r[1].cell_len for r in rows), default=1))
+        table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
+        for row in rows:
+            table.add_row(*row)
         parts: list[RenderableType] = [_title(self.TITLE, f"{demo.get('backend')} · step {demo.get('steps')} · enter: run, then toggle · ↑↓ select"), table]
-        if 0 <= self.cursor < len(strategies) and height > len(strategies) + 3:
+        if 0 <= self.cursor < len(strategies) and height >= len(strategies) + 2:
             parts.append(Text(" " + strategies[self.cursor]["about"], style="dim", overflow="ellipsis"))
         return Group(*parts)
 
-    def _effect(self, s: dict[str, Any]) -> Text:
+    def _effect(self, s: dict[str, Any], values_first: bool = False) -> Text:
         results = s.get("results") or {}
         text = Text()
         for m in s.get("metrics") or []:
@@ -68,16 +76,19 @@ class StrategiesPanel(Panel):
             mark, style = judge(m.get("expect", ""), before, after)
             if text:
                 text.append("  ")
-            text.append(f"{m['label']} ")
+            if not values_first:
+                text.append(f"{m['label']} ")
             text.append(f"{fmt_metric(before, m['unit'])} → {fmt_metric(after, m['unit'])}", style="bold")
             if mark:
                 text.append(f" {mark}", style=style)
+            if values_first:
+                text.append(f" {m['label']}", style="dim")
         if s["name"] == "profiling":
             snap = results.get("snapshot") or {}
             if snap.get("profile_path"):
                 text = Text(f"{fmt_bytes(snap.get('profile_bytes'))} in {snap.get('profile_path')}; top: {snap.get('top_site')}")
         if not text:
-            text = Text("not measured yet: toggle it to run each variant", style="dim")
+            text = Text("not measured yet: enter runs it, enter again toggles", style="dim")
         return text
 
 
