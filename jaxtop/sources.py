@@ -52,21 +52,85 @@ class Source(abc.ABC):
         return None
 
 
+def _spool_cap() -> int:
+    text = os.environ.get("JAXTOP_SPOOL_MAX_BYTES", "")
+    return int(text) if text.isdigit() and int(text) > 0 else 256 << 20
+
+
 class _Connection:
-    """One agent: reader thread, spool file of every raw line, command writer."""
+    """One agent: reader thread, spool file of every raw line, command writer.
+
+    Every raw line goes to a compressed spool on disk, so `w` can save the
+    session while the dashboard's memory stays flat. The spool is capped:
+    past ``JAXTOP_SPOOL_MAX_BYTES`` (compressed, default 256 MiB) the current
+    segment becomes the previous one (the one before is dropped) and a new
+    segment starts with the stream's header lines (hello, backend), so a
+    saved session always opens with them. All spool methods run under
+    ``spool_lock``.
+    """
+
+    HEADER_TYPES = (b'{"type":"hello"', b'{"type":"backend"')
 
     def __init__(self, pid: int, spool_dir: str) -> None:
         self.pid = pid
         self.sock: socket.socket | None = None
         self.send_lock = threading.Lock()
         self.spool_path = os.path.join(spool_dir, f"{pid}.jsonl.gz")
-        # Every raw line goes to a compressed spool on disk, so `w` can save
-        # the whole session while the dashboard's memory stays flat.
+        self.prev_path = os.path.join(spool_dir, f"{pid}.prev.jsonl.gz")
         self.spool: IO[bytes] = gzip.open(self.spool_path, "wb", compresslevel=1)
         self.spool_lock = threading.Lock()
+        self.spool_cap = _spool_cap()
+        self.header: list[bytes] = []
+        self.header_lines_in_segment = 0  # repeated header lines at the top of the current segment
+        self.rotations = 0
+        self._lines_since_check = 0
         self.saw_exit = False
         self.thread: threading.Thread | None = None
         self.next_id = 1
+
+    def spool_line(self, line: bytes) -> None:
+        """Append one line (ending in a newline) to the spool."""
+        if line.startswith(self.HEADER_TYPES):
+            if line.startswith(b'{"type":"hello"'):
+                self.header = []
+            self.header.append(line)
+        try:
+            self.spool.write(line)
+        except (OSError, ValueError):
+            return
+        self._lines_since_check += 1
+        if self._lines_since_check >= 256:
+            self._lines_since_check = 0
+            try:
+                size = self.spool.fileobj.tell()  # type: ignore[attr-defined]
+            except (AttributeError, OSError, ValueError):
+                return
+            if size > self.spool_cap // 2:
+                self._rotate()
+
+    def _rotate(self) -> None:
+        try:
+            self.spool.close()
+            os.replace(self.spool_path, self.prev_path)
+            self.spool = gzip.open(self.spool_path, "wb", compresslevel=1)
+            for line in self.header:
+                self.spool.write(line)
+        except OSError:
+            return
+        self.header_lines_in_segment = len(self.header)
+        self.rotations += 1
+
+    def save(self, target: str) -> None:
+        try:
+            self.spool.flush()
+        except (OSError, ValueError):
+            pass
+        with open(target, "wb") as out:
+            if self.rotations and os.path.exists(self.prev_path):
+                _copy_gzip_lines(self.prev_path, out)
+                _copy_gzip_lines(self.spool_path, out, skip=self.header_lines_in_segment)
+            else:
+                _copy_gzip_lines(self.spool_path, out)
 
 
 class LiveSource(Source):
@@ -160,10 +224,7 @@ class LiveSource(Source):
     def _feed_spooled(self, conn: _Connection, record: dict[str, Any]) -> None:
         assert self.model is not None
         with conn.spool_lock:
-            try:
-                conn.spool.write(protocol.encode(record))
-            except (OSError, ValueError):
-                pass
+            conn.spool_line(protocol.encode(record))
         self.model.feed(conn.pid, record)
         self.on_update()
 
@@ -233,10 +294,7 @@ class LiveSource(Source):
             *lines, pending = pending.split(b"\n")
             with conn.spool_lock:
                 for line in lines:
-                    try:
-                        conn.spool.write(line + b"\n")
-                    except (OSError, ValueError):
-                        pass
+                    conn.spool_line(line + b"\n")
             for line in lines:
                 if not line.strip():
                     continue
@@ -268,11 +326,11 @@ class LiveSource(Source):
         for pid, conn in self._conns.items():
             target = path if len(self._conns) == 1 else _with_suffix(path, pid)
             with conn.spool_lock:
-                try:
-                    conn.spool.flush()
-                except (OSError, ValueError):
-                    pass
-                _copy_gzip_lines(conn.spool_path, target)
+                conn.save(target)
+            if conn.rotations:
+                assert self.model is not None
+                self.model.add_event(pid, "info", f"saved the newest part of the session: the spool keeps "
+                                     f"{conn.spool_cap >> 20} MiB compressed (JAXTOP_SPOOL_MAX_BYTES)")
             written.append(target)
         return written
 
@@ -282,21 +340,25 @@ def _with_suffix(path: str, pid: int) -> str:
     return f"{root}-{pid}{ext or '.jsonl'}"
 
 
-def _copy_gzip_lines(src: str, dst: str) -> None:
-    """Copy the complete lines of a (possibly still open) gzip spool."""
-    with open(dst, "wb") as out:
-        try:
-            with gzip.open(src, "rb") as f:
-                while True:
-                    try:
-                        line = f.readline()
-                    except (EOFError, OSError):
-                        break  # the unfinished tail of a stream still being written
-                    if not line or not line.endswith(b"\n"):
-                        break
-                    out.write(line)
-        except OSError:
-            pass
+def _copy_gzip_lines(src: str, out: IO[bytes], skip: int = 0) -> None:
+    """Copy the complete lines of a (possibly still open) gzip spool, after
+    the first ``skip`` ones."""
+    try:
+        with gzip.open(src, "rb") as f:
+            while True:
+                try:
+                    line = f.readline()
+                except (EOFError, OSError):
+                    break  # the unfinished tail of a stream still being written
+                if not line or not line.endswith(b"\n"):
+                    break
+                if skip:
+                    skip -= 1
+                    continue
+                out.write(line)
+    except OSError:
+        pass
+
 
 
 class ReplaySource(Source):

@@ -136,3 +136,29 @@ def test_live_source_removes_its_session_spool_when_stopped(sockdir):
     src.start(Model(), lambda: None)
     src.stop()
     assert not os.path.exists(spool_dir)
+
+
+def test_session_spool_is_capped_and_a_save_still_opens_with_hello(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from jaxtop import protocol
+    from jaxtop.sources import _Connection
+
+    monkeypatch.setenv("JAXTOP_SPOOL_MAX_BYTES", str(64 * 1024))
+    conn = _Connection(7, str(tmp_path))
+    conn.spool_line(protocol.encode(synthetic.hello(7, 1, 1000.0)))
+    conn.spool_line(protocol.encode({"type": "backend", "t": 1000.0, "backend": "cpu", "devices": []}))
+    for seq in range(1, 5001):
+        noise = os.urandom(48).hex()  # incompressible, so the cap is reached
+        conn.spool_line(protocol.encode({"type": "sample", "t": 1000.0 + seq, "seq": seq, "devices": [], "pad": noise}))
+    assert conn.rotations >= 2
+    on_disk = sum(os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path))
+    assert on_disk < 2 * 64 * 1024  # two segments of at most half the cap each (plus a partial block)
+    out = tmp_path / "saved.jsonl"
+    conn.save(str(out))
+    recs = [json.loads(l) for l in out.read_bytes().splitlines()]
+    assert [r["type"] for r in recs[:2]] == ["hello", "backend"]
+    seqs = [r["seq"] for r in recs if r["type"] == "sample"]
+    assert seqs == list(range(seqs[0], 5001))  # the newest part, contiguous, up to the last line
+    assert seqs[0] > 1

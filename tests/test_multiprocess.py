@@ -21,7 +21,7 @@ def text_of(panel, snap, width=120, height=20) -> str:
     return console.export_text()
 
 
-async def test_attach_two_targets_shows_both_side_by_side(targets):
+async def test_attach_two_targets_shows_both_side_by_side(targets, tmp_path):
     a = targets.run(TARGETS / "loop.py", "--seconds", "40")
     b = targets.run(TARGETS / "loop.py", "--seconds", "40")
     targets.wait_ready(a)
@@ -54,3 +54,12 @@ async def test_attach_two_targets_shows_both_side_by_side(targets):
             await pilot.press("tab")
         assert seen == {a.pid, b.pid}
         assert "(2 processes)" in header
+        # `w` saves one recording per process, each a stream of its own.
+        import json
+
+        written = app.source.save(str(tmp_path / "session.jsonl"))
+        assert sorted(written) == sorted(str(tmp_path / f"session-{p}.jsonl") for p in (a.pid, b.pid))
+        for path in written:
+            recs = [json.loads(line) for line in open(path, "rb")]
+            assert recs[0]["type"] == "hello" and str(recs[0]["pid"]) in path
+            assert sum(r["type"] == "sample" for r in recs) > 5
