@@ -190,13 +190,15 @@ except BaseException as exc:
 
 def _package_locations() -> tuple[dict[str, str], dict[str, str]]:
     """Where this jaxtop's agent packages live, and psutil/pynvml as fallbacks."""
+    import importlib.util
+
     import jaxtop
     import jaxtop.probes
 
     packages = {"jaxtop": list(jaxtop.__path__)[0], "jaxtop.probes": list(jaxtop.probes.__path__)[0]}
     fallbacks: dict[str, str] = {}
     for name in ("psutil", "pynvml"):
-        spec = __import__("importlib.util").util.find_spec(name)
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             continue
         if spec.submodule_search_locations:
@@ -444,7 +446,11 @@ def inject(pid: int, timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = 0
         method = "remote_exec" if target.python >= (3, 14) and hasattr(sys, "remote_exec") else "gdb"
     try:
         if method == "remote_exec":
-            _remote_exec(target, boot)
+            # The same guarded one-liner as with gdb: nothing lands in the
+            # namespace it runs in, and no exception escapes.
+            line_file = os.path.join(workdir, "run_bootstrap.py")
+            Path(line_file).write_text(_one_line(boot) + "\n")
+            _remote_exec(target, line_file)
         else:
             _run_gdb(target, _one_line(boot).encode(), timeout_s)
         deadline = time.monotonic() + timeout_s
