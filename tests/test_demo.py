@@ -125,3 +125,43 @@ async def test_dashboard_toggles_each_strategy_against_a_real_child(child_env, m
             assert "→" in text and "✓" in text
     finally:
         worker.stop()
+
+
+async def test_restart_time_setting_restarts_the_workload_with_its_environment(child_env, monkeypatch):
+    """P (preallocation) restarts the child with XLA_PYTHON_CLIENT_PREALLOCATE
+    flipped; the dashboard follows the new process."""
+    from jaxtop.demo_app import DemoApp, Worker
+    from jaxtop.widgets.strategies import demo_state
+
+    for k, v in child_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    worker = Worker(small=True)
+    old_pid = worker.start()
+    app = DemoApp(worker, old_pid)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            async def until(pred, timeout=120.0):
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    await pilot.pause(0.2)
+                    if pred():
+                        return
+                raise AssertionError("timed out")
+
+            await until(lambda: app.snapshot is not None and demo_state(app.snapshot) is not None)
+            await pilot.press("P")
+            await until(lambda: app.source.pids != [old_pid])
+            new_pid = app.source.pids[0]
+            environ = open(f"/proc/{new_pid}/environ", "rb").read().split(b"\0")
+            assert b"XLA_PYTHON_CLIENT_PREALLOCATE=false" in environ
+            # The new workload streams into the same dashboard.
+            await until(lambda: any(p.pid == new_pid and p.seq for p in app.snapshot.processes)
+                        and demo_state(app.snapshot) is not None)
+            assert any(e.kind == "info" and "restarted" in e.text for e in app.snapshot.events)
+            import os
+
+            with pytest.raises(ProcessLookupError):
+                os.kill(old_pid, 0)  # the old child is gone
+    finally:
+        worker.stop()
