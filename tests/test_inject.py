@@ -219,6 +219,13 @@ def test_external_view_shows_host_stats_labelled(child_env):
                 console = Console(width=120, record=True)
                 console.print(header)
                 assert "EXTERNAL VIEW" in console.export_text()
+                assert "backend unknown (no agent)" in console.export_text()
+                from jaxtop.widgets.panels import HostPanel
+
+                host = Console(width=60, record=True)
+                host.print(app.query_one(HostPanel).draw(snap, 60, 4))
+                text = host.export_text()
+                assert "RSS" in text and "compiles n/a" in text and "0.0s" not in text  # n/a, never a made-up 0
 
         asyncio.run(run())
     finally:

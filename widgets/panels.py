@@ -84,7 +84,7 @@ class HeaderBar(Panel):
         cmd = short_command(proc.argv)
         top.append(f" pid {proc.pid} ", style="bold")
         top.append(cmd[: max(10, width - 50)])
-        backend = proc.backend or "backend not started"
+        backend = proc.backend or ("backend unknown (no agent)" if proc.external else "backend not started")
         top.append(f"  {backend} · jax {proc.versions.get('jax') or '?'}", style="cyan")
         if len(snap.processes) > 1:
             top.append(f"  ({len(snap.processes)} processes)", style="dim")
@@ -312,9 +312,11 @@ class HostPanel(Panel):
             line2.overflow = "ellipsis"
         comp = proc.compile
         don = proc.donation
+        seconds = comp.get("seconds_total")
+        compiles = (f"{comp['count_total']} ({seconds:.1f}s)" if isinstance(seconds, (int, float)) else str(comp["count_total"])
+                    ) if comp.get("count_total") is not None else "n/a"
         line3 = Text(
-            f" compiles {comp.get('count_total', 'n/a')} ({comp.get('seconds_total', 0) or 0:.1f}s)"
-            f"  failed donations {don.get('failed_total', 'n/a')}",
+            f" compiles {compiles}  failed donations {don.get('failed_total', 'n/a')}",
             no_wrap=True, overflow="ellipsis")
         return Group(_title(self.TITLE), line1, line2, line3)
 
