@@ -218,8 +218,8 @@ def test_external_view_shows_host_stats_labelled(child_env):
 
                 console = Console(width=120, record=True)
                 console.print(header)
-                assert "EXTERNAL VIEW" in console.export_text()
-                assert "backend unknown (no agent)" in console.export_text()
+                screen = console.export_text()
+                assert "EXTERNAL VIEW" in screen and "backend unknown (no agent)" in screen
                 from jaxtop.widgets.panels import HostPanel
 
                 host = Console(width=60, record=True)
