@@ -24,6 +24,32 @@ MUST_MOVE = {
 }
 
 
+@pytest.fixture
+def demo_worker(child_env, monkeypatch, tmp_path):
+    """A real demo workload child (small sizes), stopped after the test."""
+    from jaxtop.demo_app import Worker
+
+    for k, v in child_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("JAXTOP_PROFILE_DIR", str(tmp_path))
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    worker = Worker(small=True)
+    worker.start()
+    yield worker
+    worker.stop()
+
+
+async def until(pilot, pred, timeout=60.0, what="the dashboard to show it"):
+    """Pause the app until ``pred()`` is truthy; returns that value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await pilot.pause(0.1)
+        value = pred()
+        if value:
+            return value
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def test_headless_json_directions_on_cpu(child_env, tmp_path):
     env = dict(child_env, JAXTOP_PROFILE_DIR=str(tmp_path))
     res = subprocess.run([PY, "-m", "jaxtop", "demo", "--headless", "--json", "--small", "--steps", "20"],
@@ -59,109 +85,83 @@ def test_headless_table_is_readable(child_env):
         assert name in out
 
 
-async def test_dashboard_toggles_each_strategy_against_a_real_child(child_env, monkeypatch, tmp_path):
-    from jaxtop.demo_app import DemoApp, Worker
+async def test_dashboard_toggles_each_strategy_against_a_real_child(demo_worker):
+    from jaxtop.demo_app import DemoApp
     from jaxtop.widgets.strategies import StrategiesPanel, demo_state
 
-    for k, v in child_env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("JAXTOP_PROFILE_DIR", str(tmp_path))
-    worker = Worker(small=True)
-    pid = worker.start()
-    app = DemoApp(worker, pid)
-    try:
-        async with app.run_test(size=(160, 50)) as pilot:
-            async def wait(pred, timeout=60.0):
-                deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
-                    await pilot.pause(0.1)
-                    demo = demo_state(app.snapshot) if app.snapshot else None
-                    if demo and pred(demo):
-                        return demo
-                raise AssertionError("demo state did not change as expected")
+    app = DemoApp(demo_worker, demo_worker.proc.pid)
+    async with app.run_test(size=(160, 50)) as pilot:
+        async def wait(pred, timeout=60.0):
+            def ready():
+                demo = demo_state(app.snapshot) if app.snapshot else None
+                return demo if demo and pred(demo) else None
+            return await until(pilot, ready, timeout, "the demo state to change as expected")
 
-            demo = await wait(lambda d: len(d["strategies"]) == 9)
-            panel = app.query_one(StrategiesPanel)
-            for index, s in enumerate(demo["strategies"]):
-                name = s["name"]
-                while panel.cursor != index:
-                    await pilot.press("down")
-                variants = s["variants"]
-                latest = demo_state(app.snapshot)
-                current = latest["strategies"][index]["variant"]
-                nxt = lambda v: variants[(variants.index(v) + 1) % len(variants)]
-                # A strategy that is not running starts in its current variant;
-                # the running one flips to its next variant.
-                expected = nxt(current) if latest["active"] == name else current
+        demo = await wait(lambda d: len(d["strategies"]) == 9)
+        panel = app.query_one(StrategiesPanel)
+        for index, s in enumerate(demo["strategies"]):
+            name = s["name"]
+            while panel.cursor != index:
+                await pilot.press("down")
+            variants = s["variants"]
+            latest = demo_state(app.snapshot)
+            current = latest["strategies"][index]["variant"]
+            nxt = lambda v: variants[(variants.index(v) + 1) % len(variants)]
+            # A strategy that is not running starts in its current variant;
+            # the running one flips to its next variant.
+            expected = nxt(current) if latest["active"] == name else current
+            await pilot.press("enter")
+            if name == "profiling":
+                await wait(lambda d: d["active"] == name)
+                await pilot.press("enter")  # idle -> snapshot: takes a profile
+                d = await wait(lambda d: (d["strategies"][index]["results"].get("snapshot") or {}).get("profile_path"))
+                continue
+            # Each window of the running variant is measured from the probes;
+            # enter moves on until every variant has been measured.
+            for _ in range(len(variants) + 1):
+                d = await wait(lambda d: d["active"] == name and d["strategies"][index]["variant"] == expected
+                               and expected in d["strategies"][index]["results"])
+                if all(v in d["strategies"][index]["results"] for v in variants):
+                    break
+                expected = nxt(expected)
                 await pilot.press("enter")
-                if name == "profiling":
-                    await wait(lambda d: d["active"] == name)
-                    await pilot.press("enter")  # idle -> snapshot: takes a profile
-                    d = await wait(lambda d: (d["strategies"][index]["results"].get("snapshot") or {}).get("profile_path"))
-                    continue
-                # Each window of the running variant is measured from the probes;
-                # enter moves on until every variant has been measured.
-                for _ in range(len(variants) + 1):
-                    d = await wait(lambda d: d["active"] == name and d["strategies"][index]["variant"] == expected
-                                   and expected in d["strategies"][index]["results"])
-                    if all(v in d["strategies"][index]["results"] for v in variants):
-                        break
-                    expected = nxt(expected)
-                    await pilot.press("enter")
-                res = d["strategies"][index]["results"]
-                key = s["metrics"][0]["key"]
-                a, b = s["metrics"][0]["pair"]
-                if name in MUST_MOVE or name == "guard":
-                    assert res[a].get(key) != res[b].get(key), (name, res)
-            # One event per switch: the dashboard reads each sample once.
-            switches = [(e.t, e.text) for e in app.snapshot.events if e.kind == "strategy"]
-            assert switches and len(switches) == len(set(switches)), switches
-            rendered = panel.render()
-            from rich.console import Console
-            import io
-            console = Console(width=160, record=True, file=io.StringIO(), color_system=None)
-            console.print(rendered)
-            text = console.export_text()
-            assert "→" in text and "✓" in text
-    finally:
-        worker.stop()
+            res = d["strategies"][index]["results"]
+            key = s["metrics"][0]["key"]
+            a, b = s["metrics"][0]["pair"]
+            if name in MUST_MOVE or name == "guard":
+                assert res[a].get(key) != res[b].get(key), (name, res)
+        # One event per switch: the dashboard reads each sample once.
+        switches = [(e.t, e.text) for e in app.snapshot.events if e.kind == "strategy"]
+        assert switches and len(switches) == len(set(switches)), switches
+        rendered = panel.render()
+        from rich.console import Console
+        import io
+        console = Console(width=160, record=True, file=io.StringIO(), color_system=None)
+        console.print(rendered)
+        text = console.export_text()
+        assert "→" in text and "✓" in text
 
 
-async def test_restart_time_setting_restarts_the_workload_with_its_environment(child_env, monkeypatch):
+async def test_restart_time_setting_restarts_the_workload_with_its_environment(demo_worker):
     """P (preallocation) restarts the child with XLA_PYTHON_CLIENT_PREALLOCATE
     flipped; the dashboard follows the new process."""
-    from jaxtop.demo_app import DemoApp, Worker
+    import os
+
+    from jaxtop.demo_app import DemoApp
     from jaxtop.widgets.strategies import demo_state
 
-    for k, v in child_env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
-    worker = Worker(small=True)
-    old_pid = worker.start()
-    app = DemoApp(worker, old_pid)
-    try:
-        async with app.run_test(size=(120, 40)) as pilot:
-            async def until(pred, timeout=120.0):
-                deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
-                    await pilot.pause(0.2)
-                    if pred():
-                        return
-                raise AssertionError("timed out")
-
-            await until(lambda: app.snapshot is not None and demo_state(app.snapshot) is not None)
-            await pilot.press("P")
-            await until(lambda: app.source.pids != [old_pid])
-            new_pid = app.source.pids[0]
-            environ = open(f"/proc/{new_pid}/environ", "rb").read().split(b"\0")
-            assert b"XLA_PYTHON_CLIENT_PREALLOCATE=false" in environ
-            # The new workload streams into the same dashboard.
-            await until(lambda: any(p.pid == new_pid and p.seq for p in app.snapshot.processes)
-                        and demo_state(app.snapshot) is not None)
-            assert any(e.kind == "info" and "restarted" in e.text for e in app.snapshot.events)
-            import os
-
-            with pytest.raises(ProcessLookupError):
-                os.kill(old_pid, 0)  # the old child is gone
-    finally:
-        worker.stop()
+    old_pid = demo_worker.proc.pid
+    app = DemoApp(demo_worker, old_pid)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot is not None and demo_state(app.snapshot) is not None, 120)
+        await pilot.press("P")
+        await until(pilot, lambda: app.source.pids != [old_pid], 120, "a new workload pid")
+        new_pid = app.source.pids[0]
+        environ = open(f"/proc/{new_pid}/environ", "rb").read().split(b"\0")
+        assert b"XLA_PYTHON_CLIENT_PREALLOCATE=false" in environ
+        # The new workload streams into the same dashboard.
+        await until(pilot, lambda: any(p.pid == new_pid and p.seq for p in app.snapshot.processes)
+                    and demo_state(app.snapshot) is not None, 120, "samples from the new workload")
+        assert any(e.kind == "info" and "restarted" in e.text for e in app.snapshot.events)
+        with pytest.raises(ProcessLookupError):
+            os.kill(old_pid, 0)  # the old child is gone
