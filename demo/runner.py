@@ -93,8 +93,7 @@ class DemoRunner:
                 best = per_step if best is None else min(best, per_step)
         self._sync()
         after = self._counters(strategy)
-        out = self._metrics(strategy, variant, steps, (best or 0.0) * steps, before, after)
-        return out
+        return self._metrics(strategy, variant, steps, (best or 0.0) * steps, before, after)
 
     def _metrics(self, strategy: Strategy, variant: str, steps: int, elapsed: float,
                  before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -363,8 +363,9 @@ def make_app(source: Source, model: Model | None = None, save_dir: str | None = 
     return JaxtopApp(source, model, save_dir, refresh_s=refresh_s)
 
 
-def live_app(pids: Iterable[int], refresh_s: float = DEFAULT_REFRESH_S) -> JaxtopApp:
-    return make_app(LiveSource(list(pids)), refresh_s=refresh_s)
+def live_app(pids: Iterable[int], refresh_s: float = DEFAULT_REFRESH_S, external: Iterable[int] = ()) -> JaxtopApp:
+    """The dashboard on running agents; ``external`` pids are watched from outside."""
+    return make_app(LiveSource(list(pids), external=external), refresh_s=refresh_s)
 
 
 def replay_app(path: str, speed: float = 1.0, refresh_s: float = DEFAULT_REFRESH_S) -> JaxtopApp:

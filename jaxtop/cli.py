@@ -11,6 +11,7 @@ import time
 from typing import Sequence
 
 from jaxtop import __version__
+from jaxtop.inject import DEFAULT_TIMEOUT_S as DEFAULT_INJECT_TIMEOUT_S
 
 EXIT_USAGE = 2
 
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--prometheus", type=_port, metavar="PORT", help="re-export the stream as Prometheus metrics on PORT")
     log.add_argument("--prometheus-addr", default="127.0.0.1", metavar="ADDR", help="address for --prometheus (default 127.0.0.1)")
     log.add_argument("--inject", action="store_true", help="no agent in PID: inject one first (docs/attach.md)")
-    log.add_argument("--inject-timeout", type=_positive_float, default=15.0, metavar="S",
+    log.add_argument("--inject-timeout", type=_positive_float, default=DEFAULT_INJECT_TIMEOUT_S, metavar="S",
                      help="how long to wait for the target to run the injected agent (default 15)")
 
     attach = sub.add_parser(
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="inject the agent into a PID that has none, without asking (docs/attach.md)")
     how.add_argument("--no-inject", action="store_true",
                      help="never inject: a PID without an agent gets the external view (psutil + NVML only)")
-    attach.add_argument("--inject-timeout", type=_positive_float, default=15.0, metavar="S",
+    attach.add_argument("--inject-timeout", type=_positive_float, default=DEFAULT_INJECT_TIMEOUT_S, metavar="S",
                         help="how long to wait for the target to run the injected agent (default 15)")
     attach.add_argument("--refresh", type=_positive_float, default=None, metavar="S",
                         help="seconds between redraws (default 2; every sample is kept regardless)")
@@ -202,9 +203,25 @@ the transfer guard to `log` and relays stderr (your output is unchanged);
 details and the risks."""
 
 
-def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: float) -> tuple[list[int], list[int]] | int:
-    """(pids with an agent, pids to watch from outside), or an exit code."""
-    from jaxtop import client, inject as injector
+def _inject(pid: int, timeout_s: float, prog: str) -> bool:
+    """Inject the agent into ``pid``, saying what happened; False on failure."""
+    from jaxtop import inject as injector
+
+    print(f"jaxtop: injecting the agent into pid {pid}…", file=sys.stderr, flush=True)
+    try:
+        report = injector.inject(pid, timeout_s=timeout_s)
+    except injector.InjectError as exc:
+        print(f"jaxtop {prog}: {exc}", file=sys.stderr)
+        return False
+    note = "" if report.get("jax_imported", True) else " (jax not imported yet: probing starts when it is)"
+    print(f"jaxtop: agent running in pid {pid}{note}", file=sys.stderr)
+    return True
+
+
+def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: float) -> list[int] | int:
+    """Make sure each pid has an agent; returns the pids to watch from
+    outside (no agent, by choice), or an exit code."""
+    from jaxtop import client
 
     external = []
     for pid in pids:
@@ -229,27 +246,19 @@ def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: fl
                 continue
             if answer not in ("y", "yes"):
                 return 0
-        print(f"jaxtop: injecting the agent into pid {pid}…", file=sys.stderr, flush=True)
-        try:
-            report = injector.inject(pid, timeout_s=timeout_s)
-        except injector.InjectError as exc:
-            print(f"jaxtop attach: {exc}", file=sys.stderr)
+        if not _inject(pid, timeout_s, "attach"):
             return 1
-        note = "" if report.get("jax_imported", True) else " (jax not imported yet: probing starts when it is)"
-        print(f"jaxtop: agent running in pid {pid}{note}", file=sys.stderr)
-    return [p for p in pids if p not in external], external
+    return external
 
 
 def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = False, no_inject: bool = False,
-               inject_timeout: float = 15.0) -> int:
-    ready = _ensure_agents(pids, inject, no_inject, inject_timeout)
-    if isinstance(ready, int):
-        return ready
-    _, external = ready
-    from jaxtop.app import DEFAULT_REFRESH_S, make_app
-    from jaxtop.sources import LiveSource
+               inject_timeout: float = DEFAULT_INJECT_TIMEOUT_S) -> int:
+    external = _ensure_agents(pids, inject, no_inject, inject_timeout)
+    if isinstance(external, int):
+        return external
+    from jaxtop.app import DEFAULT_REFRESH_S, live_app
 
-    make_app(LiveSource(pids, external=external), refresh_s=refresh_s or DEFAULT_REFRESH_S).run()
+    live_app(pids, refresh_s=refresh_s or DEFAULT_REFRESH_S, external=external).run()
     return 0
 
 
@@ -452,12 +461,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         stop["flag"] = True
 
     if args.inject and not client.paths.socket_path(args.pid).exists():
-        from jaxtop import inject as injector
-
-        try:
-            injector.inject(args.pid, timeout_s=args.inject_timeout)
-        except injector.InjectError as exc:
-            print(f"jaxtop log: {exc}", file=sys.stderr)
+        if not _inject(args.pid, args.inject_timeout, "log"):
             return 1
     on_record = None
     if args.prometheus is not None:

@@ -47,7 +47,6 @@ class InjectError(RuntimeError):
 @dataclass(frozen=True)
 class Target:
     pid: int
-    exe: str
     python: tuple[int, int]
 
 
@@ -92,7 +91,7 @@ def _version_from_maps(maps: str, exe: str) -> tuple[int, int] | None:
 
 def check_target(pid: int) -> Target:
     """Everything that can be checked without stopping the target."""
-    exe, version = _python_version_of(pid)
+    _, version = _python_version_of(pid)
     ours = sys.version_info[:2]
     if version != ours:
         raise InjectError(
@@ -101,7 +100,7 @@ def check_target(pid: int) -> Target:
             f"Install jaxtop for Python {version[0]}.{version[1]} (e.g. in the target's environment) "
             "and run that jaxtop"
         )
-    return Target(pid, exe, version)
+    return Target(pid, version)
 
 
 def _ptrace_hint() -> str:

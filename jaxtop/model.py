@@ -406,7 +406,7 @@ class Model:
                     history=p.history.window(window_s, end_t),
                     last_profile=p.last_profile,
                     demo=p.demo,
-                    external=(p.hello.get("external") or {}).get("note") if isinstance(p.hello.get("external"), dict) else None,
+                    external=p.hello["external"].get("note") if isinstance(p.hello.get("external"), dict) else None,
                     nvml=dict(latest.get("nvml") or {}) or None,
                 ))
             n = len(devices)

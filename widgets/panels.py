@@ -312,9 +312,11 @@ class HostPanel(Panel):
             line2.overflow = "ellipsis"
         comp = proc.compile
         don = proc.donation
-        seconds = comp.get("seconds_total")
-        compiles = (f"{comp['count_total']} ({seconds:.1f}s)" if isinstance(seconds, (int, float)) else str(comp["count_total"])
-                    ) if comp.get("count_total") is not None else "n/a"
+        total, seconds = comp.get("count_total"), comp.get("seconds_total")
+        if total is None:
+            compiles = "n/a"
+        else:
+            compiles = f"{total} ({seconds:.1f}s)" if isinstance(seconds, (int, float)) else str(total)
         line3 = Text(
             f" compiles {compiles}  failed donations {don.get('failed_total', 'n/a')}",
             no_wrap=True, overflow="ellipsis")
