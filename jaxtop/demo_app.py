@@ -17,6 +17,12 @@ from jaxtop.app import JaxtopApp
 from jaxtop.sources import LiveSource
 from jaxtop.widgets.strategies import StrategiesPanel, demo_state
 
+# `python -m jaxtop.demo.worker` would put the current directory first on
+# sys.path: run from a jaxtop checkout, its source `jaxtop/` (which has no
+# `demo` subpackage: that lives in the top-level `demo/`) would shadow the
+# installed package. Drop that entry before importing anything of ours.
+WORKER_MAIN = "import runpy, sys; del sys.path[0]; runpy.run_module('jaxtop.demo.worker', run_name='__main__', alter_sys=True)"
+
 FRACTIONS = ("0.75", "0.5", "0.25")
 ALLOCATORS = ("default", "platform", "cuda_async")
 
@@ -34,7 +40,7 @@ class Worker:
         env = dict(os.environ)
         env.update(self.env_overrides)
         fd, self.log_path = tempfile.mkstemp(prefix="jaxtop-demo-", suffix=".log")
-        cmd = [sys.executable, "-m", "jaxtop.demo.worker"] + (["--small"] if self.small else [])
+        cmd = [sys.executable, "-c", WORKER_MAIN] + (["--small"] if self.small else [])
         with os.fdopen(fd, "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         sock = paths.socket_path(self.proc.pid)

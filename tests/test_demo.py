@@ -165,3 +165,22 @@ async def test_restart_time_setting_restarts_the_workload_with_its_environment(d
         assert any(e.kind == "info" and "restarted" in e.text for e in app.snapshot.events)
         with pytest.raises(ProcessLookupError):
             os.kill(old_pid, 0)  # the old child is gone
+
+
+def test_workload_starts_from_a_directory_with_its_own_jaxtop(child_env, monkeypatch, tmp_path):
+    """`jaxtop demo` run in a jaxtop checkout: the source `jaxtop/` in the
+    current directory must not shadow the installed package in the child."""
+    from jaxtop.demo_app import Worker
+
+    fake = tmp_path / "jaxtop"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('the current directory shadowed jaxtop')\n")
+    for k, v in child_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    worker = Worker(small=True)
+    try:
+        pid = worker.start()
+        assert pid == worker.proc.pid and worker.proc.poll() is None
+    finally:
+        worker.stop()
