@@ -4,17 +4,27 @@ trace-event) JSON file. Both stream: memory stays flat for any file size.
 CSV columns are listed in :data:`CSV_COLUMNS` and documented in
 docs/protocol.md ("Exports"); the trace format is Chrome's trace-event JSON
 (``{"traceEvents": [...]}``), which ui.perfetto.dev and chrome://tracing open.
+
+Speed: an agent's samples repeat one shape with other numbers. The first
+sample of each shape is decoded with :func:`json.loads` and written by the
+plain path (``sample``); from it the writer builds an emitter for that shape
+(``compile``), and later samples that match the shape
+(:mod:`jaxtop.layouts`) are written from their number tokens alone. Both paths
+write the same bytes; a line the emitter cannot serve takes the plain path.
 """
 
 from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import math
-from typing import IO, Any, Iterator
+import operator
+from typing import IO, Any, Callable
 
 from jaxtop import protocol
+from jaxtop.layouts import Layout, Layouts, Path, lookup
 
 DIRECTIONS = ("h2d", "d2h", "d2d")
 
@@ -29,6 +39,13 @@ CSV_COLUMNS = (
     "rss_bytes", "cpu_percent", "compiles_total", "compile_seconds_total", "donation_failed_total",
 )
 
+_DEVICE_KEYS = ("id", "platform", "source", "bytes_in_use", "peak_bytes_in_use", "peak_rise_bytes", "pool_bytes",
+                "bytes_limit", "largest_free_block_bytes", "fragmentation", "num_allocs")
+_LIVE_KEYS = ("bytes", "count", "largest_bytes")
+_TRANSFER_KEYS = ("count", "bytes_known", "count_total", "bytes_known_total")
+_MEMORY_KEYS = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "bytes_limit")
+_EMPTY: dict[str, Any] = {}
+
 
 def open_recording(path: str) -> IO[bytes]:
     """A recording, plain or gzip-compressed (as `w` in the dashboard may write)."""
@@ -37,131 +54,410 @@ def open_recording(path: str) -> IO[bytes]:
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def _records(path: str, stats: protocol.ReadStats) -> Iterator[dict[str, Any]]:
-    with open_recording(path) as stream:
-        yield from protocol.iter_records(stream, stats)
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else _EMPTY
 
 
-def _num(value: Any) -> Any:
-    return "" if value is None else value
+def _devices(rec: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(position, device) for every device object of a sample."""
+    devices = rec.get("devices")
+    if not isinstance(devices, list):
+        return []
+    return [(i, dev) for i, dev in enumerate(devices) if isinstance(dev, dict)]
 
 
-_DEVICE_KEYS = ("id", "platform", "source", "bytes_in_use", "peak_bytes_in_use", "peak_rise_bytes", "pool_bytes",
-                "bytes_limit", "largest_free_block_bytes", "fragmentation", "num_allocs")
-_LIVE_KEYS = ("bytes", "count", "largest_bytes")
-_TRANSFER_KEYS = ("count", "bytes_known", "count_total", "bytes_known_total")
-_EMPTY: dict[str, Any] = {}
-
-
-def write_csv(path: str, out: IO[str]) -> protocol.ReadStats:
-    """Write the CSV table of the recording at ``path`` to ``out``."""
-    stats = protocol.ReadStats()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    rows: list[list[Any]] = []
-    pid: Any = ""
-    for rec in _records(path, stats):
-        kind = rec.get("type")
-        if kind != "sample":
-            if kind == "hello":
-                pid = _num(rec.get("pid"))
-            continue
-        tr = rec.get("transfers") or _EMPTY
-        proc = rec.get("process") or _EMPTY
-        comp = rec.get("compile") or _EMPTY
-        tail = [_num(x.get(k)) for d in DIRECTIONS for x in (tr.get(d) or _EMPTY,) for k in _TRANSFER_KEYS]
-        tail += [_num(proc.get("rss_bytes")), _num(proc.get("cpu_percent")), _num(comp.get("count_total")),
-                 _num(comp.get("seconds_total")), _num((rec.get("donation") or _EMPTY).get("failed_total"))]
-        head = [rec.get("t"), rec.get("seq"), pid]
-        for dev in rec.get("devices") or (_EMPTY,):
-            live = dev.get("live_arrays") or _EMPTY
-            rows.append(head + [_num(dev.get(k)) for k in _DEVICE_KEYS] + [_num(live.get(k)) for k in _LIVE_KEYS] + tail)
-        if len(rows) >= 4096:
-            writer.writerows(rows)
-            rows.clear()
-    writer.writerows(rows)
-    return stats
-
-
-_MEMORY_KEYS = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "bytes_limit")
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer beyond a float's range
+        return False
 
 
-def write_perfetto(path: str, out: IO[str]) -> protocol.ReadStats:
+def _ts(t: Any) -> int | None:
+    """Trace timestamp (µs) of a record time, or None when it has none."""
+    if not _finite(t):
+        return None
+    us = t * 1e6
+    return round(us) if math.isfinite(us) else None
+
+
+def _rate(count: Any, dt: float) -> float | None:
+    if not _finite(count):
+        return None
+    rate = count / dt
+    return rate if math.isfinite(rate) else None
+
+
+def _convert(path: str, writer: Any, fast: bool) -> protocol.ReadStats:
+    """Feed every record of the recording at ``path`` to ``writer``."""
+    stats = protocol.ReadStats()
+    layouts = Layouts()
+    with open_recording(path) as stream:
+        for lineno, line in protocol.iter_lines(stream, stats):
+            text = None
+            if fast:
+                try:
+                    text = line.decode()
+                except UnicodeDecodeError:
+                    pass
+                else:
+                    hit = layouts.match(text)
+                    if hit is not None and hit[0].emit(hit[1]):
+                        stats.records += 1
+                        continue
+            try:
+                rec = protocol.decode(line)
+            except protocol.ProtocolError as exc:
+                stats.note(lineno, str(exc))
+                continue
+            stats.records += 1
+            kind = rec.get("type")
+            if kind == "sample":
+                writer.sample(rec)
+                if text is not None:
+                    layouts.learn(text, rec, lambda layout: writer.compile(layout, rec))
+            else:
+                if kind == "hello":
+                    layouts.clear()  # emitters hold the hello's pid
+                writer.other(rec)
+    writer.close()
+    return stats
+
+
+def _getter(indexes: list[int]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
+    """Pick these positions of a match's groups, always as a tuple."""
+    if not indexes:
+        return lambda groups: ()
+    if len(indexes) == 1:
+        i = indexes[0]
+        return lambda groups: (groups[i],)
+    return operator.itemgetter(*indexes)
+
+
+# --------------------------------------------------------------------------- CSV
+
+_HOLE = "\x02"  # stands for a number in a row rendered once per layout
+
+
+class _CsvWriter:
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        self.writer = csv.writer(out, lineterminator="\n")
+        self.writer.writerow(CSV_COLUMNS)
+        self.pid: Any = ""
+
+    def other(self, rec: dict[str, Any]) -> None:
+        if rec.get("type") == "hello":
+            pid = rec.get("pid")
+            self.pid = "" if pid is None else pid
+
+    def close(self) -> None:
+        pass
+
+    def _rows(self, rec: dict[str, Any]) -> list[list[tuple[Path | None, Any]]]:
+        """Each row's cells as (path of the value in the sample, value)."""
+        head: list[tuple[Path | None, Any]] = [(("t",), rec.get("t")), (("seq",), rec.get("seq")), (None, self.pid)]
+        tail: list[tuple[Path | None, Any]] = []
+        transfers = _dict(rec.get("transfers"))
+        for d in DIRECTIONS:
+            x = _dict(transfers.get(d))
+            tail += [(("transfers", d, k), x.get(k)) for k in _TRANSFER_KEYS]
+        proc, comp = _dict(rec.get("process")), _dict(rec.get("compile"))
+        tail += [
+            (("process", "rss_bytes"), proc.get("rss_bytes")),
+            (("process", "cpu_percent"), proc.get("cpu_percent")),
+            (("compile", "count_total"), comp.get("count_total")),
+            (("compile", "seconds_total"), comp.get("seconds_total")),
+            (("donation", "failed_total"), _dict(rec.get("donation")).get("failed_total")),
+        ]
+        rows = []
+        for i, dev in _devices(rec) or [(-1, _EMPTY)]:
+            live = _dict(dev.get("live_arrays"))
+            rows.append(head + [(("devices", i, k), dev.get(k)) for k in _DEVICE_KEYS]
+                        + [(("devices", i, "live_arrays", k), live.get(k)) for k in _LIVE_KEYS] + tail)
+        return rows
+
+    def sample(self, rec: dict[str, Any]) -> None:
+        self.writer.writerows([["" if v is None else v for _, v in row] for row in self._rows(rec)])
+
+    def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
+        """An emitter writing this layout's rows from its number tokens."""
+        picks: list[int] = []
+        floats: list[int] = []
+        rendered = io.StringIO()
+        render = csv.writer(rendered, lineterminator="\n")
+        for row in self._rows(rec):
+            cells = []
+            for path, value in row:
+                hole = layout.index.get(path) if path is not None else None
+                if hole is None:
+                    if isinstance(value, (dict, list)) or (isinstance(value, str) and _HOLE in value):
+                        return None  # its text would change with the numbers inside it
+                    cells.append("" if value is None else value)
+                else:
+                    if hole in layout.floats:
+                        floats.append(len(picks))
+                    picks.append(hole)
+                    cells.append(_HOLE)
+            render.writerow(cells)
+        fmt = rendered.getvalue().replace("%", "%%").replace(_HOLE, "%s")
+        pick = _getter(picks)
+        write = self.out.write
+
+        if not floats:
+            def emit(groups: tuple[str, ...]) -> bool:
+                write(fmt % pick(groups))
+                return True
+        else:
+            # csv writes a float as repr(float): the same text json.dumps
+            # wrote, unless another writer spelled it differently.
+            def emit(groups: tuple[str, ...]) -> bool:
+                values = list(pick(groups))
+                for j in floats:
+                    values[j] = repr(float(values[j]))
+                write(fmt % tuple(values))
+                return True
+        return emit
+
+
+def write_csv(path: str, out: IO[str], fast: bool = True) -> protocol.ReadStats:
+    """Write the CSV table of the recording at ``path`` to ``out``.
+
+    ``fast=False`` decodes every line with json.loads (same output, slower).
+    """
+    return _convert(path, _CsvWriter(out), fast)
+
+
+# --------------------------------------------------------------------- Perfetto
+
+_TS = -1  # in a counter's sources: the sample's timestamp
+
+
+class _PerfettoWriter:
+    """Counter tracks ("ph": "C") per device for memory and fragmentation, per
+    process for transfers per second and RSS; instant events ("ph": "i") for
+    compiles, failed donations and the agent's events."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+        self.first = True
+        self.pid = 0
+        self.last_t: float | None = None
+        self.last_compiles: int | None = None
+        self.last_failed: int | None = None
+
+    def _write(self, text: str) -> None:
+        """Write events formatted as ',\\n{...}' (the first without its comma)."""
+        if text:
+            if self.first:
+                text = text[1:]
+                self.first = False
+            self.out.write(text)
+
+    def _instant(self, name: str, ts: int, args: dict[str, Any] | None = None) -> str:
+        event: dict[str, Any] = {"ph": "i", "name": name, "s": "p", "ts": ts, "pid": self.pid, "tid": 0}
+        if args is not None:
+            event["args"] = args
+        return ",\n" + json.dumps(event, separators=(",", ":"))
+
+    def _counter(self, name: str, ts: int, args: dict[str, Any]) -> str:
+        # The bulk of a trace: formatted directly (numbers only, names fixed).
+        body = ",".join(f'"{k}":{v!r}' for k, v in args.items() if _finite(v))
+        if not body:
+            return ""
+        return f',\n{{"ph":"C","name":"{name}","ts":{ts},"pid":{self.pid},"tid":0,"args":{{{body}}}}}'
+
+    def _device_counters(self, rec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        counters = []
+        for _, dev in _devices(rec):
+            did = dev.get("id")
+            if _is_int(did):
+                counters.append((f"device {did} memory (bytes)", {k: dev.get(k) for k in _MEMORY_KEYS}))
+                counters.append((f"device {did} fragmentation", {"fragmentation": dev.get("fragmentation")}))
+        return counters
+
+    def _transfers(self, counts: list[tuple[str, Any]], t: float, ts: int) -> str:
+        """The transfers/s counter (from the previous sample) and the new last_t."""
+        text = ""
+        if self.last_t is not None and t > self.last_t:
+            dt = t - self.last_t
+            text = self._counter("implicit transfers/s", ts, {d: _rate(c, dt) for d, c in counts})
+        self.last_t = t
+        return text
+
+    def _instants(self, ts: int, compiles: Any, failed: Any, message: Any) -> str:
+        text = ""
+        if _is_int(compiles):
+            if self.last_compiles is not None and compiles > self.last_compiles:
+                text += self._instant(f"compile ×{compiles - self.last_compiles}", ts, {"compiles_total": compiles})
+            self.last_compiles = compiles
+        if _is_int(failed):
+            if self.last_failed is not None and failed > self.last_failed:
+                text += self._instant("donation failed", ts, {"message": message})
+            self.last_failed = failed
+        return text
+
+    @staticmethod
+    def _counts(rec: dict[str, Any]) -> list[tuple[str, Any]]:
+        """(direction, this interval's count) for each direction the sample has."""
+        transfers = _dict(rec.get("transfers"))
+        return [(d, transfers[d].get("count", 0)) for d in DIRECTIONS if isinstance(transfers.get(d), dict)]
+
+    def other(self, rec: dict[str, Any]) -> None:
+        ts = _ts(rec.get("t"))
+        if ts is None:
+            return
+        kind = rec.get("type")
+        if kind == "hello":
+            self.pid = rec.get("pid") if _is_int(rec.get("pid")) else 0
+            argv = rec.get("argv")
+            name = " ".join(str(a) for a in argv) if isinstance(argv, list) else ""
+            event = {"ph": "M", "name": "process_name", "pid": self.pid, "tid": 0,
+                     "args": {"name": f"{name or f'pid {self.pid}'} (pid {self.pid})"}}
+            self._write(",\n" + json.dumps(event, separators=(",", ":")))
+        elif kind == "exit":
+            self._write(self._instant("process exited", ts))
+
+    def sample(self, rec: dict[str, Any]) -> None:
+        t = rec.get("t")
+        ts = _ts(t)
+        if ts is None:
+            return
+        text = "".join(self._counter(name, ts, args) for name, args in self._device_counters(rec))
+        text += self._transfers(self._counts(rec), t, ts)
+        text += self._counter("host RSS (bytes)", ts, {"rss": _dict(rec.get("process")).get("rss_bytes")})
+        donation = _dict(rec.get("donation"))
+        text += self._instants(ts, _dict(rec.get("compile")).get("count_total"), donation.get("failed_total"),
+                               donation.get("last_message"))
+        events = rec.get("events")
+        for ev in events if isinstance(events, list) else ():
+            if isinstance(ev, dict):
+                text += self._instant(str(ev.get("kind", "event")), ts,
+                                      {k: v for k, v in ev.items() if k not in ("kind", "t")})
+        self._write(text)
+
+    def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
+        """An emitter writing this layout's events from its number tokens."""
+        index, floats = layout.index, layout.floats
+        message = lookup(rec, ("donation", "last_message"))
+        if rec.get("events") or not (message is None or isinstance(message, (str, bool))):
+            return None  # rare lines: the plain path serves them
+        t_hole = index.get(("t",))
+        if t_hole is None:
+            return None
+        read_t = float if t_hole in floats else int
+
+        def reader(path: Path) -> Callable[[tuple[str, ...]], Any] | None:
+            """How to read the number at ``path`` (None: no number there)."""
+            hole = index.get(path)
+            if hole is None:
+                return None
+            conv = float if hole in floats else int
+            return lambda groups: conv(groups[hole])
+
+        def static(counters: list[tuple[str, list[tuple[str, Path]]]]) -> tuple[str, Any, list[int]]:
+            """Counters whose text is fixed but for the timestamp and numbers:
+            a %-format, a getter of its values from ``groups + (ts,)`` and the
+            positions of floats among them. A value that is not a number at
+            this layout is left out, as the plain path leaves it out."""
+            pieces: list[str] = []
+            picks: list[int] = []
+            float_picks: list[int] = []
+            for name, args in counters:
+                holes = [(key, index[path]) for key, path in args if path in index]
+                if not holes:
+                    continue
+                picks.append(-1)  # the timestamp, appended to the groups
+                body = []
+                for key, hole in holes:
+                    if hole in floats:
+                        float_picks.append(len(picks))
+                    picks.append(hole)
+                    body.append(f'"{key}":%s')
+                pieces.append(',\n{"ph":"C","name":"' + name.replace("%", "%%") + '","ts":%s,"pid":'
+                              + str(self.pid) + ',"tid":0,"args":{' + ",".join(body) + "}}")
+            return "".join(pieces), _getter(picks), float_picks
+
+        device_counters = []
+        for i, dev in _devices(rec):
+            did = dev.get("id")
+            if _is_int(did):
+                device_counters.append((f"device {did} memory (bytes)", [(k, ("devices", i, k)) for k in _MEMORY_KEYS]))
+                device_counters.append((f"device {did} fragmentation", [("fragmentation", ("devices", i, "fragmentation"))]))
+        before, after = static(device_counters), static([("host RSS (bytes)", [("rss", ("process", "rss_bytes"))])])
+
+        # Each direction's count: a number from a hole, 0 where the key is
+        # missing; a count that is not a number is left out.
+        transfers = _dict(rec.get("transfers"))
+        counts: list[tuple[str, int | None, Callable[[str], Any]]] = []
+        for d in DIRECTIONS:
+            if isinstance(transfers.get(d), dict):
+                hole = index.get(("transfers", d, "count"))
+                if hole is not None:
+                    counts.append((d, hole, float if hole in floats else int))
+                elif "count" not in transfers[d]:
+                    counts.append((d, None, int))
+        read_compiles = reader(("compile", "count_total"))
+        read_failed = reader(("donation", "failed_total"))
+        rate_head = ',\n{"ph":"C","name":"implicit transfers/s","ts":%d,"pid":' + str(self.pid) + ',"tid":0,"args":{%s}}'
+
+        def fill(part: tuple[str, Any, list[int]], ext: tuple[Any, ...]) -> str | None:
+            fmt, get, float_picks = part
+            if not float_picks:
+                return fmt % get(ext)
+            values = list(get(ext))
+            for j in float_picks:
+                v = float(values[j])
+                if not math.isfinite(v):
+                    return None
+                values[j] = repr(v)
+            return fmt % tuple(values)
+
+        def emit(groups: tuple[str, ...]) -> bool:
+            t = read_t(groups[t_hole])
+            ts = _ts(t)
+            if ts is None:
+                return False
+            ext = groups + (ts,)
+            head, tail = fill(before, ext), fill(after, ext)
+            if head is None or tail is None:
+                return False  # an overflowing float: the plain path leaves it out
+            last_t = self.last_t
+            if last_t is not None and t > last_t:
+                dt = t - last_t
+                body = []
+                for d, hole, conv in counts:
+                    rate = (conv(groups[hole]) if hole is not None else 0) / dt
+                    if math.isfinite(rate):
+                        body.append(f'"{d}":{rate!r}')
+                if body:
+                    head += rate_head % (ts, ",".join(body))
+            self.last_t = t
+            head += tail
+            compiles = read_compiles(groups) if read_compiles is not None else None
+            failed = read_failed(groups) if read_failed is not None else None
+            if (compiles is not None and compiles != self.last_compiles) or (
+                    failed is not None and failed != self.last_failed):
+                head += self._instants(ts, compiles, failed, message)
+            self._write(head)
+            return True
+
+        return emit
+
+    def close(self) -> None:
+        self.out.write("\n]}\n")
+
+
+def write_perfetto(path: str, out: IO[str], fast: bool = True) -> protocol.ReadStats:
     """Write a Chrome trace-event JSON of the recording at ``path`` to ``out``.
 
-    Counter tracks ("ph": "C") per device for memory and fragmentation, per
-    process for transfers per second, RSS and CPU; instant events ("ph": "i")
-    for compiles, failed donations and the agent's events.
+    ``fast=False`` decodes every line with json.loads (same output, slower).
     """
-    stats = protocol.ReadStats()
-    out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
-    first = True
-
-    def emit(event: dict[str, Any]) -> None:
-        nonlocal first
-        out.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":")))
-        first = False
-
-    def counter(name: str, ts: int, args: dict[str, Any]) -> None:
-        # The bulk of a trace: formatted directly (numbers only, names fixed).
-        nonlocal first
-        body = ",".join(f'"{k}":{v!r}' for k, v in args.items() if _finite(v))
-        if body:
-            out.write(f'{"" if first else ","}\n{{"ph":"C","name":"{name}","ts":{ts},"pid":{pid},"tid":0,"args":{{{body}}}}}')
-            first = False
-
-    pid = 0
-    last_t: float | None = None
-    last_compiles = last_failed = None
-    for rec in _records(path, stats):
-        kind = rec.get("type")
-        t = rec.get("t")
-        if not isinstance(t, (int, float)):
-            continue
-        ts = round(t * 1e6)
-        if kind == "hello":
-            pid = rec.get("pid") if isinstance(rec.get("pid"), int) else 0
-            name = " ".join(rec.get("argv") or []) or f"pid {pid}"
-            emit({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"{name} (pid {pid})"}})
-            continue
-        if kind == "exit":
-            emit({"ph": "i", "name": "process exited", "s": "p", "ts": ts, "pid": pid, "tid": 0})
-            continue
-        if kind != "sample":
-            continue
-        for dev in rec.get("devices") or []:
-            did = dev.get("id")
-            if not isinstance(did, int):
-                continue
-            counter(f"device {did} memory (bytes)", ts, {k: dev.get(k) for k in _MEMORY_KEYS})
-            counter(f"device {did} fragmentation", ts, {"fragmentation": dev.get("fragmentation")})
-        tr = rec.get("transfers") or {}
-        if last_t is not None and t > last_t:
-            dt = t - last_t
-            counter("implicit transfers/s", ts,
-                    {d: tr[d].get("count", 0) / dt for d in DIRECTIONS if isinstance(tr.get(d), dict)})
-        last_t = t
-        proc = rec.get("process") or {}
-        counter("host RSS (bytes)", ts, {"rss": proc.get("rss_bytes")})
-        comp = (rec.get("compile") or {}).get("count_total")
-        if isinstance(comp, int):
-            if last_compiles is not None and comp > last_compiles:
-                emit({"ph": "i", "name": f"compile ×{comp - last_compiles}", "s": "p", "ts": ts, "pid": pid, "tid": 0,
-                      "args": {"compiles_total": comp}})
-            last_compiles = comp
-        failed = (rec.get("donation") or {}).get("failed_total")
-        if isinstance(failed, int):
-            if last_failed is not None and failed > last_failed:
-                emit({"ph": "i", "name": "donation failed", "s": "p", "ts": ts, "pid": pid, "tid": 0,
-                      "args": {"message": (rec.get("donation") or {}).get("last_message")}})
-            last_failed = failed
-        for ev in rec.get("events") or []:
-            if isinstance(ev, dict):
-                emit({"ph": "i", "name": str(ev.get("kind", "event")), "s": "p", "ts": ts, "pid": pid, "tid": 0,
-                      "args": {k: v for k, v in ev.items() if k not in ("kind", "t")}})
-    out.write("\n]}\n")
-    return stats
+    return _convert(path, _PerfettoWriter(out), fast)

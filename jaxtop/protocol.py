@@ -86,18 +86,12 @@ class ReadStats:
             self.first_error = f"line {lineno}: {message}"
 
 
-def iter_records(stream: IO[bytes], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
-    """Yield records from a binary stream (file or ``socket.makefile('rb')``).
+def iter_lines(stream: IO[bytes], stats: ReadStats) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(line number, line)`` for every complete, non-blank line.
 
-    Tolerates what real streams contain: a truncated last line (skipped and
-    flagged in ``stats.truncated``), malformed or oversized lines (skipped and
-    counted), and unknown fields or record types (passed through untouched).
-
-    Args:
-        stream: Binary, line-iterable stream.
-        stats: Optional counters updated as lines are read.
+    A truncated last line is skipped and flagged in ``stats.truncated``; a
+    line over :data:`MAX_RECORD_LINE_BYTES` is skipped and counted.
     """
-    stats = stats if stats is not None else ReadStats()
     lineno = 0
     while True:
         line = stream.readline(MAX_RECORD_LINE_BYTES + 1)
@@ -115,6 +109,22 @@ def iter_records(stream: IO[bytes], stats: ReadStats | None = None) -> Iterator[
             return
         if not line.strip():
             continue
+        yield lineno, line
+
+
+def iter_records(stream: IO[bytes], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+    """Yield records from a binary stream (file or ``socket.makefile('rb')``).
+
+    Tolerates what real streams contain: a truncated last line (skipped and
+    flagged in ``stats.truncated``), malformed or oversized lines (skipped and
+    counted), and unknown fields or record types (passed through untouched).
+
+    Args:
+        stream: Binary, line-iterable stream.
+        stats: Optional counters updated as lines are read.
+    """
+    stats = stats if stats is not None else ReadStats()
+    for lineno, line in iter_lines(stream, stats):
         try:
             record = decode(line)
         except ProtocolError as exc:

@@ -1,0 +1,205 @@
+"""Learned line layouts (jaxtop.layouts) and the export fast path built on them.
+
+The fast path must be invisible: every export is compared byte for byte with
+the plain path (json.loads on every line) on real recordings and on lines
+made to trip it up.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from jaxtop import export
+from jaxtop.layouts import Layout, Layouts, lookup, number_paths
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def learn(text: str) -> Layout:
+    return Layout(text, json.loads(text))
+
+
+def test_number_paths_skip_numbers_inside_strings_and_keys() -> None:
+    text = '{"h2d":{"count":3},"shape":"float32[8,128]","l":[1,[2.5,{"x":-4e-3}]],"s":"a\\"1,2","z":null}\n'
+    found = [(path, text[a:b], f) for path, a, b, f in number_paths(text)]
+    assert found == [
+        (("h2d", "count"), "3", False),
+        (("l", 0), "1", False),
+        (("l", 1, 0), "2.5", True),
+        (("l", 1, 1, "x"), "-4e-3", True),
+    ]
+
+
+def test_a_layout_reads_back_what_json_loads_reads() -> None:
+    rng = random.Random(7)
+    line = (FIXTURES / "synthetic_gpu.jsonl").read_text().splitlines(keepends=True)[5]
+    layout = learn(line)
+    for _ in range(200):
+        rec = json.loads(line)
+        for path in layout.index:  # new numbers of the same types
+            value = lookup(rec, path)
+            new = rng.choice([0, 1, -7, 2**62, 10**299]) if isinstance(value, int) else rng.choice(
+                [0.0, -1.5, 1e-05, 1.7976931348623157e308, 3.14159])
+            target = rec
+            for step in path[:-1]:
+                target = target[step]
+            target[path[-1]] = new
+        text = json.dumps(rec, separators=(",", ":")) + "\n"
+        m = layout.pattern.fullmatch(text)
+        assert m is not None
+        groups = m.groups()
+        for path, i in layout.index.items():
+            conv = float if i in layout.floats else int
+            got = conv(groups[i])
+            assert type(got) is type(lookup(rec, path)) and got == lookup(rec, path)
+
+
+@pytest.mark.parametrize("other", [
+    '{"h3d":{"count":1},"s":"x"}\n',        # a key with other digits
+    '{"h2d":{"count":01},"s":"x"}\n',       # not JSON: a leading zero
+    '{"h2d":{"count":-0},"s":"x"}\n',       # -0 reads back as 0: not the same text
+    '{"h2d":{"count":1.5},"s":"x"}\n',      # a float where the layout has an integer
+    '{"h2d":{"count":1},"s":"y"}\n',        # another string
+    '{"h2d":{"count":1},"s":"x"} \n',       # other whitespace
+    '{"h2d":{"count":"1"},"s":"x"}\n',      # a string where the number was
+    '{"h2d":{"count":1},"s":"x"}',          # no newline
+    '{"h2d":{"count":1e5},"s":"x"}\n',      # an exponent is a float in JSON
+])
+def test_a_layout_matches_only_its_own_shape(other: str) -> None:
+    layout = learn('{"h2d":{"count":12},"s":"x"}\n')
+    assert layout.pattern.fullmatch('{"h2d":{"count":999},"s":"x"}\n')
+    assert layout.pattern.fullmatch(other) is None
+
+
+def test_integer_holes_stay_within_float_range() -> None:
+    layout = learn('{"n":5}\n')
+    assert layout.pattern.fullmatch('{"n":%s}\n' % ("9" * 300))
+    assert layout.pattern.fullmatch('{"n":%s}\n' % ("9" * 301)) is None
+
+
+def test_repeated_keys_follow_json_loads_or_are_not_learned() -> None:
+    layout = learn('{"a":1,"a":2}\n')  # json.loads keeps the last
+    assert layout.index == {("a",): 1}
+    with pytest.raises(ValueError):
+        learn('{"a":1,"a":"x"}\n')
+    with pytest.raises(ValueError):
+        learn('{"a":{"b":1},"a":{"c":2}}\n')
+
+
+def test_layouts_cache_finds_alternating_shapes_and_bounds_learning() -> None:
+    cache = Layouts(free_learns=4, min_hits_per_learn=10)
+    a, b = '{"a":1,"t":2.5}\n', '{"b":1,"t":2.5}\n'
+    for text in (a, b):
+        assert cache.match(text) is None
+        assert cache.learn(text, json.loads(text), lambda layout: "emit") is not None
+    for k in range(20):
+        hit = cache.match((a if k % 2 else b).replace("2.5", f"{k}.5"))
+        assert hit is not None and hit[1][1] == f"{k}.5"
+    # Every line its own shape: learning stops once it stops paying.
+    for k in range(200):
+        text = '{"k%d":1}\n' % k
+        if cache.match(text) is None:
+            cache.learn(text, json.loads(text), lambda layout: "emit")
+    assert cache.learned <= 4 + cache.hits // 10 + 1
+    assert cache.match('{"a":1,"t":9.5}\n') is None or cache.learned > 2  # cache may have been cleared
+
+
+def test_a_refused_layout_is_not_kept() -> None:
+    cache = Layouts()
+    text = '{"a":1}\n'
+    assert cache.learn(text, json.loads(text), lambda layout: None) is None
+    assert cache.match(text) is None
+
+
+# ------------------------------------------------------------- export equality
+
+def both(path: Path, monkeypatch: pytest.MonkeyPatch, min_hits: int) -> None:
+    """Export ``path`` both ways: same bytes, same counts; the fast path used."""
+    made: list[Layouts] = []
+
+    class Recorded(Layouts):
+        def __init__(self) -> None:
+            super().__init__(free_learns=64)  # learn every trick the test plays
+            made.append(self)
+
+    monkeypatch.setattr(export, "Layouts", Recorded)
+    for write in (export.write_csv, export.write_perfetto):
+        plain, fast = io.StringIO(), io.StringIO()
+        s1 = write(str(path), plain, fast=False)
+        s2 = write(str(path), fast, fast=True)
+        assert fast.getvalue() == plain.getvalue(), write.__name__
+        assert (s1.records, s1.malformed, s1.truncated, s1.errors) == (s2.records, s2.malformed, s2.truncated, s2.errors)
+        assert made[-1].hits >= min_hits, (write.__name__, made[-1].hits)
+
+
+@pytest.mark.parametrize("name", ["cpu_train_loop.jsonl", "synthetic_gpu.jsonl"])
+def test_fast_export_equals_plain_export_on_recordings(name: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each sample many times with other numbers: the fast path serves most.
+    lines = (FIXTURES / name).read_text().splitlines(keepends=True)
+    rng = random.Random(1)
+    out = [lines[0]]
+    for k in range(2000):
+        rec = json.loads(lines[1 + k % (len(lines) - 1)])
+        if rec.get("type") == "sample":
+            rec["t"] += k * 0.1
+            rec["seq"] = k
+            for d in ("h2d", "d2h", "d2d"):
+                x = rec["transfers"][d]
+                x["count"] = rng.randrange(0, 1000)
+                x["count_total"] += k
+        out.append(json.dumps(rec, separators=(",", ":")) + "\n")
+    path = tmp_path / name
+    path.write_text("".join(out))
+    both(path, monkeypatch, min_hits=1500)
+
+
+def test_fast_export_equals_plain_export_on_hostile_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = json.loads((FIXTURES / "synthetic_gpu.jsonl").read_text().splitlines()[3])
+    assert base["type"] == "sample"
+    text = json.dumps(base, separators=(",", ":"))
+    rng = random.Random(3)
+
+    def variant(k: int) -> str:
+        rec = json.loads(text)
+        rec["t"] = rec["t"] + k * 0.5
+        dev = rec["devices"][0]
+        dev["bytes_in_use"] = k * 1000
+        line = json.dumps(rec, separators=(",", ":"))
+        tricks = [
+            lambda s: s,
+            lambda s: s.replace('"t":', '"t":', 1).replace(f'"bytes_in_use":{k * 1000}', '"bytes_in_use":1.50'),
+            lambda s: s.replace(f'"bytes_in_use":{k * 1000}', '"bytes_in_use":1e400'),
+            lambda s: s.replace(f'"bytes_in_use":{k * 1000}', '"bytes_in_use":%s' % ("7" * 320)),
+            lambda s: s.replace('"h2d":{"count":', '"h2d":{"count":null,"count":', 1),
+            lambda s: s.replace('"h2d":{"count":', '"h2d":{"count":1.7e308,"x":', 1),  # a rate beyond a float
+            lambda s: s.replace('"h2d":{"count":', '"h2d":{"count":"many","x":', 1),
+            lambda s: s.replace('"h2d":{"count":', '"h2d":{"x":', 1),  # no count: a rate of 0
+            lambda s: s.replace('"id":0', '"id":true', 1),
+            lambda s: s.replace('"id":0', '"id":0.0', 1),
+            lambda s: s.replace('"devices":[', '"devices":["x",', 1),
+            lambda s: s[:-1] + ',"events":[{"kind":"mark","t":1,"n":%d}]}' % k,
+            lambda s: s.replace('"t":', '"t":1e400,"u":', 1),
+            lambda s: s.replace('"t":', '"t":"now","u":', 1),
+            lambda s: s.replace('"failed_total":', '"failed_total":%d,"x":' % (k // 3), 1),
+            lambda s: s.replace('"count_total":', '"count_total":%d.0,"x":' % k, 1),
+            lambda s: s.replace("{", "{ ", 1),
+            lambda s: s[: len(s) // 2],  # not JSON
+            lambda s: s.replace('"', "\u00e9", 1),  # not JSON either
+        ]
+        return rng.choice(tricks)(line)
+
+    lines = [json.dumps({"type": "hello", "t": base["t"] - 1, "pid": 42, "argv": ["x%d"]}) + "\n"]
+    for k in range(3000):
+        lines.append(variant(k) + "\n")
+        if k == 1500:
+            lines.append(json.dumps({"type": "hello", "t": base["t"], "pid": 43, "argv": []}) + "\n")
+    path = tmp_path / "hostile.jsonl"
+    # Not UTF-8, then a truncated last line.
+    path.write_bytes("".join(lines).encode() + b"\xff\n" + b'{"type":"sample","t":')
+    both(path, monkeypatch, min_hits=1000)
