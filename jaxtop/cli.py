@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("file", help="a JSON-lines recording (plain or .gz)")
     export.add_argument("--format", choices=("csv", "perfetto"), required=True)
     export.add_argument("-o", "--output", metavar="OUT", help="where to write (default: FILE with .csv / .perfetto.json; - for stdout)")
+    export.add_argument("-j", "--jobs", type=int, metavar="N",
+                        help="processes for a big uncompressed recording (default: the CPUs this process may use, at most 8)")
 
     replay = sub.add_parser("replay", help="open the dashboard on a recording")
     replay.add_argument("file", help="a JSON-lines recording (jaxtop run --log / jaxtop log)")
@@ -269,6 +271,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"jaxtop export: no such file: {args.file}", file=sys.stderr)
         return EXIT_USAGE
     write = export.write_csv if args.format == "csv" else export.write_perfetto
+    jobs = args.jobs if args.jobs is not None else export.default_jobs()
+    if jobs < 1:
+        print("jaxtop export: --jobs must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
     output = args.output
     if output is None:
         root = args.file[:-3] if args.file.endswith(".gz") else args.file
@@ -276,11 +282,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         output = root + (".csv" if args.format == "csv" else ".perfetto.json")
     try:
         if output == "-":
-            stats = write(args.file, sys.stdout)
+            stats = write(args.file, sys.stdout, jobs=jobs)
         else:
             tmp = output + ".tmp"
             with open(tmp, "w", newline="") as out:
-                stats = write(args.file, out)
+                stats = write(args.file, out, jobs=jobs)
             os.replace(tmp, output)
     except OSError as exc:
         print(f"jaxtop export: {exc}", file=sys.stderr)

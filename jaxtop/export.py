@@ -15,12 +15,17 @@ write the same bytes; a line the emitter cannot serve takes the plain path.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
 import json
 import math
 import operator
+import os
+import shutil
+import signal
+import tempfile
 from typing import IO, Any, Callable
 
 from jaxtop import protocol
@@ -94,38 +99,285 @@ def _rate(count: Any, dt: float) -> float | None:
     return rate if math.isfinite(rate) else None
 
 
-def _convert(path: str, writer: Any, fast: bool) -> protocol.ReadStats:
-    """Feed every record of the recording at ``path`` to ``writer``."""
-    stats = protocol.ReadStats()
+def _feed(writer: Any, rec: dict[str, Any]) -> None:
+    if rec.get("type") == "sample":
+        writer.sample(rec)
+    else:
+        writer.other(rec)
+
+
+def _convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStats, lines: int = 0) -> int:
+    """Feed every record of ``stream`` to ``writer``; return the line count.
+
+    Reads in blocks of lines. With ``fast``, a block is decoded once and each
+    line of a learned layout goes straight to its emitter; any other line is
+    decoded with json.loads (and, if it is a sample, its layout is learned).
+    ``lines``: lines before the stream's first, for line numbers in notes.
+    """
     layouts = Layouts()
-    with open_recording(path) as stream:
-        for lineno, line in protocol.iter_lines(stream, stats):
-            text = None
-            if fast:
-                try:
-                    text = line.decode()
-                except UnicodeDecodeError:
-                    pass
-                else:
-                    hit = layouts.match(text)
-                    if hit is not None and hit[0].emit(hit[1]):
-                        stats.records += 1
-                        continue
+    lineno = lines
+
+    def plain(lineno: int, line: bytes | str) -> None:
+        if not line.strip():
+            return
+        if len(line) > protocol.MAX_RECORD_LINE_BYTES:
+            stats.note(lineno, "line too long")
+            return
+        try:
+            rec = protocol.decode(line)
+        except protocol.ProtocolError as exc:
+            stats.note(lineno, str(exc))
+            return
+        stats.records += 1
+        _feed(writer, rec)
+        if rec.get("type") == "sample":
+            if isinstance(line, str):
+                layouts.learn(line, rec, writer.compile)
+        elif rec.get("type") == "hello":
+            layouts.clear()  # emitters hold the hello's pid
+
+    for block in protocol.iter_blocks(stream, stats):
+        if block is None:
+            lineno += 1
+            stats.note(lineno, "line too long")
+            continue
+        text = None
+        if fast:
             try:
-                rec = protocol.decode(line)
-            except protocol.ProtocolError as exc:
-                stats.note(lineno, str(exc))
+                text = block.decode()
+            except UnicodeDecodeError:
+                pass
+        if text is None:
+            for line in block.split(b"\n")[:-1]:
+                lineno += 1
+                plain(lineno, line + b"\n")
+            continue
+        pos, end = 0, len(text)
+        while pos < end:
+            # A run of lines with the shape of the last one: the hot loop.
+            layout = layouts.current
+            if layout is not None:
+                match, emit = layout.pattern.match, layout.emit
+                run = 0
+                m = match(text, pos)
+                while m is not None and emit(m.groups()):
+                    pos = m.end()
+                    run += 1
+                    m = match(text, pos)
+                lineno += run
+                stats.records += run
+                layouts.hits += run
+                if pos >= end:
+                    break
+            lineno += 1
+            hit = layouts.match(text, pos, tried=layout)
+            if hit is not None and hit[0].emit(hit[1].groups()):
+                pos = hit[1].end()
+                stats.records += 1
                 continue
-            stats.records += 1
-            kind = rec.get("type")
-            if kind == "sample":
-                writer.sample(rec)
-                if text is not None:
-                    layouts.learn(text, rec, lambda layout: writer.compile(layout, rec))
+            newline = text.index("\n", pos) + 1
+            plain(lineno, text[pos:newline])
+            pos = newline
+    return lineno
+
+
+# ------------------------------------------------------------ parallel pieces
+#
+# A big plain recording is cut at line boundaries into one piece per job.
+# The first piece is converted here; each other piece by a forked child, into
+# a temporary file, starting from a guess of the writer's state at its start
+# (the pid of the first hello, the previous sample's time and totals). Pieces
+# are then appended in order; a piece whose guess differs from the true state
+# there (a second hello, say) is converted again here, so the output is always
+# what one pass over the file writes.
+
+#: Below this size a recording is converted in one process.
+PARALLEL_MIN_BYTES = 16 << 20
+_GUESS_BYTES = 64 << 10
+
+
+def default_jobs() -> int:
+    """Processes for an export: the CPUs this process may run on, at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8))
+
+
+class _Window:
+    """The bytes ``[start, stop)`` of a binary file, as a readable stream."""
+
+    def __init__(self, f: IO[bytes], start: int, stop: int) -> None:
+        f.seek(start)
+        self.f = f
+        self.left = stop - start
+
+    def read(self, n: int) -> bytes:
+        n = min(n, self.left)
+        if n <= 0:
+            return b""
+        data = self.f.read(n)
+        self.left -= len(data)
+        return data
+
+
+def _pieces(path: str, jobs: int) -> list[tuple[int, int]]:
+    """Byte ranges of whole lines that cover the file, about one per job."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if jobs < 2 or size < PARALLEL_MIN_BYTES or f.read(2) == b"\x1f\x8b":
+            return [(0, size)]
+        cuts = [0]
+        for k in range(1, jobs):
+            at = max(size * k // jobs, cuts[-1])
+            f.seek(at)
+            newline = f.read(_GUESS_BYTES).find(b"\n")
+            if newline < 0 or at + newline + 1 >= size:
+                break
+            cuts.append(at + newline + 1)
+    cuts.append(size)
+    return list(zip(cuts, cuts[1:]))
+
+
+def _count_lines(f: IO[bytes], stop: int) -> int:
+    """Newlines in the first ``stop`` bytes of ``f``."""
+    f.seek(0)
+    count = 0
+    while f.tell() < stop:
+        block = f.read(min(1 << 20, stop - f.tell()))
+        if not block:
+            break
+        count += block.count(b"\n")
+    return count
+
+
+def _guess_state(path: str, make: Callable[..., Any], start: int) -> list[Any]:
+    """The writer's state at byte ``start``, from the file's first hello and
+    the lines just before ``start``."""
+    writer = make(io.StringIO(), part=True)
+    with open(path, "rb") as f:
+        head = f.read(_GUESS_BYTES).split(b"\n")[:16]
+        f.seek(max(0, start - _GUESS_BYTES))
+        tail = f.read(start - f.tell()).split(b"\n")[:-1]
+    if start > _GUESS_BYTES:
+        tail = tail[1:]  # its first line began before the window
+    records = []
+    for line in head:
+        with contextlib.suppress(protocol.ProtocolError):
+            rec = protocol.decode(line)
+            if rec.get("type") == "hello":
+                records.append(rec)
+                break
+    for line in tail[-16:]:
+        with contextlib.suppress(protocol.ProtocolError):
+            records.append(protocol.decode(line))
+    for rec in records:
+        _feed(writer, rec)
+    return writer.state()
+
+
+def _append(part: IO[bytes], out: IO[str]) -> None:
+    """Copy UTF-8 bytes to ``out``: straight to its buffer when it has one."""
+    buffer = getattr(out, "buffer", None)
+    if buffer is not None and str(getattr(out, "encoding", "")).lower().replace("-", "") == "utf8":
+        out.flush()
+        shutil.copyfileobj(part, buffer, 1 << 20)
+        return
+    text = io.TextIOWrapper(part, encoding="utf-8", newline="")
+    while chunk := text.read(1 << 20):
+        out.write(chunk)
+
+
+class _Piece:
+    """One byte range converted by a forked child into a temporary file."""
+
+    def __init__(self, path: str, make: Callable[..., Any], fast: bool, start: int, stop: int) -> None:
+        self.path, self.start, self.stop = path, start, stop
+        self.redone = False  # converted again here: the guessed start state was wrong
+        self.guess = _guess_state(path, make, start)
+        fd, self.tmp = tempfile.mkstemp(prefix="jaxtop-export-", suffix=".part")
+        read, write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: convert, report, exit without cleanup
+            code = 1
+            try:
+                os.close(read)
+                stats = protocol.ReadStats()
+                with open(fd, "w", newline="", encoding="utf-8") as out, open(path, "rb") as src:
+                    lines = _count_lines(src, start)
+                    writer = make(out, part=True)
+                    writer.set_state(self.guess)
+                    end = _convert(_Window(src, start, stop), writer, fast, stats, lines)
+                report = json.dumps({"state": writer.state(), "lines": end, "records": stats.records,
+                                     "malformed": stats.malformed, "truncated": stats.truncated,
+                                     "errors": stats.errors, "first_error": stats.first_error}).encode()
+                with open(write, "wb") as pipe:
+                    pipe.write(report)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(fd)
+        os.close(write)
+        self.report = os.fdopen(read, "rb")
+
+    def finish(self, writer: Any, out: IO[str], stats: protocol.ReadStats, lines: int, fast: bool) -> int:
+        """Append this piece to ``out`` (or convert it again here); return the line count."""
+        raw = self.report.read()
+        _, status = os.waitpid(self.pid, 0)
+        self.pid = 0
+        report = json.loads(raw) if status == 0 and raw else None
+        self.redone = report is None or json.dumps(self.guess) != json.dumps(writer.state())
+        if self.redone:
+            with open(self.path, "rb") as src:
+                return _convert(_Window(src, self.start, self.stop), writer, fast, stats, lines)
+        with open(self.tmp, "rb") as part:
+            if writer.first and part.read(1):  # nothing written before: no leading comma
+                writer.first = False
             else:
-                if kind == "hello":
-                    layouts.clear()  # emitters hold the hello's pid
-                writer.other(rec)
+                part.seek(0)
+            _append(part, out)
+        writer.set_state(report["state"])
+        stats.records += report["records"]
+        stats.malformed += report["malformed"]
+        stats.truncated = report["truncated"]
+        stats.errors = (stats.errors + report["errors"])[:20]
+        stats.first_error = stats.first_error or report["first_error"]
+        return report["lines"]
+
+    def discard(self) -> None:
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except OSError:
+                pass
+        self.report.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+
+def _export(path: str, make: Callable[..., Any], out: IO[str], fast: bool, jobs: int) -> protocol.ReadStats:
+    stats = protocol.ReadStats()
+    writer = make(out)
+    pieces = _pieces(path, jobs) if hasattr(os, "fork") else [(0, 0)]
+    if len(pieces) == 1:
+        with open_recording(path) as stream:
+            _convert(stream, writer, fast, stats)
+        writer.close()
+        return stats
+    out.flush()  # a forked child must not inherit unwritten output
+    children: list[_Piece] = []
+    try:
+        for start, stop in pieces[1:]:
+            children.append(_Piece(path, make, fast, start, stop))
+        with open(path, "rb") as src:
+            lines = _convert(_Window(src, 0, pieces[0][1]), writer, fast, stats)
+        for child in children:
+            lines = child.finish(writer, out, stats, lines, fast)
+    finally:
+        for child in children:
+            child.discard()
     writer.close()
     return stats
 
@@ -146,11 +398,21 @@ _HOLE = "\x02"  # stands for a number in a row rendered once per layout
 
 
 class _CsvWriter:
-    def __init__(self, out: IO[str]) -> None:
+    def __init__(self, out: IO[str], part: bool = False) -> None:
+        """``part``: write only rows (a piece of a file written in parallel)."""
         self.out = out
         self.writer = csv.writer(out, lineterminator="\n")
-        self.writer.writerow(CSV_COLUMNS)
+        if not part:
+            self.writer.writerow(CSV_COLUMNS)
+        self.first = False  # CSV rows need no separator
         self.pid: Any = ""
+
+    def state(self) -> list[Any]:
+        """What the rows of the next sample depend on besides the sample."""
+        return [self.pid]
+
+    def set_state(self, state: list[Any]) -> None:
+        (self.pid,) = state
 
     def other(self, rec: dict[str, Any]) -> None:
         if rec.get("type") == "hello":
@@ -207,7 +469,8 @@ class _CsvWriter:
                     cells.append(_HOLE)
             render.writerow(cells)
         fmt = rendered.getvalue().replace("%", "%%").replace(_HOLE, "%s")
-        pick = _getter(picks)
+        where = layout.capture(picks)
+        pick = _getter([where[hole] for hole in picks])
         write = self.out.write
 
         if not floats:
@@ -226,12 +489,13 @@ class _CsvWriter:
         return emit
 
 
-def write_csv(path: str, out: IO[str], fast: bool = True) -> protocol.ReadStats:
+def write_csv(path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> protocol.ReadStats:
     """Write the CSV table of the recording at ``path`` to ``out``.
 
-    ``fast=False`` decodes every line with json.loads (same output, slower).
+    ``fast=False`` decodes every line with json.loads (same output, slower);
+    ``jobs`` > 1 converts a big plain file in that many processes (same output).
     """
-    return _convert(path, _CsvWriter(out), fast)
+    return _export(path, _CsvWriter, out, fast, jobs)
 
 
 # --------------------------------------------------------------------- Perfetto
@@ -244,14 +508,25 @@ class _PerfettoWriter:
     process for transfers per second and RSS; instant events ("ph": "i") for
     compiles, failed donations and the agent's events."""
 
-    def __init__(self, out: IO[str]) -> None:
+    def __init__(self, out: IO[str], part: bool = False) -> None:
+        """``part``: write only events, each after a comma (a piece of a file
+        written in parallel)."""
         self.out = out
-        out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
-        self.first = True
+        self.part = part
+        if not part:
+            out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+        self.first = not part  # no event written yet: the next goes without a comma
         self.pid = 0
         self.last_t: float | None = None
         self.last_compiles: int | None = None
         self.last_failed: int | None = None
+
+    def state(self) -> list[Any]:
+        """What the events of the next sample depend on besides the sample."""
+        return [self.pid, self.last_t, self.last_compiles, self.last_failed]
+
+    def set_state(self, state: list[Any]) -> None:
+        self.pid, self.last_t, self.last_compiles, self.last_failed = state
 
     def _write(self, text: str) -> None:
         """Write events formatted as ',\\n{...}' (the first without its comma)."""
@@ -352,19 +627,10 @@ class _PerfettoWriter:
         t_hole = index.get(("t",))
         if t_hole is None:
             return None
-        read_t = float if t_hole in floats else int
 
-        def reader(path: Path) -> Callable[[tuple[str, ...]], Any] | None:
-            """How to read the number at ``path`` (None: no number there)."""
-            hole = index.get(path)
-            if hole is None:
-                return None
-            conv = float if hole in floats else int
-            return lambda groups: conv(groups[hole])
-
-        def static(counters: list[tuple[str, list[tuple[str, Path]]]]) -> tuple[str, Any, list[int]]:
+        def static(counters: list[tuple[str, list[tuple[str, Path]]]]) -> tuple[str, list[int], list[int]]:
             """Counters whose text is fixed but for the timestamp and numbers:
-            a %-format, a getter of its values from ``groups + (ts,)`` and the
+            a %-format, the hole each %s takes (-1: the timestamp) and the
             positions of floats among them. A value that is not a number at
             this layout is left out, as the plain path leaves it out."""
             pieces: list[str] = []
@@ -374,7 +640,7 @@ class _PerfettoWriter:
                 holes = [(key, index[path]) for key, path in args if path in index]
                 if not holes:
                     continue
-                picks.append(-1)  # the timestamp, appended to the groups
+                picks.append(-1)
                 body = []
                 for key, hole in holes:
                     if hole in floats:
@@ -383,7 +649,7 @@ class _PerfettoWriter:
                     body.append(f'"{key}":%s')
                 pieces.append(',\n{"ph":"C","name":"' + name.replace("%", "%%") + '","ts":%s,"pid":'
                               + str(self.pid) + ',"tid":0,"args":{' + ",".join(body) + "}}")
-            return "".join(pieces), _getter(picks), float_picks
+            return "".join(pieces), picks, float_picks
 
         device_counters = []
         for i, dev in _devices(rec):
@@ -391,73 +657,102 @@ class _PerfettoWriter:
             if _is_int(did):
                 device_counters.append((f"device {did} memory (bytes)", [(k, ("devices", i, k)) for k in _MEMORY_KEYS]))
                 device_counters.append((f"device {did} fragmentation", [("fragmentation", ("devices", i, "fragmentation"))]))
-        before, after = static(device_counters), static([("host RSS (bytes)", [("rss", ("process", "rss_bytes"))])])
+        fixed = [static(device_counters), static([("host RSS (bytes)", [("rss", ("process", "rss_bytes"))])])]
 
         # Each direction's count: a number from a hole, 0 where the key is
         # missing; a count that is not a number is left out.
         transfers = _dict(rec.get("transfers"))
-        counts: list[tuple[str, int | None, Callable[[str], Any]]] = []
+        counts: list[tuple[str, int | None]] = []
         for d in DIRECTIONS:
             if isinstance(transfers.get(d), dict):
                 hole = index.get(("transfers", d, "count"))
-                if hole is not None:
-                    counts.append((d, hole, float if hole in floats else int))
-                elif "count" not in transfers[d]:
-                    counts.append((d, None, int))
-        read_compiles = reader(("compile", "count_total"))
-        read_failed = reader(("donation", "failed_total"))
-        rate_head = ',\n{"ph":"C","name":"implicit transfers/s","ts":%d,"pid":' + str(self.pid) + ',"tid":0,"args":{%s}}'
+                if hole is not None or "count" not in transfers[d]:
+                    counts.append((d, hole))
+        compiles_hole = index.get(("compile", "count_total"))
+        failed_hole = index.get(("donation", "failed_total"))
 
-        def fill(part: tuple[str, Any, list[int]], ext: tuple[Any, ...]) -> str | None:
-            fmt, get, float_picks = part
-            if not float_picks:
-                return fmt % get(ext)
-            values = list(get(ext))
-            for j in float_picks:
-                v = float(values[j])
-                if not math.isfinite(v):
-                    return None
-                values[j] = repr(v)
-            return fmt % tuple(values)
+        # Capture only the holes used, then speak in positions of groups().
+        used = {t_hole, compiles_hole, failed_hole, *(h for _, h in counts)}
+        for _, picks, _ in fixed:
+            used.update(picks)
+        used -= {None, -1}
+        where = layout.capture(used)
+
+        def kind(hole: int) -> Callable[[str], Any]:
+            return float if hole in floats else int
+
+        # One %-format for the sample's counters: the devices', the transfer
+        # rates (a %s filled per sample) and RSS. Its values come from
+        # ``groups + (ts, rates)``.
+        (dev_fmt, dev_picks, dev_floats), (rss_fmt, rss_picks, rss_floats) = fixed
+        fmt = dev_fmt + "%s" + rss_fmt
+        picks = [*dev_picks, -2, *rss_picks]  # -2: the rates text
+        float_picks = dev_floats + [len(dev_picks) + 1 + j for j in rss_floats]
+        # In ``groups + (ts, rates)`` the timestamp is at -2 and the rates at -1.
+        get = _getter([-2 if h == -1 else -1 if h == -2 else where[h] for h in picks])
+        t_at, t_kind = where[t_hole], kind(t_hole)
+        c_at = None if compiles_hole is None else where[compiles_hole]
+        c_kind = int if compiles_hole is None else kind(compiles_hole)
+        f_at = None if failed_hole is None else where[failed_hole]
+        f_kind = int if failed_hole is None else kind(failed_hole)
+        rates = [(f'"{d}":', None if h is None else where[h], int if h is None else kind(h)) for d, h in counts]
+        rate_head = ',\n{"ph":"C","name":"implicit transfers/s","ts":%d,"pid":' + str(self.pid) + ',"tid":0,"args":{%s}}'
+        isfinite, write = math.isfinite, self.out.write
 
         def emit(groups: tuple[str, ...]) -> bool:
-            t = read_t(groups[t_hole])
-            ts = _ts(t)
-            if ts is None:
-                return False
-            ext = groups + (ts,)
-            head, tail = fill(before, ext), fill(after, ext)
-            if head is None or tail is None:
-                return False  # an overflowing float: the plain path leaves it out
+            t = t_kind(groups[t_at])
+            us = t * 1e6
+            if not isfinite(us):
+                return False  # as _ts: no finite time, the plain path skips it
+            ts = round(us)
+            rates_text = ""
             last_t = self.last_t
             if last_t is not None and t > last_t:
                 dt = t - last_t
                 body = []
-                for d, hole, conv in counts:
-                    rate = (conv(groups[hole]) if hole is not None else 0) / dt
-                    if math.isfinite(rate):
-                        body.append(f'"{d}":{rate!r}')
+                for key, at, conv in rates:
+                    token = "0" if at is None else groups[at]
+                    if token == "0":
+                        body.append(key + "0.0")
+                        continue
+                    rate = conv(token) / dt
+                    if isfinite(rate):
+                        body.append(key + repr(rate))
                 if body:
-                    head += rate_head % (ts, ",".join(body))
+                    rates_text = rate_head % (ts, ",".join(body))
+            values = get(groups + (ts, rates_text))
+            if float_picks:
+                values = list(values)
+                for j in float_picks:
+                    v = float(values[j])
+                    if not isfinite(v):
+                        return False  # an overflowing float: the plain path leaves it out
+                    values[j] = repr(v)
+                values = tuple(values)
+            text = fmt % values
             self.last_t = t
-            head += tail
-            compiles = read_compiles(groups) if read_compiles is not None else None
-            failed = read_failed(groups) if read_failed is not None else None
+            compiles = None if c_at is None else c_kind(groups[c_at])
+            failed = None if f_at is None else f_kind(groups[f_at])
             if (compiles is not None and compiles != self.last_compiles) or (
                     failed is not None and failed != self.last_failed):
-                head += self._instants(ts, compiles, failed, message)
-            self._write(head)
+                text += self._instants(ts, compiles, failed, message)
+            if self.first:
+                self._write(text)
+            else:
+                write(text)
             return True
 
         return emit
 
     def close(self) -> None:
-        self.out.write("\n]}\n")
+        if not self.part:
+            self.out.write("\n]}\n")
 
 
-def write_perfetto(path: str, out: IO[str], fast: bool = True) -> protocol.ReadStats:
+def write_perfetto(path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> protocol.ReadStats:
     """Write a Chrome trace-event JSON of the recording at ``path`` to ``out``.
 
-    ``fast=False`` decodes every line with json.loads (same output, slower).
+    ``fast=False`` decodes every line with json.loads (same output, slower);
+    ``jobs`` > 1 converts a big plain file in that many processes (same output).
     """
-    return _convert(path, _PerfettoWriter(out), fast)
+    return _export(path, _PerfettoWriter, out, fast, jobs)

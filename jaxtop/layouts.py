@@ -21,21 +21,19 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 #: An integer as Python's json writes it: no leading zeros, no "-0"; at most
 #: 300 digits, so every integer a hole takes also fits in a float.
-INT_HOLE = r"(0|-?[1-9][0-9]{0,299})"
+INT_HOLE = r"0|-?[1-9][0-9]{0,299}+"
 #: A JSON number with a fraction or an exponent (json.loads makes it a float).
-FLOAT_HOLE = r"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+))"
+FLOAT_HOLE = r"-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++(?:[eE][-+]?[0-9]++)?|[eE][-+]?[0-9]++)"
 
 _TOKEN = re.compile(
     r'[ \t\n\r]*(?:(?P<s>"(?:[^"\\]|\\.)*")'
     r"|(?P<n>-?(?:0|[1-9][0-9]*)(?P<f>(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?))"
     r"|(?P<p>[{}\[\]:,])|true|false|null|NaN|-?Infinity)"
 )
-# A line's bucket: its text without the characters numbers are made of.
-_NUMBER_CHARS = str.maketrans("", "", "0123456789.eE+-")
 
 Path = tuple[Any, ...]
 
@@ -100,19 +98,22 @@ def lookup(record: Any, path: Path) -> Any:
 
 
 class Layout:
-    """One learned line shape: a compiled pattern and where each number is.
+    """One learned line shape: where each number is, and a pattern for it.
 
     Attributes:
-        pattern: Matches exactly the lines of this shape; group ``i + 1`` is
-            the ``i``-th number.
-        index: Path of each number value to its position in ``match.groups()``.
-        floats: Positions whose tokens are floats (read with ``float``); the
+        index: Path of each number value to its hole (its rank among the
+            line's numbers).
+        floats: Holes whose tokens are floats (read with ``float``); the
             others are integers (read with ``int``).
+        pattern: Matches exactly the lines of this shape. Built by
+            :meth:`capture`, which says which holes it captures.
         emit: What the reader attached for this shape (see
             :meth:`Layouts.learn`).
+        next: The layout that followed this one last time (tried first when
+            a run of this shape ends).
     """
 
-    __slots__ = ("pattern", "index", "floats", "emit")
+    __slots__ = ("_pieces", "emit", "floats", "index", "key", "next", "pattern")
 
     def __init__(self, text: str, record: Any) -> None:
         """Learn from ``text`` and ``record = json.loads(text)``.
@@ -123,18 +124,18 @@ class Layout:
                 line is not learned.
         """
         numbers = number_paths(text)
-        pieces: list[str] = []
+        self._pieces: list[str] = []  # literal text around the holes, escaped
         self.index: dict[Path, int] = {}
         self.floats: set[int] = set()
         pos = 0
         for i, (path, start, end, is_float) in enumerate(numbers):
-            pieces.append(re.escape(text[pos:start]))
-            pieces.append(FLOAT_HOLE if is_float else INT_HOLE)
+            self._pieces.append(re.escape(text[pos:start]))
             self.index[path] = i  # a repeated key: the last one wins, as in json.loads
             if is_float:
                 self.floats.add(i)
             pos = end
-        pieces.append(re.escape(text[pos:]))
+        tail = re.escape(text[pos:])
+        self._pieces.append(tail if text.endswith("\n") else tail + r"\Z")  # \Z: the text's end ends the line
         for path, i in self.index.items():
             start, end = numbers[i][1], numbers[i][2]
             token = text[start:end]
@@ -142,22 +143,50 @@ class Layout:
             value = lookup(record, path)
             if type(value) is not type(expected) or value != expected:
                 raise ValueError(f"the value at {path} is not the number at {start}")
-        self.pattern = re.compile("".join(pieces))
+        self.key = line_key(text)
+        self.pattern: re.Pattern[str] | None = None
         self.emit: Any = None
+        self.next: Layout | None = None
+
+    def capture(self, holes: Iterable[int] | None = None) -> dict[int, int]:
+        """Build the pattern, capturing only ``holes`` (all when None).
+
+        Returns each captured hole's position in ``match.groups()``. Holes
+        not captured are still matched exactly; capturing fewer is faster.
+        """
+        wanted = set(range(len(self._pieces) - 1) if holes is None else holes)
+        parts = [self._pieces[0]]
+        where: dict[int, int] = {}
+        for i, piece in enumerate(self._pieces[1:]):
+            hole = FLOAT_HOLE if i in self.floats else INT_HOLE
+            if i in wanted:
+                where[i] = len(where)
+                parts.append(f"({hole})")
+            else:
+                parts.append(f"(?:{hole})")
+            parts.append(piece)
+        self.pattern = re.compile("".join(parts))
+        return where
+
+
+def line_key(text: str) -> tuple[int, int, int]:
+    """What every line of one layout shares: its counts of quotes, commas
+    and colons (numbers hold none of them). Cheap to take."""
+    return text.count('"'), text.count(","), text.count(":")
 
 
 class Layouts:
-    """A small cache of learned layouts, tried most recent first.
+    """A small cache of learned layouts.
 
-    ``match`` tries the few most recently matched layouts first (one pattern
-    match when the line has the previous line's shape, the common case), then
-    the candidates found by the line's text without the characters of numbers. Learning is bounded: after ``free_learns``
-    layouts, a new one is learned only while matches outnumber learned
-    layouts by ``min_hits_per_learn`` to one, so a file whose every line has
-    its own shape costs little more than decoding it.
+    ``match`` tries, in order: the layout that followed the caller's last
+    one last time, the few layouts matched most recently, and the layouts
+    whose lines share the line's :func:`line_key`. Learning is bounded: after
+    ``free_learns`` layouts, a new one is learned only while matches
+    outnumber learned layouts by ``min_hits_per_learn`` to one, so a file
+    whose every line has its own shape costs little more than decoding it.
     """
 
-    #: Layouts tried before the bucket lookup: samples alternate between a
+    #: Layouts tried before the key lookup: samples alternate between a
     #: few shapes (e.g. with and without the 1 s live-array scan).
     RECENT = 3
 
@@ -168,7 +197,7 @@ class Layouts:
         self.hits = 0
         self.learned = 0
         self._recent: list[Layout] = []
-        self._by_key: dict[str, list[Layout]] = {}
+        self._by_key: dict[tuple[int, int, int], list[Layout]] = {}
         self._count = 0
 
     def clear(self) -> None:
@@ -176,37 +205,64 @@ class Layouts:
         self._by_key.clear()
         self._count = 0
 
-    def match(self, text: str) -> tuple[Layout, tuple[str, ...]] | None:
-        """The layout ``text`` has and its number tokens, or None."""
-        recent = self._recent
-        for layout in recent:
-            m = layout.pattern.fullmatch(text)
-            if m is not None:
-                self.hits += 1
-                if layout is not recent[0]:
-                    recent.remove(layout)
-                    recent.insert(0, layout)
-                return layout, m.groups()
-        for layout in self._by_key.get(text.translate(_NUMBER_CHARS), ()):
-            if layout in recent:
+    def match(self, text: str, pos: int = 0, tried: Layout | None = None) -> tuple[Layout, re.Match[str]] | None:
+        """The layout of the line at ``text[pos:]`` and its match, or None.
+
+        The line runs to the end of ``text`` or, for layouts learned from
+        lines that end with a newline, to the next newline (a JSON line has
+        no other). ``tried``: the layout of the previous line, which the
+        caller already found not to match this one.
+        """
+        candidates: list[Layout] = []
+        if tried is not None and tried.next is not None:
+            candidates.append(tried.next)
+        candidates += self._recent
+        seen = {id(tried)}
+        for layout in candidates:
+            if id(layout) in seen:
                 continue
-            m = layout.pattern.fullmatch(text)
+            seen.add(id(layout))
+            m = layout.pattern.match(text, pos)  # type: ignore[union-attr]
             if m is not None:
-                self.hits += 1
-                self._remember(layout)
-                return layout, m.groups()
+                return self._hit(layout, m, tried)
+        newline = text.find("\n", pos)
+        line = text[pos:] if newline < 0 else text[pos:newline + 1]
+        for layout in self._by_key.get(line_key(line), ()):
+            if id(layout) in seen:
+                continue
+            m = layout.pattern.match(text, pos)  # type: ignore[union-attr]
+            if m is not None:
+                return self._hit(layout, m, tried)
         return None
 
-    def _remember(self, layout: Layout) -> None:
-        self._recent.insert(0, layout)
-        del self._recent[self.RECENT:]
+    def _hit(self, layout: Layout, m: re.Match[str], tried: Layout | None) -> tuple[Layout, re.Match[str]]:
+        self.hits += 1
+        if tried is not None:
+            tried.next = layout
+        self._remember(layout)
+        return layout, m
 
-    def learn(self, text: str, record: Any, attach: Callable[[Layout], Any]) -> Layout | None:
+    def _remember(self, layout: Layout) -> None:
+        recent = self._recent
+        if recent and recent[0] is layout:
+            return
+        if layout in recent:
+            recent.remove(layout)
+        recent.insert(0, layout)
+        del recent[self.RECENT:]
+
+    @property
+    def current(self) -> Layout | None:
+        """The layout matched or learned last."""
+        return self._recent[0] if self._recent else None
+
+    def learn(self, text: str, record: Any, attach: Callable[[Layout, Any], Any]) -> Layout | None:
         """Learn the layout of ``text``, which json.loads decoded to ``record``.
 
-        ``attach(layout)`` returns what to keep as ``layout.emit``, or None
-        when the caller cannot serve lines of this shape from their numbers
-        alone (then nothing is kept).
+        ``attach(layout, record)`` returns what to keep as ``layout.emit``
+        (having called ``layout.capture``, or all holes are captured), or
+        None when the caller cannot serve lines of this shape from their
+        numbers alone (then nothing is kept).
         """
         if self.learned >= self.free_learns and self.learned * self.min_hits_per_learn > self.hits:
             return None
@@ -219,13 +275,15 @@ class Layouts:
             return None
         if len(layout.index) > MAX_HOLES:
             return None
-        emit = attach(layout)
+        emit = attach(layout, record)
         if emit is None:
             return None
+        if layout.pattern is None:
+            layout.capture()
         layout.emit = emit
         if self._count >= self.limit:
             self.clear()
-        self._by_key.setdefault(text.translate(_NUMBER_CHARS), []).append(layout)
+        self._by_key.setdefault(layout.key, []).append(layout)
         self._count += 1
         self._remember(layout)
         return layout

@@ -112,6 +112,45 @@ def iter_lines(stream: IO[bytes], stats: ReadStats) -> Iterator[tuple[int, bytes
         yield lineno, line
 
 
+#: Bytes read at a time by :func:`iter_blocks`.
+BLOCK_BYTES = 1 << 20
+
+
+def iter_blocks(stream: IO[bytes], stats: ReadStats) -> Iterator[bytes | None]:
+    """Yield a file's complete lines, many at a time.
+
+    Each block ends with a newline. For files read in bulk (export), where a
+    line at a time costs more than the work on it; a line of a block may be
+    blank or over :data:`MAX_RECORD_LINE_BYTES` (the caller checks), except
+    that a line too long to hold is skipped here: None stands for it, so the
+    caller can count it and note its number. A truncated last line is
+    skipped and flagged in ``stats.truncated``.
+    """
+    rest = b""
+    skipping = False  # inside a line too long to hold
+    while True:
+        chunk = stream.read(BLOCK_BYTES)
+        if not chunk:
+            if rest and not skipping:
+                stats.truncated = True
+            return
+        if skipping:
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                continue
+            chunk, skipping = chunk[newline + 1:], False
+        data = rest + chunk if rest else chunk
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            rest = data
+            if len(rest) > MAX_RECORD_LINE_BYTES:
+                yield None
+                rest, skipping = b"", True
+            continue
+        yield data[:cut]
+        rest = data[cut:]
+
+
 def iter_records(stream: IO[bytes], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
     """Yield records from a binary stream (file or ``socket.makefile('rb')``).
 

@@ -120,3 +120,94 @@ def test_cli_export_truncated_file_and_gzip(tmp_path):
 def test_cli_export_missing_file():
     res = subprocess.run([PY, "-m", "jaxtop", "export", "/nonexistent.jsonl", "--format", "csv"], capture_output=True)
     assert res.returncode == 2 and b"no such file" in res.stderr
+
+
+# ------------------------------------------------------------ parallel export
+
+def varied_recording(path: Path, second_hello_at: int | None = None) -> None:
+    """A hello and 3,000 samples from the fixtures with other numbers, a
+    malformed line, a blank line and a line that is not UTF-8 along the way,
+    maybe a second hello, and a truncated last line."""
+    lines = (FIXTURES / "synthetic_gpu.jsonl").read_text().splitlines()
+    hello, samples = json.loads(lines[0]), [json.loads(line) for line in lines if '"sample"' in line[:20]]
+    out = [json.dumps(hello)]
+    for k in range(3000):
+        rec = dict(samples[k % len(samples)])
+        rec["t"] = hello["t"] + 1 + k * 0.1
+        rec["seq"] = k
+        rec["compile"] = dict(rec.get("compile") or {}, count_total=k // 400)
+        out.append(json.dumps(rec, separators=(",", ":")))
+        if k == 1700:
+            out += ['{"type":"sample","t":', ""]
+        if k == second_hello_at:
+            out.append(json.dumps(dict(hello, pid=4242, t=rec["t"])))
+    data = "\n".join(out).encode() + b"\n\xff\xfe\n" + b'{"type":"sample","t":1'
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("second_hello_at", [None, 1200])
+def test_parallel_export_writes_what_one_pass_writes(tmp_path, monkeypatch, second_hello_at):
+    path = tmp_path / "rec.jsonl"
+    varied_recording(path, second_hello_at)
+    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", 0)
+    assert len(export._pieces(str(path), 3)) == 3
+    redone: list[bool] = []
+    finish = export._Piece.finish
+
+    def spy(self, *args):
+        lines = finish(self, *args)
+        redone.append(self.redone)
+        return lines
+
+    monkeypatch.setattr(export._Piece, "finish", spy)
+    for write in (export.write_csv, export.write_perfetto):
+        for fast in (True, False):
+            one, par = io.StringIO(), io.StringIO()
+            s1 = write(str(path), one, fast=fast, jobs=1)
+            redone.clear()
+            s3 = write(str(path), par, fast=fast, jobs=3)
+            assert par.getvalue() == one.getvalue(), (write.__name__, fast)
+            assert (s3.records, s3.malformed, s3.truncated, s3.errors) == (s1.records, s1.malformed, s1.truncated, s1.errors)
+            assert s1.malformed == 2 and s1.truncated
+            # A piece is converted again only when its guessed start state
+            # was wrong: after a second hello (the pid changed).
+            assert redone == [False, second_hello_at is not None], redone
+
+
+def test_parallel_export_to_a_real_file_and_its_json_loads(tmp_path, monkeypatch):
+    path = tmp_path / "rec.jsonl"
+    varied_recording(path)
+    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", 0)
+    for jobs in (1, 2):
+        with open(tmp_path / f"out{jobs}.json", "w", newline="") as out:
+            export.write_perfetto(str(path), out, jobs=jobs)
+    assert (tmp_path / "out2.json").read_bytes() == (tmp_path / "out1.json").read_bytes()
+    trace = json.loads((tmp_path / "out2.json").read_text())
+    assert len(trace["traceEvents"]) > 3000
+
+
+def test_pieces_cut_at_line_starts(tmp_path, monkeypatch):
+    path = tmp_path / "rec.jsonl"
+    varied_recording(path)
+    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", 0)
+    data = path.read_bytes()
+    pieces = export._pieces(str(path), 4)
+    assert pieces[0][0] == 0 and pieces[-1][1] == len(data)
+    for (a, b), (c, _) in zip(pieces, pieces[1:]):
+        assert b == c and data[c - 1:c] == b"\n"
+    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", len(data) + 1)
+    assert export._pieces(str(path), 4) == [(0, len(data))]
+
+
+def test_parallel_perfetto_when_the_first_piece_writes_nothing(tmp_path, monkeypatch):
+    # No event before the second piece: its first event must lose its comma.
+    lines = (FIXTURES / "synthetic_gpu.jsonl").read_text().splitlines()
+    samples = [line for line in lines if '"sample"' in line[:20]]
+    path = tmp_path / "rec.jsonl"
+    path.write_text(("not json" * 100 + "\n") * 3000 + "\n".join(samples * 3) + "\n")
+    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", 0)
+    one, par = io.StringIO(), io.StringIO()
+    export.write_perfetto(str(path), one, jobs=1)
+    export.write_perfetto(str(path), par, jobs=2)
+    assert par.getvalue() == one.getvalue()
+    assert json.loads(par.getvalue())["traceEvents"]

@@ -21,7 +21,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def learn(text: str) -> Layout:
-    return Layout(text, json.loads(text))
+    layout = Layout(text, json.loads(text))
+    layout.capture()
+    return layout
 
 
 def test_number_paths_skip_numbers_inside_strings_and_keys() -> None:
@@ -96,15 +98,15 @@ def test_layouts_cache_finds_alternating_shapes_and_bounds_learning() -> None:
     a, b = '{"a":1,"t":2.5}\n', '{"b":1,"t":2.5}\n'
     for text in (a, b):
         assert cache.match(text) is None
-        assert cache.learn(text, json.loads(text), lambda layout: "emit") is not None
+        assert cache.learn(text, json.loads(text), lambda layout, record: "emit") is not None
     for k in range(20):
         hit = cache.match((a if k % 2 else b).replace("2.5", f"{k}.5"))
-        assert hit is not None and hit[1][1] == f"{k}.5"
+        assert hit is not None and hit[1].group(2) == f"{k}.5"
     # Every line its own shape: learning stops once it stops paying.
     for k in range(200):
         text = '{"k%d":1}\n' % k
         if cache.match(text) is None:
-            cache.learn(text, json.loads(text), lambda layout: "emit")
+            cache.learn(text, json.loads(text), lambda layout, record: "emit")
     assert cache.learned <= 4 + cache.hits // 10 + 1
     assert cache.match('{"a":1,"t":9.5}\n') is None or cache.learned > 2  # cache may have been cleared
 
@@ -112,7 +114,7 @@ def test_layouts_cache_finds_alternating_shapes_and_bounds_learning() -> None:
 def test_a_refused_layout_is_not_kept() -> None:
     cache = Layouts()
     text = '{"a":1}\n'
-    assert cache.learn(text, json.loads(text), lambda layout: None) is None
+    assert cache.learn(text, json.loads(text), lambda layout, record: None) is None
     assert cache.match(text) is None
 
 
