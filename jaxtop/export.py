@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import tempfile
+from dataclasses import dataclass, field
 from typing import IO, Any, Callable
 
 from jaxtop import protocol
@@ -240,16 +241,17 @@ def _pieces(path: str, jobs: int) -> list[tuple[int, int]]:
     return list(zip(cuts, cuts[1:]))
 
 
-def _count_lines(f: IO[bytes], stop: int) -> int:
-    """Newlines in the first ``stop`` bytes of ``f``."""
-    f.seek(0)
-    count = 0
-    while f.tell() < stop:
-        block = f.read(min(1 << 20, stop - f.tell()))
-        if not block:
-            break
-        count += block.count(b"\n")
-    return count
+@dataclass
+class _PieceStats(protocol.ReadStats):
+    """A piece's counts, with its first notes kept as (line, message) so the
+    parent can number them from the file's start."""
+
+    notes: list[tuple[int, str]] = field(default_factory=list)
+
+    def note(self, lineno: int, message: str) -> None:
+        super().note(lineno, message)
+        if len(self.notes) < 20:
+            self.notes.append((lineno, message))
 
 
 def _guess_state(path: str, make: Callable[..., Any], start: int) -> list[Any]:
@@ -303,15 +305,14 @@ class _Piece:
             code = 1
             try:
                 os.close(read)
-                stats = protocol.ReadStats()
+                stats = _PieceStats()  # line numbers count from the piece's start
                 with open(fd, "w", newline="", encoding="utf-8") as out, open(path, "rb") as src:
-                    lines = _count_lines(src, start)
                     writer = make(out, part=True)
                     writer.set_state(self.guess)
-                    end = _convert(_Window(src, start, stop), writer, fast, stats, lines)
-                report = json.dumps({"state": writer.state(), "lines": end, "records": stats.records,
+                    lines = _convert(_Window(src, start, stop), writer, fast, stats)
+                report = json.dumps({"state": writer.state(), "lines": lines, "records": stats.records,
                                      "malformed": stats.malformed, "truncated": stats.truncated,
-                                     "errors": stats.errors, "first_error": stats.first_error}).encode()
+                                     "notes": stats.notes}).encode()
                 with open(write, "wb") as pipe:
                     pipe.write(report)
                 code = 0
@@ -339,11 +340,11 @@ class _Piece:
             _append(part, out)
         writer.set_state(report["state"])
         stats.records += report["records"]
-        stats.malformed += report["malformed"]
+        for lineno, message in report["notes"]:
+            stats.note(lines + lineno, message)
+        stats.malformed += report["malformed"] - len(report["notes"])
         stats.truncated = report["truncated"]
-        stats.errors = (stats.errors + report["errors"])[:20]
-        stats.first_error = stats.first_error or report["first_error"]
-        return report["lines"]
+        return lines + report["lines"]
 
     def discard(self) -> None:
         if self.pid:
