@@ -5,32 +5,27 @@ CSV columns are listed in :data:`CSV_COLUMNS` and documented in
 docs/protocol.md ("Exports"); the trace format is Chrome's trace-event JSON
 (``{"traceEvents": [...]}``), which ui.perfetto.dev and chrome://tracing open.
 
-Speed: an agent's samples repeat one shape with other numbers. The first
-sample of each shape is decoded with :func:`json.loads` and written by the
-plain path (``sample``); from it the writer builds an emitter for that shape
-(``compile``), and later samples that match the shape
-(:mod:`jaxtop.layouts`) are written from their number tokens alone. Both paths
-write the same bytes; a line the emitter cannot serve takes the plain path.
+Speed (:mod:`jaxtop.convert` drives the writers): an agent's samples repeat
+one shape with other numbers. The first sample of each shape is decoded with
+:func:`json.loads` and written by the plain path (``sample``); from it the
+writer builds an emitter for that shape (``compile``), and later samples that
+match the shape (:mod:`jaxtop.layouts`) are written from their number tokens
+alone. Both paths write the same bytes; a line the emitter cannot serve takes
+the plain path. A big plain file is also split across processes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import gzip
 import io
 import json
 import math
 import operator
-import os
-import shutil
-import signal
-import tempfile
-from dataclasses import dataclass, field
 from typing import IO, Any, Callable
 
-from jaxtop import protocol
-from jaxtop.layouts import Layout, Layouts, Path, lookup
+from jaxtop import convert, protocol
+from jaxtop.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
+from jaxtop.layouts import Layout, Path, lookup
 
 DIRECTIONS = ("h2d", "d2h", "d2d")
 
@@ -51,13 +46,6 @@ _LIVE_KEYS = ("bytes", "count", "largest_bytes")
 _TRANSFER_KEYS = ("count", "bytes_known", "count_total", "bytes_known_total")
 _MEMORY_KEYS = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "bytes_limit")
 _EMPTY: dict[str, Any] = {}
-
-
-def open_recording(path: str) -> IO[bytes]:
-    """A recording, plain or gzip-compressed (as `w` in the dashboard may write)."""
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -98,289 +86,6 @@ def _rate(count: Any, dt: float) -> float | None:
         return None
     rate = count / dt
     return rate if math.isfinite(rate) else None
-
-
-def _feed(writer: Any, rec: dict[str, Any]) -> None:
-    if rec.get("type") == "sample":
-        writer.sample(rec)
-    else:
-        writer.other(rec)
-
-
-def _convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStats, lines: int = 0) -> int:
-    """Feed every record of ``stream`` to ``writer``; return the line count.
-
-    Reads in blocks of lines. With ``fast``, a block is decoded once and each
-    line of a learned layout goes straight to its emitter; any other line is
-    decoded with json.loads (and, if it is a sample, its layout is learned).
-    ``lines``: lines before the stream's first, for line numbers in notes.
-    """
-    layouts = Layouts()
-    lineno = lines
-
-    def plain(lineno: int, line: bytes | str) -> None:
-        if not line.strip():
-            return
-        if len(line) > protocol.MAX_RECORD_LINE_BYTES:
-            stats.note(lineno, "line too long")
-            return
-        try:
-            rec = protocol.decode(line)
-        except protocol.ProtocolError as exc:
-            stats.note(lineno, str(exc))
-            return
-        stats.records += 1
-        _feed(writer, rec)
-        if rec.get("type") == "sample":
-            if isinstance(line, str):
-                layouts.learn(line, rec, writer.compile)
-        elif rec.get("type") == "hello":
-            layouts.clear()  # emitters hold the hello's pid
-
-    for block in protocol.iter_blocks(stream, stats):
-        if block is None:
-            lineno += 1
-            stats.note(lineno, "line too long")
-            continue
-        text = None
-        if fast:
-            try:
-                text = block.decode()
-            except UnicodeDecodeError:
-                pass
-        if text is None:
-            for line in block.split(b"\n")[:-1]:
-                lineno += 1
-                plain(lineno, line + b"\n")
-            continue
-        pos, end = 0, len(text)
-        while pos < end:
-            # A run of lines with the shape of the last one: the hot loop.
-            layout = layouts.current
-            if layout is not None:
-                match, emit = layout.pattern.match, layout.emit
-                run = 0
-                m = match(text, pos)
-                while m is not None and emit(m.groups()):
-                    pos = m.end()
-                    run += 1
-                    m = match(text, pos)
-                lineno += run
-                stats.records += run
-                layouts.hits += run
-                if pos >= end:
-                    break
-            lineno += 1
-            hit = layouts.match(text, pos, tried=layout)
-            if hit is not None and hit[0].emit(hit[1].groups()):
-                pos = hit[1].end()
-                stats.records += 1
-                continue
-            newline = text.index("\n", pos) + 1
-            plain(lineno, text[pos:newline])
-            pos = newline
-    return lineno
-
-
-# ------------------------------------------------------------ parallel pieces
-#
-# A big plain recording is cut at line boundaries into one piece per job.
-# The first piece is converted here; each other piece by a forked child, into
-# a temporary file, starting from a guess of the writer's state at its start
-# (the pid of the first hello, the previous sample's time and totals). Pieces
-# are then appended in order; a piece whose guess differs from the true state
-# there (a second hello, say) is converted again here, so the output is always
-# what one pass over the file writes.
-
-#: Below this size a recording is converted in one process.
-PARALLEL_MIN_BYTES = 16 << 20
-_GUESS_BYTES = 64 << 10
-
-
-def default_jobs() -> int:
-    """Processes for an export: the CPUs this process may run on, at most 8."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, 8))
-
-
-class _Window:
-    """The bytes ``[start, stop)`` of a binary file, as a readable stream."""
-
-    def __init__(self, f: IO[bytes], start: int, stop: int) -> None:
-        f.seek(start)
-        self.f = f
-        self.left = stop - start
-
-    def read(self, n: int) -> bytes:
-        n = min(n, self.left)
-        if n <= 0:
-            return b""
-        data = self.f.read(n)
-        self.left -= len(data)
-        return data
-
-
-def _pieces(path: str, jobs: int) -> list[tuple[int, int]]:
-    """Byte ranges of whole lines that cover the file, about one per job."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        if jobs < 2 or size < PARALLEL_MIN_BYTES or f.read(2) == b"\x1f\x8b":
-            return [(0, size)]
-        cuts = [0]
-        for k in range(1, jobs):
-            at = max(size * k // jobs, cuts[-1])
-            f.seek(at)
-            newline = f.read(_GUESS_BYTES).find(b"\n")
-            if newline < 0 or at + newline + 1 >= size:
-                break
-            cuts.append(at + newline + 1)
-    cuts.append(size)
-    return list(zip(cuts, cuts[1:]))
-
-
-@dataclass
-class _PieceStats(protocol.ReadStats):
-    """A piece's counts, with its first notes kept as (line, message) so the
-    parent can number them from the file's start."""
-
-    notes: list[tuple[int, str]] = field(default_factory=list)
-
-    def note(self, lineno: int, message: str) -> None:
-        super().note(lineno, message)
-        if len(self.notes) < 20:
-            self.notes.append((lineno, message))
-
-
-def _guess_state(path: str, make: Callable[..., Any], start: int) -> list[Any]:
-    """The writer's state at byte ``start``, from the file's first hello and
-    the lines just before ``start``."""
-    writer = make(io.StringIO(), part=True)
-    with open(path, "rb") as f:
-        head = f.read(_GUESS_BYTES).split(b"\n")[:16]
-        f.seek(max(0, start - _GUESS_BYTES))
-        tail = f.read(start - f.tell()).split(b"\n")[:-1]
-    if start > _GUESS_BYTES:
-        tail = tail[1:]  # its first line began before the window
-    records = []
-    for line in head:
-        with contextlib.suppress(protocol.ProtocolError):
-            rec = protocol.decode(line)
-            if rec.get("type") == "hello":
-                records.append(rec)
-                break
-    for line in tail[-16:]:
-        with contextlib.suppress(protocol.ProtocolError):
-            records.append(protocol.decode(line))
-    for rec in records:
-        _feed(writer, rec)
-    return writer.state()
-
-
-def _append(part: IO[bytes], out: IO[str]) -> None:
-    """Copy UTF-8 bytes to ``out``: straight to its buffer when it has one."""
-    buffer = getattr(out, "buffer", None)
-    if buffer is not None and str(getattr(out, "encoding", "")).lower().replace("-", "") == "utf8":
-        out.flush()
-        shutil.copyfileobj(part, buffer, 1 << 20)
-        return
-    text = io.TextIOWrapper(part, encoding="utf-8", newline="")
-    while chunk := text.read(1 << 20):
-        out.write(chunk)
-
-
-class _Piece:
-    """One byte range converted by a forked child into a temporary file."""
-
-    def __init__(self, path: str, make: Callable[..., Any], fast: bool, start: int, stop: int) -> None:
-        self.path, self.start, self.stop = path, start, stop
-        self.redone = False  # converted again here: the guessed start state was wrong
-        self.guess = _guess_state(path, make, start)
-        fd, self.tmp = tempfile.mkstemp(prefix="jaxtop-export-", suffix=".part")
-        read, write = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: convert, report, exit without cleanup
-            code = 1
-            try:
-                os.close(read)
-                stats = _PieceStats()  # line numbers count from the piece's start
-                with open(fd, "w", newline="", encoding="utf-8") as out, open(path, "rb") as src:
-                    writer = make(out, part=True)
-                    writer.set_state(self.guess)
-                    lines = _convert(_Window(src, start, stop), writer, fast, stats)
-                report = json.dumps({"state": writer.state(), "lines": lines, "records": stats.records,
-                                     "malformed": stats.malformed, "truncated": stats.truncated,
-                                     "notes": stats.notes}).encode()
-                with open(write, "wb") as pipe:
-                    pipe.write(report)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(fd)
-        os.close(write)
-        self.report = os.fdopen(read, "rb")
-
-    def finish(self, writer: Any, out: IO[str], stats: protocol.ReadStats, lines: int, fast: bool) -> int:
-        """Append this piece to ``out`` (or convert it again here); return the line count."""
-        raw = self.report.read()
-        _, status = os.waitpid(self.pid, 0)
-        self.pid = 0
-        report = json.loads(raw) if status == 0 and raw else None
-        self.redone = report is None or json.dumps(self.guess) != json.dumps(writer.state())
-        if self.redone:
-            with open(self.path, "rb") as src:
-                return _convert(_Window(src, self.start, self.stop), writer, fast, stats, lines)
-        with open(self.tmp, "rb") as part:
-            if writer.first and part.read(1):  # nothing written before: no leading comma
-                writer.first = False
-            else:
-                part.seek(0)
-            _append(part, out)
-        writer.set_state(report["state"])
-        stats.records += report["records"]
-        for lineno, message in report["notes"]:
-            stats.note(lines + lineno, message)
-        stats.malformed += report["malformed"] - len(report["notes"])
-        stats.truncated = report["truncated"]
-        return lines + report["lines"]
-
-    def discard(self) -> None:
-        if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            except OSError:
-                pass
-        self.report.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.tmp)
-
-
-def _export(path: str, make: Callable[..., Any], out: IO[str], fast: bool, jobs: int) -> protocol.ReadStats:
-    stats = protocol.ReadStats()
-    writer = make(out)
-    pieces = _pieces(path, jobs) if hasattr(os, "fork") else [(0, 0)]
-    if len(pieces) == 1:
-        with open_recording(path) as stream:
-            _convert(stream, writer, fast, stats)
-        writer.close()
-        return stats
-    out.flush()  # a forked child must not inherit unwritten output
-    children: list[_Piece] = []
-    try:
-        for start, stop in pieces[1:]:
-            children.append(_Piece(path, make, fast, start, stop))
-        with open(path, "rb") as src:
-            lines = _convert(_Window(src, 0, pieces[0][1]), writer, fast, stats)
-        for child in children:
-            lines = child.finish(writer, out, stats, lines, fast)
-    finally:
-        for child in children:
-            child.discard()
-    writer.close()
-    return stats
 
 
 def _getter(indexes: list[int]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
@@ -496,7 +201,7 @@ def write_csv(path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> prot
     ``fast=False`` decodes every line with json.loads (same output, slower);
     ``jobs`` > 1 converts a big plain file in that many processes (same output).
     """
-    return _export(path, _CsvWriter, out, fast, jobs)
+    return convert.run(path, _CsvWriter, out, fast, jobs)
 
 
 # --------------------------------------------------------------------- Perfetto
@@ -756,4 +461,4 @@ def write_perfetto(path: str, out: IO[str], fast: bool = True, jobs: int = 1) ->
     ``fast=False`` decodes every line with json.loads (same output, slower);
     ``jobs`` > 1 converts a big plain file in that many processes (same output).
     """
-    return _export(path, _PerfettoWriter, out, fast, jobs)
+    return convert.run(path, _PerfettoWriter, out, fast, jobs)

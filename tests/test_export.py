@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY
-from jaxtop import export
+from jaxtop import convert, export
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -149,17 +149,17 @@ def varied_recording(path: Path, second_hello_at: int | None = None) -> None:
 def test_parallel_export_writes_what_one_pass_writes(tmp_path, monkeypatch, second_hello_at):
     path = tmp_path / "rec.jsonl"
     varied_recording(path, second_hello_at)
-    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", 0)
-    assert len(export._pieces(str(path), 3)) == 3
+    monkeypatch.setattr(convert, "PARALLEL_MIN_BYTES", 0)
+    assert len(convert.pieces(str(path), 3)) == 3
     redone: list[bool] = []
-    finish = export._Piece.finish
+    finish = convert.Piece.finish
 
     def spy(self, *args):
         lines = finish(self, *args)
         redone.append(self.redone)
         return lines
 
-    monkeypatch.setattr(export._Piece, "finish", spy)
+    monkeypatch.setattr(convert.Piece, "finish", spy)
     for write in (export.write_csv, export.write_perfetto):
         for fast in (True, False):
             one, par = io.StringIO(), io.StringIO()
@@ -177,7 +177,7 @@ def test_parallel_export_writes_what_one_pass_writes(tmp_path, monkeypatch, seco
 def test_parallel_export_to_a_real_file_and_its_json_loads(tmp_path, monkeypatch):
     path = tmp_path / "rec.jsonl"
     varied_recording(path)
-    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(convert, "PARALLEL_MIN_BYTES", 0)
     for jobs in (1, 2):
         with open(tmp_path / f"out{jobs}.json", "w", newline="") as out:
             export.write_perfetto(str(path), out, jobs=jobs)
@@ -189,14 +189,14 @@ def test_parallel_export_to_a_real_file_and_its_json_loads(tmp_path, monkeypatch
 def test_pieces_cut_at_line_starts(tmp_path, monkeypatch):
     path = tmp_path / "rec.jsonl"
     varied_recording(path)
-    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(convert, "PARALLEL_MIN_BYTES", 0)
     data = path.read_bytes()
-    pieces = export._pieces(str(path), 4)
+    pieces = convert.pieces(str(path), 4)
     assert pieces[0][0] == 0 and pieces[-1][1] == len(data)
     for (a, b), (c, _) in zip(pieces, pieces[1:]):
         assert b == c and data[c - 1:c] == b"\n"
-    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", len(data) + 1)
-    assert export._pieces(str(path), 4) == [(0, len(data))]
+    monkeypatch.setattr(convert, "PARALLEL_MIN_BYTES", len(data) + 1)
+    assert convert.pieces(str(path), 4) == [(0, len(data))]
 
 
 def test_parallel_perfetto_when_the_first_piece_writes_nothing(tmp_path, monkeypatch):
@@ -205,7 +205,7 @@ def test_parallel_perfetto_when_the_first_piece_writes_nothing(tmp_path, monkeyp
     samples = [line for line in lines if '"sample"' in line[:20]]
     path = tmp_path / "rec.jsonl"
     path.write_text(("not json" * 100 + "\n") * 3000 + "\n".join(samples * 3) + "\n")
-    monkeypatch.setattr(export, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(convert, "PARALLEL_MIN_BYTES", 0)
     one, par = io.StringIO(), io.StringIO()
     export.write_perfetto(str(path), one, jobs=1)
     export.write_perfetto(str(path), par, jobs=2)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxtop import export
+from jaxtop import convert, export
 from jaxtop.layouts import Layout, Layouts, lookup, number_paths
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -129,7 +129,7 @@ def both(path: Path, monkeypatch: pytest.MonkeyPatch, min_hits: int) -> None:
             super().__init__(free_learns=64)  # learn every trick the test plays
             made.append(self)
 
-    monkeypatch.setattr(export, "Layouts", Recorded)
+    monkeypatch.setattr(convert, "Layouts", Recorded)
     for write in (export.write_csv, export.write_perfetto):
         plain, fast = io.StringIO(), io.StringIO()
         s1 = write(str(path), plain, fast=False)
