@@ -122,16 +122,31 @@ def test_cli_export_missing_file():
     assert res.returncode == 2 and b"no such file" in res.stderr
 
 
+def test_cli_export_jobs(tmp_path):
+    # Big enough to be split: two processes to stdout, one to a file.
+    path = tmp_path / "big.jsonl"
+    varied_recording(path, repeat=3)
+    assert path.stat().st_size > convert.PARALLEL_MIN_BYTES
+    one = subprocess.run([PY, "-m", "jaxtop", "export", path, "--format", "perfetto", "-j", "1"], capture_output=True)
+    two = subprocess.run([PY, "-m", "jaxtop", "export", path, "--format", "perfetto", "-j", "2", "-o", "-"],
+                         capture_output=True)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr, two.stderr)
+    assert two.stdout == (tmp_path / "big.perfetto.json").read_bytes()
+    assert b"2 malformed" in two.stderr and b"truncated" in two.stderr
+    bad = subprocess.run([PY, "-m", "jaxtop", "export", path, "--format", "csv", "-j", "0"], capture_output=True)
+    assert bad.returncode == 2 and b"--jobs must be at least 1" in bad.stderr
+
+
 # ------------------------------------------------------------ parallel export
 
-def varied_recording(path: Path, second_hello_at: int | None = None) -> None:
+def varied_recording(path: Path, second_hello_at: int | None = None, repeat: int = 1) -> None:
     """A hello and 3,000 samples from the fixtures with other numbers, a
     malformed line, a blank line and a line that is not UTF-8 along the way,
     maybe a second hello, and a truncated last line."""
     lines = (FIXTURES / "synthetic_gpu.jsonl").read_text().splitlines()
     hello, samples = json.loads(lines[0]), [json.loads(line) for line in lines if '"sample"' in line[:20]]
     out = [json.dumps(hello)]
-    for k in range(3000):
+    for k in range(3000 * repeat):
         rec = dict(samples[k % len(samples)])
         rec["t"] = hello["t"] + 1 + k * 0.1
         rec["seq"] = k
