@@ -161,7 +161,7 @@ class Agent:
         if self.log_path:
             self._log_file = open(self.log_path, "wb")
         if self._capture_wanted:
-            self.capture = StderrCapture(self._on_guard_line)
+            self.capture = StderrCapture(self._on_guard_lines)
             try:
                 self.capture.start()
             except CaptureError as exc:
@@ -262,10 +262,10 @@ class Agent:
         self._final_done.wait(timeout=3.0)
         self.stop()
 
-    def _on_guard_line(self, text: str) -> None:
-        parsed = self._parse_guard_line(text)
+    def _on_guard_lines(self, message: str, n: int) -> None:
+        parsed = self._parse_guard_line.message(message)
         if parsed is not None:
-            self.transfers.add(parsed)
+            self.transfers.add(parsed, n)
 
     def _wake(self) -> None:
         try:

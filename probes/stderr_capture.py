@@ -29,12 +29,16 @@ class StderrCapture:
     """Owns the fd-2 pipe and the relay process.
 
     Args:
-        on_guard_line: called (from the agent thread) with each guard line's
-            text, in order.
+        on_guard_lines: called (from the agent thread) with each distinct
+            guard message (the line without its abseil header) and how many
+            lines carried it since the last call, in order of first
+            appearance. A training loop logs a few messages over and over;
+            counting them here keeps the agent's work per line to a dict
+            increment.
     """
 
-    def __init__(self, on_guard_line: Callable[[str], None]) -> None:
-        self._on_guard_line = on_guard_line
+    def __init__(self, on_guard_lines: Callable[[str, int], None]) -> None:
+        self._on_guard_lines = on_guard_lines
         self._token = secrets.token_hex(8)
         self._saved_fd: int | None = None
         self._report_r: int | None = None
@@ -128,14 +132,21 @@ class StderrCapture:
         if b"\n" not in self._pending:
             return
         *lines, self._pending = self._pending.split(b"\n")
+        counts: dict[bytes, int] = {}
+        acked = self._acked
         for line in lines:
             if line.startswith(b"G "):
-                self._on_guard_line(line[2:].decode("utf-8", "replace"))
+                cut = line.find(b"] ")  # the end of the abseil header
+                message = line[cut + 2:] if cut >= 0 else line[2:]
+                counts[message] = counts.get(message, 0) + 1
             elif line.startswith(b"S "):
                 try:
-                    self._acked = max(self._acked, int(line[2:]))
+                    acked = max(acked, int(line[2:]))
                 except ValueError:
                     pass
+        for message, n in counts.items():
+            self._on_guard_lines(message.decode("utf-8", "replace"), n)
+        self._acked = acked  # after the counts: a sync sees every line before its marker
 
     def sync(self, timeout_s: float = 1.0) -> bool:
         """Wait until every guard line written to fd 2 so far was reported.

@@ -125,7 +125,10 @@ class CachedParser:
 
     def __call__(self, line: str) -> GuardLine | None:
         cut = line.find("] ")  # end of the abseil header, when there is one
-        message = line[cut + 2 :] if cut >= 0 else line
+        return self.message(line[cut + 2 :] if cut >= 0 else line)
+
+    def message(self, message: str) -> GuardLine | None:
+        """Parse a guard line's message (the line without its abseil header)."""
         try:
             return self._memo[message]
         except KeyError:
@@ -150,17 +153,18 @@ class TransferCounter:
         self._shapes: Counter[tuple[str, str]] = Counter()
         self.errors = 0  # implicit transfers refused by a user's disallow
 
-    def add(self, parsed: GuardLine) -> None:
+    def add(self, parsed: GuardLine, n: int = 1) -> None:
+        """Count ``n`` transfers of this kind."""
         with self._lock:
             for bucket in (self._interval[parsed.direction], self._total[parsed.direction]):
-                bucket[0] += 1
+                bucket[0] += n
                 if parsed.nbytes is None:
-                    bucket[2] += 1
+                    bucket[2] += n
                 else:
-                    bucket[1] += parsed.nbytes
+                    bucket[1] += parsed.nbytes * n
             key = (parsed.direction, parsed.shape_key or "(cached call, shape not logged)")
             if key in self._shapes or len(self._shapes) < _TOP_SHAPES_KEPT:
-                self._shapes[key] += 1
+                self._shapes[key] += n
 
     def totals(self) -> dict[str, int]:
         """Counts since start per direction (does not reset anything)."""

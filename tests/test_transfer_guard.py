@@ -466,3 +466,20 @@ def test_cached_parser_agrees_with_parse_line_and_stays_bounded():
     # The two h2d lines differ only in their header: one memo entry.
     assert len(parse._memo) <= 3
     assert parse(lines[0]).nbytes == 64 * 64 * 4
+
+
+def test_counting_a_message_n_times_equals_n_lines():
+    from jaxtop.probes.transfer_guard import CachedParser, TransferCounter
+
+    parse = CachedParser()
+    lines = [
+        "W1203 07:06:04.123456  4242 guard_lib.cc:117] host-to-device transfer: aval=ShapedArray(float32[64,64]), dst_sharding=SingleDeviceSharding(device=CpuDevice(id=0))",
+        "W1203 07:06:05.000001  4242 guard_lib.cc:117] host-to-device transfer:",
+        "W1203 07:06:05.000002  4242 guard_lib.cc:117] device-to-host transfer: shape=(4, 8), dtype=F32, device=cuda:0",
+    ]
+    one_by_one, at_once = TransferCounter(), TransferCounter()
+    for line in lines * 5:
+        one_by_one.add(parse(line))
+    for line in lines:
+        at_once.add(parse.message(line.split("] ", 1)[1]), 5)
+    assert at_once.take() == one_by_one.take()
