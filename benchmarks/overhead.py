@@ -315,6 +315,9 @@ def print_table(rounds: list[dict[str, Any]], arms: list[str], summary: dict[str
     for a, r in summary["ratio_vs_baseline"].items():
         print(f"{short[a] + '/baseline':<16} median throughput ratio {r['median']:.4f}"
               f"  -> overhead {r['overhead_pct_median']:+.2f} %  (per-round range {r['min']:.3f} .. {r['max']:.3f})")
+        if r.get("block_median") is not None:
+            print(f"{'':<16} block-paired median   {r['block_median']:.4f}  over {r['block_pairs']} pairs of blocks"
+                  " run seconds apart")
     steal = summary.get("steal_pct_median")
     print(f"baseline throughput spread across rounds: {summary['baseline_spread_pct']:.1f} % of its median"
           + (f"; CPU steal during the loops: {steal:.1f} %" if steal is not None else ""))
