@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -70,6 +71,14 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs of each variant (default 3)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="jaxtop-export-bench-")
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the inputs are hundreds of MiB
+    return 0
+
+
+def run(args: argparse.Namespace, work: str) -> None:
     src = args.recording
     if src is None:
         src = os.path.join(work, "demo.jsonl")
@@ -108,7 +117,6 @@ def main() -> int:
         runs = " ".join(f"{t:.2f}" for t in times[(fmt, j)])
         print(f"{fmt:9s} -j {j}  {per_100k:5.2f} s per 100,000 samples ({verdict} the 2 s target)  "
               f"{median / floor:.2f}x the floor  [runs: {runs} s]  output {sizes[fmt] / 2**20:.1f} MiB")
-    return 0
 
 
 if __name__ == "__main__":

@@ -285,12 +285,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             stats = write(args.file, sys.stdout, jobs=jobs)
         else:
             tmp = output + ".tmp"
-            with open(tmp, "w", newline="") as out:
-                stats = write(args.file, out, jobs=jobs)
-            os.replace(tmp, output)
+            try:
+                with open(tmp, "w", newline="") as out:
+                    stats = write(args.file, out, jobs=jobs)
+                os.replace(tmp, output)
+            except BaseException:
+                if os.path.exists(tmp):  # no half-written file left behind
+                    os.unlink(tmp)
+                raise
     except OSError as exc:
         print(f"jaxtop export: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("jaxtop export: interrupted; nothing written", file=sys.stderr)
+        return 130
     notes = []
     if stats.malformed:
         notes.append(f"{stats.malformed} malformed line(s) skipped (first: {stats.first_error})")
