@@ -79,6 +79,7 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace, work: str) -> None:
+    """Record (or take) a recording, stretch it, time the exports in ``work``."""
     src = args.recording
     if src is None:
         src = os.path.join(work, "demo.jsonl")
