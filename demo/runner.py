@@ -49,10 +49,11 @@ class DemoRunner:
 
     # -- probes ---------------------------------------------------------------------
     def _sync(self) -> None:
-        """Wait until guard lines written so far are counted."""
+        """Wait until guard lines written so far are counted (a loaded
+        machine can hold the relay back for a while: wait up to 5 s)."""
         capture = getattr(self.agent, "capture", None)
         if capture is not None:
-            capture.sync(timeout_s=1.0)
+            capture.sync(timeout_s=5.0)
 
     def _counters(self, strategy: Strategy) -> dict[str, Any]:
         stats = normalize_stats(_memory_stats(self.device))
