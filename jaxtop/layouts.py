@@ -213,12 +213,15 @@ class Layouts:
         no other). ``tried``: the layout of the previous line, which the
         caller already found not to match this one.
         """
-        candidates: list[Layout] = []
-        if tried is not None and tried.next is not None:
-            candidates.append(tried.next)
-        candidates += self._recent
-        seen = {id(tried)}
-        for layout in candidates:
+        guess = tried.next if tried is not None else None
+        if guess is not None:  # shapes tend to follow each other in a cycle
+            m = guess.pattern.match(text, pos)  # type: ignore[union-attr]
+            if m is not None:
+                self.hits += 1
+                self._remember(guess)
+                return guess, m
+        seen = {id(tried), id(guess)}
+        for layout in self._recent:
             if id(layout) in seen:
                 continue
             seen.add(id(layout))
