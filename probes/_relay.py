@@ -40,8 +40,24 @@ HOLD_S = 0.05
 # After a read that held guard lines, wait this long before the next read so
 # the next one takes a batch: jax writes each log line with its own write(),
 # and waking per line cost ~55 us of CPU per implicit transfer. The user's
-# own bytes are still forwarded in order, at most this much later.
+# own bytes are still forwarded in order, at most this much later. The longer
+# wait only when the pipe holds 1 MiB (Linux, set by the capture): what the
+# program writes meanwhile must fit, or its write() would wait for us.
 BATCH_S = 0.02
+BATCH_BIG_PIPE_S = 0.05
+BIG_PIPE_BYTES = 1 << 20
+
+
+def batch_seconds(fd=0):
+    try:
+        import fcntl
+
+        getsize = getattr(fcntl, "F_GETPIPE_SZ", None)
+        if getsize is not None and fcntl.fcntl(fd, getsize) >= BIG_PIPE_BYTES:
+            return BATCH_BIG_PIPE_S
+    except (ImportError, OSError):
+        pass
+    return BATCH_S
 REPORT_BACKLOG_MAX = 64 * 1024 * 1024
 
 
@@ -205,6 +221,7 @@ def main(argv):
     if report_fd >= 0:
         os.set_blocking(report_fd, False)
     relay = Relay(out_fd, report_fd if report_fd >= 0 else None, token, passed)
+    batch_s = batch_seconds()
     while True:
         wanted_w = [relay.report_fd] if relay.report_backlog and relay.report_fd is not None else []
         timeout = HOLD_S if relay.holding() else None
@@ -230,7 +247,7 @@ def main(argv):
             break
         relay.feed(data)
         if relay.saw_guard and len(data) < 65536:
-            time.sleep(BATCH_S)
+            time.sleep(batch_s)
     relay.finish()
     # Give the agent a moment to take the last reports, without hanging.
     if relay.report_fd is not None and relay.report_backlog:

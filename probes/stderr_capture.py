@@ -21,6 +21,24 @@ from typing import Callable
 _RELAY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_relay.py")
 
 
+#: The capture pipe's size where Linux lets us set it (its default is 64 KiB).
+#: The relay sleeps up to BATCH_S after a read that held guard lines, so it
+#: wakes less often; the pipe must hold what the program writes meanwhile, or
+#: the program's write to stderr would wait for the relay.
+PIPE_BYTES = 1 << 20
+
+
+def _grow_pipe(fd: int) -> None:
+    try:
+        import fcntl
+
+        setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
+        if setsize is not None:
+            fcntl.fcntl(fd, setsize, PIPE_BYTES)
+    except OSError:
+        pass  # over the system's limit: the default size, and the relay reads sooner
+
+
 class CaptureError(RuntimeError):
     """fd 2 could not be captured; stderr is left as it was."""
 
@@ -71,6 +89,7 @@ class StderrCapture:
             raise CaptureError("fd 2 is closed") from None
         saved = os.dup(2)  # non-inheritable
         data_r, data_w = os.pipe()
+        _grow_pipe(data_w)
         report_r, report_w = os.pipe()
         try:
             relay = subprocess.Popen(

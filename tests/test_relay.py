@@ -419,3 +419,21 @@ def test_relay_process_is_byte_exact_on_a_megabyte_of_random_bytes(tmp_path):
     assert len(g_lines) == n_guard
     assert all(x[2:] + b"\n" in guards for x in g_lines)
     assert s_lines == [b"S %d" % k for k in range(1, n_sync + 1)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pipe sizes are a Linux feature")
+def test_relay_batches_longer_only_when_the_pipe_holds_a_mebibyte():
+    import fcntl
+
+    from jaxtop.probes.stderr_capture import PIPE_BYTES, _grow_pipe
+
+    r, w = os.pipe()
+    try:
+        assert _relay.batch_seconds(r) == _relay.BATCH_S  # the default 64 KiB
+        _grow_pipe(w)
+        assert fcntl.fcntl(r, fcntl.F_GETPIPE_SZ) >= PIPE_BYTES
+        assert _relay.batch_seconds(r) == _relay.BATCH_BIG_PIPE_S
+        assert _relay.batch_seconds(12345) == _relay.BATCH_S  # not a pipe: the safe wait
+    finally:
+        os.close(r)
+        os.close(w)
