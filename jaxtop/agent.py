@@ -263,7 +263,7 @@ class Agent:
         self.stop()
 
     def _on_guard_lines(self, message: str, n: int) -> None:
-        parsed = self._parse_guard_line.message(message)
+        parsed = self._parse_guard_line(message)
         if parsed is not None:
             self.transfers.add(parsed, n)
 
