@@ -26,6 +26,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _prometheus_options(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--prometheus", type=_port, metavar="PORT", help=text)
+    parser.add_argument("--prometheus-addr", default="127.0.0.1", metavar="ADDR",
+                        help="address for --prometheus (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+
+
+def _inject_timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--inject-timeout", type=_positive_float, default=DEFAULT_INJECT_TIMEOUT_S, metavar="S",
+                        help="how long to wait for the target to run the injected agent (default 15)")
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -59,9 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log", metavar="FILE", help="also record the stream to FILE (JSON lines)")
     run.add_argument("--interval", type=_positive_float, default=0.1, metavar="S", help="sample period in seconds (default 0.1)")
     run.add_argument("--no-capture", action="store_true", help="do not capture stderr (no transfer counts)")
-    run.add_argument("--prometheus", type=_port, metavar="PORT", help="also serve Prometheus metrics on PORT (docs/cluster.md)")
-    run.add_argument("--prometheus-addr", default="127.0.0.1", metavar="ADDR",
-                     help="address for --prometheus (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+    _prometheus_options(run, "also serve Prometheus metrics on PORT (docs/cluster.md)")
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     run.add_argument("target", nargs="*", metavar="SCRIPT [ARGS...]", help="the program and its arguments")
 
@@ -76,11 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("pid", type=_pid)
     log.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     log.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
-    log.add_argument("--prometheus", type=_port, metavar="PORT", help="re-export the stream as Prometheus metrics on PORT")
-    log.add_argument("--prometheus-addr", default="127.0.0.1", metavar="ADDR", help="address for --prometheus (default 127.0.0.1)")
+    _prometheus_options(log, "re-export the stream as Prometheus metrics on PORT")
     log.add_argument("--inject", action="store_true", help="no agent in PID: inject one first (docs/attach.md)")
-    log.add_argument("--inject-timeout", type=_positive_float, default=DEFAULT_INJECT_TIMEOUT_S, metavar="S",
-                     help="how long to wait for the target to run the injected agent (default 15)")
+    _inject_timeout_option(log)
 
     attach = sub.add_parser(
         "attach",
@@ -93,8 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="inject the agent into a PID that has none, without asking (docs/attach.md)")
     how.add_argument("--no-inject", action="store_true",
                      help="never inject: a PID without an agent gets the external view (psutil + NVML only)")
-    attach.add_argument("--inject-timeout", type=_positive_float, default=DEFAULT_INJECT_TIMEOUT_S, metavar="S",
-                        help="how long to wait for the target to run the injected agent (default 15)")
+    _inject_timeout_option(attach)
     attach.add_argument("--refresh", type=_positive_float, default=None, metavar="S",
                         help="seconds between redraws (default 2; every sample is kept regardless)")
 
