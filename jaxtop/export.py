@@ -65,7 +65,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _finite(v: Any) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not protocol.is_number(v):
         return False
     try:
         return math.isfinite(v)

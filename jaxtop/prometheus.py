@@ -16,6 +16,8 @@ from __future__ import annotations
 import socket
 from typing import Any, Iterator
 
+from jaxtop import protocol
+
 INSTALL_HINT = "prometheus-client is not installed: pip install 'jaxtop[prometheus]' (or prometheus-client)"
 DEFAULT_ADDR = "127.0.0.1"
 
@@ -121,7 +123,7 @@ def make_registry(state: StreamState, host: str | None = None) -> Any:
                 _one(GaugeMetricFamily, "jaxtop_process_resident_memory_bytes", "Resident set size of the process.",
                      proc_labels, base, proc.get("rss_bytes")),
                 _one(GaugeMetricFamily, "jaxtop_process_cpu_ratio", "CPU use of the process (1 = one full core).",
-                     proc_labels, base, cpu / 100.0 if _number(cpu) else None),
+                     proc_labels, base, cpu / 100.0 if protocol.is_number(cpu) else None),
             ):
                 if family is not None:
                     yield family
@@ -146,13 +148,9 @@ def make_registry(state: StreamState, host: str | None = None) -> Any:
     return registry
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _one(cls: Any, name: str, text: str, labels: list[str], values: list[str], value: Any) -> Any:
     """A one-sample metric family, or None when the value is missing (n/a)."""
-    if not _number(value):
+    if not protocol.is_number(value):
         return None
     family = cls(name, text, labels=labels)
     family.add_metric(values, value)

@@ -49,6 +49,11 @@ def encode(record: dict[str, Any]) -> bytes:
     return text.encode() + b"\n"
 
 
+def is_number(value: Any) -> bool:
+    """True for a JSON number as decoded (int or float), not for a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class ProtocolError(ValueError):
     """A line that is not a valid record."""
 
