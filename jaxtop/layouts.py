@@ -198,12 +198,10 @@ class Layouts:
         self.learned = 0
         self._recent: list[Layout] = []
         self._by_key: dict[tuple[int, int, int], list[Layout]] = {}
-        self._count = 0
 
     def clear(self) -> None:
         self._recent.clear()
         self._by_key.clear()
-        self._count = 0
 
     def match(self, text: str, pos: int = 0, tried: Layout | None = None) -> tuple[Layout, re.Match[str]] | None:
         """The layout of the line at ``text[pos:]`` and its match, or None.
@@ -284,9 +282,8 @@ class Layouts:
         if layout.pattern is None:
             layout.capture()
         layout.emit = emit
-        if self._count >= self.limit:
+        if sum(map(len, self._by_key.values())) >= self.limit:
             self.clear()
         self._by_key.setdefault(layout.key, []).append(layout)
-        self._count += 1
         self._remember(layout)
         return layout
