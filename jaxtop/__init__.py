@@ -59,7 +59,7 @@ def instrument(
     capture_stderr: bool = True,
     nvml: bool = True,
     prometheus_port: int | None = None,
-    prometheus_addr: str = "127.0.0.1",
+    prometheus_addr: str | None = None,
 ) -> Handle:
     """Start the jaxtop agent in this process (idempotent).
 
@@ -75,8 +75,8 @@ def instrument(
         nvml: read NVIDIA driver metrics when a driver is present.
         prometheus_port: also serve Prometheus metrics on this port
             (default: ``$JAXTOP_PROMETHEUS_PORT`` if set; needs
-            prometheus-client). Binds ``prometheus_addr``, loopback unless
-            you choose otherwise.
+            prometheus-client). Binds ``prometheus_addr``, loopback
+            (127.0.0.1) when None.
 
     Returns:
         The handle of the (already) running agent; ``.stop()`` stops it.

@@ -34,6 +34,7 @@ from jaxtop.probes.nvml import NvmlProbe
 from jaxtop.probes.process import ProcessProbe
 from jaxtop.probes.stderr_capture import CaptureError, StderrCapture
 from jaxtop.probes.transfer_guard import CachedParser, GuardController, TransferCounter
+from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 
 __version__ = "0.1.0"
 
@@ -69,7 +70,7 @@ class Agent:
         capture_stderr: bool = True,
         nvml: bool = True,
         prometheus_port: int | None = None,
-        prometheus_addr: str = "127.0.0.1",
+        prometheus_addr: str | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError("interval_s must be positive")
@@ -80,7 +81,7 @@ class Agent:
         self.pid = os.getpid()
         self.socket_path: str | None = None
         self.prometheus_port = prometheus_port
-        self.prometheus_addr = prometheus_addr
+        self.prometheus_addr = prometheus_addr or DEFAULT_PROMETHEUS_ADDR
         self._prom_state: Any = None  # jaxtop.prometheus.StreamState when serving
         self._prom_server: Any = None
         self.started_t = time.time()

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from jaxtop import __version__
 from jaxtop.inject import DEFAULT_TIMEOUT_S as DEFAULT_INJECT_TIMEOUT_S
+from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 
 EXIT_USAGE = 2
 
@@ -28,7 +29,7 @@ def _positive_float(text: str) -> float:
 
 def _prometheus_options(parser: argparse.ArgumentParser, text: str) -> None:
     parser.add_argument("--prometheus", type=_port, metavar="PORT", help=text)
-    parser.add_argument("--prometheus-addr", default="127.0.0.1", metavar="ADDR",
+    parser.add_argument("--prometheus-addr", default=DEFAULT_PROMETHEUS_ADDR, metavar="ADDR",
                         help="address for --prometheus (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
 
 
