@@ -236,7 +236,7 @@ def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: fl
     for pid in pids:
         if client.paths.socket_path(pid).exists():
             continue
-        if not client._pid_alive(pid):
+        if not client.pid_alive(pid):
             print(f"jaxtop attach: {client.no_agent_message(pid)}", file=sys.stderr)
             return EXIT_USAGE
         if no_inject:

@@ -34,7 +34,7 @@ class AgentInfo:
         return " ".join(self.argv) if self.argv else "?"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie, exited but not yet reaped, is not)."""
     try:
         os.kill(pid, 0)
@@ -50,7 +50,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def no_agent_message(pid: int) -> str:
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return f"no process with pid {pid}"
     return (
         f"no jaxtop agent in pid {pid} (no socket at {paths.socket_path(pid)}); "
@@ -73,7 +73,7 @@ def connect(pid: int, timeout_s: float = 2.0) -> socket.socket:
         sock.connect(str(path))
     except OSError as exc:
         sock.close()
-        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT) and not _pid_alive(pid):
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT) and not pid_alive(pid):
             _remove_stale(path)
             raise AgentNotFound(f"pid {pid} has exited (removed its stale socket {path})") from None
         if exc.errno == errno.ECONNREFUSED:
@@ -103,7 +103,7 @@ def list_agents(timeout_s: float = 1.0) -> list[AgentInfo]:
             pid = int(path.stem)
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             _remove_stale(path)
             continue
         try:

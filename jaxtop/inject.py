@@ -459,7 +459,7 @@ def inject(pid: int, timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = 0
                 if not report.get("ok"):
                     raise InjectError(f"the agent did not start in process {pid}: {report.get('error')}\n{report.get('traceback', '')}".rstrip())
                 return report
-            if not client._pid_alive(pid):
+            if not client.pid_alive(pid):
                 raise InjectError(f"process {pid} exited during injection")
             time.sleep(0.05)
         raise InjectError(

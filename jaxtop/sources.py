@@ -193,7 +193,7 @@ class LiveSource(Source):
             except client.AgentNotFound as exc:
                 if first:
                     model.add_event(conn.pid, "error", str(exc))
-                if not client._pid_alive(conn.pid):
+                if not client.pid_alive(conn.pid):
                     model.set_state(conn.pid, EXITED, "process exited" + ("" if conn.saw_exit else " (no final sample)"))
                     self.on_update()
                     return
@@ -213,7 +213,7 @@ class LiveSource(Source):
                 pass
             if self._stop.is_set():
                 return
-            if conn.saw_exit or not client._pid_alive(conn.pid):
+            if conn.saw_exit or not client.pid_alive(conn.pid):
                 model.set_state(conn.pid, EXITED, "process exited" + ("" if conn.saw_exit else " (no final sample)"))
                 self.on_update()
                 return
@@ -260,7 +260,7 @@ class LiveSource(Source):
         seq = 0
         try:
             while not self._stop.wait(1.0):
-                if not client._pid_alive(pid):
+                if not client.pid_alive(pid):
                     self.model.set_state(pid, EXITED, "process exited")
                     self.on_update()
                     return
