@@ -59,9 +59,6 @@ def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStat
     def plain(lineno: int, line: bytes | str) -> None:
         if not line.strip():
             return
-        if len(line) > protocol.MAX_RECORD_LINE_BYTES:
-            stats.note(lineno, "line too long")
-            return
         try:
             rec = protocol.decode(line)
         except protocol.ProtocolError as exc:

@@ -125,16 +125,16 @@ def iter_blocks(stream: IO[bytes], stats: ReadStats) -> Iterator[bytes | None]:
     """Yield a file's complete lines, many at a time.
 
     Each block ends with a newline. For files read in bulk (export), where a
-    line at a time costs more than the work on it; a line of a block may be
-    blank or over :data:`MAX_RECORD_LINE_BYTES` (the caller checks), except
-    that a line too long to hold is skipped here: None stands for it, so the
-    caller can count it and note its number. A truncated last line is
-    skipped and flagged in ``stats.truncated``.
+    line at a time costs more than the work on it. A line may be blank, but
+    none is over :data:`MAX_RECORD_LINE_BYTES`: such a line is skipped here
+    and None stands for it, so the caller can count it and note its number.
+    A truncated last line is skipped and flagged in ``stats.truncated``.
     """
     rest = b""
     skipping = False  # inside a line too long to hold
+    size = min(BLOCK_BYTES, MAX_RECORD_LINE_BYTES + 1)  # a line within one read is never too long
     while True:
-        chunk = stream.read(BLOCK_BYTES)
+        chunk = stream.read(size)
         if not chunk:
             if rest and not skipping:
                 stats.truncated = True
@@ -152,8 +152,14 @@ def iter_blocks(stream: IO[bytes], stats: ReadStats) -> Iterator[bytes | None]:
                 yield None
                 rest, skipping = b"", True
             continue
-        yield data[:cut]
-        rest = data[cut:]
+        rest, data = data[cut:], data[:cut]
+        # Only the line carried over from earlier reads can be too long.
+        first = data.find(b"\n") + 1
+        if first > MAX_RECORD_LINE_BYTES + 1:  # the limit excludes the newline
+            yield None
+            data = data[first:]
+        if data:
+            yield data
 
 
 def iter_records(stream: IO[bytes], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:

@@ -227,3 +227,32 @@ def test_iter_records_reads_from_a_file(tmp_path):
     path.write_bytes(b"".join(encode(r) for r in records))
     with open(path, "rb") as f:
         assert list(iter_records(f)) == records
+
+
+@pytest.mark.parametrize("block", [7, 64, 1 << 20])
+def test_iter_blocks_skips_what_iter_lines_skips(monkeypatch, block):
+    monkeypatch.setattr(protocol, "MAX_RECORD_LINE_BYTES", 100)
+    monkeypatch.setattr(protocol, "BLOCK_BYTES", block)
+    lines = [
+        encode({"type": "hello", "t": 0.0}),
+        b'{"type":"sample","t":1.0,"pad":"' + b"x" * 1000 + b'"}\n',  # over the limit
+        b"\n",
+        b'{"type":"sample","pad":"' + b"y" * (100 - 26) + b'"}\n',  # exactly the limit
+        b'{"type":"sample","pad":"' + b"y" * (101 - 26) + b'"}\n',  # one byte over
+        encode({"type": "sample", "t": 2.0, "seq": 2}),
+        b'{"type":"sample","t":3.0',  # truncated
+    ]
+    assert len(lines[3]) == 101 and len(lines[4]) == 102
+    data = b"".join(lines)
+    by_lines = ReadStats()
+    expected = [line for _, line in protocol.iter_lines(io.BytesIO(data), by_lines)]
+    by_blocks = ReadStats()
+    got, skipped = [], 0
+    for blk in protocol.iter_blocks(io.BytesIO(data), by_blocks):
+        if blk is None:
+            skipped += 1
+        else:
+            got += [line for line in blk.splitlines(keepends=True) if line.strip()]
+    assert got == expected
+    assert skipped == by_lines.malformed == 2
+    assert by_blocks.truncated and by_lines.truncated
