@@ -94,11 +94,11 @@ class DemoRunner:
                 best = per_step if best is None else min(best, per_step)
         self._sync()
         after = self._counters(strategy)
-        return self._metrics(strategy, variant, steps, (best or 0.0) * steps, before, after)
+        return self._metrics(strategy, variant, steps, best or 0.0, before, after)
 
-    def _metrics(self, strategy: Strategy, variant: str, steps: int, elapsed: float,
+    def _metrics(self, strategy: Strategy, variant: str, steps: int, step_s: float,
                  before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {"steps": steps, "step_s": elapsed / max(1, steps)}
+        out: dict[str, Any] = {"steps": steps, "step_s": step_s}
         out["h2d_per_step"] = (after["h2d"] - before["h2d"]) / steps
         out["compiles_per_step"] = (after["compiles"] - before["compiles"]) / steps
         out["errors_per_step"] = (after["errors"] - before["errors"]) / steps
@@ -254,7 +254,7 @@ class DemoRunner:
         elapsed = time.perf_counter() - before["t"]
         self._sync()
         after = self._counters(strategy)
-        metrics = self._metrics(strategy, variant, steps, elapsed, before, after)
+        metrics = self._metrics(strategy, variant, steps, elapsed / max(1, steps), before, after)
         with self._lock:
             self.results[name][variant] = metrics
             self.version += 1
