@@ -582,6 +582,7 @@ class Agent:
             self.capture.stop()
         self.compile.stop()
         self.donation.stop()
+        self.process.close()
         if self.nvml is not None:
             self.nvml.stop()
         if self._log_file is not None:

@@ -43,10 +43,14 @@ def encode(record: dict[str, Any]) -> bytes:
         UTF-8 bytes of compact JSON plus ``b"\\n"``.
     """
     try:
-        text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        text = _ENCODER.encode(record)
     except ValueError:
-        text = json.dumps(_clean(record), separators=(",", ":"), allow_nan=False)
+        text = _ENCODER.encode(_clean(record))
     return text.encode() + b"\n"
+
+
+# One encoder for every record: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def is_number(value: Any) -> bool:

@@ -5,7 +5,8 @@ It is started by :mod:`jaxtop.probes.stderr_capture` as
 as its stdin. It forwards every byte the target writes to stderr to the
 original stderr, unchanged and in order, except transfer-guard lines that only
 jaxtop asked for (directions not in PASS). Every guard line is reported to the
-agent on REPORT_FD as ``G <line>``; sync markers written by the agent are
+agent on REPORT_FD, counted per distinct message, as ``G <n> <message>``
+(the line without its abseil header); sync markers written by the agent are
 removed from the stream and acknowledged as ``S <n>``.
 
 Why a process and not a thread: a reader thread dies with the target, so the
@@ -24,11 +25,16 @@ import signal
 import sys
 import time
 
-GUARD_RE = re.compile(
-    rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+\S+:\d+\] "
-    rb"(host-to-device|device-to-device|device-to-host) transfer:"
-)
-ABSEIL_RE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+\S+:\d+\] ")
+# The abseil header after its severity letter: date, time, thread id, file:line.
+# [^\S\n] (a space that is not a newline) keeps a match inside one line when
+# the same pattern runs over a block of lines.
+_HEADER = rb"\d{4} \d\d:\d\d:\d\d\.\d+[^\S\n]+\d+[^\S\n]+[^\s]+:\d+\] "
+_DIRECTIONS = rb"(?:host-to-device|device-to-device|device-to-host) transfer:"
+# Group 1: the message, which is what the agent parses and counts.
+GUARD_RE = re.compile(rb"^[IWEF]" + _HEADER + rb"(" + _DIRECTIONS + rb"[^\n]*)")
+ABSEIL_RE = re.compile(rb"^[IWEF]" + _HEADER)
+# The same over a block of whole lines (the fast path of Relay.feed).
+BLOCK_GUARD_RE = re.compile(GUARD_RE.pattern + rb"\n", re.M)
 # A partial line that may still turn into an abseil header: hold it briefly.
 HEADER_PREFIX_RE = re.compile(rb"[IWEF](\d{0,4}|\d{4} [\d:.]*|\d{4} \d\d:\d\d:\d\d\.\d+\s.*)", re.S)
 DIRECTION_KEYS = {
@@ -36,15 +42,39 @@ DIRECTION_KEYS = {
     b"device-to-device": "d2d",
     b"device-to-host": "d2h",
 }
+
+
+def drop_pattern(passed, silenced):
+    """The lines a block loses on its way to the terminal, as one pattern.
+
+    Guard lines of the directions not in ``passed`` (only jaxtop wanted them),
+    and other abseil lines whose severity letter is in ``silenced``. None when
+    nothing is dropped.
+    """
+    parts = []
+    hidden = [text for text, key in DIRECTION_KEYS.items() if key not in passed]
+    if hidden:
+        alts = b"|".join(re.escape(text) for text in hidden)
+        parts.append(rb"[IWEF]" + _HEADER + rb"(?:" + alts + rb") transfer:[^\n]*\n")
+    letters = bytes(sorted({c for c in silenced if c in b"IWEF"}))
+    if letters:
+        parts.append(rb"[" + letters + rb"]" + _HEADER + rb"(?!" + _DIRECTIONS + rb")[^\n]*\n")
+    if not parts:
+        return None
+    return re.compile(rb"^(?:" + rb"|".join(parts) + rb")", re.M)
+
+
 HOLD_S = 0.05
 # After a read that held guard lines, wait this long before the next read so
 # the next one takes a batch: jax writes each log line with its own write(),
-# and waking per line cost ~55 us of CPU per implicit transfer. The user's
-# own bytes are still forwarded in order, at most this much later. The longer
+# and waking per line cost ~55 us of CPU per implicit transfer. Every wake-up
+# still costs ~150 us of CPU on a small VM, whatever it then does, so the
+# relay wakes at most as often as the agent samples (0.1 s). The user's own
+# bytes are still forwarded in order, at most this much later. The longer
 # wait only when the pipe holds 1 MiB (Linux, set by the capture): what the
 # program writes meanwhile must fit, or its write() would wait for us.
 BATCH_S = 0.02
-BATCH_BIG_PIPE_S = 0.05
+BATCH_BIG_PIPE_S = 0.1
 BIG_PIPE_BYTES = 1 << 20
 
 
@@ -58,6 +88,8 @@ def batch_seconds(fd=0):
     except (ImportError, OSError):
         pass
     return BATCH_S
+
+
 REPORT_BACKLOG_MAX = 64 * 1024 * 1024
 
 
@@ -69,6 +101,8 @@ class Relay:
         self.mark_re = re.compile(re.escape(self.mark_prefix) + rb"(sync|show) ([^\x00\n]*)\x00")
         self.passed = passed
         self.silenced = b""  # abseil severities the user had switched off
+        self.drop_re = drop_pattern(passed, b"")
+        self.counts = {}  # guard message -> lines since the last report
         self.buf = b""
         self.midline = False  # part of the current line was already forwarded
         self.report_backlog = bytearray()
@@ -102,10 +136,26 @@ class Relay:
             view = view[n:]
 
     def report(self, data):
+        self.report_counts()  # what came before data in the stream goes first
         if self.report_fd is None:
             return
         if len(self.report_backlog) < REPORT_BACKLOG_MAX:
             self.report_backlog += data
+
+    def count(self, message, n=1):
+        self.saw_guard = True
+        self.counts[message] = self.counts.get(message, 0) + n
+
+    def report_counts(self):
+        """``G <n> <message>`` per distinct guard message since the last
+        report, in order of first appearance. A training loop logs the same
+        few messages over and over, so one read of the pipe turns hundreds
+        of lines into a handful of reports."""
+        counts, self.counts = self.counts, {}
+        if not counts or self.report_fd is None:
+            return
+        if len(self.report_backlog) < REPORT_BACKLOG_MAX:
+            self.report_backlog += b"".join(b"G %d %s\n" % (n, message) for message, n in counts.items())
 
     def flush_reports(self):
         while self.report_backlog and self.report_fd is not None:
@@ -135,6 +185,7 @@ class Relay:
                 shown, _, silenced = arg.decode("ascii", "replace").partition("|")
                 self.passed = set(filter(None, shown.split(",")))
                 self.silenced = silenced.encode()
+                self.drop_re = drop_pattern(self.passed, self.silenced)
             return b""
 
         return self.mark_re.sub(handle, data)
@@ -162,15 +213,45 @@ class Relay:
                 return  # an abseil warning the user had silenced
             self.forward(line)
             return
-        self.saw_guard = True
-        self.report(b"G " + line)
-        if DIRECTION_KEYS[match.group(1)] in self.passed:
+        message = match.group(1)
+        self.count(message)
+        if DIRECTION_KEYS[message[: message.index(b" ")]] in self.passed:
             self.forward(line)
+
+    def block(self, data):
+        """Whole lines, no marker, not continuing a forwarded line: the same
+        as :meth:`line` on each, in one or two regex passes over all of them."""
+        if not self.passed and not self.silenced:
+            # The usual case (the user's guard is off): every guard line goes,
+            # and one split yields both the bytes to forward and the messages.
+            parts = BLOCK_GUARD_RE.split(data)
+            found = parts[1::2]
+            if found:
+                data = b"".join(parts[0::2])
+        else:
+            found = BLOCK_GUARD_RE.findall(data)
+            if self.drop_re is not None and (found or self.silenced):
+                data = self.drop_re.sub(b"", data)
+        if found:
+            self.saw_guard = True
+            counts = self.counts
+            for message in found:
+                counts[message] = counts.get(message, 0) + 1
+        self.forward(data)
 
     def feed(self, data):
         self.saw_guard = False
         buf = self.buf + data
         start = 0
+        if b"\x00" not in buf:
+            if self.midline:  # the rest of a line already partly forwarded
+                start = buf.find(b"\n") + 1
+                if start:
+                    self.line(buf[:start])
+            end = buf.rfind(b"\n") + 1
+            if end > start:
+                self.block(buf[start:end])
+                start = end
         while True:
             nl = buf.find(b"\n", start)
             if nl < 0:
@@ -184,6 +265,7 @@ class Relay:
             self.forward(head)
             self.midline = True
             self.buf = tail
+        self.report_counts()
         self.flush_out()
         self.flush_reports()
 
@@ -207,6 +289,7 @@ class Relay:
                 self.forward(data)
             else:
                 self.line(data)
+        self.report_counts()
         self.flush_out()
         self.flush_reports()
 

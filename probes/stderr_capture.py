@@ -50,9 +50,9 @@ class StderrCapture:
         on_guard_lines: called (from the agent thread) with each distinct
             guard message (the line without its abseil header) and how many
             lines carried it since the last call, in order of first
-            appearance. A training loop logs a few messages over and over;
-            counting them here keeps the agent's work per line to a dict
-            increment.
+            appearance. The relay counts them per read of its pipe: a
+            training loop logs a few messages over and over, so the agent's
+            work is per distinct message, not per line.
     """
 
     def __init__(self, on_guard_lines: Callable[[str, int], None]) -> None:
@@ -148,16 +148,20 @@ class StderrCapture:
                 self._close_reports()
                 break
             self._pending += chunk
+            if len(chunk) < 65536:
+                break  # drained for now: spare the read that would say so
         if b"\n" not in self._pending:
             return
         *lines, self._pending = self._pending.split(b"\n")
         counts: dict[bytes, int] = {}
         acked = self._acked
         for line in lines:
-            if line.startswith(b"G "):
-                cut = line.find(b"] ")  # the end of the abseil header
-                message = line[cut + 2:] if cut >= 0 else line[2:]
-                counts[message] = counts.get(message, 0) + 1
+            if line.startswith(b"G "):  # G <n> <message>: the relay counted them
+                n, _, message = line[2:].partition(b" ")
+                try:
+                    counts[message] = counts.get(message, 0) + int(n)
+                except ValueError:
+                    pass
             elif line.startswith(b"S "):
                 try:
                     acked = max(acked, int(line[2:]))

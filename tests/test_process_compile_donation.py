@@ -33,6 +33,45 @@ def test_process_probe_on_this_process():
     assert out["peak_rss_bytes"] >= out["rss_bytes"] * 0.99
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="procfs")
+def test_process_probe_procfs_path_agrees_with_psutil():
+    import threading
+
+    import psutil
+
+    probe = ProcessProbe()
+    assert probe._files is not None
+    ballast = bytearray(64 * 1024 * 1024)  # touched: resident
+    stop = threading.Event()
+    extra = threading.Thread(target=stop.wait)
+    extra.start()
+    try:
+        out = probe.sample(slow=True)
+        mem = psutil.Process().memory_info()
+        assert abs(out["rss_bytes"] - mem.rss) < 8 * 1024 * 1024
+        assert abs(out["vms_bytes"] - mem.vms) < 64 * 1024 * 1024
+        assert out["threads"] == psutil.Process().num_threads()
+    finally:
+        stop.set()
+        extra.join()
+    del ballast
+    # The kept-open files are read afresh: RSS follows the process down.
+    assert probe.sample()["rss_bytes"] < out["rss_bytes"] - 32 * 1024 * 1024
+    assert probe.sample(slow=True)["threads"] == out["threads"] - 1
+
+
+def test_process_probe_falls_back_to_psutil_when_procfs_fails():
+    probe = ProcessProbe()
+    if probe._files is None:
+        pytest.skip("no procfs here: psutil is the only path")
+    os.close(probe._files.statm)
+    probe._files.statm = -1  # the next pread fails with EBADF
+    out = probe.sample()
+    assert probe._files is None
+    assert out["rss_bytes"] > 10 * 1024 * 1024
+    assert out["peak_rss_bytes"] >= out["rss_bytes"] * 0.99
+
+
 def test_process_probe_cpu_percent_sees_work():
     probe = ProcessProbe()
     sum(i * i for i in range(2_000_000))
@@ -60,6 +99,7 @@ def test_process_that_vanished_is_a_reason_not_an_exception():
             raise psutil.NoSuchProcess(probe.pid)
 
     probe._proc = Gone()
+    probe.close()  # off procfs, onto psutil
     out = probe.sample()
     assert out["available"] is False
     assert "psutil" in out["reason"]
