@@ -17,7 +17,9 @@ import time
 from typing import Any
 
 MARK = "JAXTOP_BENCH_RESULT "
-ARMS = ("baseline", "agent", "jaxsmi")
+ARMS = ("baseline", "agent", "jaxsmi", "twin")
+# twin: a second baseline, the A/A control. Its ratio to the baseline is the
+# benchmark's own error: what "overhead" a process that does nothing extra shows.
 # Diagnostic arms (--extra-arms), to split the agent's cost into parts:
 #   guard:     only jax's transfer guard at ``log`` (no jaxtop): jax's own cost
 #              of writing one log line per transfer (to a file here);
