@@ -306,18 +306,23 @@ def main(argv):
     relay = Relay(out_fd, report_fd if report_fd >= 0 else None, token, passed)
     batch_s = batch_seconds()
     while True:
-        wanted_w = [relay.report_fd] if relay.report_backlog and relay.report_fd is not None else []
-        timeout = HOLD_S if relay.holding() else None
-        try:
-            readable, writable, _ = select.select([0], wanted_w, [], timeout)
-        except InterruptedError:
-            continue
-        if writable:
-            relay.flush_reports()
-        if not readable:
-            if relay.holding() and not writable:
-                relay.release()
-            continue
+        owed = relay.report_backlog and relay.report_fd is not None
+        if owed or relay.holding():
+            wanted_w = [relay.report_fd] if owed else []
+            timeout = HOLD_S if relay.holding() else None
+            try:
+                readable, writable, _ = select.select([0], wanted_w, [], timeout)
+            except InterruptedError:
+                continue
+            if writable:
+                relay.flush_reports()
+            if not readable:
+                if relay.holding() and not writable:
+                    relay.release()
+                continue
+        # Otherwise nothing is held and nothing owed to the agent: a blocking
+        # read waits for data as select would, with one system call fewer
+        # per wake-up.
         try:
             data = os.read(0, 65536)
         except InterruptedError:
