@@ -539,8 +539,14 @@ class Agent:
                 record["events"], self.events = self.events, []
         if final:
             record["final"] = True
-        self._agent_cpu_s += time.thread_time() - started_cpu
-        record["agent"] = {"cpu_s_total": round(self._agent_cpu_s, 6)}
+        thread_cpu = time.thread_time()
+        self._agent_cpu_s += thread_cpu - started_cpu
+        record["agent"] = {
+            "cpu_s_total": round(self._agent_cpu_s, 6),
+            # Everything the thread did so far: ticks, encoding and writing
+            # samples, clients. A tick runs on the agent thread only.
+            "thread_cpu_s_total": round(thread_cpu, 6),
+        }
         self._emit(record)
 
     def _final_sample(self) -> None:
