@@ -1,4 +1,6 @@
-"""One connected client of the agent: bounded output, line-limited input.
+"""The agent's clients: bounded output and line-limited input per connection
+(:class:`Client`), and the set of connections with their commands
+(:class:`Clients`).
 
 Everything here runs on the agent thread and never blocks: sockets are
 non-blocking, output beyond the bound is dropped and counted, and bad input
@@ -8,10 +10,11 @@ closes only this client.
 from __future__ import annotations
 
 import os
+import selectors
 import socket
 import struct
 import time
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from jaxtop import protocol
 
@@ -125,3 +128,138 @@ def command_reply(request: dict[str, Any], ok: bool, **fields: Any) -> bytes:
     reply = {"type": "reply", "t": time.time(), "id": request.get("id"), "ok": ok}
     reply.update(fields)
     return protocol.encode(reply)
+
+
+CommandHandler = Callable[[dict[str, Any]], Any]
+
+
+class Clients:
+    """The agent's connections: accept, answer commands, send, drop.
+
+    Runs on the agent thread. ``selector`` is the agent's; it is set when the
+    agent thread starts, before any client can connect.
+
+    Args:
+        greeting: the lines a new client receives first (hello, backfill).
+        commands: handlers by command name; the agent may add to it later.
+    """
+
+    def __init__(self, greeting: Callable[[], Iterable[bytes]], commands: dict[str, CommandHandler]) -> None:
+        self.selector: selectors.BaseSelector | None = None
+        self._greeting = greeting
+        self._commands = commands
+        self._clients: dict[int, Client] = {}
+        self._next_ident = 1
+
+    def accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:  # BlockingIOError, InterruptedError or worse: later
+                return
+            sock.setblocking(False)
+            client = Client(sock, self._next_ident)
+            self._next_ident += 1
+            uid = peer_uid(sock)
+            if uid is not None and uid != os.getuid():
+                client.fail(f"refused: uid {uid} is not the owner (uid {os.getuid()}) of this process")
+                client.flush()
+                client.close()
+                continue
+            for line in self._greeting():
+                client.queue(line, droppable=False)
+            self._clients[client.ident] = client
+            self.selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, ("client", client))
+
+    def on_event(self, client: Client, mask: int) -> None:
+        if mask & selectors.EVENT_READ:
+            self._read(client)
+        if not client.closed and mask & selectors.EVENT_WRITE:
+            self._flush(client)
+
+    def broadcast(self, line: bytes) -> None:
+        for client in list(self._clients.values()):
+            client.queue(line)
+            self._flush(client)
+
+    def flush_all(self, deadline: float) -> None:
+        """Best effort to send what is queued (used at exit)."""
+        while time.monotonic() < deadline:
+            pending = [c for c in self._clients.values() if c.out and not c.closed]
+            if not pending:
+                return
+            for c in pending:
+                if not c.flush():
+                    c.close()
+            time.sleep(0.005)
+
+    def close_all(self) -> None:
+        for client in list(self._clients.values()):
+            client.close()
+        self._clients.clear()
+
+    def _read(self, client: Client) -> None:
+        try:
+            lines = client.read_lines()
+        except protocol.ProtocolError as exc:
+            self._fail(client, str(exc))
+            return
+        if lines is None:
+            self._drop(client)
+            return
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                request = protocol.decode(raw)
+            except protocol.ProtocolError as exc:
+                self._fail(client, f"bad input: {exc}")
+                return
+            client.queue(self._answer(request), droppable=False)
+        self._flush(client)
+
+    def _answer(self, request: dict[str, Any]) -> bytes:
+        kind = request.get("type")
+        if kind == "ping":
+            return protocol.encode({"type": "pong", "t": time.time(), "id": request.get("id")})
+        if kind != "command":
+            return command_reply(request, False, error=f"unknown request type {kind!r}")
+        name = request.get("name")
+        handler = self._commands.get(name) if isinstance(name, str) else None
+        if handler is None:
+            return command_reply(request, False, error=f"unknown command {name!r}; known: {sorted(self._commands)}")
+        args = request.get("args") if isinstance(request.get("args"), dict) else {}
+        try:
+            return command_reply(request, True, result=handler(args))
+        except Exception as exc:
+            return command_reply(request, False, error=f"{type(exc).__name__}: {exc}")
+
+    def _fail(self, client: Client, message: str) -> None:
+        client.fail(message)
+        self._flush(client)
+
+    def _flush(self, client: Client) -> None:
+        if client.closed:
+            return
+        alive = client.flush()
+        if not alive or (client.close_after_flush and not client.out):
+            self._drop(client)
+            return
+        if client.close_after_flush:
+            # An error is pending for a peer that does not read: the
+            # selector says when it can take it; never wait here.
+            events = selectors.EVENT_WRITE
+        else:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
+        try:
+            self.selector.modify(client.sock, events, ("client", client))
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _drop(self, client: Client) -> None:
+        try:
+            self.selector.unregister(client.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        client.close()
+        self._clients.pop(client.ident, None)

@@ -22,10 +22,10 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from jaxtop import paths, protocol
-from jaxtop._clients import Client, command_reply, peer_uid
+from jaxtop._clients import Clients, CommandHandler
 from jaxtop._import_hook import when_imported
 from jaxtop.probes.compile import CompileProbe
 from jaxtop.probes.donation import DonationProbe
@@ -37,9 +37,6 @@ from jaxtop.probes.transfer_guard import CachedParser, GuardController, Transfer
 from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 
 __version__ = "0.1.0"
-
-CommandHandler = Callable[[dict[str, Any]], Any]
-
 
 def _versions() -> dict[str, Any]:
     out: dict[str, Any] = {"jaxtop": __version__, "python": platform.python_version()}
@@ -90,13 +87,12 @@ class Agent:
         self._capture_wanted = capture_stderr
         self._nvml_wanted = nvml
         self._ring: collections.deque[tuple[float, bytes]] = collections.deque()
-        self._clients: dict[int, Client] = {}
-        self._next_client = 1
         self._commands: dict[str, CommandHandler] = {
             "ping": lambda args: {"pong": True},
             "memory_profile": self._cmd_memory_profile,
             "detach": self._cmd_detach,
         }
+        self._clients = Clients(self._greeting, self._commands)
         self._seq = 0
         self._fields: dict[str, Callable[[], Any]] = {}
         self._lock = threading.Lock()
@@ -109,7 +105,6 @@ class Agent:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
-        self._selector: selectors.BaseSelector | None = None
         self._log_file: Any = None
 
         self.transfers = TransferCounter()
@@ -277,7 +272,7 @@ class Agent:
     # -- the agent thread --------------------------------------------------------
     def _run(self) -> None:
         sel = selectors.DefaultSelector()
-        self._selector = sel
+        self._clients.selector = sel
         sel.register(self._listener, selectors.EVENT_READ, ("accept", None))
         sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         # The relay's reports are read once per tick, not selected on: waking
@@ -289,7 +284,7 @@ class Agent:
             while not self._stop_requested:
                 timeout = max(0.0, next_tick - time.monotonic())
                 for key, mask in sel.select(timeout):
-                    self._on_event(sel, key, mask)
+                    self._on_event(key, mask)
                 if self._final_requested and not self._final_done.is_set():
                     self._final_sample()
                     break
@@ -305,135 +300,24 @@ class Agent:
         except Exception:
             # The agent dies quietly rather than disturb the program; the
             # reason goes to clients still connected.
-            self._broadcast(protocol.encode({
+            self._clients.broadcast(protocol.encode({
                 "type": "error", "t": time.time(), "message": "agent stopped: " + traceback.format_exc(limit=5),
             }))
         finally:
             self._final_done.set()
-            self._flush_all(deadline=time.monotonic() + 1.0)
+            self._clients.flush_all(deadline=time.monotonic() + 1.0)
 
-    def _on_event(self, sel: selectors.BaseSelector, key: selectors.SelectorKey, mask: int) -> None:
+    def _on_event(self, key: selectors.SelectorKey, mask: int) -> None:
         kind, client = key.data
         if kind == "accept":
-            self._accept(sel)
+            self._clients.accept(self._listener)
         elif kind == "wake":
             try:
                 os.read(self._wake_r, 4096)
             except OSError:
                 pass
         elif kind == "client":
-            if mask & selectors.EVENT_READ:
-                self._read_client(client)
-            if not client.closed and mask & selectors.EVENT_WRITE:
-                self._flush_client(client)
-
-    def _accept(self, sel: selectors.BaseSelector) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            sock.setblocking(False)
-            client = Client(sock, self._next_client)
-            self._next_client += 1
-            uid = peer_uid(sock)
-            if uid is not None and uid != os.getuid():
-                client.fail(f"refused: uid {uid} is not the owner (uid {os.getuid()}) of this process")
-                client.flush()
-                client.close()
-                continue
-            client.queue(protocol.encode(self._hello()), droppable=False)
-            horizon = time.time() - self.backfill_s
-            for t, line in self._ring:
-                if t >= horizon:
-                    client.queue(line, droppable=False)
-            self._clients[client.ident] = client
-            sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, ("client", client))
-
-    def _read_client(self, client: Client) -> None:
-        try:
-            lines = client.read_lines()
-        except protocol.ProtocolError as exc:
-            self._fail_client(client, str(exc))
-            return
-        if lines is None:
-            self._drop_client(client)
-            return
-        for raw in lines:
-            if not raw.strip():
-                continue
-            try:
-                request = protocol.decode(raw)
-            except protocol.ProtocolError as exc:
-                self._fail_client(client, f"bad input: {exc}")
-                return
-            client.queue(self._handle_request(request), droppable=False)
-        self._flush_client(client)
-
-    def _handle_request(self, request: dict[str, Any]) -> bytes:
-        kind = request.get("type")
-        if kind == "ping":
-            return protocol.encode({"type": "pong", "t": time.time(), "id": request.get("id")})
-        if kind != "command":
-            return command_reply(request, False, error=f"unknown request type {kind!r}")
-        name = request.get("name")
-        handler = self._commands.get(name) if isinstance(name, str) else None
-        if handler is None:
-            return command_reply(request, False, error=f"unknown command {name!r}; known: {sorted(self._commands)}")
-        args = request.get("args") if isinstance(request.get("args"), dict) else {}
-        try:
-            return command_reply(request, True, result=handler(args))
-        except Exception as exc:
-            return command_reply(request, False, error=f"{type(exc).__name__}: {exc}")
-
-    def _fail_client(self, client: Client, message: str) -> None:
-        client.fail(message)
-        self._flush_client(client)
-
-    def _flush_client(self, client: Client) -> None:
-        if client.closed:
-            return
-        alive = client.flush()
-        if not alive or (client.close_after_flush and not client.out):
-            self._drop_client(client)
-            return
-        if client.close_after_flush:
-            # An error is pending for a peer that does not read: give it a
-            # moment via the selector, but never wait here.
-            pass
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
-        if client.close_after_flush:
-            events = selectors.EVENT_WRITE
-        try:
-            self._selector.modify(client.sock, events, ("client", client))
-        except (KeyError, ValueError, OSError):
-            pass
-
-    def _drop_client(self, client: Client) -> None:
-        try:
-            self._selector.unregister(client.sock)
-        except (KeyError, ValueError, OSError):
-            pass
-        client.close()
-        self._clients.pop(client.ident, None)
-
-    def _broadcast(self, line: bytes) -> None:
-        for client in list(self._clients.values()):
-            client.queue(line)
-            self._flush_client(client)
-
-    def _flush_all(self, deadline: float) -> None:
-        """Best effort to send what is queued (used at exit)."""
-        while time.monotonic() < deadline:
-            pending = [c for c in self._clients.values() if c.out and not c.closed]
-            if not pending:
-                return
-            for c in pending:
-                if not c.flush():
-                    c.close()
-            time.sleep(0.005)
+            self._clients.on_event(client, mask)
 
     def _emit(self, record: dict[str, Any], keep: bool = True) -> None:
         line = protocol.encode(record)
@@ -445,7 +329,7 @@ class Agent:
             horizon = now - self.backfill_s
             while self._ring and self._ring[0][0] < horizon:
                 self._ring.popleft()
-        self._broadcast(line)
+        self._clients.broadcast(line)
         if self._log_file is not None:
             try:
                 self._log_file.write(line)
@@ -454,6 +338,14 @@ class Agent:
                 self._log_file = None
 
     # -- samples ---------------------------------------------------------------
+    def _greeting(self) -> Iterable[bytes]:
+        """What a new client receives first: hello, then the backfill."""
+        yield protocol.encode(self._hello())
+        horizon = time.time() - self.backfill_s
+        for t, line in self._ring:
+            if t >= horizon:
+                yield line
+
     def _hello(self) -> dict[str, Any]:
         argv = list(sys.argv) if getattr(sys, "argv", None) else []
         return {
@@ -572,9 +464,7 @@ class Agent:
             return
         self._stopped.set()
         self._stop_prometheus()
-        for client in list(self._clients.values()):
-            client.close()
-        self._clients.clear()
+        self._clients.close_all()
         if self._listener is not None:
             self._listener.close()
         if self.socket_path:
