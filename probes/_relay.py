@@ -99,9 +99,7 @@ class Relay:
         self.report_fd = report_fd
         self.mark_prefix = b"\x00jaxtop:" + token + b":"
         self.mark_re = re.compile(re.escape(self.mark_prefix) + rb"(sync|show) ([^\x00\n]*)\x00")
-        self.passed = passed
-        self.silenced = b""  # abseil severities the user had switched off
-        self.drop_re = drop_pattern(passed, b"")
+        self.set_visibility(passed, b"")
         self.counts = {}  # guard message -> lines since the last report
         self.buf = b""
         self.midline = False  # part of the current line was already forwarded
@@ -142,9 +140,13 @@ class Relay:
         if len(self.report_backlog) < REPORT_BACKLOG_MAX:
             self.report_backlog += data
 
-    def count(self, message, n=1):
-        self.saw_guard = True
-        self.counts[message] = self.counts.get(message, 0) + n
+    def count(self, messages):
+        """Count guard lines by message until the next report."""
+        if messages:
+            self.saw_guard = True
+        counts = self.counts
+        for message in messages:
+            counts[message] = counts.get(message, 0) + 1
 
     def report_counts(self):
         """``G <n> <message>`` per distinct guard message since the last
@@ -174,6 +176,13 @@ class Relay:
             del self.report_backlog[:n]
 
     # -- parsing --------------------------------------------------------------
+    def set_visibility(self, passed, silenced):
+        """The guard directions the user sees, the abseil severities they
+        silenced, and the one pattern of lines that both drop."""
+        self.passed = passed
+        self.silenced = silenced
+        self.drop_re = drop_pattern(passed, silenced)
+
     def strip_markers(self, data):
         if b"\x00" not in data:
             return data
@@ -183,9 +192,7 @@ class Relay:
                 self.report(b"S " + arg + b"\n")
             else:  # "show h2d,d2d|IW": what the user sees, what they silenced
                 shown, _, silenced = arg.decode("ascii", "replace").partition("|")
-                self.passed = set(filter(None, shown.split(",")))
-                self.silenced = silenced.encode()
-                self.drop_re = drop_pattern(self.passed, self.silenced)
+                self.set_visibility(set(filter(None, shown.split(","))), silenced.encode())
             return b""
 
         return self.mark_re.sub(handle, data)
@@ -214,7 +221,7 @@ class Relay:
             self.forward(line)
             return
         message = match.group(1)
-        self.count(message)
+        self.count((message,))
         if DIRECTION_KEYS[message[: message.index(b" ")]] in self.passed:
             self.forward(line)
 
@@ -232,11 +239,7 @@ class Relay:
             found = BLOCK_GUARD_RE.findall(data)
             if self.drop_re is not None and (found or self.silenced):
                 data = self.drop_re.sub(b"", data)
-        if found:
-            self.saw_guard = True
-            counts = self.counts
-            for message in found:
-                counts[message] = counts.get(message, 0) + 1
+        self.count(found)
         self.forward(data)
 
     def feed(self, data):

@@ -50,9 +50,9 @@ class StderrCapture:
         on_guard_lines: called (from the agent thread) with each distinct
             guard message (the line without its abseil header) and how many
             lines carried it since the last call, in order of first
-            appearance. The relay counts them per read of its pipe: a
-            training loop logs a few messages over and over, so the agent's
-            work is per distinct message, not per line.
+            appearance within each read of the relay's pipe. A training
+            loop logs a few messages over and over, so the agent's work is
+            per distinct message, not per line.
     """
 
     def __init__(self, on_guard_lines: Callable[[str, int], None]) -> None:
@@ -153,23 +153,21 @@ class StderrCapture:
         if b"\n" not in self._pending:
             return
         *lines, self._pending = self._pending.split(b"\n")
-        counts: dict[bytes, int] = {}
-        acked = self._acked
+        # In stream order, so a sync acknowledged here has seen every guard
+        # line written before its marker.
         for line in lines:
             if line.startswith(b"G "):  # G <n> <message>: the relay counted them
                 n, _, message = line[2:].partition(b" ")
                 try:
-                    counts[message] = counts.get(message, 0) + int(n)
+                    count = int(n)
                 except ValueError:
-                    pass
+                    continue
+                self._on_guard_lines(message.decode("utf-8", "replace"), count)
             elif line.startswith(b"S "):
                 try:
-                    acked = max(acked, int(line[2:]))
+                    self._acked = max(self._acked, int(line[2:]))
                 except ValueError:
                     pass
-        for message, n in counts.items():
-            self._on_guard_lines(message.decode("utf-8", "replace"), n)
-        self._acked = acked  # after the counts: a sync sees every line before its marker
 
     def sync(self, timeout_s: float = 1.0) -> bool:
         """Wait until every guard line written to fd 2 so far was reported.

@@ -217,8 +217,7 @@ def test_block_path_equals_the_line_path_on_random_lines():
             fast = Relay(None, None, TOKEN, set(passed))
             slow = Relay(None, None, TOKEN, set(passed))
             for relay in (fast, slow):
-                relay.silenced = silenced
-                relay.drop_re = _relay.drop_pattern(relay.passed, silenced)
+                relay.set_visibility(set(passed), silenced)
             fast.block(b"".join(lines))
             for line in lines:
                 slow.line(line)
