@@ -232,6 +232,11 @@ def _t975(df: int) -> float:
     return _T975[max(below)] if df <= 30 else 1.96
 
 
+def _block_pairs(rnd: dict[str, Any], arm: str) -> list[tuple[float, float]]:
+    """(arm, baseline) steps/s of block b of one round: run seconds apart."""
+    return list(zip(rnd[arm].get("block_steps_per_s", []), rnd["baseline"].get("block_steps_per_s", [])))
+
+
 def paired_estimate(rounds: list[dict[str, Any]], arm: str) -> dict[str, Any] | None:
     """The arm's throughput relative to the baseline, with a 95 % interval.
 
@@ -245,8 +250,7 @@ def paired_estimate(rounds: list[dict[str, Any]], arm: str) -> dict[str, Any] | 
 
     per_round = []
     for r in rounds:
-        pairs = list(zip(r[arm].get("block_steps_per_s", []), r["baseline"].get("block_steps_per_s", [])))
-        logs = [math.log(x / b) for x, b in pairs if x > 0 and b > 0]
+        logs = [math.log(x / b) for x, b in _block_pairs(r, arm) if x > 0 and b > 0]
         if logs:
             per_round.append(statistics.fmean(logs))
     if len(per_round) < 2:
@@ -353,7 +357,7 @@ def summarize(rounds: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
         block_ratios = [
             x / b
             for r in rounds
-            for x, b in zip(r[a].get("block_steps_per_s", []), r["baseline"].get("block_steps_per_s", []))
+            for x, b in _block_pairs(r, a)
         ]
         summary["ratio_vs_baseline"][a] = {
             "per_round": ratios, "median": med, "min": min(ratios), "max": max(ratios),
