@@ -14,6 +14,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
@@ -249,7 +250,12 @@ class JaxtopApp(App[None]):
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         if self.paused and self.source.kind == "live":
             return
-        self.show(message.snapshot)
+        try:
+            self.show(message.snapshot)
+        except NoMatches:
+            # The app is closing: its widgets went before this message, which
+            # the snapshot thread posted just before it stopped.
+            pass
 
     def show(self, snap: Snapshot) -> None:
         self.snapshot = snap

@@ -224,3 +224,20 @@ async def test_replay_controls_and_truncated_file(tmp_path):
         assert src.speed == 2.0
         await pilot.press("space")
         assert src.playing
+
+
+async def test_a_snapshot_arriving_while_the_app_closes_is_dropped():
+    # The snapshot thread may post one last snapshot as the app shuts down,
+    # after the screen's widgets are gone: it must not raise out of the app.
+    from jaxtop.messages import SnapshotReady
+
+    src = PushSource()
+    app = make_app(src, refresh_s=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        src.push(9, {"type": "hello", "t": time.time(), "pid": 9, "argv": ["x.py"], "interval_s": 0.1, "backend": "cpu"})
+        await settle(pilot, app)
+        snap = app.build_snapshot()
+        await app.query_one("#overview").remove()  # as at shutdown
+        app.post_message(SnapshotReady(snap))
+        await pilot.pause(0.2)
+    assert app.return_code in (0, None)
