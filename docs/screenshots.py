@@ -35,7 +35,7 @@ async def _wait(pilot, app, cond, timeout: float) -> None:
 
 async def shot_attach() -> None:
     from jaxtop import paths
-    from jaxtop.app import live_app
+    from jaxtop.dashboard.app import live_app
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "jaxtop", "run", "-m", "jaxtop.demo.train_loop", "--steps", "100000", "--sleep", "0.004"],
@@ -58,8 +58,8 @@ async def shot_attach() -> None:
 
 
 async def shot_replay() -> None:
-    from jaxtop.app import make_app
-    from jaxtop.sources import ReplaySource
+    from jaxtop.dashboard.app import make_app
+    from jaxtop.dashboard.sources import ReplaySource
 
     src = ReplaySource(str(FIXTURES / "cpu_train_loop.jsonl"), start_playing=False)
     app = make_app(src)
@@ -72,8 +72,8 @@ async def shot_replay() -> None:
 
 
 async def shot_demo() -> None:
-    from jaxtop.demo_app import DemoApp, Worker
-    from jaxtop.widgets.strategies import demo_state
+    from jaxtop.demo.app import DemoApp, Worker
+    from jaxtop.demo.panel import demo_state
 
     worker = Worker(small=True)
     pid = worker.start()

@@ -3,111 +3,19 @@
 ``import jaxtop; jaxtop.instrument()`` starts the agent in this process; then
 ``jaxtop attach PID`` (or ``jaxtop log PID``) reads it. Importing this package
 imports neither jax nor Textual.
+
+The package follows the data, one way: ``jaxtop.probes`` read jax, stderr,
+psutil and NVML inside the user's process; ``jaxtop.agent`` samples them and
+serves the stream; ``jaxtop.protocol`` (the wire) and ``jaxtop.client`` (the
+one socket client) carry it; ``jaxtop.dashboard`` turns it into a model and
+the Textual app with ``jaxtop.widgets``; ``jaxtop.export`` converts
+recordings offline. ``jaxtop.cli`` wires them to commands, ``jaxtop.inject``
+starts an agent in a running process, ``jaxtop.demo`` is the demo workload.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from typing import Any
+from jaxtop.agent.handle import Handle, instrument
+from jaxtop.protocol import JAXTOP_VERSION as __version__
 
-__version__ = "0.1.0"
 __all__ = ["instrument", "Handle", "__version__"]
-
-_lock = threading.Lock()
-_handle: "Handle | None" = None
-
-
-class Handle:
-    """The running agent of this process, as returned by :func:`instrument`."""
-
-    def __init__(self, agent: Any) -> None:
-        self._agent = agent
-
-    @property
-    def socket_path(self) -> str | None:
-        """Where clients connect (``…/PID.sock``)."""
-        return self._agent.socket_path
-
-    @property
-    def agent(self) -> Any:
-        return self._agent
-
-    @property
-    def running(self) -> bool:
-        return not self._agent._stopped.is_set()
-
-    def stop(self) -> None:
-        """Stop the agent: socket removed, stderr and the transfer guard restored."""
-        global _handle
-        with _lock:
-            self._agent.stop()
-            if _handle is self:
-                _handle = None
-
-    def __repr__(self) -> str:
-        state = "running" if self.running else "stopped"
-        return f"<jaxtop agent pid={self._agent.pid} {state} socket={self.socket_path}>"
-
-
-def instrument(
-    interval_s: float = 0.1,
-    *,
-    log_path: str | None = None,
-    backfill_s: float = 600.0,
-    slow_interval_s: float = 1.0,
-    capture_stderr: bool = True,
-    nvml: bool = True,
-    prometheus_port: int | None = None,
-    prometheus_addr: str | None = None,
-) -> Handle:
-    """Start the jaxtop agent in this process (idempotent).
-
-    Call it early, ideally before ``import jax``; it never creates a JAX
-    backend itself and never raises into your program once started.
-
-    Args:
-        interval_s: sample period in seconds.
-        log_path: also record the stream to this JSON-lines file.
-        backfill_s: history sent to a client that connects later.
-        slow_interval_s: period of the live-array scan.
-        capture_stderr: count implicit transfers from the guard's log lines.
-        nvml: read NVIDIA driver metrics when a driver is present.
-        prometheus_port: also serve Prometheus metrics on this port
-            (default: ``$JAXTOP_PROMETHEUS_PORT`` if set; needs
-            prometheus-client). Binds ``prometheus_addr``, loopback
-            (127.0.0.1) when None.
-
-    Returns:
-        The handle of the (already) running agent; ``.stop()`` stops it.
-
-    Raises:
-        OSError: the socket or the metrics port could not be bound (nothing
-            was changed).
-        ImportError: a Prometheus port was asked for without prometheus-client.
-        ValueError: ``$JAXTOP_PROMETHEUS_PORT`` is not a port number.
-    """
-    global _handle
-    with _lock:
-        if _handle is not None and _handle.running:
-            return _handle
-        from jaxtop.agent import Agent
-
-        if prometheus_port is None and os.environ.get("JAXTOP_PROMETHEUS_PORT"):
-            text = os.environ["JAXTOP_PROMETHEUS_PORT"]
-            if not text.isdigit() or not 0 < int(text) < 65536:
-                raise ValueError(f"JAXTOP_PROMETHEUS_PORT={text!r} is not a port number")
-            prometheus_port = int(text)
-        agent = Agent(
-            interval_s=interval_s,
-            slow_interval_s=slow_interval_s,
-            backfill_s=backfill_s,
-            log_path=log_path,
-            capture_stderr=capture_stderr,
-            nvml=nvml,
-            prometheus_port=prometheus_port,
-            prometheus_addr=prometheus_addr,
-        )
-        agent.start()
-        _handle = Handle(agent)
-        return _handle

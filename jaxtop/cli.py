@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Sequence
 
-from jaxtop import __version__
+from jaxtop.protocol import JAXTOP_VERSION
 from jaxtop.inject import DEFAULT_TIMEOUT_S as DEFAULT_INJECT_TIMEOUT_S
 from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="jaxtop",
         description="top for JAX memory: device memory, fragmentation and host<->device transfers.",
     )
-    parser.add_argument("--version", action="version", version=f"jaxtop {__version__}")
+    parser.add_argument("--version", action="version", version=f"jaxtop {JAXTOP_VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser(
@@ -265,7 +265,7 @@ def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = F
     external = _ensure_agents(pids, inject, no_inject, inject_timeout)
     if isinstance(external, int):
         return external
-    from jaxtop.app import DEFAULT_REFRESH_S, live_app
+    from jaxtop.dashboard.app import DEFAULT_REFRESH_S, live_app
 
     live_app(pids, refresh_s=refresh_s or DEFAULT_REFRESH_S, external=external).run()
     return 0
@@ -342,13 +342,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         print("jaxtop demo: --json needs --headless", file=sys.stderr)
         return EXIT_USAGE
-    from jaxtop.demo_app import run_demo
+    from jaxtop.demo.app import run_demo
 
     return run_demo(small=args.small)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from jaxtop.app import replay_app
+    from jaxtop.dashboard.app import replay_app
 
     if not os.path.isfile(args.file):
         print(f"jaxtop replay: no such file: {args.file}", file=sys.stderr)
@@ -378,7 +378,7 @@ def cmd_default() -> int:
         for a in agents:
             print(f"  {a.pid}  {_uptime(a.started_t)}  {a.command}")
         return EXIT_USAGE
-    from jaxtop.picker import pick
+    from jaxtop.dashboard.picker import pick
 
     chosen = pick(agents)
     if not chosen:

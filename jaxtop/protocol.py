@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Iterator
 
 PROTOCOL_VERSION = 1
+#: jaxtop's own version, written once: the package, ``--version`` and every
+#: ``hello`` read it from here (pyproject.toml too, through setuptools).
+JAXTOP_VERSION = "0.1.0"
 
 #: Largest line a peer may send to the agent (commands are small).
 MAX_COMMAND_LINE_BYTES = 64 * 1024

@@ -13,9 +13,9 @@ from rich.console import Console
 from textual.widgets import Static
 
 from jaxtop import protocol, synthetic
-from jaxtop.app import HelpScreen, ProfileScreen, make_app
-from jaxtop.model import DISCONNECTED
-from jaxtop.sources import LiveSource, PushSource, ReplaySource
+from jaxtop.dashboard.app import HelpScreen, ProfileScreen, make_app
+from jaxtop.dashboard.model import DISCONNECTED
+from jaxtop.dashboard.sources import LiveSource, PushSource, ReplaySource
 
 SIZE = (120, 40)
 
@@ -229,7 +229,7 @@ async def test_replay_controls_and_truncated_file(tmp_path):
 async def test_a_snapshot_arriving_while_the_app_closes_is_dropped():
     # The snapshot thread may post one last snapshot as the app shuts down,
     # after the screen's widgets are gone: it must not raise out of the app.
-    from jaxtop.messages import SnapshotReady
+    from jaxtop.dashboard.messages import SnapshotReady
 
     src = PushSource()
     app = make_app(src, refresh_s=0.1)

@@ -27,7 +27,7 @@ MUST_MOVE = {
 @pytest.fixture
 def demo_worker(child_env, monkeypatch, tmp_path):
     """A real demo workload child (small sizes), stopped after the test."""
-    from jaxtop.demo_app import Worker
+    from jaxtop.demo.app import Worker
 
     for k, v in child_env.items():
         monkeypatch.setenv(k, v)
@@ -90,8 +90,8 @@ def test_headless_table_is_readable(child_env):
 
 
 async def test_dashboard_toggles_each_strategy_against_a_real_child(demo_worker):
-    from jaxtop.demo_app import DemoApp
-    from jaxtop.widgets.strategies import StrategiesPanel, demo_state
+    from jaxtop.demo.app import DemoApp
+    from jaxtop.demo.panel import StrategiesPanel, demo_state
 
     app = DemoApp(demo_worker, demo_worker.proc.pid)
     async with app.run_test(size=(160, 50)) as pilot:
@@ -151,8 +151,8 @@ async def test_restart_time_setting_restarts_the_workload_with_its_environment(d
     flipped; the dashboard follows the new process."""
     import os
 
-    from jaxtop.demo_app import DemoApp
-    from jaxtop.widgets.strategies import demo_state
+    from jaxtop.demo.app import DemoApp
+    from jaxtop.demo.panel import demo_state
 
     old_pid = demo_worker.proc.pid
     app = DemoApp(demo_worker, old_pid)
@@ -174,7 +174,7 @@ async def test_restart_time_setting_restarts_the_workload_with_its_environment(d
 def test_workload_starts_from_a_directory_with_its_own_jaxtop(child_env, monkeypatch, tmp_path):
     """`jaxtop demo` run in a jaxtop checkout: the source `jaxtop/` in the
     current directory must not shadow the installed package in the child."""
-    from jaxtop.demo_app import Worker
+    from jaxtop.demo.app import Worker
 
     fake = tmp_path / "jaxtop"
     fake.mkdir()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY
-from jaxtop import convert, export
+from jaxtop.export import convert, formats as export
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -192,8 +192,8 @@ def test_external_view_shows_host_stats_labelled(child_env):
     """--no-inject: psutil (and NVML where present) from outside, labelled."""
     import asyncio
 
-    from jaxtop.app import make_app
-    from jaxtop.sources import LiveSource
+    from jaxtop.dashboard.app import make_app
+    from jaxtop.dashboard.sources import LiveSource
 
     proc, out, err = start_plain(child_env, 3000)
     try:

@@ -1,4 +1,4 @@
-"""Learned line layouts (jaxtop.layouts) and the export fast path built on them.
+"""Learned line layouts (jaxtop.export.layouts) and the export fast path built on them.
 
 The fast path must be invisible: every export is compared byte for byte with
 the plain path (json.loads on every line) on real recordings and on lines
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxtop import convert, export
-from jaxtop.layouts import Layout, Layouts, lookup, number_paths
+from jaxtop.export import convert, formats as export
+from jaxtop.export.layouts import Layout, Layouts, lookup, number_paths
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from jaxtop import synthetic
-from jaxtop.history import History
-from jaxtop.model import DISCONNECTED, EXITED, LIVE, STALE, Model
+from jaxtop.dashboard.history import History
+from jaxtop.dashboard.model import DISCONNECTED, EXITED, LIVE, STALE, Model
 
 
 def test_history_keeps_spikes_when_downsampling():
@@ -126,7 +126,7 @@ def test_live_source_removes_its_session_spool_when_stopped(sockdir):
     import os
     import subprocess
 
-    from jaxtop.sources import LiveSource
+    from jaxtop.dashboard.sources import LiveSource
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -143,7 +143,7 @@ def test_session_spool_is_capped_and_a_save_still_opens_with_hello(tmp_path, mon
     import os
 
     from jaxtop import protocol
-    from jaxtop.sources import _Connection
+    from jaxtop.dashboard.sources.live import _Connection
 
     monkeypatch.setenv("JAXTOP_SPOOL_MAX_BYTES", str(64 * 1024))
     conn = _Connection(7, str(tmp_path))

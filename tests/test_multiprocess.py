@@ -8,8 +8,8 @@ import pytest
 from rich.console import Console
 
 from conftest import TARGETS
-from jaxtop.app import make_app
-from jaxtop.sources import LiveSource
+from jaxtop.dashboard.app import make_app
+from jaxtop.dashboard.sources import LiveSource
 from jaxtop.widgets.panels import HeaderBar, OverviewPanel
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxtop.app import make_app
-from jaxtop.sources import ReplaySource
+from jaxtop.dashboard.app import make_app
+from jaxtop.dashboard.sources import ReplaySource
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SIZES = [(80, 24), (120, 40), (200, 60)]

@@ -14,14 +14,14 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from jaxtop.model import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, Snapshot
+from jaxtop.dashboard.model import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, Snapshot
 from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, MiniBars, Series, Timeline, fmt_bytes, fmt_duration, fmt_rate
 
 STATE_STYLE = {LIVE: "bold green", STALE: "bold yellow", DISCONNECTED: "bold red", EXITED: "bold magenta", REPLAY: "bold cyan"}
 WINDOW_LABEL = {60.0: "1 min", 600.0: "10 min", 3600.0: "1 h", None: "whole run"}
 
 
-def _title(text: str, extra: str = "") -> Text:
+def panel_title(text: str, extra: str = "") -> Text:
     line = Text(f" {text} ", style="bold reverse", no_wrap=True, overflow="ellipsis")
     if extra:
         line.append(f" {extra}", style="dim")
@@ -61,11 +61,11 @@ class Panel(Widget):
     def render(self) -> RenderableType:
         snap = self.snapshot
         if snap is None:
-            return Group(_title(self.TITLE), Text("waiting for data…", style="dim"))
+            return Group(panel_title(self.TITLE), Text("waiting for data…", style="dim"))
         try:
             return self.draw(snap, max(1, self.size.width), max(1, self.size.height))
         except Exception as exc:  # a drawing bug must not take the dashboard down
-            return Group(_title(self.TITLE), Text(f"render error: {exc}", style="red"))
+            return Group(panel_title(self.TITLE), Text(f"render error: {exc}", style="red"))
 
 class HeaderBar(Panel):
     """pid, command, backend, versions, uptime, connection state, sample age."""
@@ -121,7 +121,7 @@ class MemoryPanel(Panel):
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         dev = snap.device
         if dev is None:
-            return Group(_title(self.TITLE), Text("no device", style="dim"))
+            return Group(panel_title(self.TITLE), Text("no device", style="dim"))
         proc = snap.process_of(dev)
         nvml_reason = None
         nvml_used = dev.nvml.get("memory_used_bytes") if dev.nvml else None
@@ -146,7 +146,7 @@ class MemoryPanel(Panel):
             extra.append(f"headroom {fmt_bytes(dev.headroom_bytes)}")
         if dev.source == "live_arrays":
             extra.append("*from live arrays")
-        body: list[RenderableType] = [_title(self.TITLE, dev.label), LayersBar(layers, limit)]
+        body: list[RenderableType] = [panel_title(self.TITLE, dev.label), LayersBar(layers, limit)]
         if extra and height > 6:
             body.append(Text(" · ".join(extra), style="dim"))
         return Group(*body)
@@ -158,8 +158,8 @@ class FragmentationPanel(Panel):
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         dev = snap.device
         if dev is None:
-            return Group(_title(self.TITLE))
-        return Group(_title(self.TITLE), Gauge(dev.fragmentation, reason=dev.fragmentation_reason, label="frag"))
+            return Group(panel_title(self.TITLE))
+        return Group(panel_title(self.TITLE), Gauge(dev.fragmentation, reason=dev.fragmentation_reason, label="frag"))
 
 
 class MemoryMapPanel(Panel):
@@ -170,9 +170,9 @@ class MemoryMapPanel(Panel):
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         dev = snap.device
         if dev is None:
-            return Group(_title(self.TITLE))
+            return Group(panel_title(self.TITLE))
         extra = "" if dev.map_complete else "largest 2000 buffers"
-        parts: list[RenderableType] = [_title(self.TITLE, extra), MemoryMap(list(dev.buffer_map), rows=1 if height < 6 else 2)]
+        parts: list[RenderableType] = [panel_title(self.TITLE, extra), MemoryMap(list(dev.buffer_map), rows=1 if height < 6 else 2)]
         room = height - (3 if height < 6 else 4)
         for buf in dev.top_buffers[: max(0, room)]:
             parts.append(Text(f" {fmt_bytes(buf.get('nbytes')):>10}  {buf.get('dtype')}{buf.get('shape')}", no_wrap=True, overflow="ellipsis"))
@@ -187,10 +187,10 @@ class TimelinePanel(Panel):
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         dev = snap.device
         if dev is None:
-            return Group(_title(self.TITLE))
+            return Group(panel_title(self.TITLE))
         win = dev.timeline
         names = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "nvml_used_bytes")
-        from jaxtop.model import DEVICE_SERIES
+        from jaxtop.dashboard.model import DEVICE_SERIES
 
         idx = {n: DEVICE_SERIES.index(n) for n in names + ("allocs_per_s",)}
         series = []
@@ -212,7 +212,7 @@ class TimelinePanel(Panel):
         rate = fmt_rate(dev.allocs_per_s, "allocs") if dev.allocs_per_s is not None else f"allocs/s n/a ({dev.allocs_reason})"
         bucket = f"{win.bucket_s:g}s buckets (min/max)" if win.bucket_s else "raw samples"
         return Group(
-            _title(self.TITLE, f"{WINDOW_LABEL.get(snap.window_s, '')} · {bucket} · {rate}"),
+            panel_title(self.TITLE, f"{WINDOW_LABEL.get(snap.window_s, '')} · {bucket} · {rate}"),
             Timeline(series, start, end, height=max(3, height - 1), unit="bytes"),
         )
 
@@ -231,10 +231,10 @@ class TransfersPanel(Panel):
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         proc = snap.process_of(snap.device)
         if proc is None:
-            return Group(_title(self.TITLE))
+            return Group(panel_title(self.TITLE))
         cap = proc.capture
         if cap and cap.get("available") is False:
-            return Group(_title(self.TITLE), _na(cap.get("reason")))
+            return Group(panel_title(self.TITLE), _na(cap.get("reason")))
         # Narrow panels drop the sparkline, then the byte rate; the direction
         # and the totals are what must stay legible at 80x24.
         show_recent = width >= 52
@@ -248,7 +248,7 @@ class TransfersPanel(Panel):
             table.add_column(no_wrap=True)
             headers.append("recent")
         table.add_row(Text("dir", style="dim"), *(Text(h, style="dim") for h in headers))
-        from jaxtop.model import PROCESS_SERIES
+        from jaxtop.dashboard.model import PROCESS_SERIES
 
         hist = proc.history
         for d in ("h2d", "d2h", "d2d"):
@@ -261,7 +261,7 @@ class TransfersPanel(Panel):
                 t, lo, hi = hist.series(PROCESS_SERIES.index(f"{d}_per_s"))
                 cells.append(MiniBars([None if v != v else float(v) for v in hi[-12:]], width=12))
             table.add_row(*cells)
-        parts: list[RenderableType] = [_title(self.TITLE, "bytes are a lower bound" if width >= 46 else ""), table]
+        parts: list[RenderableType] = [panel_title(self.TITLE, "bytes are a lower bound" if width >= 46 else ""), table]
         if proc.top_shapes and height > 5:
             top = proc.top_shapes[0]
             parts.append(Text(f" top: {top['direction']} {top['shape']} ×{top['count']}", style="dim", no_wrap=True, overflow="ellipsis"))
@@ -283,7 +283,7 @@ class HostPanel(Panel):
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         proc = snap.process_of(snap.device)
         if proc is None:
-            return Group(_title(self.TITLE))
+            return Group(panel_title(self.TITLE))
         p = proc.process
         if p.get("available") is False:
             line1 = _na(p.get("reason"))
@@ -320,7 +320,7 @@ class HostPanel(Panel):
         line3 = Text(
             f" compiles {compiles}  failed donations {don.get('failed_total', 'n/a')}",
             no_wrap=True, overflow="ellipsis")
-        return Group(_title(self.TITLE), line1, line2, line3)
+        return Group(panel_title(self.TITLE), line1, line2, line3)
 
 
 class EventsPanel(Panel):
@@ -330,7 +330,7 @@ class EventsPanel(Panel):
     STYLE = {"error": "red", "donation": "yellow", "dropped": "yellow", "disconnect": "red", "exit": "magenta", "compile": "cyan", "profile": "green"}
 
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
-        lines: list[RenderableType] = [_title(self.TITLE, f"{len(snap.events)} shown of the last 500")]
+        lines: list[RenderableType] = [panel_title(self.TITLE, f"{len(snap.events)} shown of the last 500")]
         for note in snap.notices:
             lines.append(Text(f" ! {note}", style="bold yellow", no_wrap=True, overflow="ellipsis"))
         room = max(0, height - len(lines))
@@ -359,5 +359,5 @@ class OverviewPanel(Panel):
             table.add_row(str(dev.pid), dev.label, fmt_bytes(dev.bytes_in_use), fmt_bytes(dev.pool_bytes),
                           fmt_bytes(dev.bytes_limit), frag, fmt_rate(h2d, ""), p.state if p else "?")
         if not snap.devices:
-            return Group(_title(self.TITLE), Text("no devices yet", style="dim"))
-        return Group(_title(self.TITLE, "tab: next device"), table)
+            return Group(panel_title(self.TITLE), Text("no devices yet", style="dim"))
+        return Group(panel_title(self.TITLE, "tab: next device"), table)

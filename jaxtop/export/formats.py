@@ -5,11 +5,11 @@ CSV columns are listed in :data:`CSV_COLUMNS` and documented in
 docs/protocol.md ("Exports"); the trace format is Chrome's trace-event JSON
 (``{"traceEvents": [...]}``), which ui.perfetto.dev and chrome://tracing open.
 
-Speed (:mod:`jaxtop.convert` drives the writers): an agent's samples repeat
+Speed (:mod:`jaxtop.export.convert` drives the writers): an agent's samples repeat
 one shape with other numbers. The first sample of each shape is decoded with
 :func:`json.loads` and written by the plain path (``sample``); from it the
 writer builds an emitter for that shape (``compile``), and later samples that
-match the shape (:mod:`jaxtop.layouts`) are written from their number tokens
+match the shape (:mod:`jaxtop.export.layouts`) are written from their number tokens
 alone. Both paths write the same bytes; a line the emitter cannot serve takes
 the plain path. A big plain file is also split across processes.
 """
@@ -23,9 +23,10 @@ import math
 import operator
 from typing import IO, Any, Callable
 
-from jaxtop import convert, protocol
-from jaxtop.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
-from jaxtop.layouts import Layout, Path, lookup
+from jaxtop import protocol
+from jaxtop.export import convert
+from jaxtop.export.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
+from jaxtop.export.layouts import Layout, Path, lookup
 
 DIRECTIONS = ("h2d", "d2h", "d2d")
 

@@ -8,7 +8,7 @@ made as ``make(out)``, or ``make(out, part=True)`` for a piece of a file.
 
 Two speed-ups, neither of which changes a byte of the output:
 - lines of a learned shape go straight to their emitter
-  (:mod:`jaxtop.layouts`), read from 1 MiB blocks;
+  (:mod:`jaxtop.export.layouts`), read from 1 MiB blocks;
 - a big plain recording is cut into pieces converted by forked processes.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from jaxtop import protocol
-from jaxtop.layouts import Layouts
+from jaxtop.export.layouts import Layouts
 
 
 def open_recording(path: str) -> IO[bytes]:

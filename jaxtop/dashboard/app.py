@@ -18,9 +18,9 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
-from jaxtop.messages import SnapshotReady
-from jaxtop.model import Model, Snapshot
-from jaxtop.sources import LiveSource, ReplaySource, Source
+from jaxtop.dashboard.messages import SnapshotReady
+from jaxtop.dashboard.model import Model, Snapshot
+from jaxtop.dashboard.sources import LiveSource, ReplaySource, Source
 from jaxtop.widgets.panels import (
     EventsPanel, FragmentationPanel, HeaderBar, HostPanel, MemoryMapPanel, MemoryPanel,
     OverviewPanel, Panel, TimelinePanel, TransfersPanel,

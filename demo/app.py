@@ -13,9 +13,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 
 from jaxtop import paths
-from jaxtop.app import JaxtopApp
-from jaxtop.sources import LiveSource
-from jaxtop.widgets.strategies import StrategiesPanel, demo_state
+from jaxtop.dashboard.app import JaxtopApp
+from jaxtop.dashboard.sources import LiveSource
+from jaxtop.demo.panel import StrategiesPanel, demo_state
 
 # `python -m jaxtop.demo.worker` would put the current directory first on
 # sys.path: run from a jaxtop checkout, its source `jaxtop/` (which has no

@@ -1,7 +1,7 @@
 """The dashboard's model: records in, frozen snapshots out.
 
 Fed the same way from a live socket, a recording or a test (``feed(pid,
-record)``); keeps all history (bounded, see :mod:`jaxtop.history`); builds an
+record)``); keeps all history (bounded, see :mod:`jaxtop.dashboard.history`); builds an
 immutable :class:`Snapshot` for the widgets. No Textual, no sockets.
 """
 
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxtop.history import History, Window
+from jaxtop.dashboard.history import History, Window
 
 DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes", "live_bytes")
 PROCESS_SERIES = ("h2d_per_s", "d2h_per_s", "d2d_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "d2d_bytes_per_s", "rss_bytes", "cpu_percent", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")

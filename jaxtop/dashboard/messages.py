@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from jaxtop.model import Snapshot
+from jaxtop.dashboard.model import Snapshot
 
 
 class SnapshotReady(Message):

@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
 
-from jaxtop.model import Snapshot
-from jaxtop.widgets.panels import Panel, _title
+from jaxtop.dashboard.model import Snapshot
+from jaxtop.widgets.panels import Panel, panel_title
 from jaxtop.demo.metrics import fmt_metric, verdict
 from jaxtop.widgets.render import fmt_bytes
 
@@ -38,7 +38,7 @@ class StrategiesPanel(Panel):
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         demo = demo_state(snap)
         if demo is None:
-            return Group(_title(self.TITLE), Text("waiting for the demo workload (compiling every variant)…", style="dim"))
+            return Group(panel_title(self.TITLE), Text("waiting for the demo workload (compiling every variant)…", style="dim"))
         strategies = demo.get("strategies") or []
         # Narrow terminals: the current variant only, and the measured values
         # before the metric's name, so that "1 → 0 ✓" survives the cut.
@@ -59,7 +59,7 @@ class StrategiesPanel(Panel):
         table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
         for row in rows:
             table.add_row(*row)
-        parts: list[RenderableType] = [_title(self.TITLE, f"{demo.get('backend')} · step {demo.get('steps')} · enter: run, then toggle · ↑↓ select"), table]
+        parts: list[RenderableType] = [panel_title(self.TITLE, f"{demo.get('backend')} · step {demo.get('steps')} · enter: run, then toggle · ↑↓ select"), table]
         if 0 <= self.cursor < len(strategies) and height >= len(strategies) + 2:
             parts.append(Text(" " + strategies[self.cursor]["about"], style="dim", overflow="ellipsis"))
         return Group(*parts)

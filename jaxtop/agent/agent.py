@@ -25,8 +25,8 @@ import traceback
 from typing import Any, Callable, Iterable
 
 from jaxtop import paths, protocol
-from jaxtop._clients import Clients, CommandHandler
-from jaxtop._import_hook import when_imported
+from jaxtop.agent.clients import Clients, CommandHandler
+from jaxtop.agent.import_hook import when_imported
 from jaxtop.probes.compile import CompileProbe
 from jaxtop.probes.donation import DonationProbe
 from jaxtop.probes.jax_memory import JaxMemoryProbe, backend_ready
@@ -36,10 +36,9 @@ from jaxtop.probes.stderr_capture import CaptureError, StderrCapture
 from jaxtop.probes.transfer_guard import CachedParser, GuardController, TransferCounter
 from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 
-__version__ = "0.1.0"
 
 def _versions() -> dict[str, Any]:
-    out: dict[str, Any] = {"jaxtop": __version__, "python": platform.python_version()}
+    out: dict[str, Any] = {"jaxtop": protocol.JAXTOP_VERSION, "python": platform.python_version()}
     for name in ("jax", "jaxlib"):
         module = sys.modules.get(name)
         out[name] = getattr(module, "__version__", None) if module else None
@@ -182,6 +181,11 @@ class Agent:
             self._thread.join(timeout=5)
         self._teardown()
 
+    @property
+    def running(self) -> bool:
+        """False once :meth:`stop` (or the process's exit) has torn it down."""
+        return not self._stopped.is_set()
+
     def register_command(self, name: str, handler: CommandHandler) -> None:
         """Serve ``{"type": "command", "name": name, "args": {...}}`` requests.
 
@@ -204,9 +208,9 @@ class Agent:
         """Stop this agent (``jaxtop detach PID``), on a thread of its own so
         that the agent thread flushes this reply on its way out."""
         def stop() -> None:
-            import jaxtop
+            from jaxtop.agent.handle import current
 
-            handle = jaxtop._handle
+            handle = current()
             if handle is not None and handle.agent is self:
                 handle.stop()
             else:

@@ -1,0 +1,7 @@
+"""Offline tools on recordings: CSV and Perfetto exports (:mod:`.formats`),
+driven fast over big files (:mod:`.convert`). No Textual, no jax."""
+
+from jaxtop.export.convert import default_jobs, open_recording
+from jaxtop.export.formats import CSV_COLUMNS, write_csv, write_perfetto
+
+__all__ = ["CSV_COLUMNS", "default_jobs", "open_recording", "write_csv", "write_perfetto"]
