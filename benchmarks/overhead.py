@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Overhead of the jaxtop agent on a jitted CPU training loop (DESIGN.md §5).
+"""Overhead of the jaxtop agent on a jitted CPU training loop.
 
 Every round starts one FRESH child process per arm (``sys.executable``, so
 compile caches, the transfer-guard setting and threads never leak between
@@ -32,7 +32,7 @@ Scheduling (``--mode``):
   A/B design; drifts between runs stay in the ratio).
 
 Wall-clock ratios stay noisy at the 1 % level, so the script also reports
-the stable figures of DESIGN.md §5: CPU time of the agent thread (the
+stable figures: CPU time of the agent thread (the
 ``agent.cpu_s_total`` it records, which covers the sampling tick, and the
 whole thread read from its pthread CPU clock), of the stderr relay process and
 of jax-smi's thread, each per second of run as a % of one core, plus the user's
@@ -72,7 +72,7 @@ from typing import Any
 
 from overhead_child import BATCH, D_IN, D_OUT, EXTRA_ARMS, HIDDEN, MARK, STALL_S  # benchmarks/ is on sys.path
 
-TARGET_PCT = 1.0  # the agent's overhead target (issue 2, DESIGN.md §5)
+TARGET_PCT = 1.0  # the agent's overhead target: 1 % of the loop's throughput
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "overhead_child.py")
 
 

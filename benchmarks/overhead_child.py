@@ -190,7 +190,7 @@ def run_child(arm: str, warmup: int, interval_s: float, workdir: str, feed: str 
     time.sleep(0.3)
 
     agent = handle.agent if handle is not None else None
-    agent_ident = agent._thread.ident if agent is not None and agent._thread is not None else None
+    agent_ident = agent.thread_ident if agent is not None else None
     relay = _relay_proc() if arm == "agent" else None
 
     def snapshot() -> dict[str, Any]:
@@ -201,7 +201,7 @@ def run_child(arm: str, warmup: int, interval_s: float, workdir: str, feed: str 
             "main": time.thread_time(),
             "ctx": _ctx_switches(),
             "machine": _machine_cpu(),
-            "agent_tick": agent._agent_cpu_s if agent is not None else None,
+            "agent_tick": agent.tick_cpu_s if agent is not None else None,
             "agent_thread": _thread_cpu(agent_ident),
             "relay": _proc_cpu(relay),
             "smi_thread": _thread_cpu(smi_ident),

@@ -15,7 +15,7 @@ real pseudo-terminal of 120x40 whose output this process drains.
    one core (psutil ``cpu_times``: user + system, all its threads), with its
    RSS at the end.
 
-Targets (issue 3): <= 5 % of one core, RSS flat and under 200 MB.
+Targets: <= 5 % of one core, RSS flat and under 200 MB.
 
     .venv/bin/python benchmarks/tui.py                 # 24 h backlog, 60 s measured
     .venv/bin/python benchmarks/tui.py --hours 1 --measure-s 20   # quick look

@@ -15,7 +15,6 @@ from jaxtop.widgets.panels import Panel, panel_title
 from jaxtop.demo.metrics import fmt_metric, verdict
 from jaxtop.widgets.render import fmt_bytes
 
-ARROW = {"down": "↓", "up": "↑", "zero": "→0", "": ""}
 
 
 def judge(expect: str, before: Any, after: Any) -> tuple[str, str]:

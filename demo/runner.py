@@ -48,19 +48,14 @@ class DemoRunner:
         self.steps = 0
 
     # -- probes ---------------------------------------------------------------------
-    def _sync(self) -> None:
-        """Wait until guard lines written so far are counted (a loaded
-        machine can hold the relay back for a while: wait up to 5 s)."""
-        capture = getattr(self.agent, "capture", None)
-        if capture is not None:
-            capture.sync(timeout_s=5.0)
-
     def _counters(self, strategy: Strategy) -> dict[str, Any]:
         stats = normalize_stats(_memory_stats(self.device))
         frag, _ = fragmentation(stats, self.device.platform)
         return {
-            "h2d": self.agent.transfers.totals()["h2d"],
-            "compiles": self.agent.compile.total(),
+            # Wait until the guard lines written so far are counted (a loaded
+            # machine can hold the relay back for a while: up to 5 s).
+            "h2d": self.agent.transfer_totals(sync_timeout_s=5.0)["h2d"],
+            "compiles": self.agent.compile_count(),
             "errors": getattr(strategy, "errors", 0),
             "allocated": getattr(strategy, "allocated_bytes", None),
             "num_allocs": (stats or {}).get("num_allocs"),
@@ -79,7 +74,6 @@ class DemoRunner:
     def measure(self, name: str, variant: str, steps: int) -> dict[str, Any]:
         """Run ``steps`` steps of one variant; metrics per step from the probes."""
         strategy = self.strategies[name]
-        self._sync()
         before = self._counters(strategy)
         # Step time: the fastest of three equal chunks, so a burst of load from
         # elsewhere on the machine does not flip a comparison.
@@ -92,7 +86,6 @@ class DemoRunner:
             if n:
                 per_step = (time.perf_counter() - started) / n
                 best = per_step if best is None else min(best, per_step)
-        self._sync()
         after = self._counters(strategy)
         return self._metrics(strategy, variant, steps, best or 0.0, before, after)
 
@@ -190,6 +183,13 @@ class DemoRunner:
             self._pending.append((strategy, variant))
         return {"queued": True, "strategy": strategy, "variant": variant}
 
+    def state_if_changed(self, seen_version: int) -> dict[str, Any] | None:
+        """:meth:`state` when it changed since ``seen_version``, else None."""
+        with self._lock:
+            if self.version == seen_version:
+                return None
+        return self.state()
+
     def state(self) -> dict[str, Any]:
         """The ``demo`` field of each sample (small, thread-safe)."""
         with self._lock:
@@ -237,7 +237,6 @@ class DemoRunner:
             name = self.active
             strategy = self.strategies[name]
             if before is None:
-                self._sync()
                 before = self._counters(strategy)
                 window_start = time.monotonic()
             strategy.step(self.variant[name])
@@ -252,7 +251,6 @@ class DemoRunner:
         strategy = self.strategies[name]
         variant = self.variant[name]
         elapsed = time.perf_counter() - before["t"]
-        self._sync()
         after = self._counters(strategy)
         metrics = self._metrics(strategy, variant, steps, elapsed / max(1, steps), before, after)
         with self._lock:

@@ -36,12 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def demo_field():
         # Sent when something changed: the model keeps the latest.
-        with runner._lock:
-            version = runner.version
-        if version == last["version"]:
-            return None
-        last["version"] = version
-        return runner.state()
+        state = runner.state_if_changed(last["version"])
+        if state is not None:
+            last["version"] = state["version"]
+        return state
 
     agent.register_sample_field("demo", demo_field)
     stop = threading.Event()

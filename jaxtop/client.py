@@ -8,10 +8,11 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 from jaxtop import paths, protocol
 
@@ -90,6 +91,148 @@ def _remove_stale(path: Path) -> None:
         pass
 
 
+class AgentConnection:
+    """One connection to an agent: commands out, raw lines in.
+
+    The one place that reads an agent's stream. Lines come back whole and byte
+    for byte; a line over :data:`protocol.MAX_RECORD_LINE_BYTES` is skipped
+    without ever being held in full, and reported through ``on_oversized``.
+    One thread may read while others send commands.
+
+    Args:
+        sock: A connected stream socket; the connection owns it from here.
+    """
+
+    #: Bytes asked of the socket per read.
+    RECV_BYTES = 1 << 16
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.oversized_lines = 0  # skipped for being over the limit, all reads together
+        self._send_lock = threading.Lock()
+        self._next_id = 1
+
+    @classmethod
+    def open(cls, pid: int, timeout_s: float = 2.0) -> AgentConnection:
+        """Connect to the agent of ``pid`` (see :func:`connect`).
+
+        Raises:
+            AgentNotFound: no live agent socket for that pid.
+        """
+        return cls(connect(pid, timeout_s))
+
+    def send_command(self, name: str, args: dict[str, Any] | None = None) -> int:
+        """Send one command; the agent's ``reply`` will carry the returned id.
+
+        Returns:
+            The command's ``id``, increasing per connection from 1.
+
+        Raises:
+            OSError: the send failed (the agent is gone, or it stopped reading).
+        """
+        # The lock keeps ids in order and requests whole when several threads send.
+        with self._send_lock:
+            command_id = self._next_id
+            self._next_id += 1
+            request = {"type": "command", "t": time.time(), "name": name, "args": args or {}, "id": command_id}
+            self.sock.sendall(protocol.encode(request))
+        return command_id
+
+    def batches(
+        self,
+        should_stop: Callable[[], bool] = lambda: False,
+        poll_s: float = 0.2,
+        on_oversized: Callable[[], None] | None = None,
+    ) -> Iterator[list[bytes]]:
+        """Yield the complete lines of each read, each ending in ``b"\\n"``.
+
+        Ends when the peer closes, the socket fails or is shut down, or
+        ``should_stop()`` is true; that is asked before every read and at
+        least every ``poll_s`` while no data comes. Blank lines are yielded
+        too (a recorder copies them); a batch is never empty.
+
+        Args:
+            should_stop: Polled between reads.
+            poll_s: Longest a read blocks before ``should_stop`` is asked again.
+            on_oversized: Called once per line skipped for being longer than
+                :data:`protocol.MAX_RECORD_LINE_BYTES` (newline excluded),
+                before the lines that follow it are yielded.
+        """
+        self.sock.settimeout(poll_s)
+        pending = bytearray()  # the start of an unfinished line, never over the limit
+        skipping = False  # inside an oversized line: drop bytes up to its newline
+
+        def oversized() -> None:
+            self.oversized_lines += 1
+            if on_oversized is not None:
+                on_oversized()
+
+        while not should_stop():
+            try:
+                chunk = self.sock.recv(self.RECV_BYTES)
+            except TimeoutError:  # socket.timeout: nothing within poll_s
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            limit = protocol.MAX_RECORD_LINE_BYTES
+            if skipping:
+                newline = chunk.find(b"\n")
+                if newline < 0:
+                    continue
+                chunk, skipping = chunk[newline + 1:], False
+            cut = chunk.rfind(b"\n") + 1
+            if not cut:
+                pending += chunk
+                if len(pending) > limit:
+                    # Drop what we hold rather than grow without bound.
+                    oversized()
+                    pending.clear()
+                    skipping = True
+                continue
+            # bytearray += is amortised, so a long line costs no quadratic copying.
+            pending += chunk[:cut]
+            lines = []
+            for line in bytes(pending).split(b"\n")[:-1]:
+                if len(line) > limit:
+                    oversized()
+                else:
+                    lines.append(line + b"\n")
+            pending = bytearray(chunk[cut:])
+            if lines:
+                yield lines
+
+    def lines(
+        self,
+        should_stop: Callable[[], bool] = lambda: False,
+        poll_s: float = 0.2,
+        on_oversized: Callable[[], None] | None = None,
+    ) -> Iterator[bytes]:
+        """Yield complete lines one at a time; arguments as :meth:`batches`."""
+        for batch in self.batches(should_stop, poll_s, on_oversized):
+            yield from batch
+
+    def shutdown(self) -> None:
+        """End a read blocked in another thread now (it sees end of stream)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> AgentConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def list_agents(timeout_s: float = 1.0) -> list[AgentInfo]:
     """Instrumented processes of this user; stale sockets are removed quietly."""
     directory = paths.socket_dir()
@@ -107,18 +250,24 @@ def list_agents(timeout_s: float = 1.0) -> list[AgentInfo]:
             _remove_stale(path)
             continue
         try:
-            sock = connect(pid, timeout_s)
+            agent = AgentConnection.open(pid, timeout_s)
         except AgentNotFound:
             continue
         hello: dict = {}
-        try:
-            with sock, sock.makefile("rb") as stream:
-                for record in protocol.iter_records(stream):
-                    if record.get("type") == "hello":
-                        hello = record
-                    break
-        except OSError:
-            pass
+        deadline = time.monotonic() + timeout_s
+        with agent:
+            # The stream opens with hello; a first record of another type
+            # means an agent without one, so stop there as well.
+            for line in agent.lines(should_stop=lambda end=deadline: time.monotonic() >= end):
+                if not line.strip():
+                    continue
+                try:
+                    first = protocol.decode(line)
+                except protocol.ProtocolError:
+                    continue
+                if first.get("type") == "hello":
+                    hello = first
+                break
         found.append(AgentInfo(pid, path, list(hello.get("argv") or []), hello.get("started_t")))
     return found
 
@@ -131,41 +280,29 @@ def record(
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
     """Copy an agent's stream to ``out`` until it ends, time runs out, or
-    ``should_stop()``. Only whole lines are written, byte for byte.
-    ``on_record`` also gets each decoded record (undecodable lines are still
-    copied, and skipped for it).
+    ``should_stop()``. Only whole lines are written, byte for byte; a line
+    over :data:`protocol.MAX_RECORD_LINE_BYTES` is left out, as every reader
+    would skip it. ``on_record`` also gets each decoded record (undecodable
+    lines are still copied, and skipped for it).
 
     Returns:
         Number of lines written.
     """
-    sock = connect(pid)
-    sock.settimeout(0.2)
     deadline = time.monotonic() + duration_s if duration_s is not None else None
-    pending = b""
+
+    def done() -> bool:
+        return should_stop() or (deadline is not None and time.monotonic() >= deadline)
+
     lines = 0
-    with sock:
-        while not should_stop():
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            try:
-                chunk = sock.recv(1 << 16)
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            if not chunk:
-                break
-            pending += chunk
-            cut = pending.rfind(b"\n") + 1
-            if cut:
-                out.write(pending[:cut])
-                out.flush()
-                if on_record is not None:
-                    for line in pending[:cut].splitlines():
-                        try:
-                            on_record(protocol.decode(line))
-                        except protocol.ProtocolError:
-                            pass
-                lines += pending.count(b"\n", 0, cut)
-                pending = pending[cut:]
+    with AgentConnection.open(pid) as agent:
+        for batch in agent.batches(should_stop=done):
+            out.write(b"".join(batch))
+            out.flush()
+            lines += len(batch)
+            if on_record is not None:
+                for line in batch:
+                    try:
+                        on_record(protocol.decode(line))
+                    except protocol.ProtocolError:
+                        pass
     return lines

@@ -477,18 +477,23 @@ def detach(pid: int, timeout_s: float = 5.0) -> dict[str, Any]:
     """Ask the agent in ``pid`` to stop; returns its reply."""
     from jaxtop import protocol
 
-    sock = client.connect(pid)
-    try:
-        sock.sendall(protocol.encode({"type": "command", "t": time.time(), "name": "detach", "args": {}, "id": 1}))
-        sock.settimeout(timeout_s)
-        stream = sock.makefile("rb")
-        for rec in protocol.iter_records(stream):
-            if rec.get("type") == "reply" and rec.get("id") == 1:
+    deadline = time.monotonic() + timeout_s
+    rec: dict[str, Any] | None = None
+    with client.AgentConnection.open(pid) as agent:
+        command_id = agent.send_command("detach")
+        # Samples keep coming until the agent acts on the command: skip to its reply.
+        for line in agent.lines(should_stop=lambda: time.monotonic() >= deadline):
+            try:
+                candidate = protocol.decode(line)
+            except protocol.ProtocolError:
+                continue
+            if candidate.get("type") == "reply" and candidate.get("id") == command_id:
+                rec = candidate
                 break
-        else:
-            raise InjectError(f"the agent in process {pid} closed the connection without replying")
-    finally:
-        sock.close()
+    if rec is None:
+        if time.monotonic() >= deadline:
+            raise InjectError(f"the agent in process {pid} did not reply within {timeout_s:g} s")
+        raise InjectError(f"the agent in process {pid} closed the connection without replying")
     if not rec.get("ok"):
         raise InjectError(f"detach failed: {rec.get('error')}")
     deadline = time.monotonic() + timeout_s

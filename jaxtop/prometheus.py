@@ -43,10 +43,10 @@ class StreamState:
 
     def update(self, record: dict[str, Any]) -> None:
         kind = record.get("type")
-        if kind == "sample":
+        if kind == protocol.SAMPLE:
             self.sample = record
-        elif kind in ("hello", "backend"):
-            if kind == "hello":
+        elif kind in (protocol.HELLO, protocol.BACKEND):
+            if kind == protocol.HELLO:
                 self.hello = record
             described = {d.get("id"): d for d in record.get("devices") or [] if isinstance(d, dict)}
             if described:
@@ -101,7 +101,7 @@ def make_registry(state: StreamState, host: str | None = None) -> Any:
             count = CounterMetricFamily("jaxtop_transfers", "Implicit transfers seen by the transfer guard.", labels=dir_labels)
             known = CounterMetricFamily("jaxtop_transfer_known_bytes",
                                         "Bytes of implicit transfers whose size was logged (a lower bound).", labels=dir_labels)
-            for d in ("h2d", "d2h", "d2d"):
+            for d in protocol.DIRECTIONS:
                 x = tr.get(d)
                 if isinstance(x, dict) and isinstance(x.get("count_total"), int):
                     count.add_metric([d] + base, x["count_total"])

@@ -19,6 +19,30 @@ PROTOCOL_VERSION = 1
 #: ``hello`` read it from here (pyproject.toml too, through setuptools).
 JAXTOP_VERSION = "0.1.0"
 
+# The wire's vocabulary. Every producer (the agent, the synthetic stream, the
+# dashboard's external view) and every reader uses these names, so a record
+# type or a direction is spelt in one place.
+
+#: Record types an agent writes (docs/protocol.md describes each).
+HELLO = "hello"  # first line of every stream: who, what, which devices
+BACKEND = "backend"  # the program created its JAX backend
+SAMPLE = "sample"  # one per sampling interval
+DROPPED = "dropped"  # a slow client missed records
+ERROR = "error"
+EXIT = "exit"  # the last record of a process that ended normally
+REPLY = "reply"  # the answer to a command
+PONG = "pong"  # the answer to a ping
+#: Request types a client sends.
+PING = "ping"
+COMMAND = "command"
+
+#: Transfer directions: host-to-device, device-to-host, device-to-device.
+H2D, D2H, D2D = "h2d", "d2h", "d2d"
+DIRECTIONS = (H2D, D2H, D2D)
+#: The transfer guard's own name for each direction, as its log lines spell
+#: it ("host-to-device transfer: …").
+GUARD_DIRECTIONS = {"host-to-device": H2D, "device-to-host": D2H, "device-to-device": D2D}
+
 #: Largest line a peer may send to the agent (commands are small).
 MAX_COMMAND_LINE_BYTES = 64 * 1024
 #: Largest line a reader accepts from an agent or a recording.

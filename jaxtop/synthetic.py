@@ -8,18 +8,21 @@ import math
 import random
 from typing import Any, Iterator
 
+from jaxtop import protocol
+from jaxtop.protocol import D2D, D2H, H2D
+
 GIB = 1 << 30
 
 
 def hello(pid: int, n_devices: int, t: float, interval_s: float = 0.1) -> dict[str, Any]:
     return {
-        "type": "hello", "t": t, "protocol": 1, "pid": pid, "argv": ["synthetic-train.py", "--devices", str(n_devices)],
+        "type": protocol.HELLO, "t": t, "protocol": protocol.PROTOCOL_VERSION, "pid": pid, "argv": ["synthetic-train.py", "--devices", str(n_devices)],
         "started_t": t, "synthetic": True,
-        "versions": {"jaxtop": "0.1.0", "python": "3.11", "jax": "0.10.2", "jaxlib": "0.10.2"},
+        "versions": {"jaxtop": protocol.JAXTOP_VERSION, "python": "3.11", "jax": "0.10.2", "jaxlib": "0.10.2"},
         "backend": "gpu",
         "devices": [{"id": i, "platform": "gpu", "kind": "Synthetic GPU", "process_index": 0} for i in range(n_devices)],
         "interval_s": interval_s, "slow_interval_s": 1.0, "backfill_s": 600.0,
-        "transfer_capture": {"available": True, "guard": {"h2d": "allow", "d2h": "allow", "d2d": "allow"}},
+        "transfer_capture": {"available": True, "guard": {d: "allow" for d in protocol.DIRECTIONS}},
         "nvml": {"available": True, "devices": [{"index": i, "name": "Synthetic GPU", "uuid": f"GPU-synthetic-{i}", "jax_id": i} for i in range(n_devices)]},
         "host": "synthetic",
     }
@@ -31,7 +34,7 @@ def samples(pid: int, n_devices: int, t0: float, count: int, interval_s: float =
     occasional spikes, steady h2d transfers and a compile now and then."""
     rng = random.Random(seed)
     limit = 60 * GIB
-    totals = {"h2d": [0, 0], "d2h": [0, 0], "d2d": [0, 0]}
+    totals = {d: [0, 0] for d in protocol.DIRECTIONS}
     peak = [0] * n_devices
     allocs = [0] * n_devices
     compiles = 0
@@ -70,18 +73,18 @@ def samples(pid: int, n_devices: int, t0: float, count: int, interval_s: float =
                 ]})
             devices.append(dev)
         transfers: dict[str, Any] = {}
-        for d, rate in (("h2d", 20), ("d2h", 2), ("d2d", 0)):
+        for d, rate in ((H2D, 20), (D2H, 2), (D2D, 0)):
             n = rng.randint(0, rate)
             b = n * 4 * 1024 * 1024
             totals[d][0] += n
             totals[d][1] += b
             transfers[d] = {"count": n, "bytes_known": b, "count_bytes_unknown": 0,
                             "count_total": totals[d][0], "bytes_known_total": totals[d][1], "count_bytes_unknown_total": 0}
-        transfers["top_shapes"] = [{"direction": "h2d", "shape": "float32[1024,1024]", "count": totals["h2d"][0]}]
+        transfers["top_shapes"] = [{"direction": H2D, "shape": "float32[1024,1024]", "count": totals[H2D][0]}]
         new_compiles = 1 if rng.random() < 0.001 else 0
         compiles += new_compiles
         yield {
-            "type": "sample", "t": t, "seq": k + 1, "devices": devices, "transfers": transfers,
+            "type": protocol.SAMPLE, "t": t, "seq": k + 1, "devices": devices, "transfers": transfers,
             "process": {"rss_bytes": 6 * GIB, "vms_bytes": 40 * GIB, "cpu_percent": 95.0, "threads": 48, "peak_rss_bytes": 7 * GIB},
             "compile": {"count": new_compiles, "count_total": compiles, "seconds_total": compiles * 2.5, "cache_hits_total": 0},
             "donation": {"failed": 0, "failed_total": 0, "last_message": None},

@@ -11,19 +11,22 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterable
 
-#: Fields memory_stats() always has, and those present only when the
-#: allocator sets them (DESIGN.md §3).
-STAT_KEYS = (
-    "num_allocs", "bytes_in_use", "peak_bytes_in_use", "largest_alloc_size",
-    "bytes_reserved", "peak_bytes_reserved", "largest_free_block_bytes",
-    "bytes_limit", "bytes_reservable_limit", "pool_bytes", "peak_pool_bytes",
-)
 BUFFER_MAP_MAX = 2000
 TOP_BUFFERS = 10
 
 
 def normalize_stats(raw: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Pass ``memory_stats()`` through, mapping the PJRT C API's -1 to None."""
+    """Pass ``memory_stats()`` through, mapping the PJRT C API's -1 to None.
+
+    jaxlib builds the dict from the device allocator's stats
+    (``PyDevice::MemoryStats``): ``num_allocs``, ``bytes_in_use``,
+    ``peak_bytes_in_use``, ``largest_alloc_size``, ``bytes_reserved``,
+    ``peak_bytes_reserved`` and ``largest_free_block_bytes`` are always
+    there; ``bytes_limit``, ``bytes_reservable_limit``, ``pool_bytes`` and
+    ``peak_pool_bytes`` only when the allocator sets them (BFC on GPU sets
+    all, ``cuda_async`` no pool fields; CPU returns None altogether). Through
+    the PJRT C API an unset field can come back as -1.
+    """
     if raw is None:
         return None
     out: dict[str, Any] = {}

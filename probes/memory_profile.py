@@ -207,6 +207,12 @@ def _repeated_varint(wire: int, value: Any, into: list[int]) -> None:
         into.append(value)
 
 
+def _varint_fields(message: bytes | memoryview) -> dict[int, int]:
+    """The varint fields of a small message, by field number (the last of a
+    repeated number wins; fields of other wire types are skipped)."""
+    return {n: v for n, w, v in iter_fields(message) if w == _WIRE_VARINT}
+
+
 # --------------------------------------------------------------------------
 # pprof Profile (only the fields jaxtop reads)
 # --------------------------------------------------------------------------
@@ -246,13 +252,8 @@ def decode_profile(data: bytes | memoryview) -> Profile:
         if wire != _WIRE_LEN:
             continue  # scalar Profile fields (time_nanos, period, …) are not needed
         if number == 1:  # ValueType sample_type
-            type_i = unit_i = 0
-            for n, w, v in iter_fields(value):
-                if w == _WIRE_VARINT and n == 1:
-                    type_i = v
-                elif w == _WIRE_VARINT and n == 2:
-                    unit_i = v
-            raw_types.append((type_i, unit_i))
+            f = _varint_fields(value)
+            raw_types.append((f.get(1, 0), f.get(2, 0)))  # type, unit
         elif number == 2:  # Sample
             loc_ids: list[int] = []
             values: list[int] = []
@@ -262,18 +263,9 @@ def decode_profile(data: bytes | memoryview) -> Profile:
                     _repeated_varint(w, v, loc_ids)
                 elif n == 2:
                     _repeated_varint(w, v, values)
-                elif n == 3 and w == _WIRE_LEN:
-                    key = str_i = num = 0
-                    for ln, lw, lv in iter_fields(v):
-                        if lw != _WIRE_VARINT:
-                            continue
-                        if ln == 1:
-                            key = lv
-                        elif ln == 2:
-                            str_i = lv
-                        elif ln == 3:
-                            num = _signed64(lv)
-                    labels.append((key, str_i, num))
+                elif n == 3 and w == _WIRE_LEN:  # Label: key, str, num
+                    f = _varint_fields(v)
+                    labels.append((f.get(1, 0), f.get(2, 0), _signed64(f.get(3, 0))))
             raw_samples.append((loc_ids, [_signed64(v) for v in values], labels))
         elif number == 4:  # Location
             loc_id = 0
@@ -281,29 +273,13 @@ def decode_profile(data: bytes | memoryview) -> Profile:
             for n, w, v in iter_fields(value):
                 if n == 1 and w == _WIRE_VARINT:
                     loc_id = v
-                elif n == 4 and w == _WIRE_LEN:
-                    func_id = line_no = 0
-                    for ln, lw, lv in iter_fields(v):
-                        if lw != _WIRE_VARINT:
-                            continue
-                        if ln == 1:
-                            func_id = lv
-                        elif ln == 2:
-                            line_no = _signed64(lv)
-                    lines.append((func_id, line_no))
+                elif n == 4 and w == _WIRE_LEN:  # Line: function_id, line
+                    f = _varint_fields(v)
+                    lines.append((f.get(1, 0), _signed64(f.get(2, 0))))
             locations[loc_id] = lines
         elif number == 5:  # Function
-            func_id = name_i = file_i = 0
-            for n, w, v in iter_fields(value):
-                if w != _WIRE_VARINT:
-                    continue
-                if n == 1:
-                    func_id = v
-                elif n == 2:
-                    name_i = v
-                elif n == 4:
-                    file_i = v
-            raw_functions[func_id] = (name_i, file_i)
+            f = _varint_fields(value)  # id, name, system_name, filename
+            raw_functions[f.get(1, 0)] = (f.get(2, 0), f.get(4, 0))
         elif number == 6:  # string_table
             strings.append(bytes(value).decode("utf-8", "replace"))
 

@@ -18,12 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
-DIRECTIONS = ("h2d", "d2h", "d2d")
-_DIRECTION_TEXT = {
-    "host-to-device": "h2d",
-    "device-to-host": "d2h",
-    "device-to-device": "d2d",
-}
+from jaxtop.protocol import DIRECTIONS, GUARD_DIRECTIONS as _DIRECTION_TEXT
 # Match on the message text, not the C++ file name in the prefix: that moved
 # from xla/python/transfer_guard_lib.cc to jaxlib/guard_lib.cc between releases.
 _LINE_RE = re.compile(r"(host-to-device|device-to-host|device-to-device) transfer:(.*)$", re.S)

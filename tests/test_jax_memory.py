@@ -1,6 +1,6 @@
 """Pure layer: device memory helpers and JaxMemoryProbe (probes/jax_memory.py).
 
-GPU dicts are shaped like what jaxlib returns (DESIGN.md §3): the default BFC
+GPU dicts are shaped like what jaxlib's ``PyDevice::MemoryStats`` returns: the default BFC
 allocator's 10 keys, the cuda_async allocator's 5, and the PJRT C API's -1
 for fields it does not set. The CPU tests use the real backend in-process.
 """

@@ -15,6 +15,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from jaxtop.dashboard.model import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, Snapshot
+from jaxtop.protocol import DIRECTIONS
 from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, MiniBars, Series, Timeline, fmt_bytes, fmt_duration, fmt_rate
 
 STATE_STYLE = {LIVE: "bold green", STALE: "bold yellow", DISCONNECTED: "bold red", EXITED: "bold magenta", REPLAY: "bold cyan"}
@@ -251,7 +252,7 @@ class TransfersPanel(Panel):
         from jaxtop.dashboard.model import PROCESS_SERIES
 
         hist = proc.history
-        for d in ("h2d", "d2h", "d2d"):
+        for d in DIRECTIONS:
             r = proc.transfers.get(d) or {}
             cells: list[RenderableType] = [Text(d, style="bold"), Text(fmt_rate(r.get("count_per_s"), ""))]
             if show_rate_bytes:

@@ -84,7 +84,6 @@ class Agent:
         self.events: list[dict[str, Any]] = []  # notices for the next sample
 
         self._capture_wanted = capture_stderr
-        self._nvml_wanted = nvml
         self._ring: collections.deque[tuple[float, bytes]] = collections.deque()
         self._commands: dict[str, CommandHandler] = {
             "ping": lambda args: {"pong": True},
@@ -186,6 +185,33 @@ class Agent:
         """False once :meth:`stop` (or the process's exit) has torn it down."""
         return not self._stopped.is_set()
 
+    def transfer_totals(self, sync_timeout_s: float = 0.0) -> dict[str, int]:
+        """Implicit transfers counted so far, per direction.
+
+        Args:
+            sync_timeout_s: first wait up to this long until every guard line
+                the program has written so far is counted (the relay reads
+                stderr in its own process; a loaded machine holds it back).
+        """
+        if sync_timeout_s > 0 and self.capture is not None:
+            self.capture.sync(timeout_s=sync_timeout_s)
+        return self.transfers.totals()
+
+    @property
+    def thread_ident(self) -> int | None:
+        """``threading.get_ident()`` of the agent thread (None before start):
+        benchmarks read its CPU clock to measure the agent's own cost."""
+        return self._thread.ident if self._thread is not None else None
+
+    @property
+    def tick_cpu_s(self) -> float:
+        """CPU seconds spent in sampling ticks so far (``agent.cpu_s_total``)."""
+        return self._agent_cpu_s
+
+    def compile_count(self) -> int:
+        """Backend compiles seen so far (``jax.monitoring`` events)."""
+        return self.compile.total()
+
     def register_command(self, name: str, handler: CommandHandler) -> None:
         """Serve ``{"type": "command", "name": name, "args": {...}}`` requests.
 
@@ -244,11 +270,13 @@ class Agent:
                 self.guard.start()
         except Exception as exc:
             self._capture_reason = f"transfer guard could not be set: {exc}"
-        try:
-            self.compile.start()
-            self.donation.start()
-        except Exception:
-            pass
+        # Each probe records why it could not start; the samples then carry
+        # {"available": false, "reason": ...} for it instead of zeros.
+        for probe in (self.compile, self.donation):
+            try:
+                probe.start()
+            except Exception as exc:
+                probe.reason = f"could not start: {type(exc).__name__}: {exc}"
         # jax registered its own atexit clean-up (which tears the backends
         # down) during import; registering again now runs ours before it.
         atexit.register(self._atexit)
@@ -305,7 +333,7 @@ class Agent:
             # The agent dies quietly rather than disturb the program; the
             # reason goes to clients still connected.
             self._clients.broadcast(protocol.encode({
-                "type": "error", "t": time.time(), "message": "agent stopped: " + traceback.format_exc(limit=5),
+                "type": protocol.ERROR, "t": time.time(), "message": "agent stopped: " + traceback.format_exc(limit=5),
             }))
         finally:
             self._final_done.set()
@@ -353,7 +381,7 @@ class Agent:
     def _hello(self) -> dict[str, Any]:
         argv = list(sys.argv) if getattr(sys, "argv", None) else []
         return {
-            "type": "hello",
+            "type": protocol.HELLO,
             "t": time.time(),
             "protocol": protocol.PROTOCOL_VERSION,
             "pid": self.pid,
@@ -389,7 +417,7 @@ class Agent:
             return
         self.memory = JaxMemoryProbe()
         self._emit({
-            "type": "backend",
+            "type": protocol.BACKEND,
             "t": time.time(),
             "backend": self.memory.backend,
             "devices": self.memory.describe(),
@@ -412,7 +440,7 @@ class Agent:
                 self.memory.scan_live_arrays(now)
         self._seq += 1
         record: dict[str, Any] = {
-            "type": "sample",
+            "type": protocol.SAMPLE,
             "t": now,
             "seq": self._seq,
             "devices": self.memory.sample(include_map=slow or final) if self.memory else [],
@@ -451,7 +479,7 @@ class Agent:
         if self.memory is not None:
             self.memory.scan_live_arrays(time.time())
         self._tick(slow=False, final=True)
-        self._emit({"type": "exit", "t": time.time(), "pid": self.pid}, keep=False)
+        self._emit({"type": protocol.EXIT, "t": time.time(), "pid": self.pid}, keep=False)
         self._final_done.set()
 
     def _stop_prometheus(self) -> None:

@@ -58,7 +58,7 @@ class Client:
         if self.dropped and len(self.out) < MAX_CLIENT_BUFFER_BYTES // 2:
             # Tell the client, in order, what it missed before the next line.
             self.out += protocol.encode({
-                "type": "dropped",
+                "type": protocol.DROPPED,
                 "t": time.time(),
                 "count": self.dropped,
                 "count_total": self.dropped_total,
@@ -111,7 +111,7 @@ class Client:
 
     def fail(self, message: str) -> None:
         """Queue an error record and close once it is sent (or cannot be)."""
-        self.out += protocol.encode({"type": "error", "t": time.time(), "message": message, "fatal": True})
+        self.out += protocol.encode({"type": protocol.ERROR, "t": time.time(), "message": message, "fatal": True})
         self.close_after_flush = True
 
     def close(self) -> None:
@@ -125,7 +125,7 @@ class Client:
 
 def command_reply(request: dict[str, Any], ok: bool, **fields: Any) -> bytes:
     """The reply to a command, echoing its ``id`` so a client can match it."""
-    reply = {"type": "reply", "t": time.time(), "id": request.get("id"), "ok": ok}
+    reply = {"type": protocol.REPLY, "t": time.time(), "id": request.get("id"), "ok": ok}
     reply.update(fields)
     return protocol.encode(reply)
 
@@ -220,9 +220,9 @@ class Clients:
 
     def _answer(self, request: dict[str, Any]) -> bytes:
         kind = request.get("type")
-        if kind == "ping":
-            return protocol.encode({"type": "pong", "t": time.time(), "id": request.get("id")})
-        if kind != "command":
+        if kind == protocol.PING:
+            return protocol.encode({"type": protocol.PONG, "t": time.time(), "id": request.get("id")})
+        if kind != protocol.COMMAND:
             return command_reply(request, False, error=f"unknown request type {kind!r}")
         name = request.get("name")
         handler = self._commands.get(name) if isinstance(name, str) else None

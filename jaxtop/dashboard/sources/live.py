@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -23,7 +22,7 @@ def _spool_cap() -> int:
 
 
 class _Connection:
-    """One agent: reader thread, spool file of every raw line, command writer.
+    """One agent: reader thread, spool file of every raw line, its connection.
 
     Every raw line goes to a compressed spool on disk, so `w` can save the
     session while the dashboard's memory stays flat. The spool is capped:
@@ -38,8 +37,7 @@ class _Connection:
 
     def __init__(self, pid: int, spool_dir: str) -> None:
         self.pid = pid
-        self.sock: socket.socket | None = None
-        self.send_lock = threading.Lock()
+        self.agent: client.AgentConnection | None = None  # while connected
         self.spool_path = os.path.join(spool_dir, f"{pid}.jsonl.gz")
         self.prev_path = os.path.join(spool_dir, f"{pid}.prev.jsonl.gz")
         self.spool: IO[bytes] = gzip.open(self.spool_path, "wb", compresslevel=1)
@@ -51,7 +49,6 @@ class _Connection:
         self._lines_since_check = 0
         self.saw_exit = False
         self.thread: threading.Thread | None = None
-        self.next_id = 1
 
     def spool_line(self, line: bytes) -> None:
         """Append one line (ending in a newline) to the spool."""
@@ -132,11 +129,9 @@ class LiveSource(Source):
     def stop(self) -> None:
         self._stop.set()
         for conn in self._conns.values():
-            if conn.sock is not None:
-                try:
-                    conn.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            agent = conn.agent
+            if agent is not None:
+                agent.shutdown()
         for conn in self._conns.values():
             if conn.thread is not None:
                 conn.thread.join(timeout=2)
@@ -154,7 +149,7 @@ class LiveSource(Source):
         first = True
         while not self._stop.is_set():
             try:
-                sock = client.connect(conn.pid)
+                agent = client.AgentConnection.open(conn.pid)
             except client.AgentNotFound as exc:
                 if first:
                     model.add_event(conn.pid, "error", str(exc))
@@ -168,14 +163,10 @@ class LiveSource(Source):
                 self._stop.wait(self._retry_s)
                 continue
             first = False
-            conn.sock = sock
-            sock.settimeout(0.5)
-            self._read(conn, sock)
-            conn.sock = None
-            try:
-                sock.close()
-            except OSError:
-                pass
+            conn.agent = agent
+            self._read(conn, agent)
+            conn.agent = None
+            agent.close()
             if self._stop.is_set():
                 return
             if conn.saw_exit or not client.pid_alive(conn.pid):
@@ -238,28 +229,17 @@ class LiveSource(Source):
         finally:
             nvml.stop()
 
-    def _read(self, conn: _Connection, sock: socket.socket) -> None:
+    def _read(self, conn: _Connection, agent: client.AgentConnection) -> None:
         model = self.model
         assert model is not None
-        pending = b""
-        while not self._stop.is_set():
-            try:
-                chunk = sock.recv(1 << 16)
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            if not chunk:
-                return
-            pending += chunk
-            if len(pending) > protocol.MAX_RECORD_LINE_BYTES and b"\n" not in pending:
-                model.add_event(conn.pid, "error", "agent sent an oversized line; skipped")
-                pending = b""
-                continue
-            *lines, pending = pending.split(b"\n")
+
+        def oversized() -> None:
+            model.add_event(conn.pid, "error", "agent sent an oversized line; skipped")
+
+        for lines in agent.batches(should_stop=self._stop.is_set, poll_s=0.5, on_oversized=oversized):
             with conn.spool_lock:
                 for line in lines:
-                    conn.spool_line(line + b"\n")
+                    conn.spool_line(line)
             for line in lines:
                 if not line.strip():
                     continue
@@ -275,15 +255,13 @@ class LiveSource(Source):
 
     def send_command(self, pid: int, name: str, args: dict[str, Any] | None = None) -> str | None:
         conn = self._conns.get(pid)
-        if conn is None or conn.sock is None:
+        agent = conn.agent if conn is not None else None  # read once: the reader may drop it meanwhile
+        if agent is None:
             return f"pid {pid} is not connected"
-        with conn.send_lock:
-            request = {"type": "command", "t": time.time(), "name": name, "args": args or {}, "id": conn.next_id}
-            conn.next_id += 1
-            try:
-                conn.sock.sendall(protocol.encode(request))
-            except OSError as exc:
-                return f"send failed: {exc}"
+        try:
+            agent.send_command(name, args)
+        except OSError as exc:
+            return f"send failed: {exc}"
         return None
 
     def save(self, path: str) -> list[str]:

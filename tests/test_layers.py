@@ -1,0 +1,149 @@
+"""The package's layers, checked: which side of the socket may import what,
+and that the wheel carries every module.
+
+The agent side runs inside someone's training job, which may have nothing
+but jax installed: it must never import Textual or rich. The rule is checked
+twice: statically over every import statement, and by starting a fresh
+interpreter that runs the agent for real.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Source folder -> where setuptools installs it (pyproject's package-dir).
+INSTALLED_AS = {"jaxtop": "jaxtop", "probes": "jaxtop/probes", "widgets": "jaxtop/widgets", "demo": "jaxtop/demo"}
+
+# What each layer may import besides the standard library. Keys are source
+# paths relative to the repository root (a folder covers its modules).
+THIRD_PARTY_AGENT = {"jax", "jaxlib", "numpy", "psutil", "pynvml", "prometheus_client"}
+WIRE = {"jaxtop", "jaxtop.protocol", "jaxtop.paths", "jaxtop.client"}
+ALLOWED = {
+    "probes": THIRD_PARTY_AGENT | {"jaxtop", "jaxtop.protocol", "jaxtop.probes"},
+    "jaxtop/agent": THIRD_PARTY_AGENT | WIRE | {"jaxtop.agent", "jaxtop.probes", "jaxtop.prometheus"},
+    "jaxtop/protocol.py": set(),
+    "jaxtop/paths.py": set(),
+    "jaxtop/client.py": {"jaxtop", "jaxtop.protocol", "jaxtop.paths"},
+    "jaxtop/export": {"orjson", "jaxtop", "jaxtop.protocol", "jaxtop.export"},
+    "jaxtop/dashboard/model.py": {"numpy", "jaxtop", "jaxtop.protocol", "jaxtop.dashboard.history"},
+    "jaxtop/dashboard/history.py": {"numpy"},
+}
+
+
+def _modules(rel: str) -> list[Path]:
+    path = ROOT / rel
+    return [path] if path.is_file() else sorted(path.rglob("*.py"))
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an ``import`` or ``from … import`` in the file names,
+    including imports inside functions (a lazy import is still an import)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            # `from jaxtop import protocol` imports the submodule jaxtop.protocol
+            if node.module == "jaxtop":
+                names.update(f"jaxtop.{alias.name}" for alias in node.names)
+    return names
+
+
+def _allowed(name: str, allowed: set[str]) -> bool:
+    top = name.split(".")[0]
+    if top in sys.stdlib_module_names and top != "jaxtop":
+        return True
+    return any(name == a or name.startswith(a + ".") for a in allowed if a != "jaxtop") or name == "jaxtop"
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_each_layer_imports_only_what_it_may(layer):
+    # The relay runs as a standalone script (no jaxtop on its path): stdlib only.
+    bad = []
+    for path in _modules(layer):
+        allowed = set() if path.name == "_relay.py" else ALLOWED[layer]
+        for name in sorted(_imports(path)):
+            if not _allowed(name, allowed):
+                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layer_check_catches_a_forbidden_import(tmp_path):
+    # The check above must be able to fail: a module importing textual is caught.
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from textual.app import App\n")
+    assert not all(_allowed(n, ALLOWED["jaxtop/agent"]) for n in _imports(bad))
+
+
+@pytest.mark.slow
+def test_agent_side_runs_without_importing_textual_or_rich(tmp_path):
+    """A fresh interpreter imports every agent-side module and runs the agent
+    with a real jax computation; neither textual nor rich may be imported."""
+    script = tmp_path / "agent_only.py"
+    script.write_text(textwrap.dedent("""
+        import importlib, pkgutil, sys
+        import jaxtop
+        handle = jaxtop.instrument(interval_s=0.05)
+        import jax, jax.numpy as jnp
+        import jaxtop.agent, jaxtop.probes, jaxtop.protocol, jaxtop.client
+        for pkg in (jaxtop.agent, jaxtop.probes):
+            for info in pkgutil.iter_modules(pkg.__path__):
+                if info.name != "_relay":
+                    importlib.import_module(f"{pkg.__name__}.{info.name}")
+        jnp.arange(1000.0).sum().block_until_ready()
+        from jaxtop.probes.memory_profile import take_profile  # the agent's profile command
+        handle.stop()
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("textual", "rich"))
+        print("LEAKED", leaked)
+        sys.exit(1 if leaked else 0)
+    """))
+    env = dict(os.environ, JAXTOP_SOCKET_DIR=str(tmp_path / "sock"), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "LEAKED []" in proc.stdout
+
+
+def _source_modules() -> set[str]:
+    """Where each source file lands once installed (``probes/x.py`` ->
+    ``jaxtop/probes/x.py``)."""
+    out = set()
+    for folder, target in INSTALLED_AS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            out.add(f"{target}/{path.relative_to(ROOT / folder).as_posix()}")
+    return out
+
+
+@pytest.mark.slow
+def test_wheel_contains_every_module(tmp_path):
+    """An editable install finds modules through the source tree and hides a
+    package missing from pyproject's list; a built wheel does not."""
+    # Build from a clean copy: an in-tree build reuses build/lib, whose stale
+    # copies would hide a package missing from the list.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", "build", "dist", "*.egg-info", "__pycache__", ".git", ".pytest_cache", "*.prof"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    wheel = next(tmp_path.glob("jaxtop-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = sorted(_source_modules() - names)
+    assert not missing, f"modules missing from the wheel: {missing}"
+    # Nothing lands outside the jaxtop namespace (no top-level `widgets`).
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"jaxtop"}, tops
