@@ -71,13 +71,17 @@ class DemoApp(JaxtopApp):
     #strategies { height: 11; }
     #memory { height: 6; }
     """
+    # Added to the dashboard's action table: footer, help and palette list them.
     BINDINGS = [
-        Binding("up,k", "cursor(-1)", "↑", show=False),
-        Binding("down,j", "cursor(1)", "↓", show=False),
-        Binding("enter,t", "toggle", "toggle strategy"),
-        Binding("P", "restart('prealloc')", "preallocate", show=False),
-        Binding("F", "restart('fraction')", "mem fraction", show=False),
-        Binding("A", "restart('allocator')", "allocator", show=False),
+        Binding("up,k", "cursor(-1)", "↑", show=False, tooltip="Strategies: cursor up"),
+        Binding("down,j", "cursor(1)", "↓", show=False, tooltip="Strategies: cursor down"),
+        Binding("enter,t", "toggle", "toggle strategy", tooltip="Strategies: turn the strategy under the cursor on or off"),
+        Binding("P", "restart('prealloc')", "preallocate", show=False,
+                tooltip="Restart the workload with XLA_PYTHON_CLIENT_PREALLOCATE switched"),
+        Binding("F", "restart('fraction')", "mem fraction", show=False,
+                tooltip="Restart the workload with the next XLA_PYTHON_CLIENT_MEM_FRACTION (0.75, 0.5, 0.25)"),
+        Binding("A", "restart('allocator')", "allocator", show=False,
+                tooltip="Restart the workload with the next XLA_PYTHON_CLIENT_ALLOCATOR (default, platform, cuda_async)"),
     ]
 
     def __init__(self, worker: Worker, pid: int) -> None:

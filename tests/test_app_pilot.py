@@ -9,13 +9,20 @@ import socket
 import threading
 import time
 
+import pytest
 from rich.console import Console
+from textual.actions import parse as parse_action
+from textual.binding import Binding
+from textual.command import CommandList
 from textual.widgets import Static
 
 from jaxtop import protocol, synthetic
-from jaxtop.dashboard.app import HelpScreen, ProfileScreen, make_app
+from jaxtop.dashboard.app import (
+    LIVE_ACTIONS, NOT_IN_PALETTE, REPLAY_ACTIONS, HelpScreen, JaxtopApp, ProfileScreen, make_app,
+)
 from jaxtop.dashboard.model import DISCONNECTED
 from jaxtop.dashboard.sources import LiveSource, PushSource, ReplaySource
+from jaxtop.demo.app import DemoApp, Worker
 
 SIZE = (120, 40)
 
@@ -241,3 +248,197 @@ async def test_a_snapshot_arriving_while_the_app_closes_is_dropped():
         app.post_message(SnapshotReady(snap))
         await pilot.pause(0.2)
     assert app.return_code in (0, None)
+
+
+# -- the action table: help, palette, footer ----------------------------------------
+def declared_bindings(app_class) -> list[Binding]:
+    """Every binding the app's classes declare, read from their BINDINGS."""
+    out: list[Binding] = []
+    for klass in reversed(app_class.__mro__):
+        if issubclass(klass, JaxtopApp):
+            out += [b if isinstance(b, Binding) else Binding(*b) for b in vars(klass).get("BINDINGS", ())]
+    return out
+
+
+def replay_file(tmp_path, count=100):
+    path = tmp_path / "rec.jsonl"
+    t0 = 1_000_000.0
+    with open(path, "wb") as f:
+        f.write(protocol.encode(synthetic.hello(3, 1, t0)))
+        f.writelines(protocol.encode(rec) for rec in synthetic.samples(3, 1, t0, count))
+    return str(path)
+
+
+def dashboard_app(tmp_path):
+    return make_app(PushSource())
+
+
+class NoWorkload(Worker):
+    """A workload that never starts: a key that restarts it only logs an error."""
+
+    def start(self, timeout_s: float = 0.0) -> int:
+        raise RuntimeError("no workload in this test")
+
+
+def demo_app(tmp_path):
+    return DemoApp(NoWorkload(), os.getpid())  # no agent at that pid: the view waits
+
+
+def replay_app_on(tmp_path):
+    return make_app(ReplaySource(replay_file(tmp_path), start_playing=False))
+
+
+APPS = [dashboard_app, demo_app, replay_app_on]
+APP_IDS = ["dashboard", "demo", "replay"]
+
+
+def acts_with(app, binding: Binding) -> bool:
+    """Whether the action acts with the app's source, by the rule the app states."""
+    _, name, _ = parse_action(binding.action)
+    if name in REPLAY_ACTIONS:
+        return app.source.replays
+    if name in LIVE_ACTIONS:
+        return app.source.live
+    return True
+
+
+@pytest.mark.parametrize("make", APPS, ids=APP_IDS)
+async def test_help_lists_every_key_of_the_app(make, tmp_path, sockdir):
+    app = make(tmp_path)
+    bindings = declared_bindings(type(app))
+    assert len(bindings) >= 19
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, HelpScreen)
+        # Wide enough that no row wraps: one line per binding.
+        console = Console(width=400, record=True, file=io.StringIO(), color_system=None)
+        console.print(app.screen.query_one("#help-text").content)
+        text = console.export_text()
+        lines = [line.strip() for line in text.splitlines()]
+        for b in bindings:
+            assert b.description and b.tooltip, f"{b.key!r}: a key needs a description (footer) and a tooltip (help, palette)"
+            keys = " ".join(app.get_key_display(Binding(key, b.action)) for key in b.key.split(","))
+            assert any(line.startswith(keys) and line.endswith(b.tooltip) for line in lines), f"{keys!r} ({b.action}) not in help"
+        assert "Memory layers: NVML used" in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@pytest.mark.parametrize("make", APPS, ids=APP_IDS)
+async def test_palette_offers_each_action_that_acts(make, tmp_path, sockdir):
+    app = make(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        assert "Quit" in commands  # Textual's own stay
+        for b in declared_bindings(type(app)):
+            offered = b.action not in NOT_IN_PALETTE and acts_with(app, b)
+            assert (b.tooltip in commands) == offered, b.action
+        if app.source.replays:
+            assert any("seek" in title for title in commands) and not any("Memory profile" in t for t in commands)
+        else:
+            assert not any("seek" in title for title in commands)
+
+        # Through the palette itself: the command runs the action as its key does.
+        assert app.window_s == 600.0
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        await pilot.press(*"whole", "space", *"run")
+        hits = app.screen.query_one(CommandList)
+
+        def best() -> str:
+            return "" if hits.highlighted is None else str(hits.get_option_at_index(hits.highlighted).prompt)
+
+        # The search runs as we type: wait for the final hits before choosing.
+        deadline = time.monotonic() + 5
+        while not best().startswith("Timeline window: the whole run") and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        assert best().startswith("Timeline window: the whole run"), best()
+        await pilot.press("enter")
+        await settle(pilot, app, lambda: app.window_s is None)
+
+
+class Calls:
+    """Mixin: records every replay control the app calls, then does it."""
+
+    def init_calls(self):
+        self.calls: list[tuple] = []
+
+    def toggle(self):
+        self.calls.append(("toggle",))
+        return super().toggle()
+
+    def step(self, samples=1):
+        self.calls.append(("step", samples))
+        return super().step(samples)
+
+    def seek_by(self, delta_s):
+        self.calls.append(("seek_by", delta_s))
+        return super().seek_by(delta_s)
+
+    def scale_speed(self, factor):
+        self.calls.append(("scale_speed", factor))
+        return super().scale_speed(factor)
+
+
+class SpyReplay(Calls, ReplaySource):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.init_calls()
+
+
+class SpyPush(Calls, PushSource):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.init_calls()
+
+
+REPLAY_KEYS = ["full_stop", "right", "left", "plus", "minus"]
+REPLAY_CALLS = [("step", 1), ("seek_by", 10.0), ("seek_by", -10.0), ("scale_speed", 2.0), ("scale_speed", 0.5)]
+
+
+def footer_actions(app) -> set[str]:
+    return {key.action for key in app.query("FooterKey")}
+
+
+async def test_replay_keys_call_the_source_and_show_in_the_footer(tmp_path):
+    src = SpyReplay(replay_file(tmp_path), start_playing=False)
+    app = make_app(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        shown = footer_actions(app)
+        assert {"seek(-10)", "seek(10)", "step", "speed(2)", "speed(0.5)"} <= shown
+        assert "profile" not in shown and "write" in shown  # a profile needs a live agent; a replay saves what it played
+        for key in REPLAY_KEYS:
+            await pilot.press(key)
+        assert src.calls == REPLAY_CALLS
+        assert src.speed == 1.0 and src.position > 0
+        await pilot.press("space")
+        assert src.calls[-1] == ("toggle",) and src.playing and not app.paused
+
+
+async def test_replay_keys_are_no_ops_on_a_live_source(tmp_path):
+    src = SpyPush()
+    app = make_app(src)
+    async with app.run_test(size=SIZE) as pilot:
+        push_stream(src, n_devices=1, count=10)
+        await settle(pilot, app, lambda: app.snapshot.processes and app.snapshot.processes[0].seq == 10)
+        shown = footer_actions(app)
+        assert {"profile", "write"} <= shown and not shown & {"seek(-10)", "seek(10)", "step", "speed(2)"}
+        version = app.model.version
+        for key in REPLAY_KEYS:
+            await pilot.press(key)  # disabled: the source is not even asked
+        assert src.calls == []
+        # Run directly (as a subclass might), each asks the source, which declines.
+        app.action_step()
+        app.action_seek(10)
+        app.action_seek(-10)
+        app.action_speed(2)
+        app.action_speed(0.5)
+        assert src.calls == REPLAY_CALLS
+        await pilot.pause(0.1)
+        assert app.model.version == version and app.snapshot.processes[0].seq == 10
+        assert (app.selected, app.window_s, app.paused) == (0, 600.0, False)
+        await pilot.press("space")  # nothing plays: the app freezes its screen
+        assert src.calls[-1] == ("toggle",) and app.paused

@@ -31,7 +31,7 @@ def replay_to_end(name: str):
     app = make_app(src)
 
     async def run_before(pilot):
-        src.seek(src._times[-1])
+        src.seek(src.replay_state()["t_end"])
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             await pilot.pause(0.1)

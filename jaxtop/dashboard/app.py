@@ -8,14 +8,15 @@ import time
 from functools import partial
 from typing import Iterable
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from textual.app import App, ComposeResult
+from textual.actions import parse as parse_action
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
-from textual.command import Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
 from jaxtop.dashboard.messages import SnapshotReady
@@ -35,19 +36,8 @@ WINDOWS = {"1": 60.0, "2": 600.0, "3": 3600.0, "4": None}
 DEFAULT_REFRESH_S = 2.0
 AGE_REFRESH_S = 1.0
 
-HELP = """\
-[b]jaxtop[/b] — top for JAX memory
-
-[b]q[/b]        quit                       [b]space[/b]    pause (live) / play-pause (replay)
-[b]tab d[/b]    next device (then overview) [b]shift+tab[/b] previous device
-[b]o[/b]        all-devices overview        [b]1 2 3 4[/b]  window: 1 min, 10 min, 1 h, whole run
-[b]s[/b]        memory profile snapshot (saved file + top allocation sites)
-[b]w[/b]        write the session to a JSON-lines file
-[b]p[/b]        show the last memory profile
-[b]← →[/b]      replay: seek ∓10 s          [b].[/b]        replay: step one sample
-[b]+ -[/b]      replay: speed ×2 / ÷2       [b]?[/b]        this help
-[b]ctrl+p[/b]   command palette
-
+#: Shown in help under the keys: what the numbers mean.
+HELP_NOTES = """\
 Memory layers: NVML used ≥ allocator pool ≥ bytes in use ≥ live arrays.
 With the default GPU allocator JAX preallocates 75 % of the card: NVML shows
 the pool, not what your arrays use. On CPU there is no allocator pool; sizes
@@ -55,17 +45,51 @@ come from jax.live_arrays(). Transfer bytes are a lower bound (cached jit calls
 log no shapes). n/a always comes with the reason.
 """
 
+#: Footer groups: one label for a pair of keys ("←→ seek", "+- speed").
+SEEK_KEYS = Binding.Group("seek", compact=True)
+SPEED_KEYS = Binding.Group("speed", compact=True)
+#: Actions that act on a recording's playback: offered while the source replays.
+REPLAY_ACTIONS = frozenset({"seek", "step", "speed"})
+#: Actions that need running agents: offered while the source is live.
+LIVE_ACTIONS = frozenset({"profile"})
+#: Actions the command palette does not list: Textual's own entries already
+#: cover them (Quit), or they are the palette itself.
+NOT_IN_PALETTE = frozenset({"quit", "command_palette"})
+
 
 class HelpScreen(ModalScreen[None]):
+    """Every key of the app, from its bindings, and what the panels mean."""
+
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll { width: 90%; max-width: 100; height: 80%; border: round $accent; background: $surface; padding: 0 1; }
     """
 
+    def __init__(self, rows: list[tuple[str, str, bool]]) -> None:
+        """Help listing ``rows``.
+
+        Args:
+            rows: One per binding: (its keys as shown, what it does, whether
+                it acts with the current source).
+        """
+        super().__init__()
+        self.rows = rows
+
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(HELP, id="help-text")
+            yield Static(self._render_help(), id="help-text")
+
+    def _render_help(self) -> Group:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column()
+        for keys, text, active in self.rows:
+            # Keys that do nothing with this source (replay keys in a live
+            # view...) stay listed, dimmed.
+            table.add_row(keys, text, style=None if active else "dim")
+        title = Text.from_markup("[b]jaxtop[/b] — top for JAX memory\n")
+        return Group(title, table, Text(""), Text(HELP_NOTES))
 
 
 class ProfileScreen(ModalScreen[None]):
@@ -100,36 +124,10 @@ class ProfileScreen(ModalScreen[None]):
         return table
 
 
-class JaxtopCommands(Provider):
-    """Dashboard actions in Textual's command palette."""
-
-    async def search(self, query: str) -> Hits:
-        app = self.app
-        assert isinstance(app, JaxtopApp)
-        matcher = self.matcher(query)
-        actions = [
-            ("Next device", app.action_next_device, "show the next device"),
-            ("All-devices overview", app.action_overview, "every device side by side"),
-            ("Window: 1 minute", partial(app.action_window, "1"), "timeline window"),
-            ("Window: 10 minutes", partial(app.action_window, "2"), "timeline window"),
-            ("Window: 1 hour", partial(app.action_window, "3"), "timeline window"),
-            ("Window: whole run", partial(app.action_window, "4"), "timeline window"),
-            ("Memory profile snapshot", app.action_profile, "device memory profile from the agent"),
-            ("Write session to file", app.action_write, "JSON lines, readable by jaxtop replay"),
-            ("Pause / resume", app.action_pause, ""),
-            ("Help", app.action_help, "keys and what the panels mean"),
-        ]
-        for name, callback, help_text in actions:
-            score = matcher.match(name)
-            if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)
-
-
 class JaxtopApp(App[None]):
     """Live or replayed view of one or more jaxtop agents."""
 
     TITLE = "jaxtop"
-    COMMANDS = App.COMMANDS | {JaxtopCommands}
     CSS = """
     Screen { layout: vertical; }
     #header { height: 2; }
@@ -145,25 +143,35 @@ class JaxtopApp(App[None]):
     #events { height: 5; }
     Panel { padding: 0 1 0 0; }
     """
+    # The one table of the app's actions. Each binding is declared once here
+    # (a subclass adds its own in its BINDINGS); the footer, the help screen
+    # and the command palette all read it: ``description`` is the footer's
+    # short label, ``tooltip`` the sentence in help and the palette.
     BINDINGS = [
-        Binding("q", "quit", "quit"),
-        Binding("space", "pause", "pause"),
-        Binding("tab,d", "next_device", "device", priority=True),
-        Binding("shift+tab", "prev_device", "prev device", show=False, priority=True),
-        Binding("o", "overview", "overview", show=False),
-        Binding("1", "window('1')", "1m", show=False),
-        Binding("2", "window('2')", "10m", show=False),
-        Binding("3", "window('3')", "1h", show=False),
-        Binding("4", "window('4')", "all", show=False),
-        Binding("s", "profile", "profile"),
-        Binding("w", "write", "write"),
-        Binding("p", "show_profile", "last profile", show=False),
-        Binding("left", "seek(-10)", "seek", show=False),
-        Binding("right", "seek(10)", "seek", show=False),
-        Binding("full_stop", "step", "step", show=False),
-        Binding("plus,equals_sign", "speed(2)", "faster", show=False),
-        Binding("minus", "speed(0.5)", "slower", show=False),
-        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit", tooltip="Quit jaxtop"),
+        Binding("space", "pause", "pause",
+                tooltip="Pause: freeze the screen (live) or play / pause (replay)"),
+        Binding("tab,d", "next_device", "device", priority=True,
+                tooltip="Next device (after the last one: the all-devices overview)"),
+        Binding("shift+tab", "prev_device", "prev device", show=False, priority=True, tooltip="Previous device"),
+        Binding("o", "overview", "overview", show=False, tooltip="All-devices overview, or back to one device"),
+        Binding("1", "window('1')", "1m", show=False, tooltip="Timeline window: 1 minute"),
+        Binding("2", "window('2')", "10m", show=False, tooltip="Timeline window: 10 minutes"),
+        Binding("3", "window('3')", "1h", show=False, tooltip="Timeline window: 1 hour"),
+        Binding("4", "window('4')", "all", show=False, tooltip="Timeline window: the whole run"),
+        Binding("s", "profile", "profile", tooltip="Memory profile snapshot (saved file + top allocation sites)"),
+        Binding("w", "write", "write", tooltip="Write the session to a JSON-lines file (jaxtop replay reads it)"),
+        Binding("p", "show_profile", "last profile", show=False, tooltip="Show the last memory profile"),
+        Binding("left", "seek(-10)", "-10s", group=SEEK_KEYS, tooltip="Replay: seek back 10 s"),
+        Binding("right", "seek(10)", "+10s", group=SEEK_KEYS, tooltip="Replay: seek forward 10 s"),
+        Binding("full_stop", "step", "step", tooltip="Replay: step one sample (and pause)"),
+        Binding("plus,equals_sign", "speed(2)", "faster", group=SPEED_KEYS, tooltip="Replay: speed ×2"),
+        Binding("minus", "speed(0.5)", "slower", group=SPEED_KEYS, tooltip="Replay: speed ÷2"),
+        Binding("question_mark", "help", "help", tooltip="Help: keys and what the panels mean"),
+        # Textual binds ctrl+p itself unless an app does: declared here, it is
+        # listed in help like every other key.
+        Binding(App.COMMAND_PALETTE_BINDING, "command_palette", "palette", show=False, priority=True,
+                tooltip="Command palette: every action by name"),
     ]
 
     def __init__(self, source: Source, model: Model | None = None, save_dir: str | None = None,
@@ -248,7 +256,7 @@ class JaxtopApp(App[None]):
         )
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
-        if self.paused and self.source.kind == "live":
+        if self.paused:
             return
         try:
             self.show(message.snapshot)
@@ -270,14 +278,71 @@ class JaxtopApp(App[None]):
         """Rebuild after a key changed the view (UI thread, immediate)."""
         self.show(self.build_snapshot())
 
+    # -- the action table: footer, help and palette ------------------------------
+    @classmethod
+    def action_table(cls) -> list[Binding]:
+        """Every binding this app declares, the dashboard's first, then a subclass's.
+
+        Textual's own defaults (ctrl+q, ctrl+c) are left out: they are not
+        this app's actions.
+        """
+        table: list[Binding] = []
+        for klass in reversed(cls.__mro__):
+            if issubclass(klass, JaxtopApp) and "BINDINGS" in vars(klass):
+                table.extend(b if isinstance(b, Binding) else Binding(*b) for b in vars(klass)["BINDINGS"])
+        return table
+
+    def keys_shown(self, binding: Binding) -> str:
+        """All keys of a binding, each as Textual displays it ("tab d", "+ =")."""
+        if binding.key_display:
+            return binding.key_display
+        return " ".join(self.get_key_display(binding.with_key(key.strip())) for key in binding.key.split(","))
+
+    def applies(self, binding: Binding) -> bool:
+        """Whether the binding's action acts with this source (see check_action)."""
+        _, name, parameters = parse_action(binding.action)
+        return bool(self.check_action(name, parameters))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Hide and disable the actions that do not act with this source.
+
+        Replay controls need a source that replays; a memory profile and
+        writing the session need a live one. Textual asks this for the
+        footer and before running any action; help and the palette ask too.
+        """
+        if action in REPLAY_ACTIONS:
+            return self.source.replays
+        if action in LIVE_ACTIONS:
+            return self.source.live
+        return True
+
+    def help_rows(self) -> list[tuple[str, str, bool]]:
+        """The help screen's key list: one row per binding of the table."""
+        return [(self.keys_shown(b), b.tooltip or b.description, self.applies(b)) for b in self.action_table()]
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Textual's commands, then each action of the table that acts now.
+
+        A command runs its action as its key does (``run_action``), so the
+        palette and the key cannot drift apart.
+        """
+        yield from super().get_system_commands(screen)
+        for binding in self.action_table():
+            if binding.action in NOT_IN_PALETTE or not self.applies(binding):
+                continue
+            yield SystemCommand(binding.tooltip or binding.description, f"key: {self.keys_shown(binding)}",
+                                partial(self.run_action, binding.action))
+
     # -- actions -------------------------------------------------------------------
     def action_pause(self) -> None:
-        if isinstance(self.source, ReplaySource):
-            playing = self.source.toggle()
-            self.notify("playing" if playing else "paused", timeout=1.5)
-        else:
+        playing = self.source.toggle()
+        if playing is None:
+            # Nothing plays: pausing freezes this screen while records keep
+            # arriving into the model (unpausing shows the latest at once).
             self.paused = not self.paused
             self.query_one(HeaderBar).paused = self.paused
+        else:
+            self.notify("playing" if playing else "paused", timeout=1.5)
         self.refresh_now()
 
     def _device_count(self) -> int:
@@ -347,19 +412,18 @@ class JaxtopApp(App[None]):
         self.refresh_now()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(self.help_rows()))
 
+    # Replay controls: the source answers None where nothing plays, and the
+    # source's own update redraws after a seek or a step.
     def action_seek(self, delta: float) -> None:
-        if isinstance(self.source, ReplaySource):
-            self.source.seek(self.source.current_t() + float(delta))
+        self.source.seek_by(float(delta))
 
     def action_step(self) -> None:
-        if isinstance(self.source, ReplaySource):
-            self.source.step(1)
+        self.source.step(1)
 
     def action_speed(self, factor: float) -> None:
-        if isinstance(self.source, ReplaySource):
-            self.source.set_speed(self.source.speed * float(factor))
+        if self.source.scale_speed(float(factor)) is not None:
             self.refresh_now()
 
 

@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxtop import protocol
 from jaxtop.dashboard.history import History, Window
+from jaxtop.protocol import DIRECTIONS
 
 DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes", "live_bytes")
 PROCESS_SERIES = ("h2d_per_s", "d2h_per_s", "d2d_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "d2d_bytes_per_s", "rss_bytes", "cpu_percent", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
-DIRECTIONS = ("h2d", "d2h", "d2d")
 STALE_INTERVALS = 3
 MAX_EVENTS = 500
 
@@ -153,7 +154,6 @@ class ProcessModel:
         self.latest: dict[str, Any] = {}
         self.last_t: float | None = None  # agent time of the last sample
         self.last_recv: float | None = None  # our monotonic clock at receipt
-        self.prev_t: float | None = None
         self.rates: dict[str, dict[str, Any]] = {}
         self.last_profile: dict[str, Any] | None = None
         self.backend: str | None = None
@@ -173,6 +173,15 @@ class Model:
         self.events: collections.deque[Event] = collections.deque(maxlen=MAX_EVENTS)
         self.notices: list[str] = []
         self.version = 0  # bumps on every change
+
+    def empty_like(self) -> "Model":
+        """A new, empty model on this model's clock.
+
+        A replay seeking backwards rebuilds a process in one of these, then
+        :meth:`adopt` s it: the clock must be the same, or ages and staleness
+        in the rebuilt process would be measured on another time line.
+        """
+        return Model(clock=self._clock)
 
     # -- feeding ---------------------------------------------------------------
     def process(self, pid: int) -> ProcessModel:
@@ -229,22 +238,22 @@ class Model:
         with self._lock:
             proc = self.process(pid)
             proc.last_recv = self._clock()
-            if kind == "hello":
+            if kind == protocol.HELLO:
                 self._hello(proc, record)
-            elif kind == "backend":
+            elif kind == protocol.BACKEND:
                 proc.backend = record.get("backend") or proc.backend
                 proc.versions.update(record.get("versions") or {})
                 self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(record.get('devices') or [])} device(s)", record.get("t"))
-            elif kind == "sample":
+            elif kind == protocol.SAMPLE:
                 self._sample(proc, record)
-            elif kind == "dropped":
+            elif kind == protocol.DROPPED:
                 self._event(pid, "dropped", f"{record.get('count')} samples dropped ({record.get('reason', 'client too slow')})", record.get("t"))
-            elif kind == "error":
+            elif kind == protocol.ERROR:
                 self._event(pid, "error", f"agent: {record.get('message')}", record.get("t"))
-            elif kind == "exit":
+            elif kind == protocol.EXIT:
                 proc.state = EXITED
                 self._event(pid, "exit", "process exited (final sample received)", record.get("t"))
-            elif kind == "reply":
+            elif kind == protocol.REPLY:
                 self._reply(proc, record)
             self.version += 1
 
@@ -280,7 +289,7 @@ class Model:
         if dt is not None and dt <= 0:
             dt = None
         interval = (proc.hello.get("interval_s") or 0.1)
-        proc.prev_t, proc.last_t = proc.last_t, t
+        proc.last_t = t
         proc.latest = rec
         if isinstance(rec.get("demo"), dict):
             proc.demo = rec["demo"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxtop import protocol
 from jaxtop.dashboard.sources.base import Source
@@ -13,7 +14,9 @@ class PushSource(Source):
     """Records pushed in by code: embedding the dashboard, tests, benchmarks.
 
     ``push`` may be called from any thread; commands are recorded in
-    ``commands`` (and answered by ``on_command`` if given).
+    ``commands`` (and answered by ``on_command`` if given). It stands in for
+    live agents (``live``), and plays nothing: the replay controls are the
+    base class's no-ops.
     """
 
     kind = "live"
