@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="processes for a big uncompressed recording (default: the CPUs this process may use, at most 8)")
 
     replay = sub.add_parser("replay", help="open the dashboard on a recording")
-    replay.add_argument("file", help="a JSON-lines recording (jaxtop run --log / jaxtop log)")
+    replay.add_argument("file", help="a JSON-lines recording, plain or .gz (jaxtop run --log / jaxtop log / w in the dashboard)")
     replay.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
     replay.add_argument("--refresh", type=_positive_float, default=0.25, metavar="S",
                         help="seconds between redraws while playing (default 0.25)")
