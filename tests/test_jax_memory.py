@@ -308,37 +308,71 @@ def test_memory_stats_raising_falls_back_to_live_arrays(cpu_jax, monkeypatch):
 
 
 def test_scan_counts_each_shard_on_its_device_and_skips_deleted_arrays(cpu_jax, monkeypatch):
+    """A sharded array's bytes per device come from its sharding; its shards
+    are never materialised (that would add Arrays to the program's own
+    jax.live_arrays())."""
+    import numpy as np
+
     probe = JaxMemoryProbe()
     d0, d1 = FakeDevice(0, [None], "cpu"), FakeDevice(1, [None], "cpu")
 
-    def shard(dev, nbytes, ptr):
-        data = SimpleNamespace(
-            nbytes=nbytes, shape=(nbytes // 4,), is_ready=lambda: True, unsafe_buffer_pointer=lambda: ptr
-        )
-        return SimpleNamespace(device=dev, data=data)
+    class Sharded:
+        dtype = np.dtype("float32")
+        shape = (8,)
+        nbytes = 32
+        sharding = SimpleNamespace(device_set={d0, d1}, addressable_devices={d0, d1},
+                                   shard_shape=lambda shape: (shape[0] // 2,))
 
-    sharded = SimpleNamespace(
-        dtype="float32",
-        shape=(8,),
-        nbytes=32,
-        sharding=SimpleNamespace(device_set={d0, d1}),
-        addressable_shards=[shard(d0, 16, 0x100), shard(d1, 16, 0x200)],
-    )
+        @property
+        def addressable_shards(self):
+            raise AssertionError("the scan materialised the shards")
 
     class Deleted:
         @property
         def dtype(self):
             raise RuntimeError("Array has been deleted")
 
-    fake_jax = SimpleNamespace(live_arrays=lambda: [sharded, Deleted()])
+    fake_jax = SimpleNamespace(live_arrays=lambda: [Sharded(), Deleted()])
     monkeypatch.setattr(probe, "_jax", fake_jax)
     monkeypatch.setattr(probe, "devices", [d0, d1])
     probe.scan_live_arrays(now=1.0)
     recs = {r["id"]: r for r in probe.sample(include_map=True)}
-    assert recs[0]["live_arrays"]["map"] == [[0x100, 16]]
-    assert recs[1]["live_arrays"]["map"] == [[0x200, 16]]
     assert recs[0]["bytes_in_use"] == 16 and recs[1]["bytes_in_use"] == 16
     assert recs[0]["live_arrays"]["top"][0]["shape"] == "[4]"
+    # No address without the shard: the map says what it left out.
+    assert recs[0]["live_arrays"]["map"] == [] and recs[0]["live_arrays"]["unmapped"] == {"sharded": 1}
+
+
+def test_scan_counts_a_buffer_shared_by_two_arrays_once(cpu_jax, monkeypatch):
+    probe = JaxMemoryProbe()
+    d0 = FakeDevice(0, [None], "cpu")
+
+    def array(ptr):
+        return SimpleNamespace(dtype="float32", shape=(4,), nbytes=16, sharding=SimpleNamespace(device_set={d0}),
+                               is_ready=lambda: True, unsafe_buffer_pointer=lambda: ptr)
+
+    monkeypatch.setattr(probe, "_jax", SimpleNamespace(live_arrays=lambda: [array(0x40), array(0x40), array(0x80)]))
+    monkeypatch.setattr(probe, "devices", [d0])
+    probe.scan_live_arrays(now=1.0)
+    (rec,) = probe.sample(include_map=True)
+    assert rec["bytes_in_use"] == 32 and rec["live_arrays"]["count"] == 2
+    assert rec["live_arrays"]["map"] == [[0x40, 16], [0x80, 16]]
+
+
+def test_a_buffer_seen_ready_keeps_its_address_while_recomputed(cpu_jax, monkeypatch):
+    probe = JaxMemoryProbe()
+    d0 = FakeDevice(0, [None], "cpu")
+    ready = {"now": True}
+    arr = SimpleNamespace(dtype="float32", shape=(4,), nbytes=16, sharding=SimpleNamespace(device_set={d0}),
+                          is_ready=lambda: ready["now"], unsafe_buffer_pointer=lambda: 0x40)
+    monkeypatch.setattr(probe, "_jax", SimpleNamespace(live_arrays=lambda: [arr]))
+    monkeypatch.setattr(probe, "devices", [d0])
+    probe.scan_live_arrays(now=1.0)
+    ready["now"] = False
+    probe.scan_live_arrays(now=2.0)
+    (rec,) = probe.sample(include_map=True)
+    assert rec["live_arrays"]["map"] == [[0x40, 16]]
+    assert rec["live_arrays"]["unmapped"] == {"last_address": 1}
 
 
 def test_scan_never_waits_for_a_buffer_still_being_computed(cpu_jax, monkeypatch):

@@ -1,0 +1,71 @@
+"""Real layer, 8 CPU devices: a data-parallel program (pmap and jit with a
+NamedSharding) under `jaxtop run`. The oracles are JAX's own: the program's
+`jax.live_arrays()` and the unique buffers of its shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TARGETS
+
+pytestmark = pytest.mark.slow
+PY = sys.executable
+
+
+def _env(sockdir):
+    env = dict(os.environ, JAXTOP_SOCKET_DIR=str(sockdir), JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env.pop("JAX_TRANSFER_GUARD", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same program once plainly and once under `jaxtop run --log`."""
+    tmp = tmp_path_factory.mktemp("spmd")
+    env = _env(tmp)
+    plain = subprocess.run([PY, str(TARGETS / "spmd.py"), str(tmp / "plain.json")], env=env,
+                           capture_output=True, timeout=180)
+    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
+    log = tmp / "run.jsonl"
+    run = subprocess.run([PY, "-m", "jaxtop", "run", "--log", str(log), str(TARGETS / "spmd.py"), str(tmp / "agent.json")],
+                         env=env, capture_output=True, timeout=180)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return (json.loads((tmp / "plain.json").read_text()), json.loads((tmp / "agent.json").read_text()), records,
+            plain, run)
+
+
+def test_program_sees_the_same_live_arrays_with_and_without_the_agent(runs):
+    plain, agent, *_ = runs
+    assert agent["live_count"] == plain["live_count"]
+    assert agent["per_device"] == plain["per_device"]
+
+
+def test_in_use_per_device_equals_unique_buffer_bytes(runs):
+    _, oracle, records, *_ = runs
+    scans = [r for r in records if r["type"] == "sample" and r.get("devices")
+             and oracle["t_ready"] < ((r["devices"][0].get("live_arrays") or {}).get("scanned_t") or 0) < oracle["t_oracle"]]
+    assert scans, "no live-array scan between the end of training and the oracle"
+    sample = scans[-1]
+    assert len(sample["devices"]) == 8
+    got = {str(d["id"]): d["bytes_in_use"] for d in sample["devices"]}
+    assert got == oracle["per_device"]
+
+
+def test_known_h2d_bytes_never_exceed_the_bytes_placed(runs):
+    _, oracle, records, *_ = runs
+    final = [r for r in records if r["type"] == "sample"][-1]
+    h2d = final["transfers"]["h2d"]
+    assert h2d["count_total"] > 0
+    assert h2d["bytes_known_total"] <= oracle["h2d_bytes_placed"]
+
+
+def test_stdout_and_exit_are_the_program_s(runs):
+    *_, plain, run = runs
+    assert run.stdout == plain.stdout and run.returncode == plain.returncode
