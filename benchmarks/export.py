@@ -1,23 +1,36 @@
-"""Speed of `jaxtop export` (CSV and Perfetto) on a recording of the demo.
+"""Speed of `jaxtop export` (CSV and Perfetto) on a recording of the demo:
+the learned layouts against orjson on every line.
 
 Records the demo workload (`python -m jaxtop.demo.worker --small --log`)
 for --record-s seconds, then repeats its samples with shifted times and seq
 numbers up to --samples samples (the recording stays a real one; only its
-length is stretched), and times `jaxtop export` in both formats, each as a
-fresh `python -m jaxtop export` process, as a user runs it: with the default
---jobs (the CPUs this process may use) and with --jobs 1, alternating, and
-prints each median next to the floor measured in the same run (the standard
-library decoding every line with json.loads, nothing else).
+length is stretched), and times the export in both formats, each run a
+fresh Python process as a user runs `jaxtop export`, with the default --jobs
+(the CPUs this process may use) and with --jobs 1, by two paths:
+
+- layouts: what `jaxtop export` runs (``fast=True``): the first sample of
+  each line shape is decoded, later lines of that shape are matched as text
+  and written from their number tokens (jaxtop/export/layouts.py);
+- orjson: every line decoded with orjson.loads (json.loads where orjson
+  would read it otherwise) and written by the writers' plain path
+  (``fast=False``).
+
+All variants alternate within each round (the order reversed every other
+round), so drifts of a noisy machine hit each alike; it prints each median,
+the orjson/layouts ratio, and checks that both paths wrote the same bytes.
+For scale it also prints two floors measured in the same run: json.loads
+and orjson.loads of every line, nothing else.
 
 Target (issue 6): under 2 s per 100,000 samples.
 
-    .venv/bin/python benchmarks/export.py                 # 100,000 samples
-    .venv/bin/python benchmarks/export.py --recording my.jsonl
+    .venv/bin/python benchmarks/export.py                 # 100,000 samples, 5 rounds
+    .venv/bin/python benchmarks/export.py --recording my.jsonl --runs 7
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -27,7 +40,22 @@ import sys
 import tempfile
 import time
 
+import orjson
+
 from jaxtop import export
+
+PATHS = {"layouts": True, "orjson": False}  # path name: ``fast``
+
+# What `jaxtop export FILE -o OUT` does, minus argument parsing, the same for
+# both paths (the command line has no switch for the plain path).
+RUNNER = """
+import sys
+from jaxtop import export
+path, fmt, fast, jobs, out = sys.argv[1:]
+write = export.write_csv if fmt == "csv" else export.write_perfetto
+with open(out, "w", newline="") as f:
+    write(path, f, fast=fast == "1", jobs=int(jobs))
+"""
 
 
 def record_demo(path: str, seconds: float) -> None:
@@ -68,7 +96,7 @@ def main() -> int:
     ap.add_argument("--recording", help="use this recording instead of recording the demo")
     ap.add_argument("--record-s", type=float, default=20.0)
     ap.add_argument("--samples", type=int, default=100_000)
-    ap.add_argument("--runs", type=int, default=3, help="runs of each variant (default 3)")
+    ap.add_argument("--runs", type=int, default=5, help="rounds; each runs every variant once (default 5)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="jaxtop-export-bench-")
     try:
@@ -76,6 +104,21 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the inputs are hundreds of MiB
     return 0
+
+
+def floors(path: str, rounds: int) -> dict[str, list[float]]:
+    """Seconds to decode every line of ``path`` with each library, alternating."""
+    times: dict[str, list[float]] = {"json.loads": [], "orjson.loads": []}
+    loads = {"json.loads": json.loads, "orjson.loads": orjson.loads}
+    for r in range(rounds):
+        for name in list(loads) if r % 2 == 0 else list(loads)[::-1]:
+            decode = loads[name]
+            started = time.perf_counter()
+            with open(path, "rb") as f:
+                for line in f:
+                    decode(line)
+            times[name].append(time.perf_counter() - started)
+    return times
 
 
 def run(args: argparse.Namespace, work: str) -> None:
@@ -88,36 +131,41 @@ def run(args: argparse.Namespace, work: str) -> None:
     big = os.path.join(work, "big.jsonl")
     n = stretch(src, big, args.samples)
     size = os.path.getsize(big)
+    per_100k = 100_000 / n
     print(f"input: {n:,} samples, {size / 2**20:.1f} MiB ({size / n:.0f} bytes a sample)")
-    # The floor: only decoding every line with the standard library's json.
-    started = time.perf_counter()
-    with open(big, "rb") as f:
-        for line in f:
-            json.loads(line)
-    floor = time.perf_counter() - started
-    print(f"floor     {floor:6.2f} s  = {floor * 100_000 / n:.2f} s per 100,000 samples: json.loads of every line, nothing else")
+    floor = {name: statistics.median(t) for name, t in floors(big, 3).items()}
+    for name, seconds in floor.items():
+        print(f"floor {name:12s} {seconds * per_100k:5.2f} s per 100,000 samples: {name} of every line, nothing else")
     jobs = export.default_jobs()
-    variants = [(fmt, j) for j in dict.fromkeys([jobs, 1]) for fmt in ("csv", "perfetto")]
-    times: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
+    variants = [(fmt, j, path) for j in dict.fromkeys([jobs, 1]) for fmt in ("csv", "perfetto") for path in PATHS]
+    times: dict[tuple[str, int, str], list[float]] = {v: [] for v in variants}
+    digests: dict[tuple[str, int, str], str] = {}
     sizes: dict[str, int] = {}
-    for r in range(args.runs):  # the variants alternate, so drifts of the VM hit each alike
-        for fmt, j in variants if r % 2 == 0 else variants[::-1]:
+    for r in range(args.runs):  # the variants alternate, so drifts of the machine hit each alike
+        for fmt, j, path in variants if r % 2 == 0 else variants[::-1]:
             out = os.path.join(work, f"out.{fmt}")
+            cmd = [sys.executable, "-c", RUNNER, big, fmt, "1" if PATHS[path] else "0", str(j), out]
             started = time.perf_counter()
-            res = subprocess.run([sys.executable, "-m", "jaxtop", "export", big, "--format", fmt, "-j", str(j), "-o", out],
-                                 capture_output=True, text=True)
-            times[(fmt, j)].append(time.perf_counter() - started)
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            times[(fmt, j, path)].append(time.perf_counter() - started)
             if res.returncode != 0:
                 raise SystemExit(res.stderr)
+            with open(out, "rb") as f:
+                digests[(fmt, j, path)] = hashlib.sha256(f.read()).hexdigest()
             sizes[fmt] = os.path.getsize(out)
-    print(f"`jaxtop export` as a user runs it (a fresh process each run; {args.runs} runs, median; default --jobs {jobs}):")
-    for fmt, j in variants:
-        median = statistics.median(times[(fmt, j)])
-        per_100k = median * 100_000 / n
-        verdict = "meets" if per_100k < 2.0 else "MISSES"
-        runs = " ".join(f"{t:.2f}" for t in times[(fmt, j)])
-        print(f"{fmt:9s} -j {j}  {per_100k:5.2f} s per 100,000 samples ({verdict} the 2 s target)  "
-              f"{median / floor:.2f}x the floor  [runs: {runs} s]  output {sizes[fmt] / 2**20:.1f} MiB")
+    same = all(digests[v] == digests[(v[0], jobs, "layouts")] for v in variants)
+    print(f"a fresh process each run; {args.runs} rounds, median; default --jobs {jobs}; "
+          f"outputs byte-identical across paths and jobs: {'yes' if same else 'NO'}")
+    for fmt, j, path in variants:
+        median = statistics.median(times[(fmt, j, path)])
+        verdict = "meets" if median * per_100k < 2.0 else "MISSES"
+        runs = " ".join(f"{t:.2f}" for t in times[(fmt, j, path)])
+        ratio = median / statistics.median(times[(fmt, j, "layouts")])
+        print(f"{fmt:9s} -j {j}  {path:8s} {median * per_100k:5.2f} s per 100,000 samples ({verdict} the 2 s target)  "
+              f"{ratio:.2f}x layouts  {median / floor['json.loads']:.2f}x the json floor  [runs: {runs} s]  "
+              f"output {sizes[fmt] / 2**20:.1f} MiB")
+    if not same:
+        raise SystemExit("the two paths wrote different bytes")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import PY
+from jaxtop import protocol
 from jaxtop.export import convert, formats as export
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -226,3 +228,99 @@ def test_parallel_perfetto_when_the_first_piece_writes_nothing(tmp_path, monkeyp
     export.write_perfetto(str(path), par, jobs=2)
     assert par.getvalue() == one.getvalue()
     assert json.loads(par.getvalue())["traceEvents"]
+
+
+# ------------------------------------------------------------ decoding lines
+
+def same_value(a, b) -> bool:
+    """Equal, with the same types all the way down (1 == 1.0 is not enough)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+
+
+TRICKY_LINES = [
+    b'{"type":"sample","n":18446744073709551615}',  # the largest integer orjson reads exactly
+    b'{"type":"sample","n":18446744073709551616}',  # orjson reads these three as floats
+    b'{"type":"sample","n":-9223372036854775809}',
+    b'{"type":"sample","n":%s}' % (b"7" * 320),
+    b'{"type":"sample","s":"12345678901234567890"}',  # a long run of digits in a string
+    b'{"type":"sample","n":NaN,"m":Infinity,"k":-Infinity}',
+    b'{"type":"sample","n":1e400,"m":-1e400,"k":1e-400}',
+    b'{"type":"sample","n":-0,"m":-0.0,"k":0.1000000000000000055511151231257827021181583404541015625}',
+    b'{"type":"sample","n":4.9e-324,"m":1.7976931348623157e308,"k":123456789012345678.5}',
+    b'{"type":"sample","a":1,"b":2,"a":{"c":3}}',  # a repeated key: the last value, the first place
+    b'{"type":"sample","s":"\\ud800"}',  # a lone surrogate, escaped
+    b'{"type":"sample","s":"\xed\xa0\x80"}',  # a lone surrogate, encoded
+    b'{"type":"sample","s":"\\u00e9\xc3\xa9\\ud83d\\ude00"}',
+    b'\xef\xbb\xbf{"type":"sample"}',  # a byte order mark
+    b'{"type":"sample","s":"\xff"}',  # not UTF-8
+    b'{"type":"sample","s":"a\tb"}',  # a raw control character
+    b'{"type":"sample"} x',
+    b'{"type":1}',
+    b'["type","sample"]',
+    b'"sample"',
+    b'[' * 2000,  # json.loads: RecursionError; orjson: too deep
+    b'[' * 1010 + b']' * 1010,  # orjson reads it; json.loads does not
+    b'{"type":"sample","a":' + b'[' * 2000 + b']' * 2000 + b'}',
+]
+
+
+@pytest.mark.parametrize("line", TRICKY_LINES)
+def test_decode_reads_what_json_loads_reads(line):
+    # ``decode`` reads most lines with orjson: values, refusals and messages
+    # must be protocol.decode's (json.loads), bytes or text, with or without
+    # the newline.
+    variants = [line, line + b"\n"]
+    try:
+        variants += [line.decode() + "\n"]
+    except UnicodeDecodeError:
+        pass
+    for text in variants:
+        try:
+            want = protocol.decode(text)
+        except protocol.ProtocolError as exc:
+            want = exc
+        except RecursionError:
+            want = protocol.ProtocolError("not JSON: nested too deeply")
+        if isinstance(want, Exception):
+            with pytest.raises(protocol.ProtocolError) as got:
+                convert.decode(text)
+            assert str(got.value) == str(want), text[:60]
+        else:
+            assert same_value(convert.decode(text), want), text[:60]
+
+
+def test_export_keeps_big_integers_and_skips_deeply_nested_lines(tmp_path):
+    lines = (FIXTURES / "synthetic_gpu.jsonl").read_text().splitlines()
+    sample = json.loads(next(line for line in lines if '"sample"' in line[:20]))
+    big = dict(sample, seq=2**64, process=dict(sample["process"], rss_bytes=-(10**25)))
+    events = dict(sample, events=[{"kind": "mark", "t": sample["t"], "a": "@"}])
+    deep = json.dumps(events, separators=(",", ":")).replace('"@"', "[" * 1020 + "]" * 1020)
+    path = tmp_path / "rec.jsonl"
+    path.write_text("\n".join([lines[0], json.dumps(big), "[" * 2000, "[" * 1010 + "]" * 1010, deep,
+                               json.dumps(sample)]) + "\n")
+    for write in (export.write_csv, export.write_perfetto):
+        outputs = []
+        for fast in (True, False):
+            out = io.StringIO()
+            stats = write(str(path), out, fast=fast)  # no RecursionError
+            outputs.append(out.getvalue())
+            # Not records, and too deep for json.loads (which has the last word on those).
+            assert stats.errors[:2] == ["line 3: not JSON: nested too deeply",
+                                        "line 4: not JSON: nested too deeply"], stats.errors
+            # The 1,020-deep event: json.loads cannot read it, orjson can; the
+            # CSV writer never looks at it, the Perfetto writer cannot write it.
+            assert stats.malformed == (2 if write is export.write_csv else 3)
+        assert outputs[0] == outputs[1]
+        if write is export.write_csv:
+            row = next(csv.DictReader(io.StringIO(outputs[0])))
+            assert row["seq"] == str(2**64) and row["rss_bytes"] == str(-(10**25))
+        else:
+            trace = json.loads(outputs[0])
+            rss = [ev["args"]["rss"] for ev in trace["traceEvents"] if ev["name"] == "host RSS (bytes)"]
+            assert rss[0] == -(10**25) and type(rss[0]) is int

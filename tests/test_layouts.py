@@ -1,8 +1,9 @@
 """Learned line layouts (jaxtop.export.layouts) and the export fast path built on them.
 
 The fast path must be invisible: every export is compared byte for byte with
-the plain path (json.loads on every line) on real recordings and on lines
-made to trip it up.
+the plain path (every line decoded, by orjson where it reads as json.loads
+does) and with json.loads on every line, on real recordings and on lines made
+to trip it up.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxtop import protocol
 from jaxtop.export import convert, formats as export
 from jaxtop.export.layouts import Layout, Layouts, lookup, number_paths
 
@@ -121,7 +123,8 @@ def test_a_refused_layout_is_not_kept() -> None:
 # ------------------------------------------------------------- export equality
 
 def both(path: Path, monkeypatch: pytest.MonkeyPatch, min_hits: int) -> None:
-    """Export ``path`` both ways: same bytes, same counts; the fast path used."""
+    """Export ``path`` fast, plain, and plain with json.loads alone: same
+    bytes, same counts; the fast path used."""
     made: list[Layouts] = []
 
     class Recorded(Layouts):
@@ -131,12 +134,17 @@ def both(path: Path, monkeypatch: pytest.MonkeyPatch, min_hits: int) -> None:
 
     monkeypatch.setattr(convert, "Layouts", Recorded)
     for write in (export.write_csv, export.write_perfetto):
-        plain, fast = io.StringIO(), io.StringIO()
+        plain, fast, reference = io.StringIO(), io.StringIO(), io.StringIO()
         s1 = write(str(path), plain, fast=False)
         s2 = write(str(path), fast, fast=True)
         assert fast.getvalue() == plain.getvalue(), write.__name__
         assert (s1.records, s1.malformed, s1.truncated, s1.errors) == (s2.records, s2.malformed, s2.truncated, s2.errors)
         assert made[-1].hits >= min_hits, (write.__name__, made[-1].hits)
+        with monkeypatch.context() as m:
+            m.setattr(convert, "decode", protocol.decode)  # no orjson
+            s3 = write(str(path), reference, fast=False)
+        assert reference.getvalue() == plain.getvalue(), write.__name__
+        assert (s1.records, s1.malformed, s1.truncated, s1.errors) == (s3.records, s3.malformed, s3.truncated, s3.errors)
 
 
 @pytest.mark.parametrize("name", ["cpu_train_loop.jsonl", "synthetic_gpu.jsonl"])
@@ -178,6 +186,8 @@ def test_fast_export_equals_plain_export_on_hostile_lines(tmp_path: Path, monkey
             lambda s: s.replace('"t":', '"t":', 1).replace(f'"bytes_in_use":{k * 1000}', '"bytes_in_use":1.50'),
             lambda s: s.replace(f'"bytes_in_use":{k * 1000}', '"bytes_in_use":1e400'),
             lambda s: s.replace(f'"bytes_in_use":{k * 1000}', '"bytes_in_use":%s' % ("7" * 320)),
+            lambda s: s.replace(f'"bytes_in_use":{k * 1000}', f'"bytes_in_use":{2**64 + k}'),  # orjson: a float
+            lambda s: s.replace('"t":', '"t":-1e999,"u":', 1),  # orjson refuses it, json.loads reads -inf
             lambda s: s.replace('"h2d":{"count":', '"h2d":{"count":null,"count":', 1),
             lambda s: s.replace('"h2d":{"count":', '"h2d":{"count":1.7e308,"x":', 1),  # a rate beyond a float
             lambda s: s.replace('"h2d":{"count":', '"h2d":{"count":"many","x":', 1),

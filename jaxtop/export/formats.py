@@ -6,12 +6,13 @@ docs/protocol.md ("Exports"); the trace format is Chrome's trace-event JSON
 (``{"traceEvents": [...]}``), which ui.perfetto.dev and chrome://tracing open.
 
 Speed (:mod:`jaxtop.export.convert` drives the writers): an agent's samples repeat
-one shape with other numbers. The first sample of each shape is decoded with
-:func:`json.loads` and written by the plain path (``sample``); from it the
-writer builds an emitter for that shape (``compile``), and later samples that
-match the shape (:mod:`jaxtop.export.layouts`) are written from their number tokens
-alone. Both paths write the same bytes; a line the emitter cannot serve takes
-the plain path. A big plain file is also split across processes.
+one shape with other numbers. The first sample of each shape is decoded (with
+orjson; a record is what :func:`json.loads` makes of the line) and written by
+the plain path (``sample``); from it the writer builds an emitter for that
+shape (``compile``), and later samples that match the shape
+(:mod:`jaxtop.export.layouts`) are written from their number tokens alone.
+Both paths write the same bytes; a line the emitter cannot serve takes the
+plain path. A big plain file is also split across processes.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from jaxtop import protocol
 from jaxtop.export import convert
 from jaxtop.export.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
 from jaxtop.export.layouts import Layout, Path, lookup
-
-DIRECTIONS = ("h2d", "d2h", "d2d")
+from jaxtop.protocol import DIRECTIONS
 
 # One row per (sample, device). Process-wide columns (transfers, host,
 # compiles) repeat on each device row of the same sample.
@@ -66,10 +66,10 @@ def _is_int(value: Any) -> bool:
 
 
 def _finite(v: Any) -> bool:
-    if not protocol.is_number(v):
-        return False
+    """True for a number (not a bool) that is finite as a float."""
     try:
-        return math.isfinite(v)
+        # The exact types first: they are what a decoder returns, and cheap to test.
+        return (type(v) is int or type(v) is float or protocol.is_number(v)) and math.isfinite(v)
     except OverflowError:  # an integer beyond a float's range
         return False
 
@@ -104,6 +104,16 @@ def _getter(indexes: list[int]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
 _HOLE = "\x02"  # stands for a number in a row rendered once per layout
 
 
+def _row_paths(i: int) -> list[Path | None]:
+    """Where each cell of device ``i``'s CSV row comes from in the sample
+    (None: the pid, from the hello), in the order of :data:`CSV_COLUMNS`."""
+    return [("t",), ("seq",), None, *(("devices", i, k) for k in _DEVICE_KEYS),
+            *(("devices", i, "live_arrays", k) for k in _LIVE_KEYS),
+            *(("transfers", d, k) for d in DIRECTIONS for k in _TRANSFER_KEYS),
+            ("process", "rss_bytes"), ("process", "cpu_percent"), ("compile", "count_total"),
+            ("compile", "seconds_total"), ("donation", "failed_total")]
+
+
 class _CsvWriter:
     def __init__(self, out: IO[str], part: bool = False) -> None:
         """``part``: write only rows (a piece of a file written in parallel)."""
@@ -129,31 +139,27 @@ class _CsvWriter:
     def close(self) -> None:
         pass
 
-    def _rows(self, rec: dict[str, Any]) -> list[list[tuple[Path | None, Any]]]:
-        """Each row's cells as (path of the value in the sample, value)."""
-        head: list[tuple[Path | None, Any]] = [(("t",), rec.get("t")), (("seq",), rec.get("seq")), (None, self.pid)]
-        tail: list[tuple[Path | None, Any]] = []
-        transfers = _dict(rec.get("transfers"))
+    def _rows(self, rec: dict[str, Any]) -> list[list[Any]]:
+        """Each row's cells, in the order of :data:`CSV_COLUMNS` and of
+        :func:`_row_paths` (None: an empty cell, as csv writes it)."""
+        get = rec.get
+        transfers = _dict(get("transfers"))
+        tail = []
         for d in DIRECTIONS:
             x = _dict(transfers.get(d))
-            tail += [(("transfers", d, k), x.get(k)) for k in _TRANSFER_KEYS]
-        proc, comp = _dict(rec.get("process")), _dict(rec.get("compile"))
-        tail += [
-            (("process", "rss_bytes"), proc.get("rss_bytes")),
-            (("process", "cpu_percent"), proc.get("cpu_percent")),
-            (("compile", "count_total"), comp.get("count_total")),
-            (("compile", "seconds_total"), comp.get("seconds_total")),
-            (("donation", "failed_total"), _dict(rec.get("donation")).get("failed_total")),
-        ]
+            tail += [x.get(k) for k in _TRANSFER_KEYS]
+        proc, comp = _dict(get("process")), _dict(get("compile"))
+        tail += [proc.get("rss_bytes"), proc.get("cpu_percent"), comp.get("count_total"), comp.get("seconds_total"),
+                 _dict(get("donation")).get("failed_total")]
+        head = [get("t"), get("seq"), self.pid]
         rows = []
-        for i, dev in _devices(rec) or [(-1, _EMPTY)]:
+        for _, dev in _devices(rec) or [(-1, _EMPTY)]:
             live = _dict(dev.get("live_arrays"))
-            rows.append(head + [(("devices", i, k), dev.get(k)) for k in _DEVICE_KEYS]
-                        + [(("devices", i, "live_arrays", k), live.get(k)) for k in _LIVE_KEYS] + tail)
+            rows.append(head + [dev.get(k) for k in _DEVICE_KEYS] + [live.get(k) for k in _LIVE_KEYS] + tail)
         return rows
 
     def sample(self, rec: dict[str, Any]) -> None:
-        self.writer.writerows([["" if v is None else v for _, v in row] for row in self._rows(rec)])
+        self.writer.writerows(self._rows(rec))
 
     def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
         """An emitter writing this layout's rows from its number tokens."""
@@ -161,9 +167,10 @@ class _CsvWriter:
         floats: list[int] = []
         rendered = io.StringIO()
         render = csv.writer(rendered, lineterminator="\n")
-        for row in self._rows(rec):
+        positions = [i for i, _ in _devices(rec)] or [-1]
+        for i, row in zip(positions, self._rows(rec)):
             cells = []
-            for path, value in row:
+            for path, value in zip(_row_paths(i), row):
                 hole = layout.index.get(path) if path is not None else None
                 if hole is None:
                     if isinstance(value, (dict, list)) or (isinstance(value, str) and _HOLE in value):
@@ -199,8 +206,9 @@ class _CsvWriter:
 def write_csv(path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> protocol.ReadStats:
     """Write the CSV table of the recording at ``path`` to ``out``.
 
-    ``fast=False`` decodes every line with json.loads (same output, slower);
-    ``jobs`` > 1 converts a big plain file in that many processes (same output).
+    ``fast=False`` decodes every line (orjson) and writes it by the plain
+    path: the same output, slower; ``jobs`` > 1 converts a big plain file in
+    that many processes (same output).
     """
     return convert.run(path, _CsvWriter, out, fast, jobs)
 
@@ -249,20 +257,20 @@ class _PerfettoWriter:
             event["args"] = args
         return ",\n" + json.dumps(event, separators=(",", ":"))
 
-    def _counter(self, name: str, ts: int, args: dict[str, Any]) -> str:
+    def _counter(self, name: str, ts: int, args: list[tuple[str, Any]]) -> str:
         # The bulk of a trace: formatted directly (numbers only, names fixed).
-        body = ",".join(f'"{k}":{v!r}' for k, v in args.items() if _finite(v))
+        body = ",".join([f'"{k}":{v!r}' for k, v in args if _finite(v)])
         if not body:
             return ""
         return f',\n{{"ph":"C","name":"{name}","ts":{ts},"pid":{self.pid},"tid":0,"args":{{{body}}}}}'
 
-    def _device_counters(self, rec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    def _device_counters(self, rec: dict[str, Any]) -> list[tuple[str, list[tuple[str, Any]]]]:
         counters = []
         for _, dev in _devices(rec):
             did = dev.get("id")
             if _is_int(did):
-                counters.append((f"device {did} memory (bytes)", {k: dev.get(k) for k in _MEMORY_KEYS}))
-                counters.append((f"device {did} fragmentation", {"fragmentation": dev.get("fragmentation")}))
+                counters.append((f"device {did} memory (bytes)", [(k, dev.get(k)) for k in _MEMORY_KEYS]))
+                counters.append((f"device {did} fragmentation", [("fragmentation", dev.get("fragmentation"))]))
         return counters
 
     def _transfers(self, counts: list[tuple[str, Any]], t: float, ts: int) -> str:
@@ -270,7 +278,7 @@ class _PerfettoWriter:
         text = ""
         if self.last_t is not None and t > self.last_t:
             dt = t - self.last_t
-            text = self._counter("implicit transfers/s", ts, {d: _rate(c, dt) for d, c in counts})
+            text = self._counter("implicit transfers/s", ts, [(d, _rate(c, dt)) for d, c in counts])
         self.last_t = t
         return text
 
@@ -312,14 +320,15 @@ class _PerfettoWriter:
         ts = _ts(t)
         if ts is None:
             return
-        text = "".join(self._counter(name, ts, args) for name, args in self._device_counters(rec))
+        counter = self._counter
+        text = "".join([counter(name, ts, args) for name, args in self._device_counters(rec)])
         text += self._transfers(self._counts(rec), t, ts)
-        text += self._counter("host RSS (bytes)", ts, {"rss": _dict(rec.get("process")).get("rss_bytes")})
+        text += counter("host RSS (bytes)", ts, [("rss", _dict(rec.get("process")).get("rss_bytes"))])
         donation = _dict(rec.get("donation"))
         text += self._instants(ts, _dict(rec.get("compile")).get("count_total"), donation.get("failed_total"),
                                donation.get("last_message"))
         events = rec.get("events")
-        for ev in events if isinstance(events, list) else ():
+        for ev in events if events and isinstance(events, list) else ():
             if isinstance(ev, dict):
                 text += self._instant(str(ev.get("kind", "event")), ts,
                                       {k: v for k, v in ev.items() if k not in ("kind", "t")})
@@ -459,7 +468,8 @@ class _PerfettoWriter:
 def write_perfetto(path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> protocol.ReadStats:
     """Write a Chrome trace-event JSON of the recording at ``path`` to ``out``.
 
-    ``fast=False`` decodes every line with json.loads (same output, slower);
-    ``jobs`` > 1 converts a big plain file in that many processes (same output).
+    ``fast=False`` decodes every line (orjson) and writes it by the plain
+    path: the same output, slower; ``jobs`` > 1 converts a big plain file in
+    that many processes (same output).
     """
     return convert.run(path, _PerfettoWriter, out, fast, jobs)
