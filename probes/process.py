@@ -1,4 +1,7 @@
-"""Host-side view of the process (psutil): RSS, CPU %, threads."""
+"""Host-side view of the process: RSS, CPU %, threads, start time.
+
+procfs and ``getrusage`` where they exist, psutil elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -65,6 +68,15 @@ class ProcessProbe:
         self.pid = pid if pid is not None else os.getpid()
         self._proc = psutil.Process(self.pid)
         self._own = self.pid == os.getpid()
+        # Read once: a process starts only once. The agent may be injected
+        # long after the program started, so its own start time is not the
+        # program's.
+        self.started_t = process_start_time(self.pid)
+        if self.started_t is None:
+            try:
+                self.started_t = self._proc.create_time()
+            except (psutil.Error, OSError):
+                pass  # the sample then simply has no started_t
         self._threads: int | None = None
         self._files: _ProcFiles | None = None
         if self._own:
@@ -89,12 +101,18 @@ class ProcessProbe:
         return round(100.0 * (now[1] - cpu0) / wall, 1) if wall > 0 else 0.0
 
     def sample(self, slow: bool = True) -> dict[str, Any]:
-        """RSS, VMS, CPU % since the last call, thread count.
+        """RSS, VMS, CPU % since the last call, thread count, start time.
 
         Args:
             slow: also re-read the thread count (otherwise the last one is
                 reported; the first call always reads it).
         """
+        out = self._sample(slow)
+        if self.started_t is not None and out.get("available", True):
+            out["started_t"] = self.started_t
+        return out
+
+    def _sample(self, slow: bool) -> dict[str, Any]:
         if self._files is not None:
             try:
                 return self._sample_own(slow)
@@ -116,7 +134,7 @@ class ProcessProbe:
         except (self._psutil.Error, OSError) as exc:
             return {"available": False, "reason": f"psutil: {exc}"}
         if usage is not None:
-            out["peak_rss_bytes"] = _peak_rss_bytes(usage)
+            out["peak_rss_bytes"] = _peak_rss_bytes(usage, mem.rss)
         return out
 
     def _sample_own(self, slow: bool) -> dict[str, Any]:
@@ -130,7 +148,7 @@ class ProcessProbe:
             "vms_bytes": vms,
             "cpu_percent": self._cpu_percent(usage),
             "threads": self._threads,
-            "peak_rss_bytes": _peak_rss_bytes(usage),
+            "peak_rss_bytes": _peak_rss_bytes(usage, rss),
         }
 
     def close(self) -> None:
@@ -139,8 +157,43 @@ class ProcessProbe:
             self._files = None
 
 
-def _peak_rss_bytes(usage: Any) -> int:
-    """ru_maxrss: the true process peak, which a 0.1 s poll of RSS can miss.
-    KiB on Linux, bytes on macOS."""
+def _peak_rss_bytes(usage: Any, rss: int) -> int:
+    """The process's peak RSS, never below the current RSS.
+
+    ``ru_maxrss`` is the true peak, which a 0.1 s poll of RSS can miss (KiB
+    on Linux, bytes on macOS). But the kernel updates it lazily (when the
+    memory map changes or the process exits), and it is read at another
+    moment than ``rss``: taken alone it can lag below the RSS just read.
+    """
     scale = 1 if sys.platform == "darwin" else 1024
-    return usage.ru_maxrss * scale
+    return max(usage.ru_maxrss * scale, rss)
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process ``pid`` started, in Unix seconds, from procfs.
+
+    ``/proc/PID/stat`` field 22 is the start time in clock ticks since boot;
+    ``/proc/stat``'s ``btime`` is the boot time in Unix seconds (whole
+    seconds: so is the precision of the result).
+
+    Returns:
+        The start time, or None without procfs (macOS) or on a parse error.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open("/proc/stat", "rb") as f:
+            boot = next(line for line in f if line.startswith(b"btime "))
+        return int(boot.split()[1]) + start_ticks(stat) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration, AttributeError):
+        return None
+
+
+def start_ticks(stat: bytes) -> int:
+    """Field 22 (``starttime``, clock ticks since boot) of a ``/proc/PID/stat`` line.
+
+    The command name (field 2) is in parentheses and may itself hold spaces
+    and ")": the fields after the last ")" are field 3 onwards.
+    """
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return int(fields[22 - 3])

@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxtop import synthetic
 from jaxtop.dashboard.history import History
-from jaxtop.dashboard.model import DISCONNECTED, EXITED, LIVE, STALE, Model
+from jaxtop.dashboard.model import DEVICE_SERIES, DISCONNECTED, EXITED, LIVE, STALE, Model
 
 
 def test_history_keeps_spikes_when_downsampling():
@@ -97,8 +97,9 @@ def test_states_stale_disconnected_exited_and_events():
     assert snap.processes[0].state == EXITED
     kinds = [e.kind for e in snap.events]
     assert "disconnect" in kinds and "exit" in kinds
-    model.feed(1, {"type": "dropped", "t": 2.0, "count": 7, "count_total": 7})
-    assert model.snapshot().events[-1].kind == "dropped"
+    model.feed(1, {"type": "dropped", "t": 2010.0, "count": 7, "count_total": 7})
+    dropped = [e for e in model.snapshot().events if e.kind == "dropped"]
+    assert len(dropped) == 1 and dropped[0].text.startswith("7 samples dropped")
 
 
 def test_overview_selection_and_multiple_processes():
@@ -109,6 +110,85 @@ def test_overview_selection_and_multiple_processes():
     assert snap.device is None and len(snap.devices) == 3
     assert {d.pid for d in snap.devices} == {1, 2}
     assert model.snapshot(selected=2).device.pid == 2
+
+
+def _cpu_hello(pid: int, t: float = 100.0, started_t: float | None = None) -> dict:
+    rec = {"type": "hello", "t": t, "pid": pid, "argv": ["x.py"], "interval_s": 0.1, "transfer_capture": {"available": True}}
+    if started_t is not None:
+        rec["started_t"] = started_t
+    return rec
+
+
+def _cpu_sample(t: float, live: dict, process: dict | None = None) -> dict:
+    return {"type": "sample", "t": t, "seq": 1, "devices": [
+        {"id": 0, "platform": "cpu", "source": "live_arrays", "bytes_in_use": live.get("bytes"), "fragmentation": None,
+         "fragmentation_reason": "memory_stats() is None on cpu backend", "live_arrays": live}],
+        "process": process or {"rss_bytes": 1 << 20}}
+
+
+def test_unmapped_buffers_travel_with_the_map_they_belong_to():
+    model = Model()
+    model.feed(5, _cpu_hello(5))
+    live = {"bytes": 10 << 20, "count": 10, "map": [[4096 * (i + 1), 1 << 20] for i in range(7)],
+            "unmapped": {"not_ready": 3, "future_kind": 2}}
+    model.feed(5, _cpu_sample(100.1, live))
+    dev = model.snapshot().device
+    assert len(dev.buffer_map) == 7 and dev.map_live_count == 10 and dev.map_live_bytes == 10 << 20
+    assert dev.unmapped == {"not_ready": 3}  # a kind this viewer does not know counts as unexplained
+    # A sample between scans (no map) leaves the map and its counts alone,
+    # even though its live bytes moved on.
+    model.feed(5, _cpu_sample(100.2, {"bytes": 12 << 20, "count": 12}))
+    dev = model.snapshot().device
+    assert dev.live_count == 12 and dev.map_live_count == 10 and dev.unmapped == {"not_ready": 3}
+    # The next scan's map without "unmapped": every buffer placed.
+    model.feed(5, _cpu_sample(100.3, {"bytes": 4096, "count": 1, "map": [[4096, 4096]]}))
+    dev = model.snapshot().device
+    assert dev.unmapped == {} and dev.map_live_count == 1 and dev.buffer_map == ((4096, 4096),)
+
+
+def test_uptime_is_the_process_uptime_not_the_agent_uptime():
+    model = Model()
+    # The agent was injected at t=100 into a process that started at t=70.
+    model.feed(5, _cpu_hello(5, t=100.0, started_t=100.0))
+    assert model.snapshot(now=110.0).processes[0].uptime_s == 10.0  # only hello: the agent's start
+    model.feed(5, _cpu_sample(100.1, {"bytes": 0, "count": 0}, process={"rss_bytes": 1 << 20, "started_t": 70.0}))
+    assert model.snapshot(now=110.0).processes[0].uptime_s == 40.0
+    # A later sample whose probe failed keeps the start time already known.
+    model.feed(5, _cpu_sample(100.2, {"bytes": 0, "count": 0}, process={"available": False, "reason": "gone"}))
+    assert model.snapshot(now=110.0).processes[0].uptime_s == 40.0
+
+
+def test_events_of_several_pids_are_shown_in_time_order():
+    model = Model()
+    model.feed(1, {"type": "error", "t": 10.0, "message": "a"})
+    model.feed(1, {"type": "error", "t": 30.0, "message": "c"})
+    model.feed(2, {"type": "error", "t": 20.0, "message": "b"})  # another stream, read later
+    model.feed(2, {"type": "error", "t": 5.0, "message": "first"})
+    texts = [e.text for e in model.snapshot().events]
+    assert texts == ["agent: first", "agent: a", "agent: b", "agent: c"]
+
+
+def test_timelines_share_one_span_and_record_fragmentation():
+    model = Model()
+    model.feed(1, synthetic.hello(1, 1, 1000.0))
+    for rec in synthetic.samples(1, 1, 1000.0, 100):  # 10 s, samples at 1000.1 .. 1010.0
+        model.feed(1, rec)
+    snap = model.snapshot(window_s=600.0)
+    proc, dev = snap.processes[0], snap.device
+    # A run shorter than the window fills it: from the first sample to the last.
+    assert proc.span == (1000.1, 1010.0)
+    snap = model.snapshot(window_s=5.0)
+    assert snap.processes[0].span == (1005.0, 1010.0)
+    # Fragmentation and the largest free block are history, min/max per point.
+    t, _, hi = dev.timeline.series(DEVICE_SERIES.index("fragmentation"))
+    assert len(t) == 100 and np.all((hi >= 0) & (hi <= 1))
+    _, _, hi = dev.timeline.series(DEVICE_SERIES.index("largest_free_block_bytes"))
+    assert np.all(hi > 0)
+    # One sample only: an axis of a second, not of zero width.
+    model = Model()
+    model.feed(1, synthetic.hello(1, 1, 1000.0))
+    model.feed(1, next(synthetic.samples(1, 1, 1000.0, 1)))
+    assert model.snapshot().processes[0].span == (1000.1 - 1.0, 1000.1)
 
 
 def test_profile_reply_and_reset():

@@ -18,7 +18,9 @@ from jaxtop.widgets.render import (
     MemoryMap,
     MiniBars,
     Series,
+    Strip,
     Timeline,
+    TimelineStack,
     fmt_bytes,
     fmt_duration,
     fmt_rate,
@@ -135,7 +137,25 @@ def _all_renderables():
         "map_compressed": (MemoryMap(bufs + [(2**47 + i * MiB, MiB) for i in range(5)], rows=3), 4),
         "map_empty": (MemoryMap([]), 1),
         "minibars": (MiniBars([1.0, None, 3.0, 0.0] * 20), 1),
+        "stack": (TimelineStack(_three_strips(t, v), 0, 600, 14), 14),
+        "stack_short": (TimelineStack(_three_strips(t, v), 0, 600, 5), 5),
+        "stack_na": (TimelineStack([Strip("memory", [Series("in use", t, v, v, "green", "fill")]), Strip("fragmentation", reason=CPU_REASON)], 0, 600, 8), 8),
+        "map_unmapped": (MemoryMap(bufs, rows=1, count=60, total_hint=200 * MiB, unmapped={"not_ready": 4, "sharded": 6}), 2),
+        "map_unmapped_2": (MemoryMap(bufs, rows=1, count=60, unmapped={"not_ready": 4, "sharded": 6}, caption_lines=2), 3),
+        "map_no_addresses": (MemoryMap([], count=3, total_hint=MiB, unmapped={"not_ready": 3}), 1),
     }
+
+
+CPU_REASON = "memory_stats() is None on cpu backend: the allocator reports no pool"
+
+
+def _three_strips(t, v):
+    ratio = np.clip(v / v.max(), 0, 1)
+    return [
+        Strip("memory", [Series("in use", t, v, v, "green", "fill")], unit="bytes", min_rows=3),
+        Strip("", [Series("fragmentation", t, ratio, ratio, "yellow", "fill")], unit="%", y_max=1.0),
+        Strip("transfers/s", [Series("h2d", t, t, t, "cyan", "fill")], unit="/s", min_rows=2),
+    ]
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -150,7 +170,8 @@ def test_stays_inside_width_and_never_wraps(name, width):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_explicit_width_is_an_upper_bound(width):
-    for renderable in (LayersBar(layers(), 80 * GiB, width=30), Gauge(0.5, width=30), MemoryMap([(0, 10)], width=30), MiniBars([1, 2], 30)):
+    unmapped = MemoryMap([(0, 10)], width=30, count=5, unmapped={"not_ready": 4})
+    for renderable in (LayersBar(layers(), 80 * GiB, width=30), Gauge(0.5, width=30), MemoryMap([(0, 10)], width=30), MiniBars([1, 2], 30), unmapped):
         for line in render(renderable, width):
             assert cell_len(line) <= min(30, width)
 
@@ -338,9 +359,24 @@ def test_memory_map_compresses_huge_gaps():
     strip = lines[0] + lines[1]
     assert strip.count("█") > 0.8 * len(strip)  # not "everything is a gap"
     assert "≈" in strip  # the cut is marked
-    assert lines[2] == "20 buffers, 20.0 MiB used of 90.9 TiB span (>99% gaps), gaps compressed"
-    # A narrow caption keeps the compression note.
-    assert render(MemoryMap(bufs, rows=2), 40)[2].endswith("gaps compressed")
+    # Across the compressed gap the span (90.9 TiB) means nothing: regions do.
+    assert lines[2] == "20 buffers, 20.0 MiB used in 2 regions"
+    # A narrow caption keeps the regions: they say how to read the strip.
+    assert render(MemoryMap(bufs, rows=2), 34)[2] == "20 buffers, 20.0 MiB in 2 regions"
+    # Compressed gaps within one region (under 64 MiB each) are said as such.
+    small = [(base + i * 16 * MiB, 1024) for i in range(4)]
+    assert render(MemoryMap(small, rows=1), 100)[1].endswith(", gaps compressed")
+
+
+def test_memory_map_cpu_arenas_count_regions_not_span():
+    # Buffers from malloc: a heap arena and mmap'd blocks terabytes apart.
+    heap, mmapped = 0x5600_0000_0000, 0x7F00_0000_0000
+    bufs = [(heap + i * 64, 8) for i in range(3)] + [(mmapped, 256 * 1024), (mmapped + 2**30, 4096)]
+    (_, caption) = render(MemoryMap(bufs, rows=1), 100)
+    assert caption.startswith("5 buffers, 260 KiB used in 3 regions") and "TiB" not in caption
+    # Gaps under 64 MiB are one region: there the span is real and shown.
+    near = [(heap + i * MiB, 8) for i in range(4)]
+    assert "span" in render(MemoryMap(near, rows=1), 100)[1]
 
 
 def test_memory_map_does_not_compress_ordinary_gaps():
@@ -354,7 +390,187 @@ def test_memory_map_empty_and_total_hint():
     assert render(MemoryMap([(0, 0)]), 40) == ["no live buffers"]
     lines = render(MemoryMap([[4096, 1024]], rows=1, total_hint=5 * MiB), 120)  # JSON gives lists
     assert lines[0] == "█" * 120
-    assert lines[1] == "1 buffer, 1.00 KiB used of 1.00 KiB span (0% gaps); 5.00 MiB live in all"
+    # The map covers the placed buffers only: said, so 1 KiB beside 5 MiB live is no contradiction.
+    assert lines[1] == "1 buffer, placed: 1.00 KiB of 5.00 MiB, span 1.00 KiB (0% gaps)"
+
+
+SEVEN = [(0x7F00_0000_0000 + i * MiB, MiB) for i in range(7)]
+
+
+def test_memory_map_says_which_buffers_it_places_and_why_not_the_others():
+    # 10 live buffers, 3 still being computed: 7 on the map.
+    m = MemoryMap(SEVEN, rows=1, count=10, total_hint=10 * MiB, unmapped={"not_ready": 3})
+    (_, caption) = render(m, 120)
+    assert caption.startswith("7 of 10 buffers placed, 7.00 MiB of 10.0 MiB")
+    assert caption.endswith("· 3 buffers still computing, no address yet")
+    # Narrow: the bytes go, the placement and the reason stay.
+    assert render(m, 40)[1] == "7/10 placed · 3 computing"
+    # With two caption lines the reason gets its own.
+    assert render(MemoryMap(SEVEN, rows=1, count=10, total_hint=10 * MiB, unmapped={"not_ready": 3}, caption_lines=2), 120)[1:] == [
+        "7 of 10 buffers placed, 7.00 MiB of 10.0 MiB, span 7.00 MiB (0% gaps)",
+        "3 buffers still computing, no address yet",
+    ]
+
+
+def test_memory_map_buffers_at_their_last_address_are_placed_but_flagged():
+    (_, caption) = render(MemoryMap(SEVEN, rows=1, count=7, total_hint=7 * MiB, unmapped={"last_address": 3}), 120)
+    assert caption.startswith("7 buffers, 7.00 MiB used of 7.00 MiB span")
+    assert caption.endswith("· 3 computing again, drawn at last scan's address")
+
+
+def test_memory_map_shards_of_sharded_arrays_have_no_address():
+    (_, caption) = render(MemoryMap(SEVEN, rows=1, count=15, total_hint=15 * MiB, unmapped={"sharded": 8}), 120)
+    assert caption.startswith("7 of 15 buffers placed, 7.00 MiB of 15.0 MiB")
+    assert caption.endswith("8 shards of sharded arrays have no address")
+
+
+def test_memory_map_unexplained_missing_buffers_are_counted():
+    # An agent that does not send "unmapped": the gap is still said.
+    (_, caption) = render(MemoryMap(SEVEN, rows=1, count=10, total_hint=10 * MiB), 120)
+    assert "7 of 10 buffers placed" in caption and caption.endswith("3 without an address")
+    # Only the largest buffers listed: that is why, not missing addresses.
+    (_, caption) = render(MemoryMap(SEVEN, rows=1, count=5000, total_hint=1 << 30, complete=False), 120)
+    assert caption.startswith("largest 7 of 5000 buffers") and "without" not in caption
+
+
+@pytest.mark.parametrize(("unmapped", "text"), [
+    ({"not_ready": 3}, "no buffer addresses yet: 3 buffers still computing"),
+    ({"sharded": 8}, "no buffer addresses: 8 shards of sharded arrays have no address"),
+    ({"not_ready": 1, "sharded": 2}, "no buffer addresses yet: 1 buffer still computing, 2 shards of sharded arrays have no address"),
+    ({}, "no buffer addresses in this scan (3 buffers live)"),
+])
+def test_memory_map_without_addresses_never_says_no_live_buffers(unmapped, text):
+    count = sum(unmapped.values()) or 3
+    assert render(MemoryMap([], count=count, total_hint=8 * MiB, unmapped=unmapped), 120) == [text]
+    narrow = render(MemoryMap([], count=count, total_hint=8 * MiB, unmapped=unmapped), 40)
+    assert "no live buffers" not in narrow[0] and narrow[0].startswith("no ") and cell_len(narrow[0]) <= 40
+
+
+def test_memory_map_without_addresses_wraps_over_two_caption_lines():
+    lines = render(MemoryMap([], count=8, total_hint=MiB, unmapped={"sharded": 8}, caption_lines=2), 48)
+    assert lines == ["no buffer addresses:", "8 shards of sharded arrays have no address"]
+
+
+# ---------------------------------------------------------------- TimelineStack
+
+
+def _burst(t0: float, t1: float, step: float, at: float, low: float, high: float):
+    """Samples every ``step`` s with ``high`` from ``at`` for 5 s, else ``low``."""
+    t = np.arange(t0, t1 + step / 2, step)
+    v = np.where((t >= at) & (t < at + 5), high, low)
+    return t, v
+
+
+def _strip_rows(lines: list[str]) -> dict[str, list[str]]:
+    """Plot rows of each strip of a rendered stack, by the strip's legend line."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in lines[:-1]:
+        if "┤" in line or "│" in line:
+            out[current].append(line)
+        else:
+            current = line
+            out[current] = []
+    return out
+
+
+@pytest.mark.parametrize("width", (40, 80, 200))
+def test_stack_strips_share_one_time_axis(width):
+    # Three quantities sampled at different rates, with y labels of different
+    # widths ("4.00 GiB", "100%", "20/s"): a burst at t=300 must land in the
+    # same column in all three.
+    tm, mem = _burst(0, 600, 0.1, 300, 1 * GiB, 4 * GiB)
+    tf, frag = _burst(0, 600, 1.0, 300, 0.1, 1.0)
+    tt, rate = _burst(0, 600, 0.5, 300, 1.0, 20.0)
+    strips = [
+        Strip("memory", [Series("in use", tm, mem, mem, "green", "fill")], min_rows=3),
+        Strip("", [Series("fragmentation", tf, frag, frag, "yellow", "fill")], unit="%", y_max=1.0),
+        Strip("transfers/s", [Series("h2d", tt, rate, rate, "cyan", "fill")], unit="/s", min_rows=2),
+    ]
+    lines = render(TimelineStack(strips, 0, 600, 12), width)
+    assert len(lines) == 12
+    rows = _strip_rows(lines)
+    assert len(rows) == 3 and all(rows.values())
+    # One label width: every tick at the same column...
+    ticks = {line.index("┤") for strip in rows.values() for line in strip if "┤" in line}
+    assert len(ticks) == 1
+    # ...one x axis, at the bottom, starting under the ticks.
+    assert sum("└" in line for line in lines) == 1 and lines[-1].index("└") == ticks.pop()
+    assert lines[-1].endswith("now")
+    # The top row of each strip holds only the burst: the same columns.
+    burst_cols = [{i for i, ch in enumerate(strip[0]) if ch == "█" and i > strip[0].index("┤")} for strip in rows.values()]
+    assert burst_cols[0] and burst_cols[0] == burst_cols[1] == burst_cols[2]
+    plot_w = len(lines[-1]) - lines[-1].index("└") - 1
+    first = min(burst_cols[0]) - lines[-1].index("└") - 1
+    assert first == int(300 / 600 * plot_w)
+
+
+def test_stack_na_strip_says_why_instead_of_a_flat_zero():
+    t = np.arange(0, 60.0)
+    strips = [
+        Strip("memory", [Series("in use", t, t * MiB, t * MiB, "green", "fill")], min_rows=3),
+        Strip("fragmentation", reason=CPU_REASON),
+        Strip("transfers/s", [Series("h2d", t, t, t, "cyan", "fill")], unit="/s"),
+    ]
+    lines = render(TimelineStack(strips, 0, 60, 12), 120)
+    assert f"fragmentation n/a — {CPU_REASON}" in lines
+    assert "0%" not in "".join(lines)
+    # Narrow: the reason wraps over the lines it needs, whole.
+    narrow = render(TimelineStack(strips, 0, 60, 14), 40)
+    start = next(i for i, line in enumerate(narrow) if line.startswith("fragmentation n/a"))
+    wrapped = " ".join(line.strip() for line in narrow[start : start + 3])
+    assert wrapped.startswith(f"fragmentation n/a — {CPU_REASON}")
+
+
+def test_stack_drops_optional_strips_first_then_from_the_bottom():
+    t = np.arange(0, 60.0)
+    s = Series("x", t, t, t, "green", "fill")
+    strips = [
+        Strip("memory", [s], min_rows=3, weight=4),
+        Strip("fragmentation", [s], unit="%", y_max=100.0),
+        Strip("free", [s], optional=True),
+        Strip("transfers/s", [s], unit="/s", min_rows=2, weight=2),
+        Strip("bytes/s", [s], optional=True),
+    ]
+
+    def shown(height: int, width: int = 80) -> list[str]:
+        lines = render(TimelineStack(strips, 0, 60, height), width)
+        assert len(lines) == height
+        return [line.split()[0] for line in lines[:-1] if line and "┤" not in line and "│" not in line]
+
+    assert shown(40) == ["memory", "fragmentation", "free", "transfers/s", "bytes/s"]
+    assert shown(14) == ["memory", "fragmentation", "free", "transfers/s", "bytes/s"]  # each its min_rows
+    assert shown(12) == ["memory", "fragmentation", "free", "transfers/s"]
+    assert shown(10) == ["memory", "fragmentation", "transfers/s"]
+    assert shown(5) == ["memory", "fragmentation"]
+
+
+def test_stack_shares_spare_rows_by_weight():
+    t = np.arange(0, 60.0)
+    s = Series("x", t, t, t, "green", "fill")
+    lines = render(TimelineStack([Strip("a", [s], weight=3), Strip("b", [s], weight=1)], 0, 60, 13), 80)
+    rows = _strip_rows(lines)
+    # 12 lines: a legend and a row each, then the 8 spare rows 3:1.
+    assert [len(r) for r in rows.values()] == [7, 3]
+
+
+def test_stack_legend_drops_note_then_spacing_then_title():
+    t = np.arange(0, 60.0)
+    series = [Series(n, t, t, t, "green", "line") for n in ("in use", "peak", "pool", "NVML")]
+    strip = Strip("memory", series, note="1.34k allocs/s")
+    assert render(TimelineStack([strip], 0, 60, 4), 80)[0] == "memory  ─ in use  ─ peak  ─ pool  ─ NVML  1.34k allocs/s"
+    assert render(TimelineStack([strip], 0, 60, 4), 50)[0] == "memory  ─ in use  ─ peak  ─ pool  ─ NVML"
+    assert render(TimelineStack([strip], 0, 60, 4), 37)[0] == "memory ─ in use ─ peak ─ pool ─ NVML"
+    assert render(TimelineStack([strip], 0, 60, 4), 30)[0] == "─ in use ─ peak ─ pool ─ NVML"
+
+
+def test_stack_ratio_strip_is_in_percent_of_a_fixed_scale():
+    t = np.arange(0, 60.0)
+    v = np.full_like(t, 0.25)
+    lines = render(TimelineStack([Strip("", [Series("fragmentation", t, v, v, "yellow", "fill")], unit="%", y_max=1.0)], 0, 60, 6), 60)
+    labels = [line.split("┤")[0].strip() for line in lines if "┤" in line]
+    assert labels == ["100%", "50%", "0%"]  # not scaled up to 25 %
+    assert _strip_rows(lines)["█ fragmentation"][-1].count("█") > 40
 
 
 # ---------------------------------------------------------------- MiniBars

@@ -8,15 +8,20 @@ import os
 import time
 from typing import Any, Callable
 
+import numpy as np
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from jaxtop.dashboard.model import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, Snapshot
-from jaxtop.protocol import DIRECTIONS
-from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, MiniBars, Series, Timeline, fmt_bytes, fmt_duration, fmt_rate
+from jaxtop.dashboard.history import Window
+from jaxtop.dashboard.model import (
+    DEVICE_SERIES, DISCONNECTED, EXITED, LIVE, PROCESS_SERIES, REPLAY, STALE, DeviceView, ProcessView, Snapshot,
+)
+from jaxtop.protocol import D2D, D2H, DIRECTIONS, H2D
+from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, Series, Strip, TimelineStack, fmt_bytes, fmt_duration, fmt_rate
 
 STATE_STYLE = {LIVE: "bold green", STALE: "bold yellow", DISCONNECTED: "bold red", EXITED: "bold magenta", REPLAY: "bold cyan"}
 WINDOW_LABEL = {60.0: "1 min", 600.0: "10 min", 3600.0: "1 h", None: "whole run"}
@@ -27,6 +32,17 @@ def panel_title(text: str, extra: str = "") -> Text:
     if extra:
         line.append(f" {extra}", style="dim")
     return line
+
+
+def fitting(choices: list[str], width: int) -> str:
+    """The first of ``choices`` (most detailed first) that fits in ``width``
+    cells, else the last: a narrow panel drops words, not halves of them."""
+    return next((c for c in choices if cell_len(c) <= width), choices[-1])
+
+
+def fitted_title(text: str, extras: list[str], width: int) -> Text:
+    """A panel title with the first of ``extras`` that fits beside it, or none."""
+    return panel_title(text, fitting([*extras, ""], width - cell_len(text) - 3))
 
 
 def _na(reason: str | None) -> Text:
@@ -84,7 +100,8 @@ class HeaderBar(Panel):
             return Group(top, bottom)
         cmd = short_command(proc.argv)
         top.append(f" pid {proc.pid} ", style="bold")
-        top.append(cmd[: max(10, width - 50)])
+        room = max(10, width - 50)
+        top.append(cmd if len(cmd) <= room else cmd[: room - 1] + "…")
         backend = proc.backend or ("backend unknown (no agent)" if proc.external else "backend not started")
         top.append(f"  {backend} · jax {proc.versions.get('jax') or '?'}", style="cyan")
         if len(snap.processes) > 1:
@@ -130,8 +147,10 @@ class MemoryPanel(Panel):
             nvml_reason = (proc.nvml_status.get("reason") if proc and proc.nvml_status else None) or "no NVIDIA GPU"
             if dev.platform == "cpu":
                 nvml_reason = "CPU device"
+        narrow = width < 50
         pool_reason = None if dev.pool_bytes is not None else (
-            "no allocator pool on CPU" if dev.source == "live_arrays" else "allocator reports no pool")
+            ("no pool on CPU" if narrow else "no allocator pool on CPU") if dev.source == "live_arrays"
+            else ("no pool reported" if narrow else "allocator reports no pool"))
         in_use_label = "in use" if dev.source == "memory_stats" else "in use*"
         layers = [
             ("NVML used", nvml_used, "magenta", nvml_reason),
@@ -154,13 +173,31 @@ class MemoryPanel(Panel):
 
 
 class FragmentationPanel(Panel):
+    """The allocator's fragmentation now and its largest free block, or
+    why there is none (the reason wrapped over the panel, not cut).
+
+    Their history is a strip of :class:`TimelinePanel`.
+    """
+
     TITLE = "Fragmentation"
 
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         dev = snap.device
         if dev is None:
             return Group(panel_title(self.TITLE))
-        return Group(panel_title(self.TITLE), Gauge(dev.fragmentation, reason=dev.fragmentation_reason, label="frag"))
+        if dev.fragmentation is None:
+            reason = Text(f"n/a — {dev.fragmentation_reason}" if dev.fragmentation_reason else "n/a", style="dim")
+            return Group(panel_title(self.TITLE), reason)
+        parts: list[RenderableType] = [panel_title(self.TITLE), Gauge(dev.fragmentation, label="frag")]
+        free, pool_free = dev.largest_free_block_bytes, dev.cached_unused_bytes
+        if free is not None and height > 2:
+            choices = [f"largest free block {fmt_bytes(free)}", f"largest free {fmt_bytes(free)}"]
+            if pool_free is not None:
+                choices[:0] = [f"largest free block {fmt_bytes(free)} of {fmt_bytes(pool_free)} free in the pool",
+                               f"largest free block {fmt_bytes(free)} of {fmt_bytes(pool_free)} free",
+                               f"largest free {fmt_bytes(free)} of {fmt_bytes(pool_free)} free"]
+            parts.append(Text(fitting(choices, width), no_wrap=True, overflow="ellipsis"))
+        return Group(*parts)
 
 
 class MemoryMapPanel(Panel):
@@ -172,55 +209,122 @@ class MemoryMapPanel(Panel):
         dev = snap.device
         if dev is None:
             return Group(panel_title(self.TITLE))
-        extra = "" if dev.map_complete else "largest 2000 buffers"
-        parts: list[RenderableType] = [panel_title(self.TITLE, extra), MemoryMap(list(dev.buffer_map), rows=1 if height < 6 else 2)]
-        room = height - (3 if height < 6 else 4)
-        for buf in dev.top_buffers[: max(0, room)]:
+        rows = 1 if height < 6 else 2
+        # The map and its counts come from the same scan: the latest
+        # live_bytes may be from a later one.
+        kwargs = {"rows": rows, "count": dev.map_live_count, "total_hint": dev.map_live_bytes, "unmapped": dev.unmapped,
+                  "complete": dev.map_complete}
+        the_map = MemoryMap(list(dev.buffer_map), **kwargs)
+        strip_rows = rows if dev.buffer_map else 0  # no addresses: a caption only
+        # Why buffers are missing from the map gets a line of its own when
+        # the panel has one to spare: it is what keeps the map consistent
+        # with the bytes beside it.
+        if the_map.has_note and height >= strip_rows + 4:
+            the_map = MemoryMap(list(dev.buffer_map), caption_lines=2, **kwargs)
+            used = strip_rows + 3
+        else:
+            used = strip_rows + 2
+        parts: list[RenderableType] = [panel_title(self.TITLE, "buffers by address"), the_map]
+        for buf in dev.top_buffers[: max(0, height - used)]:
             parts.append(Text(f" {fmt_bytes(buf.get('nbytes')):>10}  {buf.get('dtype')}{buf.get('shape')}", no_wrap=True, overflow="ellipsis"))
         return Group(*parts)
 
 
 class TimelinePanel(Panel):
-    """bytes in use, pool and the peak over the selected window."""
+    """Allocation, fragmentation and transfers over the selected window.
 
-    TITLE = "Allocation timeline"
+    One panel with stacked strips over one time axis (see
+    :class:`~jaxtop.widgets.render.TimelineStack`), rather than a panel per
+    timeline: the strips then share the window, its start and end, the
+    label width and so every column, and a burst of transfers or a rise in
+    fragmentation sits right above the memory climb it goes with. The axis
+    is the process's (``ProcessView.span``), the same for all its devices.
+
+    Strips, top to bottom: memory (in use, peak, pool, NVML), fragmentation
+    with the largest free block, implicit transfers per second, and their
+    known bytes per second. The largest free block and the bytes go first
+    when the panel is short. A quantity that cannot be measured (no
+    allocator on CPU, no transfer capture) is a line "n/a — reason", not a
+    flat zero. Each column shows the min..max of the samples or history
+    buckets it covers, so a peak survives any window.
+    """
+
+    TITLE = "Timelines"
 
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         dev = snap.device
-        if dev is None:
+        proc = snap.process_of(dev)
+        if dev is None or proc is None or proc.span is None:
             return Group(panel_title(self.TITLE))
-        win = dev.timeline
-        names = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "nvml_used_bytes")
-        from jaxtop.dashboard.model import DEVICE_SERIES
-
-        idx = {n: DEVICE_SERIES.index(n) for n in names + ("allocs_per_s",)}
-        series = []
-        for name, label, style, kind in (
-            ("nvml_used_bytes", "NVML", "magenta", "line"),
-            ("pool_bytes", "pool", "blue", "line"),
-            ("peak_bytes_in_use", "peak", "red", "line"),
-            ("bytes_in_use", "in use", "green", "fill"),
-        ):
-            t, lo, hi = win.series(idx[name])
-            if len(t) and not _all_nan(hi):
-                series.append(Series(label, t, lo, hi, style, kind))
-        end = win.t[-1] if len(win.t) else time.time()
-        first = win.t[0] if len(win.t) else end - 60
-        # A run shorter than the window fills the chart instead of a sliver at its right edge.
-        start = max(end - snap.window_s, first) if snap.window_s else first
-        if end - start < 1.0:
-            start = end - 1.0
+        start, end = proc.span
+        window = WINDOW_LABEL.get(snap.window_s, "")
+        bucket = max(dev.timeline.bucket_s, proc.history.bucket_s)
+        buckets = f"{bucket:g}s buckets (min/max)" if bucket else "raw samples"
         rate = fmt_rate(dev.allocs_per_s, "allocs") if dev.allocs_per_s is not None else f"allocs/s n/a ({dev.allocs_reason})"
-        bucket = f"{win.bucket_s:g}s buckets (min/max)" if win.bucket_s else "raw samples"
-        return Group(
-            panel_title(self.TITLE, f"{WINDOW_LABEL.get(snap.window_s, '')} · {bucket} · {rate}"),
-            Timeline(series, start, end, height=max(3, height - 1), unit="bytes"),
-        )
+        title = fitted_title(self.TITLE, [f"{window} · {buckets} · {rate}", f"{window} · {rate}", f"{window} · {buckets}", window], width)
+        strips = [memory_strip(dev), *fragmentation_strips(dev), *transfer_strips(proc)]
+        return Group(title, TimelineStack(strips, start, end, height=max(2, height - 1)))
+
+
+def _series(win: Window, names: tuple[str, ...], name: str, label: str, style: str, kind: str) -> Series | None:
+    """One series of a history window, or None when it has no value in it."""
+    t, lo, hi = win.series(names.index(name))
+    if not len(t) or _all_nan(hi):
+        return None
+    return Series(label, t, lo, hi, style, kind)
+
+
+def _present(*series: Series | None) -> list[Series]:
+    return [s for s in series if s is not None]
+
+
+def memory_strip(dev: DeviceView) -> Strip:
+    """The device's bytes: in use (filled), its peak, the pool and NVML's view."""
+    series = _present(
+        _series(dev.timeline, DEVICE_SERIES, "bytes_in_use", "in use", "green", "fill"),
+        _series(dev.timeline, DEVICE_SERIES, "peak_bytes_in_use", "peak", "red", "line"),
+        _series(dev.timeline, DEVICE_SERIES, "pool_bytes", "pool", "blue", "line"),
+        _series(dev.timeline, DEVICE_SERIES, "nvml_used_bytes", "NVML", "magenta", "line"),
+    )
+    note = fmt_rate(dev.allocs_per_s, "allocs") if dev.allocs_per_s is not None else ""
+    return Strip("memory", series, unit="bytes", weight=4, note=note, min_rows=3)
+
+
+def fragmentation_strips(dev: DeviceView) -> list[Strip]:
+    """Fragmentation (0-100 %) and the largest free block (bytes).
+
+    Without an allocator (CPU) neither exists: one n/a line with the
+    allocator's reason stands for both.
+    """
+    frag = _series(dev.timeline, DEVICE_SERIES, "fragmentation", "fragmentation", "yellow", "fill")
+    free = _series(dev.timeline, DEVICE_SERIES, "largest_free_block_bytes", "largest free block", "green", "fill")
+    reason = dev.fragmentation_reason or "the allocator reports no fragmentation"
+    if frag is None and free is None:
+        return [Strip("fragmentation", reason=reason)]
+    strips = [Strip("", [frag], unit="%", y_max=1.0) if frag else Strip("fragmentation", reason=reason)]
+    if free is not None:
+        strips.append(Strip("", [free], unit="bytes", optional=True))
+    else:
+        strips.append(Strip("largest free block", reason="the allocator does not report it", optional=True))
+    return strips
+
+
+def transfer_strips(proc: ProcessView) -> list[Strip]:
+    """Implicit transfers per second by direction, then their known bytes per second."""
+    cap = proc.capture
+    if cap and cap.get("available") is False:
+        return [Strip("implicit transfers", reason=cap.get("reason") or "transfer capture unavailable")]
+    styles = ((H2D, "cyan", "fill"), (D2H, "yellow", "line"), (D2D, "magenta", "line"))
+    counts = _present(*(_series(proc.history, PROCESS_SERIES, f"{d}_per_s", d, style, kind) for d, style, kind in styles))
+    known = _present(*(_series(proc.history, PROCESS_SERIES, f"{d}_bytes_per_s", d, style, kind) for d, style, kind in styles))
+    return [
+        Strip("transfers/s", counts, unit="/s", weight=2, min_rows=2),
+        # Cached jit calls log no shapes: the bytes are a lower bound.
+        Strip("known bytes/s ≥", known, unit="bytes", optional=True),
+    ]
 
 
 def _all_nan(values: Any) -> bool:
-    import numpy as np
-
     return bool(np.all(np.isnan(values))) if len(values) else True
 
 
@@ -236,31 +340,22 @@ class TransfersPanel(Panel):
         cap = proc.capture
         if cap and cap.get("available") is False:
             return Group(panel_title(self.TITLE), _na(cap.get("reason")))
-        # Narrow panels drop the sparkline, then the byte rate; the direction
-        # and the totals are what must stay legible at 80x24.
-        show_recent = width >= 52
+        # Narrow panels drop the byte rate; the direction and the totals are
+        # what must stay legible at 80x24. Their history is a strip of the
+        # timelines, on the same time axis as memory.
         show_rate_bytes = width >= 38
         table = Table.grid(padding=(0, 1))
         table.add_column(no_wrap=True, min_width=3)
         headers = ["/s" if width < 44 else "count/s"] + (["bytes/s≥"] if show_rate_bytes else []) + ["total (bytes≥)"]
         for _ in headers:
             table.add_column(no_wrap=True, overflow="ellipsis")
-        if show_recent:
-            table.add_column(no_wrap=True)
-            headers.append("recent")
         table.add_row(Text("dir", style="dim"), *(Text(h, style="dim") for h in headers))
-        from jaxtop.dashboard.model import PROCESS_SERIES
-
-        hist = proc.history
         for d in DIRECTIONS:
             r = proc.transfers.get(d) or {}
             cells: list[RenderableType] = [Text(d, style="bold"), Text(fmt_rate(r.get("count_per_s"), ""))]
             if show_rate_bytes:
                 cells.append(Text(fmt_bytes(r.get("bytes_known_per_s"))))
             cells.append(Text(f"{r.get('count_total', 'n/a')} ({fmt_bytes(r.get('bytes_known_total'))})"))
-            if show_recent:
-                t, lo, hi = hist.series(PROCESS_SERIES.index(f"{d}_per_s"))
-                cells.append(MiniBars([None if v != v else float(v) for v in hi[-12:]], width=12))
             table.add_row(*cells)
         parts: list[RenderableType] = [panel_title(self.TITLE, "bytes are a lower bound" if width >= 46 else ""), table]
         if proc.top_shapes and height > 5:
@@ -290,10 +385,11 @@ class HostPanel(Panel):
             line1 = _na(p.get("reason"))
         else:
             cpu = p.get("cpu_percent")
-            line1 = Text(
-                f" RSS {fmt_bytes(p.get('rss_bytes'))} (peak {fmt_bytes(p.get('peak_rss_bytes'))})"
-                f"  CPU {cpu if cpu is not None else 'n/a'}%  threads {p.get('threads', 'n/a')}",
-                no_wrap=True, overflow="ellipsis")
+            rss = f" RSS {fmt_bytes(p.get('rss_bytes'))} (peak {fmt_bytes(p.get('peak_rss_bytes'))})"
+            cpu_text = f"  CPU {cpu if cpu is not None else 'n/a'}%"
+            # Narrow panels drop the thread count before anything is cut.
+            choices = [f"{rss}{cpu_text}  threads {p.get('threads', 'n/a')}", f"{rss}{cpu_text}", f"{rss}{cpu_text[1:]}", rss]
+            line1 = Text(fitting(choices, width), no_wrap=True, overflow="ellipsis")
         dev = snap.device
         if dev is not None and dev.nvml:
             g = dev.nvml
@@ -308,9 +404,12 @@ class HostPanel(Panel):
             line2 = Text(" GPU memory of this pid: " + ", ".join(parts), no_wrap=True, overflow="ellipsis")
         else:
             reason = proc.nvml_status.get("reason") if proc.nvml_status else None
-            line2 = _na(f"GPU: {reason or 'no NVML device for this JAX device'}")
-            line2.no_wrap = True
-            line2.overflow = "ellipsis"
+            reason = reason or "no NVML device for this JAX device"
+            # A narrow panel keeps the reason's head ("NVML unavailable"),
+            # not a word cut in two.
+            parts = reason.split(":")
+            choices = [f" GPU n/a — {':'.join(parts[:k])}" for k in range(len(parts), 0, -1)]
+            line2 = Text(fitting(choices, width), style="dim", no_wrap=True, overflow="ellipsis")
         comp = proc.compile
         don = proc.donation
         total, seconds = comp.get("count_total"), comp.get("seconds_total")

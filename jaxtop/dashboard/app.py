@@ -128,19 +128,25 @@ class JaxtopApp(App[None]):
     """Live or replayed view of one or more jaxtop agents."""
 
     TITLE = "jaxtop"
+    # Short terminals (80x24) give the timelines the lines that the
+    # transfer table's last two (top shape, PCIe) and one event line take
+    # on taller ones: three strips need at least 2 lines each.
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     CSS = """
     Screen { layout: vertical; }
     #header { height: 2; }
     #main { height: 1fr; }
     #left, #right { width: 1fr; }
     #memory { height: 6; }
-    #frag { height: 2; }
+    #frag { height: 3; }
     #map { height: 1fr; min-height: 3; }
     #host { height: 4; }
     #timeline { height: 1fr; min-height: 6; }
     #transfers { height: 7; }
     #overview { height: 1fr; display: none; }
     #events { height: 5; }
+    Screen.-short #transfers { height: 5; }
+    Screen.-short #events { height: 4; }
     Panel { padding: 0 1 0 0; }
     """
     # The one table of the app's actions. Each binding is declared once here

@@ -17,10 +17,15 @@ from jaxtop import protocol
 from jaxtop.dashboard.history import History, Window
 from jaxtop.protocol import DIRECTIONS
 
-DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes", "live_bytes")
+DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes", "live_bytes",
+                 "largest_free_block_bytes")
 PROCESS_SERIES = ("h2d_per_s", "d2h_per_s", "d2d_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "d2d_bytes_per_s", "rss_bytes", "cpu_percent", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
 STALE_INTERVALS = 3
 MAX_EVENTS = 500
+#: The shortest time axis drawn: a run's first sample alone still gets one.
+MIN_SPAN_S = 1.0
+#: Why a live buffer has no place in a scan's memory map (``live_arrays.unmapped``).
+UNMAPPED_KINDS = ("not_ready", "last_address", "sharded")
 
 #: Connection states shown in the header.
 CONNECTING, LIVE, STALE, DISCONNECTED, EXITED, REPLAY = "connecting", "live", "stale", "disconnected", "exited", "replay"
@@ -59,6 +64,12 @@ class DeviceView:
     map_complete: bool
     top_buffers: tuple[dict[str, Any], ...]
     timeline: Window
+    # The scan the map comes from: its buffer count and bytes, and the
+    # buffers it could not place, by kind (see UNMAPPED_KINDS). The latest
+    # live_bytes/live_count may come from a later scan than the map.
+    map_live_count: int | None = None
+    map_live_bytes: int | None = None
+    unmapped: dict[str, int] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -97,6 +108,9 @@ class ProcessView:
     nvml_status: dict[str, Any]
     history: Window
     last_profile: dict[str, Any] | None
+    # The time axis every timeline of this process shares: (start, end),
+    # Unix seconds; None before the first sample.
+    span: tuple[float, float] | None = None
     demo: dict[str, Any] | None = None  # the demo workload's state, if any
     external: str | None = None  # set for an external view (no agent): what it can see
     nvml: dict[str, Any] | None = None  # the latest NVML reading of the process
@@ -140,6 +154,9 @@ class _DeviceState:
     buffer_map: tuple[tuple[int, int], ...] = ()
     map_complete: bool = True
     top_buffers: tuple[dict[str, Any], ...] = ()
+    map_live_count: int | None = None
+    map_live_bytes: int | None = None
+    unmapped: dict[str, int] = field(default_factory=dict)
 
 
 class ProcessModel:
@@ -160,6 +177,7 @@ class ProcessModel:
         self.versions: dict[str, Any] = {}
         self.nvml_status: dict[str, Any] = {}
         self.demo: dict[str, Any] | None = None
+        self.started_t: float | None = None  # the process's start (process probe), not the agent's
 
 
 class Model:
@@ -174,7 +192,7 @@ class Model:
         self.notices: list[str] = []
         self.version = 0  # bumps on every change
 
-    def empty_like(self) -> "Model":
+    def empty_like(self) -> Model:
         """A new, empty model on this model's clock.
 
         A replay seeking backwards rebuilds a process in one of these, then
@@ -197,7 +215,7 @@ class Model:
             self.events = collections.deque((e for e in self.events if e.pid != pid), maxlen=MAX_EVENTS)
             self.version += 1
 
-    def adopt(self, pid: int, rebuilt: "Model") -> None:
+    def adopt(self, pid: int, rebuilt: Model) -> None:
         """Swap in ``pid`` as rebuilt in another model, in one step, so a
         snapshot taken meanwhile never sees a half-built process."""
         with self._lock, rebuilt._lock:
@@ -312,9 +330,7 @@ class Model:
                 state.prev_allocs = (t, num_allocs)
             live = dev.get("live_arrays") or {}
             if "map" in live:
-                state.buffer_map = tuple((int(p), int(n)) for p, n in live.get("map") or [] if p is not None)
-                state.map_complete = bool(live.get("map_complete", True))
-                state.top_buffers = tuple(live.get("top") or ())
+                _take_map(state, live)
             gpu = nvml_by_index.get(jax_to_nvml.get(dev["id"]))
             state.history.append(t, {
                 "bytes_in_use": dev.get("bytes_in_use"),
@@ -324,6 +340,7 @@ class Model:
                 "fragmentation": dev.get("fragmentation"),
                 "nvml_used_bytes": gpu.get("memory_used_bytes") if gpu else None,
                 "live_bytes": live.get("bytes"),
+                "largest_free_block_bytes": dev.get("largest_free_block_bytes"),
             })
         transfers = rec.get("transfers") or {}
         row: dict[str, Any] = {}
@@ -345,6 +362,9 @@ class Model:
         proc.rates = rates
         host = rec.get("process") or {}
         row["rss_bytes"], row["cpu_percent"] = host.get("rss_bytes"), host.get("cpu_percent")
+        started = host.get("started_t")
+        if isinstance(started, (int, float)) and not isinstance(started, bool):
+            proc.started_t = float(started)
         gpus = list(nvml_by_index.values())
         if gpus:
             tx = [g.get("pcie_tx_bytes_per_s") for g in gpus if g.get("pcie_tx_bytes_per_s") is not None]
@@ -392,9 +412,10 @@ class Model:
                 for did in sorted(p.devices):
                     devices.append(self._device_view(p, p.devices[did], window_s, end_t))
                 age = (mono - p.last_recv) if (p.last_recv is not None and p.state in (LIVE, STALE)) else None
-                started = p.hello.get("started_t")
+                started = _started_t(p)
                 ref = p.last_t if p.state in (EXITED, DISCONNECTED, REPLAY) or replay else wall
                 latest = p.latest
+                history = p.history.window(window_s, end_t)
                 procs.append(ProcessView(
                     pid=pid,
                     argv=tuple(p.hello.get("argv") or ()),
@@ -412,8 +433,9 @@ class Model:
                     compile=dict(latest.get("compile") or {}),
                     donation=dict(latest.get("donation") or {}),
                     nvml_status=dict(p.nvml_status),
-                    history=p.history.window(window_s, end_t),
+                    history=history,
                     last_profile=p.last_profile,
+                    span=_span(history, window_s, end_t),
                     demo=p.demo,
                     external=p.hello["external"].get("note") if isinstance(p.hello.get("external"), dict) else None,
                     nvml=dict(latest.get("nvml") or {}) or None,
@@ -426,7 +448,9 @@ class Model:
                 devices=tuple(devices),
                 selected=sel,
                 window_s=window_s,
-                events=tuple(self.events),
+                # Events arrive per pid in order, but several pids (and a
+                # replay rebuilding one) interleave: show them by time.
+                events=tuple(sorted(self.events, key=lambda e: e.t)),
                 notices=tuple(self.notices),
                 replay=replay,
             )
@@ -466,4 +490,51 @@ class Model:
             map_complete=s.map_complete,
             top_buffers=s.top_buffers,
             timeline=s.history.window(window_s, end_t),
+            map_live_count=s.map_live_count,
+            map_live_bytes=s.map_live_bytes,
+            unmapped=dict(s.unmapped),
         )
+
+
+def _take_map(state: _DeviceState, live: dict[str, Any]) -> None:
+    """Keep the buffer map of a map-carrying ``live_arrays``, with the counts
+    of its own scan, so that the map's caption never compares it with the
+    bytes of another scan."""
+    state.buffer_map = tuple((int(p), int(n)) for p, n in live.get("map") or [] if p is not None)
+    state.map_complete = bool(live.get("map_complete", True))
+    state.top_buffers = tuple(live.get("top") or ())
+    count, nbytes = live.get("count"), live.get("bytes")
+    state.map_live_count = int(count) if isinstance(count, (int, float)) else None
+    state.map_live_bytes = int(nbytes) if isinstance(nbytes, (int, float)) else None
+    # Absent means "none skipped" (the agent omits an empty dict) or an
+    # older agent that did not say; the caption tells the two apart by count.
+    unmapped = live.get("unmapped") if isinstance(live.get("unmapped"), dict) else {}
+    # A kind this viewer does not know counts as "without an address".
+    state.unmapped = {k: int(v) for k, v in unmapped.items() if k in UNMAPPED_KINDS and isinstance(v, (int, float)) and v > 0}
+
+
+def _started_t(p: ProcessModel) -> float | None:
+    """When the program started: the process's own start time when the
+    probe reports it, else the agent's (hello), which is later when the
+    agent was injected into a running program."""
+    if p.started_t is not None:
+        return p.started_t
+    started = p.hello.get("started_t")
+    return float(started) if isinstance(started, (int, float)) else None
+
+
+def _span(history: Window, window_s: float | None, end_t: float | None) -> tuple[float, float] | None:
+    """The time axis all timelines of a process share.
+
+    It ends at the last sample and reaches back ``window_s`` (the whole run
+    for None), but not before the first sample: a run shorter than the
+    window fills the chart instead of a sliver at its right edge. Devices
+    appear after the process's first samples (when the program creates its
+    backend), so their strips start blank at the left: that is when there
+    was no device memory yet.
+    """
+    if end_t is None:
+        return None
+    first = float(history.t[0]) if len(history.t) else end_t
+    start = max(end_t - window_s, first) if window_s else first
+    return (min(start, end_t - MIN_SPAN_S), float(end_t))
