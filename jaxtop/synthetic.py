@@ -37,6 +37,7 @@ def samples(pid: int, n_devices: int, t0: float, count: int, interval_s: float =
     totals = {d: [0, 0] for d in protocol.DIRECTIONS}
     peak = [0] * n_devices
     allocs = [0] * n_devices
+    live_bytes, live_count = [0] * n_devices, [0] * n_devices  # from the last scan
     compiles = 0
     for k in range(count):
         t = t0 + (k + 1) * interval_s
@@ -58,16 +59,20 @@ def samples(pid: int, n_devices: int, t0: float, count: int, interval_s: float =
                 "largest_alloc_size": 2 * GIB, "bytes_limit": limit, "bytes_reserved": 0, "peak_bytes_reserved": 0,
                 "largest_free_block_bytes": free_block, "pool_bytes": pool, "peak_pool_bytes": pool,
                 "peak_rise_bytes": peak[i] - old_peak, "fragmentation": frag,
-                "live_arrays": {"bytes": int(in_use * 0.9), "count": 400, "largest_bytes": 2 * GIB, "scanned_t": t},
+                "live_arrays": {"bytes": live_bytes[i], "count": live_count[i], "largest_bytes": 2 * GIB, "scanned_t": t},
             }
             if k % map_every == 0:
+                # A fresh scan: the map lists every live buffer, so the count
+                # and bytes are the map's own (the agent's scan works so).
                 base = 0x7F0000000000 + i * (1 << 36)
                 offs, bufs = 0, []
                 for j in range(200):
                     size = rng.choice([1 << 20, 4 << 20, 64 << 20, 256 << 20])
                     bufs.append([base + offs, size])
                     offs += size + rng.choice([0, 0, 0, 1 << 20, 32 << 20])
-                dev["live_arrays"].update({"map": bufs, "map_complete": True, "top": [
+                live_bytes[i], live_count[i] = sum(n for _, n in bufs), len(bufs)
+                dev["live_arrays"].update({"bytes": live_bytes[i], "count": live_count[i], "map": bufs,
+                                           "map_complete": True, "top": [
                     {"nbytes": 2 * GIB, "dtype": "float32", "shape": "[32768, 16384]", "ptr": base},
                     {"nbytes": 256 << 20, "dtype": "bfloat16", "shape": "[8192, 16384]", "ptr": base + (1 << 31)},
                 ]})
