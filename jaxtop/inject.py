@@ -53,21 +53,93 @@ class Target:
 # -- checks that need no ptrace ---------------------------------------------------
 
 
+def _status(pid: int) -> dict[str, str]:
+    """The fields of ``/proc/PID/status`` (readable for every process), or
+    {} when it cannot be read."""
+    fields: dict[str, str] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def _real_uid(status: dict[str, str]) -> int | None:
+    """The real uid from a status ``Uid:`` line (real, effective, saved, fs).
+
+    The real uid is the one the agent would go by (``os.getuid()``): its
+    socket directory and the only peers it accepts."""
+    try:
+        return int(status["Uid"].split()[0])
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
+def _command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _not_attachable(pid: int) -> str:
+    """Why the kernel refuses a process of our own uid, and what gets past it."""
+    # The /proc/PID files of a non-dumpable process belong to root: for a
+    # non-root caller that tells non-dumpable apart from a security module.
+    try:
+        dumpable = os.getuid() == 0 or os.stat(f"/proc/{pid}").st_uid != 0
+    except OSError:
+        dumpable = True
+    why = ("it is non-dumpable" if not dumpable else "it is probably non-dumpable")
+    return (
+        f"process {pid} is not attachable: it runs as your uid, but the kernel refuses to let jaxtop inspect or "
+        f"trace it ({why}: it called prctl(PR_SET_DUMPABLE, 0) or runs a setuid/setcap executable; or a security "
+        "module such as SELinux or AppArmor forbids it). Injecting into it needs CAP_SYS_PTRACE: run jaxtop as "
+        "root, or add the capability (`--cap-add=SYS_PTRACE` in docker); or start the program with `jaxtop run`"
+    )
+
+
 def _python_version_of(pid: int) -> tuple[str, tuple[int, int]]:
     """The target's executable and Python major.minor, or InjectError."""
+    if pid == 1:
+        # init (of the machine or of a container): it reaps every orphan and
+        # its death ends them all; no one should pause it to inject code.
+        raise InjectError(
+            "PID 1 cannot be injected: it is init (of this system or container); jaxtop never stops it. "
+            "If it is your Python program, start it with `jaxtop run` or call jaxtop.instrument() in it"
+        )
     proc = Path(f"/proc/{pid}")
     if not proc.exists():
         raise InjectError(f"no process {pid}")
+    # Whose it is, from the Uid line (readable for any process): a failed
+    # read of /proc/PID/exe says nothing about the owner.
+    uid, me = _real_uid(_status(pid)), os.getuid()
+    if uid is not None and uid != me:
+        # Even root, who may trace it, must not: the target could not read
+        # jaxtop's private bootstrap, and its agent would serve only its own uid.
+        raise InjectError(
+            f"process {pid} belongs to another user, {paths.describe_uid(uid)}, not to you, "
+            f"{paths.describe_uid(me)}: its agent would accept that user only. Run jaxtop as that user "
+            f"(e.g. `sudo -u '#{uid}' jaxtop …`)"
+        )
     try:
         exe = os.readlink(proc / "exe")
     except PermissionError:
-        raise InjectError(f"cannot inspect process {pid}: it belongs to another user (jaxtop attaches to your own processes only)") from None
+        raise InjectError(_not_attachable(pid)) from None
+    except FileNotFoundError:
+        if not proc.exists():
+            raise InjectError(f"process {pid} exited") from None
+        raise InjectError(f"process {pid} ({_command_name(pid)}) is not a Python process: it has no executable "
+                          "(a kernel thread)") from None
     except OSError as exc:
         raise InjectError(f"cannot inspect process {pid}: {exc.strerror}") from None
-    if proc.stat().st_uid != os.getuid() and os.getuid() != 0:
-        raise InjectError(f"process {pid} belongs to another user; jaxtop attaches to your own processes only")
     try:
         maps = (proc / "maps").read_text(errors="replace")
+    except PermissionError:
+        raise InjectError(_not_attachable(pid)) from None
     except OSError as exc:
         raise InjectError(f"cannot read /proc/{pid}/maps: {exc.strerror}") from None
     version = _version_from_maps(maps, exe)
@@ -90,7 +162,12 @@ def _version_from_maps(maps: str, exe: str) -> tuple[int, int] | None:
 
 
 def check_target(pid: int) -> Target:
-    """Everything that can be checked without stopping the target."""
+    """Everything that can be checked without stopping the target: that it
+    is not PID 1, is ours, may be inspected, runs our Python version.
+
+    Raises:
+        InjectError: it cannot be injected; the message names the cause.
+    """
     _, version = _python_version_of(pid)
     ours = sys.version_info[:2]
     if version != ours:
@@ -103,17 +180,72 @@ def check_target(pid: int) -> Target:
     return Target(pid, version)
 
 
-def _ptrace_hint() -> str:
-    scope = "?"
+def _tracer_of(pid: int) -> int:
+    """The pid tracing ``pid`` (a debugger, strace), or 0."""
+    try:
+        return int(_status(pid).get("TracerPid", "0"))
+    except ValueError:
+        return 0
+
+
+def _already_traced(pid: int, tracer: int) -> str:
+    return (
+        f"process {pid} is already traced by pid {tracer} ({_command_name(tracer)}): a process has one tracer "
+        "at a time. Detach that debugger (or strace) and try again"
+    )
+
+
+def _ptrace_denied(pid: int) -> str:
+    """Why attaching to a process of our own uid was refused (EPERM), and the way past it."""
+    tracer = _tracer_of(pid)
+    if tracer:
+        return _already_traced(pid, tracer)
     try:
         scope = Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
     except OSError:
-        pass
+        scope = None
+    causes = []
+    if scope == "1":
+        causes.append("kernel.yama.ptrace_scope = 1 lets a process trace only its descendants (allow it with "
+                      "`sudo sysctl kernel.yama.ptrace_scope=0`)")
+    elif scope in ("2", "3"):
+        causes.append(f"kernel.yama.ptrace_scope = {scope} lets only CAP_SYS_PTRACE trace"
+                      + (" (and 3 forbids it until reboot)" if scope == "3" else ""))
+    causes.append("the process is non-dumpable (prctl(PR_SET_DUMPABLE, 0), a setuid/setcap executable)")
+    causes.append("a security module (SELinux, AppArmor) or a seccomp filter forbids ptrace")
     return (
-        f"ptrace is not permitted (kernel.yama.ptrace_scope = {scope}). Allow it with "
-        "`sudo sysctl kernel.yama.ptrace_scope=0`, run jaxtop with CAP_SYS_PTRACE, or in a container "
-        "start it with `--cap-add=SYS_PTRACE` (docker) / securityContext.capabilities.add: [SYS_PTRACE] (Kubernetes)"
+        f"process {pid} is not attachable: ptrace was refused (Operation not permitted). Possible causes: "
+        + "; ".join(causes)
+        + ". CAP_SYS_PTRACE gets past most of them: run jaxtop as root, or start its container with "
+        "`--cap-add=SYS_PTRACE` (docker) / securityContext.capabilities.add: [SYS_PTRACE] (Kubernetes)"
     )
+
+
+def _check_visible(pid: int, paths_needed: list[str]) -> None:
+    """Refuse when the target cannot open the files it would run.
+
+    ``/proc/PID/root`` resolves a path in the target's mount namespace: a
+    container, or a service with a private /tmp (systemd's PrivateTmp=),
+    does not see jaxtop's bootstrap there, and the queued line would then do
+    nothing at all, which would look like a main thread stuck in C.
+    """
+    for needed in paths_needed:
+        try:
+            os.stat(f"/proc/{pid}/root{needed}")
+        except FileNotFoundError:
+            try:
+                other = os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+            except OSError:
+                other = True
+            where = "it runs in another mount namespace" if other else "its root directory is not ours"
+            raise InjectError(
+                f"process {pid} cannot see {needed}, which it would have to run: {where} (a container, or a service "
+                "with a private /tmp such as systemd's PrivateTmp=). Nothing was injected. Run jaxtop inside the "
+                "same mount namespace (the same container, with jaxtop installed there), or start the program "
+                "with `jaxtop run`"
+            ) from None
+        except OSError:
+            return  # cannot tell from here (no access to its root): go on
 
 
 # -- the bootstrap ---------------------------------------------------------------------
@@ -334,6 +466,9 @@ gdb.execute("detach")
 
 
 def _run_gdb(target: Target, line: bytes, timeout_s: float) -> None:
+    tracer = _tracer_of(target.pid)
+    if tracer:
+        raise InjectError(_already_traced(target.pid, tracer))
     gdb = shutil.which("gdb")
     if gdb is None:
         raise InjectError(
@@ -374,7 +509,7 @@ def _run_gdb(target: Target, line: bytes, timeout_s: float) -> None:
     finally:
         os.unlink(script)
     if "ptrace: Operation not permitted" in out or "Could not attach to process" in out:
-        raise InjectError(_ptrace_hint())
+        raise InjectError(_ptrace_denied(target.pid))
     if "JAXTOP_EXITED" in out or "No such process" in out or "The program no longer exists" in out:
         raise InjectError(f"process {target.pid} exited during injection")
     if "JAXTOP_NO_SAFE_POINT" in out:
@@ -405,7 +540,7 @@ def _remote_exec(target: Target, boot: str) -> None:
     try:
         sys.remote_exec(target.pid, boot)  # type: ignore[attr-defined]
     except PermissionError:
-        raise InjectError(_ptrace_hint()) from None
+        raise InjectError(_ptrace_denied(target.pid)) from None
     except ProcessLookupError:
         raise InjectError(f"process {target.pid} exited during injection") from None
     except RuntimeError as exc:
@@ -425,8 +560,10 @@ def inject(pid: int, timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = 0
         InjectError: with what happened and what to do. On failure the target
             is left as it was: a bootstrap that has not run yet finds its file
             gone and does nothing.
+        paths.SocketDirError: this user's socket directory is not safe to use.
     """
     target = check_target(pid)
+    paths.check_socket_dir()
     if paths.socket_path(pid).exists():
         return {"ok": True, "socket": str(paths.socket_path(pid)), "already": True}
     workdir = tempfile.mkdtemp(prefix="jaxtop-inject-")
@@ -444,6 +581,7 @@ def inject(pid: int, timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = 0
     if method is None:
         method = "remote_exec" if target.python >= (3, 14) and hasattr(sys, "remote_exec") else "gdb"
     try:
+        _check_visible(pid, [boot, packages["jaxtop"]])
         if method == "remote_exec":
             # The same guarded one-liner as with gdb: nothing lands in the
             # namespace it runs in, and no exception escapes.

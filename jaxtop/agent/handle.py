@@ -86,7 +86,12 @@ def instrument(
 
     Raises:
         OSError: the socket or the metrics port could not be bound (nothing
-            was changed).
+            was changed). In particular ``jaxtop.paths.SocketDirError`` (an
+            OSError) when the socket directory is not safe to use: not a
+            directory, a symbolic link, another user's, or open to group or
+            others. jaxtop creates that directory with mode 0700 but never
+            changes one it did not create; the message names the path and
+            its owner.
         ImportError: a Prometheus port was asked for without prometheus-client.
         ValueError: ``$JAXTOP_PROMETHEUS_PORT`` is not a port number.
     """

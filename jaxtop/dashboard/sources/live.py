@@ -3,17 +3,174 @@
 
 from __future__ import annotations
 
+import atexit
 import gzip
+import json
 import os
 import shutil
+import signal
+import stat
 import tempfile
 import threading
 import time
 from typing import IO, Any, Iterable
 
-from jaxtop import client, protocol
+from jaxtop import client, paths, protocol
 from jaxtop.dashboard.model import DISCONNECTED, EXITED, Model
 from jaxtop.dashboard.sources.base import OnUpdate, Source
+
+
+#: Name of a dashboard's spool directory in the temporary directory: this
+#: prefix, the owning process's pid, a dash, then mkdtemp's random part.
+SPOOL_PREFIX = "jaxtop-session-"
+#: Inside the spool directory: who owns it (pid, start time, pid namespace),
+#: so that a later dashboard can tell that its owner is gone.
+OWNER_FILE = "owner.json"
+
+# The spool directories of this process's sources that have not been
+# stopped, each with its source: removed at exit and on SIGHUP/SIGTERM when
+# the dashboard did not get to stop them itself.
+_open_spools: dict[str, LiveSource] = {}
+_atexit_registered = False
+# Signals for which our handler is installed (only ever over SIG_DFL).
+_handled_signals: set[int] = set()
+_FATAL_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+
+
+def _process_start(pid: int) -> str | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``
+    field 22): with the pid it tells a process from a later one that got
+    the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _owner_is_gone(owner: Any) -> bool:
+    """True only when the process that wrote ``owner`` surely is gone."""
+    if not isinstance(owner, dict):
+        return False
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    # A dashboard in another pid namespace (a container sharing /tmp) has
+    # pids that mean nothing here: leave its spool alone.
+    namespace = _pid_namespace()
+    if namespace is None or owner.get("pid_ns") != namespace:
+        return False
+    if not client.pid_alive(pid):
+        return True
+    start = owner.get("start")
+    now = _process_start(pid)
+    return start is not None and now is not None and now != start  # the pid was reused
+
+
+def remove_orphaned_spools(tmpdir: str | None = None) -> list[str]:
+    """Remove the spool directories of dashboards of this user that are gone.
+
+    A dashboard killed with SIGKILL cannot remove its spool; the next one
+    does, here. Only directories named ``jaxtop-session-*`` in ``tmpdir``
+    (default: the temporary directory), owned by this uid, whose owner file
+    names a process of this pid namespace that no longer runs, are
+    removed: never another user's, never one whose owner is unknown (an
+    older jaxtop's, or one being created right now).
+
+    Returns:
+        The directories removed.
+    """
+    tmpdir = tmpdir or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        names = os.listdir(tmpdir)
+    except OSError:
+        return removed
+    me = os.getuid()
+    for name in names:
+        if not name.startswith(SPOOL_PREFIX):
+            continue
+        path = os.path.join(tmpdir, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+                continue
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                owner = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if _owner_is_gone(owner):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _remove_open_spools() -> None:
+    """At exit: the spools of sources nobody stopped (an exception, sys.exit)."""
+    for source in list(_open_spools.values()):
+        source._discard_spool()
+
+
+def _on_fatal_signal(signum: int, frame: Any) -> None:
+    """SIGHUP (the terminal closed) or SIGTERM: remove every spool, then die
+    of the same signal, as without this handler."""
+    _remove_open_spools()
+    for sig in _handled_signals:
+        signal.signal(sig, signal.SIG_DFL)
+    _handled_signals.clear()
+    os.kill(os.getpid(), signum)
+
+
+def _install_signal_handlers() -> None:
+    # Only from the main thread (Python's rule), and only where nothing else
+    # handles the signal: a program's own handler, or SIG_IGN under nohup, stays.
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _FATAL_SIGNALS:
+        if sig in _handled_signals:
+            continue
+        try:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _on_fatal_signal)
+                _handled_signals.add(sig)
+        except (ValueError, OSError):
+            pass
+
+
+def _restore_signal_handlers() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # left installed: with no spool open, it only dies of the signal
+    for sig in list(_handled_signals):
+        try:
+            if signal.getsignal(sig) is _on_fatal_signal:
+                signal.signal(sig, signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
+        _handled_signals.discard(sig)
+
+
+def _make_spool_dir() -> str:
+    """A new spool directory for this process, with its owner file."""
+    global _atexit_registered
+    remove_orphaned_spools()
+    path = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
+    owner = {"pid": os.getpid(), "start": _process_start(os.getpid()), "pid_ns": _pid_namespace()}
+    try:
+        with open(os.path.join(path, OWNER_FILE), "w") as f:
+            json.dump(owner, f)
+    except OSError:
+        pass  # then no later dashboard removes it if we are killed: no worse than that
+    if not _atexit_registered:
+        atexit.register(_remove_open_spools)
+        _atexit_registered = True
+    return path
 
 
 def _spool_cap() -> int:
@@ -111,7 +268,10 @@ class LiveSource(Source):
         self._external = set(external)
         self._retry_s = retry_s
         self._stop = threading.Event()
-        self._spool_dir = tempfile.mkdtemp(prefix="jaxtop-session-")
+        # Removed by stop(); if the dashboard never gets there, at exit or
+        # on SIGHUP/SIGTERM; after a SIGKILL, by the next dashboard.
+        self._spool_dir = _make_spool_dir()
+        _open_spools[self._spool_dir] = self
         self._conns = {pid: _Connection(pid, self._spool_dir) for pid in self._pids}
 
     @property
@@ -120,6 +280,7 @@ class LiveSource(Source):
 
     def start(self, model: Model, on_update: OnUpdate) -> None:
         super().start(model, on_update)
+        _install_signal_handlers()
         for conn in self._conns.values():
             model.process(conn.pid)
             run = self._run_external if conn.pid in self._external else self._run
@@ -142,6 +303,26 @@ class LiveSource(Source):
                     pass
         # The spool only serves `w` while the dashboard runs: remove it.
         shutil.rmtree(self._spool_dir, ignore_errors=True)
+        _open_spools.pop(self._spool_dir, None)
+        if not _open_spools:
+            _restore_signal_handlers()
+
+    def _discard_spool(self, lock_timeout_s: float = 0.5) -> None:
+        """Close and remove the spool now, without waiting for the readers
+        (at exit, or in a signal handler that may have interrupted a holder
+        of a spool lock on this very thread)."""
+        self._stop.set()
+        for conn in self._conns.values():
+            locked = conn.spool_lock.acquire(timeout=lock_timeout_s)
+            try:
+                conn.spool.close()
+            except (OSError, ValueError):
+                pass
+            finally:
+                if locked:
+                    conn.spool_lock.release()
+        shutil.rmtree(self._spool_dir, ignore_errors=True)
+        _open_spools.pop(self._spool_dir, None)
 
     def _run(self, conn: _Connection) -> None:
         model = self.model
@@ -150,7 +331,9 @@ class LiveSource(Source):
         while not self._stop.is_set():
             try:
                 agent = client.AgentConnection.open(conn.pid)
-            except client.AgentNotFound as exc:
+            except (client.AgentNotFound, paths.SocketDirError) as exc:
+                # SocketDirError: the directory, or the socket's owner, is not
+                # to be trusted; shown like a missing agent, never read.
                 if first:
                     model.add_event(conn.pid, "error", str(exc))
                 if not client.pid_alive(conn.pid):
