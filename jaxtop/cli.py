@@ -10,11 +10,26 @@ import sys
 import time
 from typing import Sequence
 
+from jaxtop.paths import SocketDirError
 from jaxtop.protocol import JAXTOP_VERSION
 from jaxtop.inject import DEFAULT_TIMEOUT_S as DEFAULT_INJECT_TIMEOUT_S
 from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 
 EXIT_USAGE = 2
+
+# Shown by `jaxtop --help`; the one place the exit statuses are listed.
+EXIT_STATUS_HELP = """\
+exit status:
+  0    done (for `run`: the program's own status, as `python SCRIPT` would give)
+  1    the action failed: injection or detach did not work, an export could not be written,
+       a recording could not be written (`log`: a full disk, a size limit; one line says so)
+  2    bad usage, or nothing to act on: no such process, no agent, the agent could not
+       start (`run`), or a socket directory or socket that is not safe to trust (not a
+       directory of yours that only you can write, or served by another uid); the
+       message names the path and its owner
+  130  interrupted (export)
+  141  the reader of the output went away (`log` or `export -o -` into `| head`), quietly
+  143  terminated by SIGTERM (export; its temporary file removed)"""
 
 
 def _positive_float(text: str) -> float:
@@ -58,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jaxtop",
         description="top for JAX memory: device memory, fragmentation and host<->device transfers.",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"jaxtop {JAXTOP_VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -173,6 +190,18 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except SocketDirError as exc:
+        # An unsafe socket directory, or a socket served by another uid: one
+        # line naming the path and owner, exit 2 (EXIT_STATUS_HELP).
+        command = next((arg for arg in argv if not arg.startswith("-")), "")
+        print(f"jaxtop{' ' + command if command else ''}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
@@ -216,8 +245,9 @@ def _inject(pid: int, timeout_s: float, prog: str) -> bool:
     """Inject the agent into ``pid``, saying what happened; False on failure."""
     from jaxtop import inject as injector
 
-    print(f"jaxtop: injecting the agent into pid {pid}…", file=sys.stderr, flush=True)
     try:
+        injector.check_target(pid)  # what needs no ptrace, before saying "injecting"
+        print(f"jaxtop: injecting the agent into pid {pid}…", file=sys.stderr, flush=True)
         report = injector.inject(pid, timeout_s=timeout_s)
     except injector.InjectError as exc:
         print(f"jaxtop {prog}: {exc}", file=sys.stderr)
@@ -230,11 +260,17 @@ def _inject(pid: int, timeout_s: float, prog: str) -> bool:
 def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: float) -> list[int] | int:
     """Make sure each pid has an agent; returns the pids to watch from
     outside (no agent, by choice), or an exit code."""
-    from jaxtop import client
+    from jaxtop import client, inject as injector
 
     external = []
     for pid in pids:
         if client.paths.socket_path(pid).exists():
+            try:
+                # Connect once now, so that a socket served by another uid is
+                # refused here, in one line, not inside the dashboard.
+                client.connect(pid).close()
+            except client.AgentNotFound:
+                pass  # stale: the dashboard says so, as for any agent that is gone
             continue
         if not client.pid_alive(pid):
             print(f"jaxtop attach: {client.no_agent_message(pid)}", file=sys.stderr)
@@ -242,6 +278,13 @@ def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: fl
         if no_inject:
             external.append(pid)
             continue
+        try:
+            # Before any prompt: a process that cannot be injected at all
+            # (not Python, PID 1, another user's, not attachable) is said so now.
+            injector.check_target(pid)
+        except injector.InjectError as exc:
+            print(f"jaxtop attach: {exc}", file=sys.stderr)
+            return 1
         if not inject:
             if not sys.stdin.isatty():
                 print(f"jaxtop attach: {client.no_agent_message(pid)}\n"
@@ -262,6 +305,9 @@ def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: fl
 
 def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = False, no_inject: bool = False,
                inject_timeout: float = DEFAULT_INJECT_TIMEOUT_S) -> int:
+    from jaxtop import paths
+
+    paths.check_socket_dir()  # SocketDirError: main() says so, exit 2
     external = _ensure_agents(pids, inject, no_inject, inject_timeout)
     if isinstance(external, int):
         return external
@@ -287,33 +333,141 @@ def cmd_export(args: argparse.Namespace) -> int:
         root = args.file[:-3] if args.file.endswith(".gz") else args.file
         root = os.path.splitext(root)[0]
         output = root + (".csv" if args.format == "csv" else ".perfetto.json")
+    to_stdout = output in _STDOUT_NAMES
+    atomic = not to_stdout and _replaceable(output)
     try:
-        if output == "-":
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread (cli.main called from one): no handler
+        previous = None
+    try:
+        if to_stdout:
             stats = write(args.file, sys.stdout, jobs=jobs)
+            sys.stdout.flush()  # a reader gone shows here, not at exit
+        elif atomic:
+            stats = _write_replacing(output, lambda out: write(args.file, out, jobs=jobs))
         else:
-            tmp = output + ".tmp"
-            try:
-                with open(tmp, "w", newline="") as out:
-                    stats = write(args.file, out, jobs=jobs)
-                os.replace(tmp, output)
-            except BaseException:
-                if os.path.exists(tmp):  # no half-written file left behind
-                    os.unlink(tmp)
-                raise
+            # A device, a FIFO, a terminal, or a link to one: written through,
+            # as a shell's `>` would; replacing it would break what it is.
+            with open(output, "w", newline="", encoding="utf-8") as out:
+                stats = write(args.file, out, jobs=jobs)
+    except BrokenPipeError:
+        return _stdout_gone() if to_stdout else EXIT_BROKEN_PIPE
     except OSError as exc:
-        print(f"jaxtop export: {exc}", file=sys.stderr)
+        where = f"{exc.filename}: " if exc.filename else f"{'stdout' if to_stdout else output}: "
+        print(f"jaxtop export: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("jaxtop export: interrupted; nothing written", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, _Terminated) as exc:
+        left = f"{output} left as it was" if atomic else "the output is incomplete"
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated"
+        print(f"jaxtop export: {what}; {left}", file=sys.stderr)
+        return 130 if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     notes = []
     if stats.malformed:
         notes.append(f"{stats.malformed} malformed line(s) skipped (first: {stats.first_error})")
-    if stats.truncated:
+    if stats.stopped:
+        notes.append(f"{stats.stopped}; what came before it was exported")
+    elif stats.truncated:
         notes.append("the last line was truncated and skipped")
-    where = "" if output == "-" else f" -> {output}"
+    where = "" if to_stdout else f" -> {output}"
     print(f"jaxtop export: {stats.records} records{where}" + ("; " + "; ".join(notes) if notes else ""), file=sys.stderr)
     return 0
+
+
+#: ``-o`` names that mean standard output (``log`` and ``export``): written
+#: to, never opened by name or replaced.
+_STDOUT_NAMES = ("-", "/dev/stdout")
+#: Exit status when the reader of the output went away (``| head``): what a
+#: shell reports for a tool that SIGPIPE ended (128 + 13), reached quietly.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+#: Exit status of an export ended by SIGTERM (128 + 15), its temporary file removed.
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class _Terminated(Exception):
+    """SIGTERM during an export: unwinds like Ctrl-C, so no temporary file stays."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+def _stdout_gone() -> int:
+    """Stdout's reader went away (``| head``): end quietly, as Unix tools do.
+
+    Python flushes stdout once more at exit and would print a second
+    BrokenPipeError there; stdout pointed at /dev/null has nothing to fail.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def _replaceable(path: str) -> bool:
+    """Whether ``path`` is written through a temporary file renamed over it:
+    a regular file or a new path (after following symlinks), not a device,
+    a FIFO or anything else a rename would replace by a plain file."""
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return True  # a new path, or a symlink to one
+    except OSError:
+        return False  # let open() say what is wrong with it
+
+
+def _write_replacing(path: str, write):
+    """Run ``write(out)`` into a temporary file beside ``path``, then rename it
+    over ``path``: readers see the old file or the whole new one, never half.
+
+    A symlink is followed: its target is replaced and the link stays. The
+    new file keeps the old one's mode (and owner, where allowed). On any
+    failure or interrupt the temporary file is removed and ``path`` is left
+    as it was.
+    """
+    import contextlib
+    import tempfile
+
+    target = os.path.realpath(path) if os.path.islink(path) else path
+    try:
+        old = os.stat(target)
+    except FileNotFoundError:
+        old = None
+    folder, name = os.path.split(target)
+    # Ctrl-C or SIGTERM between the file's creation and the `try` below
+    # would leave it behind: they wait (blocked) until the `try` is entered.
+    deferred = {signal.SIGINT, signal.SIGTERM}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder or ".", prefix=f".{name}.", suffix=".tmp")
+    except OSError as exc:  # say it of the output, not of a name the user never gave
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise OSError(exc.errno, exc.strerror, path) from None
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal that came meanwhile is handled here
+        if old is not None:
+            os.fchmod(fd, old.st_mode & 0o7777)
+            with contextlib.suppress(OSError):
+                os.fchown(fd, old.st_uid, old.st_gid)
+        else:
+            mask = os.umask(0)
+            os.umask(mask)
+            os.fchmod(fd, 0o666 & ~mask)  # as open() would have made it
+        with open(fd, "w", newline="", encoding="utf-8") as out:
+            result = write(out)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return result
 
 
 def cmd_detach(pid: int) -> int:
@@ -321,7 +475,7 @@ def cmd_detach(pid: int) -> int:
 
     try:
         injector.detach(pid)
-    except client.AgentNotFound as exc:
+    except (client.AgentNotFound, SocketDirError) as exc:
         print(f"jaxtop detach: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (injector.InjectError, OSError) as exc:
@@ -342,23 +496,67 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         print("jaxtop demo: --json needs --headless", file=sys.stderr)
         return EXIT_USAGE
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        # The dashboard reads keys from a terminal and draws on one: without
+        # them it would wait for keys that never come, writing escape codes.
+        print("jaxtop demo: needs a terminal for the dashboard; use `jaxtop demo --headless` "
+              "(a table, or --json) without one", file=sys.stderr)
+        return EXIT_USAGE
     from jaxtop.demo.app import run_demo
 
     return run_demo(small=args.small)
 
 
+#: Recordings at least this big say how their indexing goes before the
+#: dashboard opens (a gigabyte takes seconds).
+REPLAY_PROGRESS_MIN_BYTES = 100 << 20
+
+
+class _IndexProgress:
+    """``on_progress`` for a replay's indexing: a percentage on stderr, redrawn
+    in place on a terminal, a line per tenth elsewhere."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self.head = f"jaxtop replay: indexing {path} ({size / (1 << 20):,.0f} MB)"
+        self.tty = sys.stderr.isatty()
+        self.shown = -1  # the last percentage shown
+        self.shown_t = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        percent = min(100, done * 100 // max(total, 1))
+        now = time.monotonic()
+        if self.tty:
+            if percent != self.shown and (percent == 100 or now - self.shown_t >= 0.1):
+                print(f"\r{self.head}… {percent}%", end="", file=sys.stderr, flush=True)
+                self.shown, self.shown_t = percent, now
+        elif self.shown < 0 or percent // 10 > self.shown // 10:
+            print(f"{self.head}: {percent}%", file=sys.stderr, flush=True)
+            self.shown = percent
+
+    def close(self) -> None:
+        if self.tty and self.shown >= 0:
+            print(file=sys.stderr, flush=True)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
-    from jaxtop.dashboard.app import replay_app
+    from jaxtop.dashboard.app import make_app
+    from jaxtop.dashboard.sources import ReplaySource
 
     if not os.path.isfile(args.file):
         print(f"jaxtop replay: no such file: {args.file}", file=sys.stderr)
         return EXIT_USAGE
+    size = os.path.getsize(args.file)
+    progress = _IndexProgress(args.file, size) if size >= REPLAY_PROGRESS_MIN_BYTES else None
     try:
-        app = replay_app(args.file, speed=args.speed, refresh_s=args.refresh)
+        source = ReplaySource(args.file, speed=args.speed, on_progress=progress)
     except (OSError, ValueError) as exc:
+        if progress is not None:
+            progress.close()
         print(f"jaxtop replay: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    app.run()
+    if progress is not None:
+        progress.close()
+    make_app(source, refresh_s=args.refresh).run()
     return 0
 
 
@@ -366,7 +564,7 @@ def cmd_default() -> int:
     """Bare `jaxtop`: attach to the only agent, pick among several, or explain."""
     from jaxtop import client, paths
 
-    agents = client.list_agents()
+    agents = client.list_agents(on_refused=lambda why: print(f"jaxtop: {why}", file=sys.stderr))
     if not agents:
         print(f"No instrumented JAX processes for this user (looked in {paths.socket_dir()}).")
         print("Start one with:  jaxtop run your_script.py   or try:  jaxtop demo")
@@ -389,11 +587,81 @@ def cmd_default() -> int:
 # -- run -------------------------------------------------------------------------
 
 def _trim_traceback(tb):
-    """Drop jaxtop's and runpy's frames so the traceback reads like `python SCRIPT`."""
+    """Drop jaxtop's and runpy's frames so the traceback reads like `python SCRIPT`.
+
+    ``tb`` may start above ``cmd_run`` (the interpreter's top level, through
+    ``python -m jaxtop`` or the ``jaxtop`` script): everything up to
+    ``cmd_run`` goes too.
+    """
+    node = tb
+    while node is not None:
+        if node.tb_frame.f_code is cmd_run.__code__:
+            tb = node
+            break
+        node = node.tb_next
     ours = {__file__, runpy.__file__, "<frozen runpy>"}
     while tb is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
     return tb
+
+
+def _hook_without_our_frames(exc: BaseException) -> None:
+    """Have the interpreter print ``exc`` (about to leave ``main``) with
+    the program's frames only.
+
+    A KeyboardInterrupt must reach the top level itself: the interpreter
+    then ends the process with SIGINT after the usual clean-up, as for
+    `python SCRIPT`, which no exit status can imitate. Its traceback is
+    printed there through ``sys.excepthook`` (the program's own, if it set
+    one), so that hook is wrapped once to trim it.
+    """
+    hook = sys.excepthook
+
+    def excepthook(etype, value, tb):
+        sys.excepthook = hook
+        if value is exc:
+            tb = _trim_traceback(tb)
+            value = value.with_traceback(tb)  # what the default hook prints
+        hook(etype, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def _script_path(script: str) -> str:
+    """``__file__`` of the script as `python SCRIPT` (3.9+) sets it: the
+    working directory joined with the path as given, not normalized."""
+    return script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+
+
+def _run_script(script: str) -> dict:
+    """Run a script file as `python SCRIPT` does; returns its globals.
+
+    ``__file__`` and the code's file name are absolute while ``sys.argv[0]``
+    stays as given (runpy.run_path would set it to the path it runs), and
+    the new ``__main__`` module stays in ``sys.modules`` until exit, as the
+    interpreter's own does. A directory or zip file with a ``__main__.py``,
+    or a ``.pyc``, goes through runpy as before.
+    """
+    import zipfile
+
+    path = _script_path(script)
+    if os.path.isdir(path) or path.endswith((".pyc", ".pyo")) or zipfile.is_zipfile(path):
+        return runpy.run_path(script, run_name="__main__")
+    import builtins
+    import io
+    import types
+    from importlib.machinery import SourceFileLoader
+
+    with io.open_code(path) as f:
+        source = f.read()
+    # dont_inherit: this module's `from __future__` imports are not the program's.
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=SourceFileLoader("__main__", path),
+                         __package__=None, __spec__=None, __builtins__=builtins)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+    return main.__dict__
 
 
 # The program's globals live until interpreter exit, as a plain `python
@@ -418,16 +686,25 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"jaxtop run: cannot start the agent: {exc}", file=sys.stderr)
         return EXIT_USAGE
     global _program_globals
+    # With -P or PYTHONSAFEPATH, python puts no directory first on sys.path,
+    # and jaxtop's own sys.path[0] is then the standard library's.
+    set_path0 = not getattr(sys.flags, "safe_path", False)
     try:
         if args.module is not None:
             sys.argv = [args.module, *args.target]
-            sys.path[0] = os.getcwd()  # as `python -m` does
+            if set_path0:
+                sys.path[0] = os.getcwd()  # as `python -m` does
             _program_globals = runpy.run_module(args.module, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = list(args.target)
-            sys.path[0] = os.path.dirname(os.path.abspath(script))
-            _program_globals = runpy.run_path(script, run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
+            sys.argv = list(args.target)  # argv[0] exactly as given, as python keeps it
+            if set_path0:
+                # The script's real directory (symlinks resolved), as python does.
+                sys.path[0] = os.path.dirname(os.path.realpath(script))
+            _program_globals = _run_script(script)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt as exc:
+        _hook_without_our_frames(exc)
         raise
     except BaseException as exc:
         # Report it as the interpreter would (through the user's own
@@ -452,7 +729,7 @@ def _uptime(started_t: float | None) -> str:
 def cmd_ls(args: argparse.Namespace) -> int:
     from jaxtop import client, paths
 
-    agents = client.list_agents()
+    agents = client.list_agents(on_refused=lambda why: print(f"jaxtop ls: {why}", file=sys.stderr))
     if args.json:
         import json
 
@@ -481,6 +758,7 @@ def cmd_log(args: argparse.Namespace) -> int:
     def on_signal(signum, frame):
         stop["flag"] = True
 
+    client.paths.check_socket_dir()  # SocketDirError: main() says so, exit 2
     if args.inject and not client.paths.socket_path(args.pid).exists():
         if not _inject(args.pid, args.inject_timeout, "log"):
             return 1
@@ -497,22 +775,42 @@ def cmd_log(args: argparse.Namespace) -> int:
         on_record = state.update
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
+    to_stdout = args.output is None or args.output in _STDOUT_NAMES
+    name = "stdout" if to_stdout else args.output
     try:
-        out = open(args.output, "wb") if args.output else sys.stdout.buffer
+        out = _log_output(None if to_stdout else args.output)
     except OSError as exc:
-        print(f"jaxtop log: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
+        print(f"jaxtop log: cannot write {name}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        client.record(args.pid, out, duration_s=args.duration, should_stop=lambda: stop["flag"], on_record=on_record)
-    except client.AgentNotFound as exc:
+        try:
+            client.record(args.pid, out, duration_s=args.duration, should_stop=lambda: stop["flag"],
+                          on_record=on_record)
+        finally:
+            out.close()
+    except (client.AgentNotFound, SocketDirError) as exc:
+        # SocketDirError (an OSError): a socket served by another uid, not a write failure.
         print(f"jaxtop log: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    finally:
-        if args.output:
-            out.close()
-        else:
-            try:
-                out.flush()
-            except OSError:
-                pass
+    except BrokenPipeError:
+        # The reader went away (`| head -1`): it has what it wanted.
+        return _stdout_gone() if to_stdout else EXIT_BROKEN_PIPE
+    except OSError as exc:
+        # A full disk, a size limit, an I/O error: once, on one line. What is
+        # in the file are whole lines (record() cuts back a partial one).
+        print(f"jaxtop log: cannot write {name}: {exc.strerror or exc}; recording stopped", file=sys.stderr)
+        return 1
     return 0
+
+
+def _log_output(path: str | None):
+    """Where ``jaxtop log`` writes: ``path``, or stdout for None; unbuffered,
+    so a failed write is seen at once and record() knows what reached the file."""
+    if path is not None:
+        return open(path, "wb", buffering=0)
+    try:
+        sys.stdout.flush()  # anything printed before comes first
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError) as exc:  # stdout closed (None) or detached
+        raise OSError(f"stdout is not open ({exc})") from None
+    return open(fd, "wb", buffering=0, closefd=False)

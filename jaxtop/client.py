@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +20,11 @@ from jaxtop import paths, protocol
 
 class AgentNotFound(RuntimeError):
     """No agent listens for that process; the message says how to fix it."""
+
+
+class ForeignAgent(paths.SocketDirError):
+    """The process serving an agent's socket runs as another uid: refused
+    before a command is sent or a record believed."""
 
 
 @dataclass
@@ -59,12 +65,49 @@ def no_agent_message(pid: int) -> str:
     )
 
 
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket
+    (Linux ``SO_PEERCRED``); None where the platform cannot tell."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def _check_peer(sock: socket.socket, path: Path) -> None:
+    """Refuse a socket served by another uid. The directory check already
+    keeps others from planting sockets; this also catches one linked or
+    bound there by root, and does not depend on the directory's history."""
+    creds = peer_credentials(sock)
+    if creds is None:
+        return  # no SO_PEERCRED here: the directory check is all there is
+    peer_pid, uid, _gid = creds
+    me = os.getuid()
+    if uid != me:
+        raise ForeignAgent(
+            f"refusing {path}: the process serving it (pid {peer_pid}) runs as {paths.describe_uid(uid)}, "
+            f"not as you, {paths.describe_uid(me)}; remove that socket if you did not expect it"
+        )
+
+
 def connect(pid: int, timeout_s: float = 2.0) -> socket.socket:
     """Connect to the agent of ``pid``.
 
+    The socket directory is checked first (:func:`paths.check_socket_dir`)
+    and the peer's uid after connecting: nothing is sent to, or read from, a
+    socket that another user could have provided.
+
     Raises:
         AgentNotFound: no live agent socket for that pid (stale ones are removed).
+        paths.SocketDirError: the socket directory is not safe to use, or
+            (:class:`ForeignAgent`) the socket is served by another uid.
     """
+    paths.check_socket_dir()
     path = paths.socket_path(pid)
     if not path.exists():
         raise AgentNotFound(no_agent_message(pid))
@@ -81,6 +124,11 @@ def connect(pid: int, timeout_s: float = 2.0) -> socket.socket:
             _remove_stale(path)
             raise AgentNotFound(f"stale socket {path}: nothing listens there (removed); {no_agent_message(pid)}") from None
         raise AgentNotFound(f"cannot connect to {path}: {exc.strerror}") from None
+    try:
+        _check_peer(sock, path)
+    except ForeignAgent:
+        sock.close()
+        raise
     return sock
 
 
@@ -118,6 +166,8 @@ class AgentConnection:
 
         Raises:
             AgentNotFound: no live agent socket for that pid.
+            paths.SocketDirError: the directory or the socket's owner is not
+                to be trusted (see :func:`connect`).
         """
         return cls(connect(pid, timeout_s))
 
@@ -233,9 +283,19 @@ class AgentConnection:
         self.close()
 
 
-def list_agents(timeout_s: float = 1.0) -> list[AgentInfo]:
-    """Instrumented processes of this user; stale sockets are removed quietly."""
-    directory = paths.socket_dir()
+def list_agents(timeout_s: float = 1.0, on_refused: Callable[[str], None] | None = None) -> list[AgentInfo]:
+    """Instrumented processes of this user; stale sockets are removed quietly.
+
+    Args:
+        timeout_s: Longest wait for each agent's hello.
+        on_refused: Called with a one-line message for each socket left out
+            because another uid serves it (:class:`ForeignAgent`).
+
+    Raises:
+        paths.SocketDirError: the socket directory is not safe to use; no
+            socket in it was connected to.
+    """
+    directory = paths.check_socket_dir()
     found: list[AgentInfo] = []
     try:
         entries = sorted(directory.glob("*.sock"))
@@ -252,6 +312,10 @@ def list_agents(timeout_s: float = 1.0) -> list[AgentInfo]:
         try:
             agent = AgentConnection.open(pid, timeout_s)
         except AgentNotFound:
+            continue
+        except ForeignAgent as exc:
+            if on_refused is not None:
+                on_refused(str(exc))
             continue
         hello: dict = {}
         deadline = time.monotonic() + timeout_s
@@ -285,19 +349,62 @@ def record(
     would skip it. ``on_record`` also gets each decoded record (undecodable
     lines are still copied, and skipped for it).
 
+    ``out`` may be unbuffered (``open(path, "wb", buffering=0)``), so that a
+    failed write is seen at once: a short write is continued. When a write
+    fails part-way through a line (a full disk, a file size limit), the part
+    of that line that reached a regular file is cut off again, where the
+    file ends with it, so the file holds whole lines only; then the error
+    is raised.
+
     Returns:
         Number of lines written.
+
+    Raises:
+        AgentNotFound: no agent for ``pid``.
+        OSError: writing to ``out`` failed (BrokenPipeError: its reader left).
     """
+    import select
+    import stat
+
     deadline = time.monotonic() + duration_s if duration_s is not None else None
 
     def done() -> bool:
         return should_stop() or (deadline is not None and time.monotonic() >= deadline)
 
+    def write_all(data: bytes) -> None:
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(view):
+                n = out.write(view[written:])
+                if n is None:  # a non-blocking descriptor that is full: wait for room
+                    select.select([], [out], [], 1.0)
+                    continue
+                written += n
+            out.flush()
+        except OSError:
+            # Keep the batch's lines that made it whole; cut the one in two.
+            partial = written - (data.rfind(b"\n", 0, written) + 1)
+            if partial:
+                cut_back(partial)
+            raise
+
+    def cut_back(partial: int) -> None:
+        """Remove the last ``partial`` bytes written from the end of a regular file."""
+        try:
+            fd = out.fileno()
+            end = os.lseek(fd, 0, os.SEEK_CUR)
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_size == end >= partial:
+                os.ftruncate(fd, end - partial)
+                os.lseek(fd, end - partial, os.SEEK_SET)
+        except (OSError, ValueError, AttributeError):
+            pass  # not a file we can cut: readers skip a truncated last line anyway
+
     lines = 0
     with AgentConnection.open(pid) as agent:
         for batch in agent.batches(should_stop=done):
-            out.write(b"".join(batch))
-            out.flush()
+            write_all(b"".join(batch))
             lines += len(batch)
             if on_record is not None:
                 for line in batch:

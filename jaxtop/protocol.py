@@ -92,6 +92,10 @@ class ProtocolError(ValueError):
 def decode(line: bytes | str) -> dict[str, Any]:
     """Parse one line into a record.
 
+    Whatever the input, the only exception is :class:`ProtocolError`: the
+    agent decodes lines from any peer, and a 2 KB line of ``[`` makes
+    ``json.loads`` raise RecursionError, which is not a ValueError.
+
     Raises:
         ProtocolError: the line is not a JSON object with a string ``type``.
     """
@@ -99,6 +103,10 @@ def decode(line: bytes | str) -> dict[str, Any]:
         obj = json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("not JSON: nested too deeply") from None
+    except Exception as exc:  # anything else a decoder may raise on odd input
+        raise ProtocolError(f"not JSON: {type(exc).__name__}: {exc}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise ProtocolError("not a record: expected an object with a 'type' string")
     return obj
@@ -111,6 +119,9 @@ class ReadStats:
     records: int = 0
     malformed: int = 0  # lines that were not valid records
     truncated: bool = False  # the last line had no newline (killed writer)
+    #: Why and where reading ended before the end of the file (compressed
+    #: data cut short or corrupt), None when it read to the end.
+    stopped: str | None = None
     first_error: str | None = None
     errors: list[str] = field(default_factory=list)
 

@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import tempfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -85,13 +86,88 @@ def open_recording(path: str) -> IO[bytes]:
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def feed(writer: Any, rec: dict[str, Any]) -> bool:
+#: What a gzip stream raises where its data is cut short (EOFError) or
+#: corrupt (a bad header or CRC: BadGzipFile; a bad block: zlib.error).
+_BROKEN_GZIP = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+class GuardedStream:
+    """A gzip recording that ends where its compressed data stops making sense.
+
+    A read that meets compressed data cut short (a killed writer) or corrupt
+    returns ``b""``, as at the end of the file, and ``stats.stopped`` says
+    why, at which line and near which byte of the file: readers keep every
+    whole line before it instead of a traceback. Reads go through ``read1``, one step
+    of decompression at a time, so a failing read loses only the data that
+    step was decompressing, not all a larger read had gathered.
+    """
+
+    def __init__(self, stream: gzip.GzipFile, stats: protocol.ReadStats) -> None:
+        self.stream = stream
+        self.stats = stats
+        self.ended = False
+        self.newlines = 0  # in what was read: where it stopped, in lines
+
+    def position(self) -> int:
+        """Compressed bytes read so far (read ahead a little): for progress."""
+        try:
+            return self.stream.fileobj.tell()  # type: ignore[union-attr]
+        except (AttributeError, OSError, ValueError):
+            return 0
+
+    def read(self, size: int = -1) -> bytes:
+        if self.ended:
+            return b""
+        try:
+            data = self.stream.read1(size)
+        except _BROKEN_GZIP as exc:
+            self._stop(exc)
+            return b""
+        self.newlines += data.count(b"\n")
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        if self.ended:
+            return b""
+        try:
+            line = self.stream.readline(size)
+        except _BROKEN_GZIP as exc:
+            self._stop(exc)
+            return b""
+        self.newlines += line.endswith(b"\n")
+        return line
+
+    def _stop(self, exc: BaseException) -> None:
+        self.ended = True
+        if isinstance(exc, EOFError):
+            why = "the compressed data is cut short (truncated file)"
+            self.stats.truncated = True
+        else:
+            why = f"the compressed data is corrupt ({exc})"
+        size = ""
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            size = f" of {os.fstat(self.stream.fileobj.fileno()).st_size:,}"  # type: ignore[union-attr]
+        where = f"line {self.newlines + 1:,} (near byte {self.position():,}{size} of the file)"
+        self.stats.stopped = f"reading stopped at {where}: {why}"
+
+
+def guarded(stream: IO[bytes], stats: protocol.ReadStats) -> IO[bytes]:
+    """``stream`` as :func:`open_recording` gave it, a gzip one wrapped in
+    :class:`GuardedStream` (a plain file ends where it ends)."""
+    if isinstance(stream, gzip.GzipFile):
+        return GuardedStream(stream, stats)  # type: ignore[return-value]
+    return stream
+
+
+def feed(writer: Any, rec: dict[str, Any]) -> str | None:
     """The plain path: one decoded record to the writer.
 
-    Returns False for a record the writer cannot format. orjson reads
-    nesting up to 1,024 deep, but str() and json.dumps raise RecursionError
-    a little below 1,000, as json.loads does: such a line is a bad line, as
-    if json.loads had read it, instead of a traceback. What the writer did
+    Returns None, or why the writer could not format the record. orjson
+    reads nesting up to 1,024 deep, but str() and json.dumps raise
+    RecursionError a little below 1,000, as json.loads does: such a line is
+    a bad line, as if json.loads had read it, instead of a traceback. Any
+    other failure (a value of a type no writer expects) is a bad line too:
+    one odd record must not cost the rest of the export. What the writer did
     before it failed stays: its state may have moved on, and of a CSV sample
     with several devices the rows before the failing one are written.
     """
@@ -101,8 +177,10 @@ def feed(writer: Any, rec: dict[str, Any]) -> bool:
         else:
             writer.other(rec)
     except RecursionError:
-        return False
-    return True
+        return "not JSON: nested too deeply"
+    except Exception as exc:  # noqa: BLE001 - the writers check types; this is the backstop
+        return f"cannot be exported: {type(exc).__name__}: {exc}"
+    return None
 
 
 def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStats, lines: int = 0) -> int:
@@ -126,8 +204,9 @@ def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStat
         except protocol.ProtocolError as exc:
             stats.note(lineno, str(exc))
             return
-        if not feed(writer, rec):
-            stats.note(lineno, "not JSON: nested too deeply")
+        failed = feed(writer, rec)
+        if failed is not None:
+            stats.note(lineno, failed)
             return
         stats.records += 1
         if rec.get("type") == "sample":
@@ -365,7 +444,7 @@ def run(path: str, make: Callable[..., Any], out: IO[str], fast: bool, jobs: int
     ranges = pieces(path, jobs) if hasattr(os, "fork") else [(0, 0)]
     if len(ranges) == 1:
         with open_recording(path) as stream:
-            convert(stream, writer, fast, stats)
+            convert(guarded(stream, stats), writer, fast, stats)
         writer.close()
         return stats
     out.flush()  # a forked child must not inherit unwritten output
