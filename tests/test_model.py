@@ -242,3 +242,25 @@ def test_session_spool_is_capped_and_a_save_still_opens_with_hello(tmp_path, mon
     seqs = [r["seq"] for r in recs if r["type"] == "sample"]
     assert seqs == list(range(seqs[0], 5001))  # the newest part, contiguous, up to the last line
     assert seqs[0] > 1
+
+
+def test_malformed_records_are_skipped_with_an_event_and_the_model_goes_on():
+    """Wrong shapes from a newer agent, a bug or a hostile peer: each record
+    is skipped with an error event; records after it still apply and a
+    snapshot can still be built."""
+    m = Model()
+    m.feed(1, {"type": "hello", "t": 1.0, "pid": 1, "argv": ["x"], "interval_s": 0.1})
+    bad = [
+        {"type": "sample", "t": 2.0, "devices": [1, 2]},
+        {"type": "sample", "t": 2.1, "transfers": [1]},
+        {"type": "sample", "t": 2.2, "process": "x"},
+        {"type": "backend", "t": 2.3, "versions": "x"},
+        {"type": "sample", "t": "soon"},
+    ]
+    for rec in bad:
+        m.feed(1, rec)  # must not raise
+    m.feed(1, {"type": "sample", "t": 3.0, "seq": 7, "devices": [{"id": 0, "platform": "cpu", "bytes_in_use": 64}]})
+    snap = m.snapshot()
+    assert snap.processes[0].seq == 7 and snap.devices[0].bytes_in_use == 64
+    skipped = [e for e in snap.events if e.kind == "error" and "malformed" in e.text]
+    assert skipped, [e.text for e in snap.events]

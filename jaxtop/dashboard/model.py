@@ -251,29 +251,42 @@ class Model:
             self.version += 1
 
     def feed(self, pid: int, record: dict[str, Any]) -> None:
-        """Apply one wire record from the stream of ``pid``."""
+        """Apply one wire record from the stream of ``pid``.
+
+        A record of the right type but the wrong shape (a list where an
+        object belongs, a string for a number) is skipped with an error
+        event: one odd record from a newer agent, a bug or a hostile peer
+        must not stop the reader thread that feeds the model.
+        """
         kind = record.get("type")
         with self._lock:
             proc = self.process(pid)
             proc.last_recv = self._clock()
-            if kind == protocol.HELLO:
-                self._hello(proc, record)
-            elif kind == protocol.BACKEND:
-                proc.backend = record.get("backend") or proc.backend
-                proc.versions.update(record.get("versions") or {})
-                self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(record.get('devices') or [])} device(s)", record.get("t"))
-            elif kind == protocol.SAMPLE:
-                self._sample(proc, record)
-            elif kind == protocol.DROPPED:
-                self._event(pid, "dropped", f"{record.get('count')} samples dropped ({record.get('reason', 'client too slow')})", record.get("t"))
-            elif kind == protocol.ERROR:
-                self._event(pid, "error", f"agent: {record.get('message')}", record.get("t"))
-            elif kind == protocol.EXIT:
-                proc.state = EXITED
-                self._event(pid, "exit", "process exited (final sample received)", record.get("t"))
-            elif kind == protocol.REPLY:
-                self._reply(proc, record)
+            try:
+                self._apply(proc, kind, record)
+            except Exception as exc:
+                self._event(pid, "error", f"malformed {kind!r} record skipped: {type(exc).__name__}: {exc}", None)
             self.version += 1
+
+    def _apply(self, proc: ProcessModel, kind: Any, record: dict[str, Any]) -> None:
+        pid = proc.pid
+        if kind == protocol.HELLO:
+            self._hello(proc, record)
+        elif kind == protocol.BACKEND:
+            proc.backend = record.get("backend") or proc.backend
+            proc.versions.update(record.get("versions") or {})
+            self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(record.get('devices') or [])} device(s)", record.get("t"))
+        elif kind == protocol.SAMPLE:
+            self._sample(proc, record)
+        elif kind == protocol.DROPPED:
+            self._event(pid, "dropped", f"{record.get('count')} samples dropped ({record.get('reason', 'client too slow')})", record.get("t"))
+        elif kind == protocol.ERROR:
+            self._event(pid, "error", f"agent: {record.get('message')}", record.get("t"))
+        elif kind == protocol.EXIT:
+            proc.state = EXITED
+            self._event(pid, "exit", "process exited (final sample received)", record.get("t"))
+        elif kind == protocol.REPLY:
+            self._reply(proc, record)
 
     def _hello(self, proc: ProcessModel, rec: dict[str, Any]) -> None:
         proc.hello = rec
