@@ -1,13 +1,26 @@
 """The stderr relay: a tiny child process that owns the read end of fd 2.
 
 It is started by :mod:`jaxtop.probes.stderr_capture` as
-``python -S -E _relay.py ORIG_FD REPORT_FD TOKEN PASS``, with the capture pipe
-as its stdin. It forwards every byte the target writes to stderr to the
-original stderr, unchanged and in order, except transfer-guard lines that only
-jaxtop asked for (directions not in PASS). Every guard line is reported to the
-agent on REPORT_FD, counted per distinct message, as ``G <n> <message>``
-(the line without its abseil header); sync markers written by the agent are
-removed from the stream and acknowledged as ``S <n>``.
+``python -S -E _relay.py ORIG_FD REPORT_FD TOKEN SHOWN|SILENCED``, with the
+capture pipe as its stdin. It forwards every byte the target writes to stderr
+to the original stderr, unchanged and in order, except transfer-guard lines
+that only jaxtop asked for (directions not in SHOWN, e.g. ``h2d,d2d``) and
+other log lines of the severities in SILENCED (e.g. ``IW``). Every guard line
+is reported to the agent on REPORT_FD, counted per distinct message, as
+``G <n> <message>`` (the line without its log header); sync markers written
+by the agent are removed from the stream and acknowledged as ``S <n>``. When
+writing to the original stderr fails (its reader went away) it reports
+``B`` once and goes on draining, so the capture can give the program its
+stderr back and the program's own writes fail as they would without jaxtop.
+
+Guard lines are found wherever they start, not only at line starts: jaxlib
+writes each log line with one ``write()`` (atomic on a pipe below PIPE_BUF),
+so a guard line lands whole, but possibly right after a partial line of the
+program's own, e.g. a progress bar redrawn with ``\\r`` that has not written
+its newline yet. Two header forms are recognised: abseil's
+``W1202 18:34:30.919532    2146 guard_lib.cc:125] `` (jaxlib 0.7 and later)
+and TSL's ``2026-12-03 19:09:21.852989: W external/xla/...cc:108] `` (older
+jaxlib, logging through XLA/TSL).
 
 Why a process and not a thread: a reader thread dies with the target, so the
 last lines before ``os._exit``, an abort or a segfault (OOM reports, XLA
@@ -25,44 +38,99 @@ import signal
 import sys
 import time
 
-# The abseil header after its severity letter: date, time, thread id, file:line.
-# [^\S\n] (a space that is not a newline) keeps a match inside one line when
-# the same pattern runs over a block of lines.
-_HEADER = rb"\d{4} \d\d:\d\d:\d\d\.\d+[^\S\n]+\d+[^\S\n]+[^\s]+:\d+\] "
+# -- what a log line looks like ---------------------------------------------------
+# [^\S\n] (a space that is not a newline) keeps a match inside one line.
+_SP = rb"[^\S\n]"
+_FILE_LINE = rb"[^\s]+:\d+\] "
+# abseil (jaxlib >= 0.7): severity, MMDD, time, thread id, file:line.
+_ABSEIL = rb"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+" + _SP + rb"+\d+" + _SP + rb"+" + _FILE_LINE
+# TSL (older jaxlib): date, time, severity, an optional thread id, file:line.
+_TSL = rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF](?:" + _SP + rb"+\d+)?" + _SP + rb"+" + _FILE_LINE
+_HEADER = rb"(?:" + _ABSEIL + rb"|" + _TSL + rb")"
 _DIRECTIONS = rb"(?:host-to-device|device-to-device|device-to-host) transfer:"
-# Group 1: the message, which is what the agent parses and counts.
-GUARD_RE = re.compile(rb"^[IWEF]" + _HEADER + rb"(" + _DIRECTIONS + rb"[^\n]*)")
-ABSEIL_RE = re.compile(rb"^[IWEF]" + _HEADER)
-# The same over a block of whole lines (the fast path of Relay.feed).
-BLOCK_GUARD_RE = re.compile(GUARD_RE.pattern + rb"\n", re.M)
-# A partial line that may still turn into an abseil header: hold it briefly.
-HEADER_PREFIX_RE = re.compile(rb"[IWEF](\d{0,4}|\d{4} [\d:.]*|\d{4} \d\d:\d\d:\d\d\.\d+\s.*)", re.S)
+#: A whole guard line anywhere; group 1 is the message, which the agent parses.
+GUARD_RE = re.compile(_HEADER + rb"(" + _DIRECTIONS + rb"[^\n]*)\n")
+#: The same, only where a line starts: the common case, and a faster scan.
+LINE_START_GUARD_RE = re.compile(rb"^" + GUARD_RE.pattern, re.M)
+#: A guard line the program's end cut short of its newline.
+GUARD_AT_END_RE = re.compile(_HEADER + rb"(" + _DIRECTIONS + rb"[^\n]*)\Z")
+#: Any log line anywhere, for when some of them are dropped: group 1 or 2 is
+#: the severity letter, group 3 the message of a guard line (None otherwise).
+LOG_LINE_RE = re.compile(
+    rb"(?:([IWEF])" + _ABSEIL[6:] + rb"|" + _TSL.replace(rb"[IWEF]", rb"([IWEF])", 1) + rb")"
+    rb"(?:(" + _DIRECTIONS + rb"[^\n]*)|[^\n]*)\n"
+)
+# Every guard line holds this; bytes without it hold none (a memchr-fast test).
+_GUARD_MARK = b" transfer:"
+# Every log header ends with it.
+_HEADER_END = b"] "
+
+
+def _beginning(first, tokens, rest):
+    """A pattern for any non-empty beginning of ``first tokens... rest``.
+
+    Args:
+        first: the first character's class.
+        tokens: ``(whole, part)`` pairs in order; ``part`` matches any
+            beginning of ``whole`` (empty included), loosely: holding a
+            little too much only delays bytes, holding too little splits a
+            guard line.
+        rest: the rest of the line.
+    """
+    pattern = rest
+    for whole, part in reversed(tokens):
+        pattern = rb"(?:" + whole + pattern + rb"|" + part + rb")"
+    return first + pattern
+
+
+# After a whole header: the beginning of a guard message, or any message
+# when other log lines may be dropped too (the user silenced a severity).
+_GUARD_REST = rb"(?:" + _DIRECTIONS + rb"[^\n]*|[a-z :-]{0,25})"
+_ANY_REST = rb"[^\n]*"
+
+
+def _partial_line_re(rest):
+    abseil = _beginning(rb"[IWEF]", [
+        (rb"\d{4}", rb"\d{0,3}"),
+        (rb" ", rb""),
+        (rb"\d\d:\d\d:\d\d", rb"[\d:]{0,7}"),
+        (rb"\.\d+", rb"\.?"),
+        (_SP + rb"+\d+" + _SP + rb"+", _SP + rb"*\d*"),
+        (_FILE_LINE, rb"[^\s]*"),
+    ], rest)
+    tsl = _beginning(rb"\d", [
+        (rb"\d{3}", rb"\d{0,2}"),
+        (rb"-\d\d-\d\d", rb"[\d-]{0,5}"),
+        (rb" ", rb""),
+        (rb"\d\d:\d\d:\d\d", rb"[\d:]{0,7}"),
+        (rb"\.\d+", rb"\.?"),
+        (rb": ", rb":?"),
+        (rb"[IWEF]", rb""),
+        (rb"(?:" + _SP + rb"+\d+)?" + _SP + rb"+", _SP + rb"*\d*"),
+        (_FILE_LINE, rb"[^\s]*"),
+    ], rest)
+    return re.compile(rb"(?:" + abseil + rb"|" + tsl + rb")\Z")
+
+
+#: The end of a block that may be the first bytes of a guard line whose rest
+#: is still on its way (the read ended inside it) ...
+PARTIAL_GUARD_RE = _partial_line_re(_GUARD_REST)
+#: ... or of any log line, when the user silenced a severity.
+PARTIAL_LOG_RE = _partial_line_re(_ANY_REST)
+#: Without a whole header (which ends in "] ", and a guard line's then holds
+#: " transfer:"), a partial log line starts within this many bytes of the
+#: end (a header is under 100 bytes, even with a long file path): so only
+#: that much of a long unfinished line, a progress bar redrawn with \r for
+#: minutes, is scanned for one, at about 100 ns a byte.
+PARTIAL_HEADER_MAX = 512
+#: How far back a partial line with a whole header is looked for.
+PARTIAL_MAX = 65536
+
 DIRECTION_KEYS = {
     b"host-to-device": "h2d",
     b"device-to-device": "d2d",
     b"device-to-host": "d2h",
 }
-
-
-def drop_pattern(passed, silenced):
-    """The lines a block loses on its way to the terminal, as one pattern.
-
-    Guard lines of the directions not in ``passed`` (only jaxtop wanted them),
-    and other abseil lines whose severity letter is in ``silenced``. None when
-    nothing is dropped.
-    """
-    parts = []
-    hidden = [text for text, key in DIRECTION_KEYS.items() if key not in passed]
-    if hidden:
-        alts = b"|".join(re.escape(text) for text in hidden)
-        parts.append(rb"[IWEF]" + _HEADER + rb"(?:" + alts + rb") transfer:[^\n]*\n")
-    letters = bytes(sorted({c for c in silenced if c in b"IWEF"}))
-    if letters:
-        parts.append(rb"[" + letters + rb"]" + _HEADER + rb"(?!" + _DIRECTIONS + rb")[^\n]*\n")
-    if not parts:
-        return None
-    return re.compile(rb"^(?:" + rb"|".join(parts) + rb")", re.M)
-
 
 HOLD_S = 0.05
 # After a read that held guard lines, wait this long before the next read so
@@ -76,6 +144,7 @@ HOLD_S = 0.05
 BATCH_S = 0.02
 BATCH_BIG_PIPE_S = 0.1
 BIG_PIPE_BYTES = 1 << 20
+READ_BYTES = 65536
 
 
 def batch_seconds(fd=0):
@@ -94,6 +163,15 @@ REPORT_BACKLOG_MAX = 64 * 1024 * 1024
 
 
 class Relay:
+    """The relay's state between reads: what to forward, count and hold.
+
+    Args:
+        out_fd: the original stderr.
+        report_fd: where ``G``/``S`` reports go (None: nowhere).
+        token: the agent's marker token.
+        passed: guard directions (``h2d``, ``d2d``, ``d2h``) the user sees.
+    """
+
     def __init__(self, out_fd, report_fd, token, passed):
         self.out_fd = out_fd
         self.report_fd = report_fd
@@ -101,8 +179,9 @@ class Relay:
         self.mark_re = re.compile(re.escape(self.mark_prefix) + rb"(sync|show) ([^\x00\n]*)\x00")
         self.set_visibility(passed, b"")
         self.counts = {}  # guard message -> lines since the last report
+        # Bytes not judged yet: the end of the last read when it may be the
+        # start of a log line or of a marker.
         self.buf = b""
-        self.midline = False  # part of the current line was already forwarded
         self.report_backlog = bytearray()
         self.out_broken = False
         self.out = bytearray()  # forwarded bytes not yet written
@@ -126,10 +205,20 @@ class Relay:
                 n = os.write(self.out_fd, view)
             except InterruptedError:
                 continue
+            except BlockingIOError:
+                # Someone else set the shared terminal non-blocking: wait as a
+                # blocking write would have, rather than drop the bytes.
+                try:
+                    select.select([], [self.out_fd], [], 1.0)
+                except (InterruptedError, ValueError, OSError):
+                    pass
+                continue
             except OSError:
                 # The terminal is gone. Keep draining so the target never sees
-                # a full pipe, but there is nowhere to write.
+                # a full pipe, but there is nowhere to write; the capture
+                # hears of it and gives the program its stderr back.
                 self.out_broken = True
+                self.report(b"B\n")
                 return
             view = view[n:]
 
@@ -175,27 +264,22 @@ class Relay:
                 return
             del self.report_backlog[:n]
 
-    # -- parsing --------------------------------------------------------------
+    # -- judging --------------------------------------------------------------
     def set_visibility(self, passed, silenced):
-        """The guard directions the user sees, the abseil severities they
-        silenced, and the one pattern of lines that both drop."""
+        """The guard directions the user sees and the log severities they
+        silenced (other log lines of those are dropped too)."""
         self.passed = passed
         self.silenced = silenced
-        self.drop_re = drop_pattern(passed, silenced)
+        self.keep_all = not passed and not silenced
 
-    def strip_markers(self, data):
-        if b"\x00" not in data:
-            return data
-        def handle(match):
-            verb, arg = match.group(1), match.group(2)
-            if verb == b"sync":
-                self.report(b"S " + arg + b"\n")
-            else:  # "show h2d,d2d|IW": what the user sees, what they silenced
-                shown, _, silenced = arg.decode("ascii", "replace").partition("|")
-                self.set_visibility(set(filter(None, shown.split(","))), silenced.encode())
-            return b""
-
-        return self.mark_re.sub(handle, data)
+    def marker(self, match):
+        """Act on one of the agent's markers, in its place in the stream."""
+        verb, arg = match.group(1), match.group(2)
+        if verb == b"sync":
+            self.report(b"S " + arg + b"\n")
+        else:  # "show h2d,d2d|IW": what the user sees, what they silenced
+            shown, _, silenced = arg.decode("ascii", "replace").partition("|")
+            self.set_visibility(set(filter(None, shown.split(","))), silenced.encode())
 
     def partial_marker_at(self, data):
         """Index where an incomplete sync marker starts at the end, or len."""
@@ -209,65 +293,89 @@ class Relay:
             i = data.rfind(b"\x00", 0, i)
         return len(data)
 
-    def line(self, line):
-        if self.midline:
-            self.midline = False
-            self.forward(line)
-            return
-        match = GUARD_RE.match(line)
-        if match is None:
-            if self.silenced and line[:1] in self.silenced and ABSEIL_RE.match(line):
-                return  # an abseil warning the user had silenced
-            self.forward(line)
-            return
-        message = match.group(1)
-        self.count((message,))
-        if DIRECTION_KEYS[message[: message.index(b" ")]] in self.passed:
-            self.forward(line)
-
     def block(self, data):
-        """Whole lines, no marker, not continuing a forwarded line: the same
-        as :meth:`line` on each, in one or two regex passes over all of them."""
-        if not self.passed and not self.silenced:
-            # The usual case (the user's guard is off): every guard line goes,
-            # and one split yields both the bytes to forward and the messages.
-            parts = BLOCK_GUARD_RE.split(data)
+        """Judge marker-free bytes in which every log line is whole.
+
+        The usual case (the user's guard is off, nothing silenced) takes one
+        regex split for guard lines at line starts, and a second scan only
+        when what is left still holds a guard message: a guard line that
+        came in after a partial line of the program's.
+        """
+        if self.keep_all:
+            if _GUARD_MARK not in data:
+                self.forward(data)
+                return
+            parts = LINE_START_GUARD_RE.split(data)
             found = parts[1::2]
             if found:
                 data = b"".join(parts[0::2])
-        else:
-            found = BLOCK_GUARD_RE.findall(data)
-            if self.drop_re is not None and (found or self.silenced):
-                data = self.drop_re.sub(b"", data)
+            if _GUARD_MARK in data:
+                parts = GUARD_RE.split(data)
+                if len(parts) > 1:
+                    found += parts[1::2]
+                    data = b"".join(parts[0::2])
+            self.count(found)
+            self.forward(data)
+            return
+        # The user sees some guard lines or silenced a severity: judge each
+        # log line (found anywhere, as above).
+        if (_HEADER_END if self.silenced else _GUARD_MARK) not in data:
+            self.forward(data)
+            return
+        found = []
+        passed, silenced = self.passed, self.silenced
+
+        def judge(match):
+            message = match.group(3)
+            if message is not None:
+                found.append(message)
+                return match.group(0) if DIRECTION_KEYS[message[: message.index(b" ")]] in passed else b""
+            letter = match.group(1) or match.group(2)
+            return b"" if letter in silenced else match.group(0)
+
+        data = LOG_LINE_RE.sub(judge, data)
         self.count(found)
         self.forward(data)
 
+    def partial_line_at(self, data):
+        """Index where the end of ``data`` may be an unfinished log line
+        (one this relay drops or counts), or len."""
+        end = len(data)
+        start = max(data.rfind(b"\n") + 1, end - PARTIAL_MAX)
+        # Nor does a log line hold a \r before its end: a progress bar's
+        # redraws before the last one are out of the question.
+        start = max(start, data.rfind(b"\r", start, end - 1) + 1)
+        if self.silenced:
+            mark, pattern = _HEADER_END, PARTIAL_LOG_RE
+        else:
+            mark, pattern = _GUARD_MARK, PARTIAL_GUARD_RE
+        if end - start > PARTIAL_HEADER_MAX and data.find(mark, start) < 0:
+            start = end - PARTIAL_HEADER_MAX
+        match = pattern.search(data, start)
+        return match.start() if match else end
+
     def feed(self, data):
+        """Take the next bytes read from the pipe."""
         self.saw_guard = False
-        buf = self.buf + data
-        start = 0
-        if b"\x00" not in buf:
-            if self.midline:  # the rest of a line already partly forwarded
-                start = buf.find(b"\n") + 1
-                if start:
-                    self.line(buf[:start])
-            end = buf.rfind(b"\n") + 1
-            if end > start:
-                self.block(buf[start:end])
-                start = end
-        while True:
-            nl = buf.find(b"\n", start)
-            if nl < 0:
-                break
-            self.line(self.strip_markers(buf[start : nl + 1]))
-            start = nl + 1
-        self.buf = self.strip_markers(buf[start:])
-        cut = self.partial_marker_at(self.buf)
-        head, tail = self.buf[:cut], self.buf[cut:]
-        if head and (self.midline or not HEADER_PREFIX_RE.fullmatch(head)):
-            self.forward(head)
-            self.midline = True
-            self.buf = tail
+        buf = self.buf + data if self.buf else data
+        self.buf = b""
+        if b"\x00" in buf:
+            # A marker is one write of its own, so whatever came before it is
+            # whole: judge it with the visibility of its time, then the marker.
+            start = 0
+            for match in self.mark_re.finditer(buf):
+                self.block(buf[start : match.start()])
+                self.marker(match)
+                start = match.end()
+            buf = buf[start:]
+            cut = self.partial_marker_at(buf)
+            if cut < len(buf):
+                self.block(buf[:cut])
+                buf, self.buf = b"", buf[cut:]
+        if buf:
+            cut = self.partial_line_at(buf)
+            self.block(buf[:cut])
+            self.buf = buf[cut:]
         self.report_counts()
         self.flush_out()
         self.flush_reports()
@@ -276,22 +384,31 @@ class Relay:
         return bool(self.buf)
 
     def release(self):
-        """Give up waiting for the rest of a held partial line."""
+        """Give up waiting for the rest of a held partial line.
+
+        What it held was not a log line's start after all (or a writer died
+        mid-line): it goes out as the user's bytes. A partial marker stays.
+        """
         cut = self.partial_marker_at(self.buf)
         head, self.buf = self.buf[:cut], self.buf[cut:]
         if head:
             self.forward(head)
-            self.midline = True
         self.flush_out()
 
     def finish(self):
-        if self.buf:
-            data = self.strip_markers(self.buf)
-            self.buf = b""
-            if self.midline or not GUARD_RE.match(data):
+        """At EOF: what is still held goes out, except a guard line cut short."""
+        data, self.buf = self.buf, b""
+        if data:
+            match = GUARD_AT_END_RE.search(data)
+            if match is None:
                 self.forward(data)
             else:
-                self.line(data)
+                message = match.group(1)
+                self.count((message,))
+                if DIRECTION_KEYS[message[: message.index(b" ")]] in self.passed:
+                    self.forward(data)
+                else:
+                    self.forward(data[: match.start()])
         self.report_counts()
         self.flush_out()
         self.flush_reports()
@@ -299,7 +416,8 @@ class Relay:
 
 def main(argv):
     out_fd, report_fd = int(argv[1]), int(argv[2])
-    token, passed = argv[3].encode(), set(filter(None, argv[4].split(",")))
+    shown, _, silenced = argv[4].partition("|")
+    token, passed = argv[3].encode(), set(filter(None, shown.split(",")))
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         # The target's process group gets Ctrl-C too; this process must live
         # until the target is gone, so it waits for EOF instead.
@@ -307,6 +425,7 @@ def main(argv):
     if report_fd >= 0:
         os.set_blocking(report_fd, False)
     relay = Relay(out_fd, report_fd if report_fd >= 0 else None, token, passed)
+    relay.set_visibility(passed, silenced.encode("ascii", "replace"))
     batch_s = batch_seconds()
     while True:
         owed = relay.report_backlog and relay.report_fd is not None
@@ -327,7 +446,7 @@ def main(argv):
         # read waits for data as select would, with one system call fewer
         # per wake-up.
         try:
-            data = os.read(0, 65536)
+            data = os.read(0, READ_BYTES)
         except InterruptedError:
             continue
         except OSError as exc:
@@ -337,7 +456,7 @@ def main(argv):
         if not data:
             break
         relay.feed(data)
-        if relay.saw_guard and len(data) < 65536:
+        if relay.saw_guard and len(data) < READ_BYTES:
             time.sleep(batch_s)
     relay.finish()
     # Give the agent a moment to take the last reports, without hanging.

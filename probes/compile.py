@@ -47,6 +47,12 @@ class CompileProbe:
             self.reason = f"jax.monitoring unavailable: {exc}"
 
     def stop(self) -> None:
+        if not self.active:
+            # Never started (the program never imported jax): importing jax
+            # now, at exit, would cost seconds and clears the interpreter's
+            # note of an unhandled KeyboardInterrupt (exit 1 instead of
+            # death by SIGINT).
+            return
         self.active = False
         try:
             from jax._src import monitoring

@@ -6,12 +6,20 @@ stderr and reports guard lines back on a second pipe, which the agent reads
 through :meth:`StderrCapture.read_reports`. Because the relay is a separate
 process it drains the pipe even after the target dies (``os._exit``, abort,
 segfault), so the last words of a crashing job still reach the terminal.
+
+The capture keeps a read end of the pipe too, and never reads it while a
+relay runs: if the relay dies (the OOM killer, a stray ``kill -9``), the
+program's writes to stderr still land in the pipe instead of failing with
+EPIPE, and a new relay started on the same pipe forwards them.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import select
+import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -39,6 +47,38 @@ def _grow_pipe(fd: int) -> None:
         pass  # over the system's limit: the default size, and the relay reads sooner
 
 
+#: New relays started after one died, at most, before the capture gives up.
+MAX_RESTARTS = 3
+
+
+def _nobody_reads(fd: int) -> bool:
+    """True when ``fd`` is a pipe or socket whose reading end is closed.
+
+    Writes to it fail (EPIPE): a program run plainly sees that on its first
+    write to stderr, and with its stderr captured it would not.
+    """
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+def _how_it_ended(code: int | None) -> str:
+    if code is None:
+        return "closed its pipe"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
 class CaptureError(RuntimeError):
     """fd 2 could not be captured; stderr is left as it was."""
 
@@ -48,24 +88,46 @@ class StderrCapture:
 
     Args:
         on_guard_lines: called (from the agent thread) with each distinct
-            guard message (the line without its abseil header) and how many
+            guard message (the line without its log header) and how many
             lines carried it since the last call, in order of first
             appearance within each read of the relay's pipe. A training
             loop logs a few messages over and over, so the agent's work is
             per distinct message, not per line.
+        on_notice: called (from the thread reading reports) with one line of
+            text when something happened to the capture that the user
+            should hear of: the relay died and was restarted, or the
+            capture ended early (then :attr:`active` is already False and
+            guard lines reach fd 2 unfiltered).
     """
 
-    def __init__(self, on_guard_lines: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        on_guard_lines: Callable[[str, int], None],
+        on_notice: Callable[[str], None] | None = None,
+    ) -> None:
         self._on_guard_lines = on_guard_lines
+        self._on_notice = on_notice
         self._token = secrets.token_hex(8)
         self._saved_fd: int | None = None
+        self._data_r: int | None = None  # our own read end of the fd-2 pipe
         self._report_r: int | None = None
         self._relay: subprocess.Popen | None = None
+        self._restarts = 0
+        self._shown: set[str] = set()
+        self._silenced = ""
         self._pending = b""
-        self._read_lock = threading.Lock()  # the agent thread and sync() both read
+        # The agent thread and sync() both read reports, and a relay's death
+        # found by either changes the fds: one lock, re-entrant for stop().
+        self._read_lock = threading.RLock()
         self._sync_n = 0
         self._acked = 0
         self.active = False
+        self.reason: str | None = None  # why the capture ended early
+
+    @property
+    def relay_pid(self) -> int | None:
+        """The running relay's process id."""
+        return self._relay.pid if self._relay is not None else None
 
     @property
     def report_fd(self) -> int | None:
@@ -76,7 +138,9 @@ class StderrCapture:
         """Start the relay and point fd 2 at it.
 
         Raises:
-            CaptureError: no usable Python to run the relay, or fd 2 is closed.
+            CaptureError: no usable Python to run the relay, fd 2 is closed,
+                or nobody reads it (the program's writes must fail as they
+                would without jaxtop).
         """
         if self.active:
             return
@@ -87,13 +151,33 @@ class StderrCapture:
             os.fstat(2)
         except OSError:
             raise CaptureError("fd 2 is closed") from None
+        if _nobody_reads(2):
+            raise CaptureError("stderr is a pipe nobody reads; left as it is, so writes to it fail as without jaxtop")
         saved = os.dup(2)  # non-inheritable
         data_r, data_w = os.pipe()
         _grow_pipe(data_w)
+        try:
+            self._relay, self._report_r = self._spawn(saved, data_r)
+        except CaptureError:
+            for fd in (saved, data_r, data_w):
+                os.close(fd)
+            raise
+        try:
+            sys.stderr.flush()
+        except Exception:
+            pass
+        os.dup2(data_w, 2)  # the new fd 2 is inheritable, as the old one was
+        os.close(data_w)
+        self._saved_fd, self._data_r = saved, data_r
+        self.active = True
+
+    def _spawn(self, saved: int, data_r: int) -> tuple[subprocess.Popen, int]:
+        """A relay reading ``data_r`` and writing to ``saved``; with its report fd."""
         report_r, report_w = os.pipe()
+        visibility = ",".join(sorted(self._shown)) + "|" + self._silenced
         try:
             relay = subprocess.Popen(
-                [exe, "-S", "-E", "-s", _RELAY_PATH, str(saved), str(report_w), self._token, ""],
+                [sys.executable, "-S", "-E", "-s", _RELAY_PATH, str(saved), str(report_w), self._token, visibility],
                 stdin=data_r,
                 stdout=subprocess.DEVNULL,
                 stderr=saved,
@@ -102,28 +186,23 @@ class StderrCapture:
                 start_new_session=False,
             )
         except OSError as exc:
-            for fd in (saved, data_r, data_w, report_r, report_w):
-                os.close(fd)
+            os.close(report_r)
+            os.close(report_w)
             raise CaptureError(f"cannot start the stderr relay: {exc}") from None
-        os.close(data_r)
         os.close(report_w)
-        try:
-            sys.stderr.flush()
-        except Exception:
-            pass
-        os.dup2(data_w, 2)  # the new fd 2 is inheritable, as the old one was
-        os.close(data_w)
         os.set_blocking(report_r, False)
-        self._saved_fd, self._report_r, self._relay = saved, report_r, relay
-        self.active = True
+        return relay, report_r
 
     def _write_marker(self, verb: str, arg: str) -> None:
         marker = f"\x00jaxtop:{self._token}:{verb} {arg}\x00".encode()
-        os.write(2, marker)  # one write under PIPE_BUF: atomic
+        with self._read_lock:  # never onto the original stderr, once given back
+            if self.active:
+                os.write(2, marker)  # one write under PIPE_BUF: atomic
 
     def set_visibility(self, shown: set[str], silenced: str) -> None:
         """Tell the relay which guard directions the user sees and which
-        abseil severities they silenced. Ordered with the stream itself."""
+        log severities they silenced. Ordered with the stream itself."""
+        self._shown, self._silenced = set(shown), silenced  # for a relay started later
         if self.active:
             self._write_marker("show", ",".join(sorted(shown)) + "|" + silenced)
 
@@ -144,8 +223,11 @@ class StderrCapture:
             except OSError:
                 chunk = b""
             if not chunk:
-                # The relay is gone: nothing more will be reported.
+                # The relay closed its end: it is gone (it only exits at EOF
+                # of the fd-2 pipe, which stop() brings about).
                 self._close_reports()
+                if self.active:
+                    self._relay_gone()
                 break
             self._pending += chunk
             if len(chunk) < 65536:
@@ -168,6 +250,56 @@ class StderrCapture:
                     self._acked = max(self._acked, int(line[2:]))
                 except ValueError:
                     pass
+            elif line == b"B" and self.active:
+                # The original stderr's reader went away. Give the program
+                # its stderr back, so its next write fails as it would have
+                # without jaxtop (a program run with `2>&1 | head` must see
+                # the EPIPE, and exit as it would).
+                self._end_early(
+                    "stderr's reader went away (a closed pipe); jaxtop gave the program its stderr back, "
+                    "so its writes fail as they would without jaxtop, and stopped counting transfers"
+                )
+
+    def _relay_gone(self) -> None:
+        """The relay died while fd 2 still points at its pipe: start another
+        on the same pipe. Meanwhile the program's writes wait in the pipe
+        (our own read end keeps it open, so they did not fail)."""
+        old = self._relay
+        code = None
+        if old is not None:
+            try:
+                code = old.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                old.kill()  # it closed its report pipe but lives on: it cannot report
+                code = old.wait()
+        how = f"stderr relay (pid {old.pid if old else '?'}) {_how_it_ended(code)}"
+        # Its last report may have been cut short: what it completed still counts.
+        self._pending = self._pending[: self._pending.rfind(b"\n") + 1]
+        if self._restarts >= MAX_RESTARTS:
+            self._end_early(f"{how}, after {self._restarts} restarts; jaxtop stopped capturing stderr "
+                            "and counting transfers")
+            return
+        self._restarts += 1
+        try:
+            self._relay, self._report_r = self._spawn(self._saved_fd, self._data_r)
+        except CaptureError as exc:
+            self._end_early(f"{how}; {exc}; jaxtop stopped capturing stderr and counting transfers")
+            return
+        self._notice(f"{how}; restarted it as pid {self._relay.pid}: stderr goes on as before. What it had "
+                     "read but not yet passed on (usually nothing) is lost, and its guard lines not counted")
+
+    def _notice(self, text: str) -> None:
+        if self._on_notice is not None:
+            try:
+                self._on_notice(text)
+            except Exception:
+                pass
+
+    def _end_early(self, reason: str) -> None:
+        """Give fd 2 back now, for good, and say why."""
+        self.reason = reason
+        self._release_fd2()
+        self._notice(reason)
 
     def sync(self, timeout_s: float = 1.0) -> bool:
         """Wait until every guard line written to fd 2 so far was reported.
@@ -185,15 +317,17 @@ class StderrCapture:
         except OSError:
             return False
         deadline = time.monotonic() + timeout_s
-        import select
-
-        while self._acked < want and self._report_r is not None:
+        while self._acked < want:
+            fd = self._report_r  # another thread may replace it (a new relay)
             left = deadline - time.monotonic()
-            if left <= 0:
+            if fd is None or left <= 0:
                 return False
-            select.select([self._report_r], [], [], min(left, 0.05))
+            try:
+                select.select([fd], [], [], min(left, 0.05))
+            except (OSError, ValueError):
+                pass
             self.read_reports()
-        return self._acked >= want
+        return True
 
     def _close_reports(self) -> None:
         if self._report_r is not None:
@@ -203,22 +337,73 @@ class StderrCapture:
                 pass
             self._report_r = None
 
+    def _release_fd2(self) -> None:
+        """Point fd 2 at the original stderr again and close our pipe ends.
+
+        A relay still running sees EOF once every other writer (children
+        that inherited fd 2) is gone, and exits after forwarding the rest.
+        Without one, what is still in the pipe is forwarded from here.
+        """
+        with self._read_lock:
+            if not self.active:
+                return
+            self.active = False
+            try:
+                sys.stderr.flush()
+            except Exception:
+                pass
+            saved, data_r = self._saved_fd, self._data_r
+            self._saved_fd = self._data_r = None
+            if saved is not None:
+                os.dup2(saved, 2)
+            relay = self._relay
+            if data_r is not None:
+                if relay is None or relay.poll() is not None:
+                    self._drain_here(data_r, saved)
+                os.close(data_r)
+            if saved is not None:
+                os.close(saved)
+
+    def _drain_here(self, data_r: int, out_fd: int | None) -> None:
+        """Forward what waits in the pipe, without a relay (it died): with
+        the relay's own rules, so jaxtop's guard lines stay hidden."""
+        from jaxtop.probes._relay import Relay
+
+        relay = Relay(out_fd, None, self._token.encode(), self._shown)
+        relay.set_visibility(self._shown, self._silenced.encode())
+        counts: dict[bytes, int] = {}
+
+        def keep_counts() -> None:  # no report pipe: count here instead
+            for message, n in relay.counts.items():
+                counts[message] = counts.get(message, 0) + n
+            relay.counts = {}
+
+        relay.report_counts = keep_counts
+        os.set_blocking(data_r, False)
+        while True:
+            try:
+                data = os.read(data_r, 65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not data:
+                break
+            relay.feed(data)
+        relay.finish()
+        for message, n in counts.items():
+            self._on_guard_lines(message.decode("utf-8", "replace"), n)
+
     def stop(self) -> None:
         """Give fd 2 back to the original stderr; the relay drains and exits."""
         if not self.active:
+            self._close_reports()
             return
         self.sync(0.5)  # so bytes written before stop come out before later ones
-        try:
-            sys.stderr.flush()
-        except Exception:
-            pass
-        if self._saved_fd is not None:
-            os.dup2(self._saved_fd, 2)
-            os.close(self._saved_fd)
-            self._saved_fd = None
-        self.read_reports()
-        self._close_reports()
-        self.active = False
+        with self._read_lock:
+            self._release_fd2()
+            self.read_reports()
+            self._close_reports()
         relay = self._relay
         if relay is not None:
             try:

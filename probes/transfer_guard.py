@@ -1,8 +1,9 @@
 """Implicit host<->device transfers, counted from JAX's transfer-guard log lines.
 
 JAX has no Python hook for transfers. With the guard at ``log``, jaxlib writes
-one abseil ``LOG(WARNING)`` line per implicit transfer (per argument, per call)
-to fd 2. :mod:`jaxtop.probes.stderr_capture` hands those lines here; this
+one ``LOG(WARNING)`` line per implicit transfer (per argument, per call) to
+fd 2, with abseil's header (jaxlib 0.7 and later) or XLA/TSL's (before).
+:mod:`jaxtop.probes.stderr_capture` hands those lines' messages here; this
 module parses them (every known payload variant), aggregates them per sample
 interval and owns the guard setting: it switches ``allow`` directions to
 ``log`` and remembers what the user had, so their own lines still reach them.
@@ -19,9 +20,24 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from jaxtop.protocol import DIRECTIONS, GUARD_DIRECTIONS as _DIRECTION_TEXT
-# Match on the message text, not the C++ file name in the prefix: that moved
-# from xla/python/transfer_guard_lib.cc to jaxlib/guard_lib.cc between releases.
-_LINE_RE = re.compile(r"(host-to-device|device-to-host|device-to-device) transfer:(.*)$", re.S)
+# The log header before a message, in both forms jaxlib has written:
+# abseil's "W1202 18:34:30.919532    2146 guard_lib.cc:125] " (jaxlib 0.7 and
+# later) and TSL's "2026-12-03 19:09:21.852989: W external/xla/xla/python/
+# transfer_guard_lib.cc:108] " (older jaxlib; a thread id may follow the
+# severity). Only its shape counts, not the C++ file name, which moved between
+# releases. The stderr relay (probes/_relay.py, standalone, so it cannot
+# import this) has the same patterns; tests run both over the same lines.
+_HEADER = (
+    r"(?:[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+[^\S\n]+\d+[^\S\n]+[^\s]+:\d+\] "
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF](?:[^\S\n]+\d+)?[^\S\n]+[^\s]+:\d+\] )"
+)
+_MESSAGE = r"(host-to-device|device-to-host|device-to-device) transfer:(.*)$"
+# A bare message (what the relay reports: the line without its header).
+_MESSAGE_RE = re.compile(_MESSAGE, re.S)
+# A whole line: the header may follow other text on the same line, since a
+# log line written while the program's own line was unfinished (a progress
+# bar) lands right after it.
+_LINE_RE = re.compile(_HEADER + _MESSAGE, re.S)
 _AVAL_RE = re.compile(r"aval=ShapedArray\((\w+)\[([^\]]*)\]")
 _SHAPE_RE = re.compile(r"shape=\(([^)]*)\),\s*dtype=(\w+)")
 
@@ -80,14 +96,34 @@ def _size(dims: list[int] | None, bits: int | None) -> int | None:
     return (count * bits + 7) // 8
 
 
+def _match(line: str) -> re.Match[str] | None:
+    return _MESSAGE_RE.match(line) or _LINE_RE.search(line)
+
+
+def guard_message(line: str) -> str | None:
+    """The message of a guard line (from its direction on, without the
+    header and the newline), or None when ``line`` is not one.
+
+    ``line`` is a bare message or a stderr line with a log header of either
+    form, anywhere in it; guard text without a header after other text is
+    the program's own output, not a guard line.
+    """
+    match = _match(line)
+    if match is None:
+        return None
+    message = line[match.start(1) :]
+    return message[:-1] if message.endswith("\n") else message
+
+
 def parse_line(line: str) -> GuardLine | None:
     """Parse one stderr line; None when it is not a transfer-guard line.
 
-    Handles h2d ``aval=…, dst_sharding=…``, the empty payload of cached jit
-    calls, d2d with or without ``sharding=``, and the GPU d2h form
-    ``shape=(d0,d1), dtype=F32, device=cuda:0``.
+    Takes a bare message or a line with a log header of either form (see
+    :func:`guard_message`). Handles h2d ``aval=…, dst_sharding=…``, the
+    empty payload of cached jit calls, d2d with or without ``sharding=``,
+    and the GPU d2h form ``shape=(d0,d1), dtype=F32, device=cuda:0``.
     """
-    match = _LINE_RE.search(line)
+    match = _match(line)
     if match is None:
         return None
     direction = _DIRECTION_TEXT[match.group(1)]
@@ -108,21 +144,31 @@ def parse_line(line: str) -> GuardLine | None:
 
 class CachedParser:
     """``parse_line`` with a memo, for a guard line's message (the line
-    without its abseil header, as the stderr capture passes it).
+    without its log header, as the stderr capture passes it).
 
     A training loop logs the same few messages over and over; skipping the
     regexes for a seen message takes the cost per message to a dict lookup.
+    A whole line (with a header of either form) is taken too, and memoized
+    by its message: the header's time stamp differs on every line.
     """
 
     def __init__(self, capacity: int = 4096) -> None:
         self._memo: dict[str, GuardLine | None] = {}
         self._capacity = capacity
 
-    def __call__(self, message: str) -> GuardLine | None:
+    def __call__(self, text: str) -> GuardLine | None:
         try:
-            return self._memo[message]
+            return self._memo[text]
         except KeyError:
             pass
+        message = guard_message(text)
+        if message is None:
+            return None  # not a guard line: nothing worth remembering
+        if message != text:
+            try:
+                return self._memo[message]
+            except KeyError:
+                pass
         parsed = parse_line(message)
         if len(self._memo) >= self._capacity:
             self._memo.clear()  # shapes that vary without end: start over

@@ -20,6 +20,9 @@ from jaxtop.probes.transfer_guard import (
 
 PREFIX = "W1202 18:34:30.919532    2146 guard_lib.cc:125] "
 OLD_PREFIX = "W0611 09:01:02.000017   31337 external/xla/xla/python/transfer_guard_lib.cc:149] "
+# jaxlib before 0.7 logged through XLA/TSL: another header form.
+TSL_PREFIX = "2026-12-03 19:09:21.852989: W external/xla/xla/python/transfer_guard_lib.cc:108] "
+TSL_TID_PREFIX = "2026-12-03 19:09:21.852989: W   31337 external/xla/xla/python/guard_lib.cc:115] "
 CPU0 = "SingleDeviceSharding(device=CpuDevice(id=0), memory_kind=device)"
 CPU1 = "SingleDeviceSharding(device=CpuDevice(id=1), memory_kind=device)"
 
@@ -131,12 +134,34 @@ def test_old_and_new_jaxlib_prefixes_parse_the_same():
                       f"dst_sharding={CPU1}") == GuardLine("d2d", "float32[2]", 8)
 
 
+@pytest.mark.parametrize("prefix", [PREFIX, OLD_PREFIX, TSL_PREFIX, TSL_TID_PREFIX, ""])
+def test_every_header_form_and_a_bare_message_parse_the_same(prefix):
+    payload = f"device-to-device transfer: aval=ShapedArray(int8[3]), dst_sharding={CPU1}"
+    assert parse_line(prefix + payload) == GuardLine("d2d", "int8[3]", 3)
+    assert tg.guard_message(prefix + payload + "\n") == payload
+    # After a progress bar's unfinished line, as jaxlib's write lands there.
+    if prefix:
+        assert parse_line("\r 3/9 [##" + prefix + payload) == GuardLine("d2d", "int8[3]", 3)
+
+
+def test_cached_parser_takes_messages_and_whole_lines():
+    parser = tg.CachedParser()
+    message = f"host-to-device transfer: aval=ShapedArray(float32[2]), dst_sharding={CPU0}"
+    expected = GuardLine("h2d", "float32[2]", 8)
+    assert parser(message) == expected
+    assert parser(TSL_PREFIX + message) == expected
+    assert parser(PREFIX + message + "\n") == expected
+    assert parser("not a guard line") is None
+
+
 @pytest.mark.parametrize(
     "line",
     [
         "",
         "\n",
         "hello world",
+        "user said: host-to-device transfer: aval=ShapedArray(float32[2])",  # no header
+        "2026-12-03 19:09:21.852989: W b.cc:1] device-to-host transfers are fine",
         "Traceback (most recent call last):",
         "W1202 18:34:30.919532    2146 cpu_client.cc:10] some other warning",
         "I1202 18:34:30.919532    2146 guard_lib.cc:125] host-to-device transfers are fine",
