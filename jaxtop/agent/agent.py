@@ -7,25 +7,34 @@ raise into the user's program or block its threads: every entry point that
 runs on a user thread (``start``, the import hook, ``atexit``) is guarded, and
 all socket I/O is non-blocking on the agent's own thread.
 
+No peer can stop the agent or weigh on the program: what clients may cost is
+bounded in :mod:`.clients`, a failure while serving one client closes that
+client only, and ``memory_profile`` runs at most once per
+:data:`PROFILE_MIN_INTERVAL_S`. ``start`` is all or nothing. In a child made
+by ``os.fork()`` the inherited agent is inert: it never touches the parent's
+socket, log or stderr relay, and never waits at exit.
+
 No Textual here: the agent must run in a job that has only jax installed.
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
+import errno
 import os
 import platform
 import selectors
 import socket
+import stat
 import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterable
+import weakref
+from typing import Any, Callable
 
 from jaxtop import paths, protocol
-from jaxtop.agent.clients import Clients, CommandHandler
+from jaxtop.agent.clients import Backfill, Clients, CommandError, CommandHandler
 from jaxtop.agent.import_hook import when_imported
 from jaxtop.probes.compile import CompileProbe
 from jaxtop.probes.donation import DonationProbe
@@ -35,6 +44,26 @@ from jaxtop.probes.process import ProcessProbe
 from jaxtop.probes.stderr_capture import CaptureError, StderrCapture
 from jaxtop.probes.transfer_guard import CachedParser, GuardController, TransferCounter
 from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
+
+#: Least time between two memory profiles of this process, whoever asks:
+#: taking one stalls the program for milliseconds and writes a file.
+PROFILE_MIN_INTERVAL_S = 2.0
+
+# Agents started in this process, for the fork handler below.
+_agents: "weakref.WeakSet[Agent]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """``os.fork()`` copied every agent of the parent, but not its thread."""
+    for agent in list(_agents):
+        try:
+            agent._after_fork_in_child()
+        except Exception:
+            pass  # never disturb the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _versions() -> dict[str, Any]:
@@ -84,13 +113,19 @@ class Agent:
         self.events: list[dict[str, Any]] = []  # notices for the next sample
 
         self._capture_wanted = capture_stderr
-        self._ring: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._backfill = Backfill()  # one history, shared by every client
         self._commands: dict[str, CommandHandler] = {
             "ping": lambda args: {"pong": True},
             "memory_profile": self._cmd_memory_profile,
             "detach": self._cmd_detach,
         }
-        self._clients = Clients(self._greeting, self._commands)
+        self._clients = Clients(self._greeting, self._commands, self._backfill, on_error=self._on_client_error)
+        self._selector: selectors.BaseSelector | None = None
+        self._next_profile_t = 0.0  # monotonic
+        self._inert = False  # a fork child's copy: does nothing
+        self._stderr_fd: int | None = None  # the original stderr, kept before the capture takes fd 2
+        self._log_bytes = 0  # bytes of whole lines in the log so far
+        self._last_loop_error: str | None = None
         self._seq = 0
         self._fields: dict[str, Callable[[], Any]] = {}
         self._lock = threading.Lock()
@@ -122,57 +157,91 @@ class Agent:
     def start(self) -> None:
         """Bind the socket, start stderr capture and the agent thread.
 
+        All or nothing: if any step fails, every earlier one is undone (the
+        socket closed and removed, the Prometheus server stopped, the log
+        closed, fd 2 given back) before the error is raised, so that
+        ``instrument()`` can be called again in the same process.
+
         Raises:
-            OSError, paths.SocketDirError: the socket cannot be created. This
-            is the one failure reported to the caller of ``instrument()``,
-            before anything in the process was changed.
+            OSError, paths.SocketDirError: the socket, the Prometheus port or
+            the log file cannot be opened. This is the one failure reported to
+            the caller of ``instrument()``; nothing in the process was changed.
         """
+        undo: list[Callable[[], None]] = []
+        try:
+            self._start(undo)
+        except BaseException:
+            for step in reversed(undo):
+                try:
+                    step()
+                except Exception:
+                    pass
+            self._stopped.set()  # the import hook, if armed, finds it stopped
+            self._close_wake_pipe()
+            try:
+                self.process.close()  # it keeps /proc files open from __init__ on
+            except Exception:
+                pass
+            raise
+
+    def _start(self, undo: list[Callable[[], None]]) -> None:
+        """The steps of :meth:`start`, each pushing its own undoing to ``undo``."""
         if self.prometheus_port is not None:  # first: fail before changing anything
             from jaxtop.prometheus import StreamState, serve
 
             state = StreamState()
             self._prom_server = serve(state, self.prometheus_port, self.prometheus_addr)
             self._prom_state = state
-        try:
-            directory = paths.ensure_socket_dir()
-        except Exception:
-            self._stop_prometheus()
-            raise
+            undo.append(self._stop_prometheus)
+        directory = paths.ensure_socket_dir()
         path = str(directory / f"{self.pid}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            if os.path.exists(path):
-                os.unlink(path)  # a previous process with our pid left it
-            listener.bind(path)
-            os.chmod(path, 0o600)
-            listener.listen(16)
-            listener.setblocking(False)
-        except OSError:
-            listener.close()
-            self._stop_prometheus()
-            raise
+        undo.append(listener.close)
+        if os.path.exists(path):
+            os.unlink(path)  # a previous process with our pid left it
+        listener.bind(path)
+        undo.append(lambda: _unlink_quietly(path))
+        os.chmod(path, 0o600)
+        listener.listen(16)
+        listener.setblocking(False)
         self._listener, self.socket_path = listener, path
+        undo.append(self._forget_socket)
         if self.log_path:
-            self._log_file = open(self.log_path, "wb")
+            # Unbuffered: each line goes to the file in whole writes of our
+            # own, so a failed write leaves no buffer behind for a later
+            # flush (or the garbage collector) to fail on again.
+            self._log_file = open(self.log_path, "wb", buffering=0)
+            undo.append(self._close_log)
         if self._capture_wanted:
-            self.capture = StderrCapture(self._on_guard_lines)
+            try:
+                self._stderr_fd = os.dup(2)  # where our own notices go
+            except OSError:
+                self._stderr_fd = None
+            undo.append(self._close_stderr_fd)
+            self.capture = StderrCapture(self._on_guard_lines, on_notice=self._on_capture_notice)
             try:
                 self.capture.start()
             except CaptureError as exc:
                 self._capture_reason = str(exc)
                 self.capture = None
+            else:
+                undo.append(self._stop_capture)
         else:
             self._capture_reason = "stderr capture disabled"
         if self.nvml is not None:
             self.nvml.start()
+            undo.append(self.nvml.stop)
         atexit.register(self._atexit)
-        when_imported("jax", self._on_jax_imported)
+        undo.append(lambda: atexit.unregister(self._atexit))
+        _agents.add(self)
+        undo.append(lambda: _agents.discard(self))
+        when_imported("jax", self._on_jax_imported)  # a no-op once stopped
         self._thread = threading.Thread(target=self._run, name="jaxtop-agent", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         """Stop sampling, close clients, give fd 2 and the guard back."""
-        if self._thread is None or self._stopped.is_set():
+        if self._thread is None or self._stopped.is_set() or self._inert:
             return
         self._stop_requested = True
         self._wake()
@@ -182,8 +251,9 @@ class Agent:
 
     @property
     def running(self) -> bool:
-        """False once :meth:`stop` (or the process's exit) has torn it down."""
-        return not self._stopped.is_set()
+        """False once :meth:`stop` (or the process's exit) has torn it down,
+        and in a child made by ``os.fork()``."""
+        return not self._stopped.is_set() and not self._inert
 
     def transfer_totals(self, sync_timeout_s: float = 0.0) -> dict[str, int]:
         """Implicit transfers counted so far, per direction.
@@ -193,7 +263,7 @@ class Agent:
                 the program has written so far is counted (the relay reads
                 stderr in its own process; a loaded machine holds it back).
         """
-        if sync_timeout_s > 0 and self.capture is not None:
+        if sync_timeout_s > 0 and self.capture is not None and not self._inert:
             self.capture.sync(timeout_s=sync_timeout_s)
         return self.transfers.totals()
 
@@ -216,19 +286,55 @@ class Agent:
         """Serve ``{"type": "command", "name": name, "args": {...}}`` requests.
 
         The handler runs on the agent thread and must return quickly; its
-        return value is sent back as ``result``.
+        return value is sent back as ``result``. To refuse a request, raise
+        :class:`~jaxtop.agent.clients.CommandError`: the reply is ``ok: false``
+        with its message. Each client's requests are rate limited (see
+        :mod:`jaxtop.agent.clients`); a handler that does expensive work
+        should limit itself further, as ``memory_profile`` does.
         """
         self._commands[name] = handler
 
     def _cmd_memory_profile(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Take a device memory profile; saved next to the program (or in
-        ``args["directory"]`` / ``$JAXTOP_PROFILE_DIR``)."""
+        """Take a device memory profile and save it (command ``memory_profile``).
+
+        Args:
+            args: the command's arguments. ``directory`` (optional) is where
+                the profile file goes: a string naming an existing directory
+                by its absolute path. Anything else is refused: a non-string,
+                a relative path (it would land in the program's working
+                directory), a path that does not exist or is not a directory.
+                The directory is never created. Without it: the directory in
+                ``$JAXTOP_PROFILE_DIR`` (which must exist too), else the
+                program's working directory.
+
+        Returns:
+            ``take_profile``'s result (``path``, ``total_bytes``,
+            ``seconds``, ``top_sites``, ...) or ``{"error": ...}``. jaxtop
+            keeps the newest ``MAX_PROFILE_FILES`` (20) files of its own
+            naming in that directory and deletes older ones of that naming;
+            it deletes nothing else.
+
+        Raises:
+            CommandError: a bad ``directory``; or a profile was taken less
+                than :data:`PROFILE_MIN_INTERVAL_S` ago, by any client: the
+                reply says "rate limited ... retry in X s" and carries
+                ``retry_after_s``. A flood of requests costs the program one
+                profile per interval, not one per request.
+        """
+        directory = _profile_directory(args.get("directory"))
         if self.memory is None:
             return {"error": "the program has not started a JAX backend yet"}
+        now = time.monotonic()
+        if now < self._next_profile_t:
+            wait = self._next_profile_t - now
+            raise CommandError(
+                f"rate limited: at most one memory profile every {PROFILE_MIN_INTERVAL_S:g} s; retry in {wait:.1f} s",
+                retry_after_s=max(0.001, round(wait, 3)),
+            )
+        self._next_profile_t = now + PROFILE_MIN_INTERVAL_S
         from jaxtop.probes.memory_profile import take_profile
 
-        directory = args.get("directory") or os.environ.get("JAXTOP_PROFILE_DIR") or os.getcwd()
-        return take_profile(str(directory))
+        return take_profile(directory)
 
     def _cmd_detach(self, args: dict[str, Any]) -> dict[str, Any]:
         """Stop this agent (``jaxtop detach PID``), on a thread of its own so
@@ -254,6 +360,8 @@ class Agent:
 
     def post_event(self, kind: str, **fields: Any) -> None:
         """Attach an event (e.g. a caught error) to the next sample."""
+        if self._inert:
+            return  # a fork child: the lock may have been held by a thread that is gone
         with self._lock:
             if len(self.events) < 1000:
                 self.events.append({"kind": kind, "t": time.time(), **fields})
@@ -261,7 +369,7 @@ class Agent:
     # -- hooks on user threads -------------------------------------------------
     def _on_jax_imported(self, _module: Any) -> None:
         """Runs right after ``import jax`` finishes, on the importing thread."""
-        if self._jax_hooked or self._stopped.is_set():
+        if self._jax_hooked or self._stopped.is_set() or self._inert:
             return
         self._jax_hooked = True
         try:
@@ -283,12 +391,20 @@ class Agent:
 
     def _atexit(self) -> None:
         """Final sample (true totals) at interpreter exit, then shut down."""
-        if self._thread is None or self._final_requested or self._stopped.is_set():
+        if self._thread is None or self._final_requested or self._stopped.is_set() or self._inert:
             return
         self._final_requested = True
         self._wake()
         self._final_done.wait(timeout=3.0)
         self.stop()
+
+    def _on_capture_notice(self, text: str) -> None:
+        """The capture lost its relay (killed, or the terminal went away):
+        say so on the stream. Once it has given up for good, the guard goes
+        back to the user's setting, so the lines only jaxtop caused stop."""
+        self.post_event("error", source="stderr_capture", text=text)
+        if self.capture is not None and not self.capture.active and self.guard is not None:
+            self.guard.restore()
 
     def _on_guard_lines(self, message: str, n: int) -> None:
         parsed = self._parse_guard_line(message)
@@ -304,19 +420,24 @@ class Agent:
     # -- the agent thread --------------------------------------------------------
     def _run(self) -> None:
         sel = selectors.DefaultSelector()
+        self._selector = sel
         self._clients.selector = sel
-        sel.register(self._listener, selectors.EVENT_READ, ("accept", None))
-        sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
-        # The relay's reports are read once per tick, not selected on: waking
-        # per guard line cost ~80 us of GIL-holding CPU per implicit transfer.
-        self._emit(self._hello(), keep=False)
         next_tick = time.monotonic()
         next_slow = next_tick
         try:
+            self._clients.listen(self._listener)
+            sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+            # The relay's reports are read once per tick, not selected on: waking
+            # per guard line cost ~80 us of GIL-holding CPU per implicit transfer.
+            self._emit(self._hello(), keep=False)
             while not self._stop_requested:
-                timeout = max(0.0, next_tick - time.monotonic())
-                for key, mask in sel.select(timeout):
-                    self._on_event(key, mask)
+                wake = self._clients.service(time.monotonic())
+                deadline = next_tick if wake is None else min(next_tick, wake)
+                for key, mask in sel.select(max(0.0, deadline - time.monotonic())):
+                    try:
+                        self._on_event(key, mask)
+                    except Exception as exc:  # one event, never the loop
+                        self._loop_error("serving a connection", exc)
                 if self._final_requested and not self._final_done.is_set():
                     self._final_sample()
                     break
@@ -325,13 +446,17 @@ class Agent:
                     slow = now >= next_slow
                     if slow:
                         next_slow = now + self.slow_interval_s
-                    self._tick(slow=slow)
+                    try:
+                        self._tick(slow=slow)
+                    except Exception as exc:  # a probe failed: the next tick may do better
+                        self._loop_error("sampling", exc)
                     next_tick += self.interval_s
                     if next_tick < now:  # fell behind (suspended): don't burst
                         next_tick = now + self.interval_s
         except Exception:
-            # The agent dies quietly rather than disturb the program; the
-            # reason goes to clients still connected.
+            # Only the selector itself gets here. The agent dies quietly
+            # rather than disturb the program; the reason goes to clients
+            # still connected.
             self._clients.broadcast(protocol.encode({
                 "type": protocol.ERROR, "t": time.time(), "message": "agent stopped: " + traceback.format_exc(limit=5),
             }))
@@ -342,7 +467,7 @@ class Agent:
     def _on_event(self, key: selectors.SelectorKey, mask: int) -> None:
         kind, client = key.data
         if kind == "accept":
-            self._clients.accept(self._listener)
+            self._clients.accept()
         elif kind == "wake":
             try:
                 os.read(self._wake_r, 4096)
@@ -351,32 +476,78 @@ class Agent:
         elif kind == "client":
             self._clients.on_event(client, mask)
 
+    def _on_client_error(self, message: str) -> None:
+        self.post_event("error", text=message)
+
+    def _loop_error(self, doing: str, exc: BaseException) -> None:
+        """Record an unforeseen failure as an event, once per distinct message
+        in a row (a probe that fails every tick says so once)."""
+        message = f"agent: error while {doing}: {type(exc).__name__}: {exc}"
+        if message != self._last_loop_error:
+            self._last_loop_error = message
+            self.post_event("error", text=message)
+
     def _emit(self, record: dict[str, Any], keep: bool = True) -> None:
         line = protocol.encode(record)
         if self._prom_state is not None:
             self._prom_state.update(record)
         if keep:
             now = record["t"]
-            self._ring.append((now, line))
-            horizon = now - self.backfill_s
-            while self._ring and self._ring[0][0] < horizon:
-                self._ring.popleft()
+            self._backfill.append(now, line)
+            self._backfill.trim(now - self.backfill_s)
         self._clients.broadcast(line)
-        if self._log_file is not None:
-            try:
-                self._log_file.write(line)
-                self._log_file.flush()
-            except (OSError, ValueError):
-                self._log_file = None
+        self._write_log(line)
+
+    def _write_log(self, line: bytes) -> None:
+        log = self._log_file
+        if log is None:
+            return
+        try:
+            view = memoryview(line)
+            while view:
+                n = log.write(view)
+                if not n:
+                    raise OSError(errno.EIO, "the log file took no bytes")
+                view = view[n:]
+        except (OSError, ValueError) as exc:
+            self._log_failed(exc)
+        else:
+            self._log_bytes += len(line)
+
+    def _log_failed(self, exc: BaseException) -> None:
+        """Stop recording after a failed write; say so once, never raise."""
+        log, self._log_file = self._log_file, None
+        try:
+            # A write cut short left part of a line: cut the file back to
+            # the last whole one, so that what was recorded reads cleanly.
+            if stat.S_ISREG(os.fstat(log.fileno()).st_mode):
+                os.ftruncate(log.fileno(), self._log_bytes)
+        except (OSError, ValueError):
+            pass
+        try:
+            log.close()
+        except (OSError, ValueError):
+            pass
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        message = (f"jaxtop: cannot write the log {self.log_path}: {reason}; "
+                   f"recording stopped after {self._log_bytes} bytes (the program and the live stream go on)")
+        self._notice(message)
+        self.post_event("error", text=message)
+
+    def _notice(self, message: str) -> None:
+        """One line on the terminal's stderr: the one saved before the capture
+        took fd 2 (fd 2 itself without a capture). Never raises."""
+        fd = self._stderr_fd if self._stderr_fd is not None else 2
+        try:
+            os.write(fd, (message + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
 
     # -- samples ---------------------------------------------------------------
-    def _greeting(self) -> Iterable[bytes]:
-        """What a new client receives first: hello, then the backfill."""
-        yield protocol.encode(self._hello())
-        horizon = time.time() - self.backfill_s
-        for t, line in self._ring:
-            if t >= horizon:
-                yield line
+    def _greeting(self) -> tuple[bytes, int]:
+        """What a new client receives first: hello, then the backfill from
+        the returned index on (a range of the shared history, not a copy)."""
+        return protocol.encode(self._hello()), self._backfill.since(time.time() - self.backfill_s)
 
     def _hello(self) -> dict[str, Any]:
         argv = list(sys.argv) if getattr(sys, "argv", None) else []
@@ -491,18 +662,98 @@ class Agent:
             except Exception:
                 pass
 
+    def _forget_socket(self) -> None:
+        self._listener = None
+        self.socket_path = None
+
+    def _close_log(self) -> None:
+        log, self._log_file = self._log_file, None
+        if log is not None:
+            try:
+                log.close()
+            except (OSError, ValueError):
+                pass
+
+    def _close_stderr_fd(self) -> None:
+        fd, self._stderr_fd = self._stderr_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _stop_capture(self) -> None:
+        capture, self.capture = self.capture, None
+        if capture is not None:
+            capture.stop()
+
+    def _close_wake_pipe(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
+
+    def _after_fork_in_child(self) -> None:
+        """In a child made by ``os.fork()``: make this copy of the agent inert.
+
+        The agent thread did not survive the fork, so nothing may wait for it
+        (the exit handler would wait seconds for a final sample), and the
+        socket path, the log file and the stderr relay are the parent's: the
+        child must never unlink, write or signal them. It only closes its own
+        copies of the descriptors, which leaves the parent's open, so that
+        the parent's clients still see the end of the stream when the parent
+        ends, and the port and the socket are not held by the child.
+        """
+        if self._inert or self._thread is None or self._stopped.is_set():
+            return
+        self._inert = True
+        self._clients.close_in_child()
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except OSError:
+                pass
+        if self._selector is not None:
+            try:
+                self._selector.close()  # this copy of the epoll fd, not the parent's registrations
+            except Exception:
+                pass
+        server, self._prom_server = self._prom_server, None
+        if server is not None:
+            try:
+                server.server_close()  # closes the listening socket; shutdown() would wait for a thread that is gone
+            except Exception:
+                pass
+        log, self._log_file = self._log_file, None
+        if log is not None:
+            try:
+                log.close()  # unbuffered: nothing is flushed, the fd is closed
+            except (OSError, ValueError):
+                pass
+        self._close_stderr_fd()
+        self._close_wake_pipe()
+        try:
+            self.process.close()
+        except Exception:
+            pass
+
     def _teardown(self) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        _agents.discard(self)
         self._stop_prometheus()
         self._clients.close_all()
         if self._listener is not None:
             self._listener.close()
         if self.socket_path:
+            _unlink_quietly(self.socket_path)
+        if self._selector is not None:
             try:
-                os.unlink(self.socket_path)
-            except OSError:
+                self._selector.close()
+            except Exception:
                 pass
         if self.guard is not None:
             self.guard.restore()
@@ -513,17 +764,40 @@ class Agent:
         self.process.close()
         if self.nvml is not None:
             self.nvml.stop()
-        if self._log_file is not None:
-            try:
-                self._log_file.close()
-            except OSError:
-                pass
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._close_log()
+        self._close_stderr_fd()
+        self._backfill.clear()
+        self._close_wake_pipe()
         try:
             atexit.unregister(self._atexit)
         except Exception:
             pass
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _profile_directory(requested: Any) -> str:
+    """Where ``memory_profile`` saves, checked (see ``Agent._cmd_memory_profile``).
+
+    Raises:
+        CommandError: the directory is not acceptable.
+    """
+    if requested is None:
+        env = os.environ.get("JAXTOP_PROFILE_DIR")
+        directory = os.path.abspath(env) if env else os.getcwd()
+    elif not isinstance(requested, str):
+        raise CommandError(f"directory must be a string (an absolute path), not {type(requested).__name__}")
+    elif not os.path.isabs(requested):
+        raise CommandError(f"directory must be an absolute path, not {requested!r}")
+    else:
+        directory = requested
+    if not os.path.exists(directory):
+        raise CommandError(f"directory {directory!r} does not exist (the command never creates one)")
+    if not os.path.isdir(directory):
+        raise CommandError(f"{directory!r} is not a directory")
+    return directory
