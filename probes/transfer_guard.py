@@ -96,6 +96,88 @@ def _size(dims: list[int] | None, bits: int | None) -> int | None:
     return (count * bits + 7) // 8
 
 
+_DST_RE = re.compile(r"dst_sharding=(\w+)\((.*)$", re.S)
+_MESH_AXIS_RE = re.compile(r"'(\w+)': (\d+)")
+_SPEC_RE = re.compile(r"spec=(?:P|PartitionSpec)\((.*?)\)(?:,\s*memory_kind|\)?\s*$)", re.S)
+_TILES_RE = re.compile(r"devices=\[([\d,]+)\]")
+
+
+def _shard_dims(dims: list[int] | None, payload: str) -> list[int] | None:
+    """The dimensions of the one shard a guard line stands for.
+
+    JAX logs one line *per shard* of a sharded transfer, each carrying the
+    whole array's aval: summing whole-array bytes over the lines counted an
+    8-way split 8 times. The destination sharding in the line says how the
+    array is split: a ``NamedSharding`` by its mesh and spec, a
+    ``GSPMDSharding`` by its tile assignment, a single device or a
+    replicated sharding not at all (each device receives the whole array).
+    Any other sharding (``PmapSharding``, …) gives None: bytes unknown,
+    never a guess that could exceed the truth.
+    """
+    if dims is None:
+        return None
+    dst = _DST_RE.search(payload)
+    if dst is None:
+        return dims  # no destination named (GPU d2h, or the source side): whole
+    kind, rest = dst.group(1), dst.group(2)
+    if kind == "SingleDeviceSharding":
+        return dims
+    if kind == "GSPMDSharding":
+        if "{replicated}" in rest or "{maximal" in rest:
+            return dims
+        tiles = _TILES_RE.search(rest)
+        if tiles is None:
+            return None
+        factors = [int(t) for t in tiles.group(1).split(",") if t]
+        if "last_tile_dim_replicate" in rest or "last_tile_dims" in rest:
+            factors = factors[: len(dims)]
+        return _split(dims, factors) if len(factors) == len(dims) else None
+    if kind == "NamedSharding":
+        axes = {name: int(size) for name, size in _MESH_AXIS_RE.findall(rest.split("spec=", 1)[0])}
+        spec = _SPEC_RE.search(rest)
+        if not axes or spec is None:
+            return None
+        factors = []
+        for entry in _spec_entries(spec.group(1)):
+            factor = 1
+            for name in entry:
+                if name not in axes:
+                    return None
+                factor *= axes[name]
+            factors.append(factor)
+        if len(factors) > len(dims):
+            return None
+        return _split(dims, factors + [1] * (len(dims) - len(factors)))
+    return None
+
+
+def _spec_entries(text: str) -> list[tuple[str, ...]]:
+    """``'batch', None, ('x', 'y')`` -> ``[("batch",), (), ("x", "y")]``."""
+    entries: list[tuple[str, ...]] = []
+    depth, current = 0, ""
+    for ch in text + ",":
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            item = current.strip()
+            if item:
+                entries.append(tuple(re.findall(r"'(\w+)'", item)))
+            current = ""
+        else:
+            current += ch
+    return entries
+
+
+def _split(dims: list[int], factors: list[int]) -> list[int]:
+    # An uneven split gives shards of floor(d / f) and ceil(d / f): the
+    # floor keeps every line's bytes at or below its shard's, so the total
+    # stays a lower bound (equal to the truth for the even splits XLA makes
+    # almost always).
+    return [d // f if f > 0 else d for d, f in zip(dims, factors)]
+
+
 def _match(line: str) -> re.Match[str] | None:
     return _MESSAGE_RE.match(line) or _LINE_RE.search(line)
 
@@ -131,7 +213,7 @@ def parse_line(line: str) -> GuardLine | None:
     aval = _AVAL_RE.search(payload)
     if aval:
         dtype, dims_text = aval.group(1), aval.group(2)
-        dims = _dims(dims_text)
+        dims = _shard_dims(_dims(dims_text), payload)
         return GuardLine(direction, f"{dtype}[{dims_text}]", _size(dims, dtype_bits(dtype)))
     shape = _SHAPE_RE.search(payload)
     if shape:

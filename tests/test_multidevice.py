@@ -1,4 +1,4 @@
-"""Real layer, 8 CPU devices: a data-parallel program (pmap and jit with a
+"""Real layer, 2 and 8 CPU devices: a data-parallel program (pmap and jit with a
 NamedSharding) under `jaxtop run`. The oracles are JAX's own: the program's
 `jax.live_arrays()` and the unique buffers of its shards."""
 
@@ -17,18 +17,18 @@ pytestmark = pytest.mark.slow
 PY = sys.executable
 
 
-def _env(sockdir):
+def _env(sockdir, devices):
     env = dict(os.environ, JAXTOP_SOCKET_DIR=str(sockdir), JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     env.pop("JAX_TRANSFER_GUARD", None)
     return env
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@pytest.fixture(scope="module", params=[2, 8], ids=lambda n: f"{n}dev")
+def runs(request, tmp_path_factory):
     """The same program once plainly and once under `jaxtop run --log`."""
     tmp = tmp_path_factory.mktemp("spmd")
-    env = _env(tmp)
+    env = _env(tmp, request.param)
     plain = subprocess.run([PY, str(TARGETS / "spmd.py"), str(tmp / "plain.json")], env=env,
                            capture_output=True, timeout=180)
     assert plain.returncode == 0, plain.stderr.decode()[-2000:]
@@ -53,7 +53,7 @@ def test_in_use_per_device_equals_unique_buffer_bytes(runs):
              and oracle["t_ready"] < ((r["devices"][0].get("live_arrays") or {}).get("scanned_t") or 0) < oracle["t_oracle"]]
     assert scans, "no live-array scan between the end of training and the oracle"
     sample = scans[-1]
-    assert len(sample["devices"]) == 8
+    assert len(sample["devices"]) == len(oracle["per_device"])
     got = {str(d["id"]): d["bytes_in_use"] for d in sample["devices"]}
     assert got == oracle["per_device"]
 

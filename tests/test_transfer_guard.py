@@ -11,6 +11,7 @@ import pytest
 
 from jaxtop.probes import transfer_guard as tg
 from jaxtop.probes.transfer_guard import (
+    CachedParser,
     GuardController,
     GuardLine,
     TransferCounter,
@@ -511,3 +512,38 @@ def test_counting_a_message_n_times_equals_n_lines():
     for line in lines:
         at_once.add(parse(line.split("] ", 1)[1]), 5)
     assert at_once.take() == one_by_one.take()
+
+
+# -- sharded transfers: one line per shard, each with the whole aval ----------------
+
+MESH_8 = "NamedSharding(mesh=Mesh('batch': 8, axis_types=(Auto,)), spec=P('batch',), memory_kind=device)"
+
+
+@pytest.mark.parametrize(
+    "sharding, expected",
+    [
+        (MESH_8, 1 * 16 * 10 * 4),  # split 8 ways on the first axis
+        ("NamedSharding(mesh=Mesh('batch': 8), spec=PartitionSpec('batch',), memory_kind=unpinned_host)", 640),  # jax 0.4.x
+        ("NamedSharding(mesh=Mesh('x': 2, 'y': 4, axis_types=(Auto, Auto)), spec=P(None, None, ('x', 'y')), memory_kind=device)",
+         8 * 16 * 1 * 4),  # the last axis (10) split 8 ways: floor, never above a shard
+        ("NamedSharding(mesh=Mesh('batch': 8, axis_types=(Auto,)), spec=P(), memory_kind=device)", 8 * 16 * 10 * 4),  # replicated
+        ("GSPMDSharding({replicated})", 8 * 16 * 10 * 4),
+        ("GSPMDSharding({devices=[8,1,1]<=[8]})", 640),
+        ("SingleDeviceSharding(device=CpuDevice(id=0), memory_kind=device)", 8 * 16 * 10 * 4),
+        ("PmapSharding(sharding_spec=ShardingSpec((Unstacked(8),), (ShardedAxis(axis=0),)), device_ids=[0, 1])", None),
+    ],
+)
+def test_sharded_transfer_bytes_are_per_shard_or_unknown(sharding, expected):
+    line = f"host-to-device transfer: aval=ShapedArray(float32[8,16,10]), dst_sharding={sharding}"
+    parsed = parse_line(line)
+    assert parsed.shape_key == "float32[8,16,10]"
+    assert parsed.nbytes == expected
+
+
+def test_sharded_lines_sum_to_the_array_not_eight_times_it():
+    line = f"host-to-device transfer: aval=ShapedArray(float32[8,16,10]), dst_sharding={MESH_8}"
+    counter = TransferCounter()
+    parser = CachedParser()
+    for _ in range(8):
+        counter.add(parser(line), 1)
+    assert counter.take()["h2d"]["bytes_known"] == 8 * 16 * 10 * 4

@@ -55,7 +55,7 @@ for step in range(20):
     replicated = update(replicated, x, y)
 
 mesh = jax.make_mesh((n,), ("x",))
-sharded = jax.device_put(jnp.ones((n * 32, 256), jnp.float32), NamedSharding(mesh, P("x")))
+sharded = jax.device_put(np.ones((n * 32, 256), np.float32), NamedSharding(mesh, P("x")))  # explicit: no guard line
 doubled = jax.jit(lambda a: a * 2, out_shardings=NamedSharding(mesh, P("x")))(sharded)
 jax.block_until_ready((replicated, doubled))
 t_ready = time.time()
