@@ -1,9 +1,17 @@
-"""``jaxtop demo --headless``: every strategy off then on, as a table."""
+"""``jaxtop demo --headless``: every strategy's variants measured, as a table.
+
+``python -m jaxtop.demo.headless --markdown < run.json`` turns the output of
+``jaxtop demo --headless --json`` into the Markdown table of
+docs/strategies.md.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import platform
 import sys
+import time
 from typing import Any, TextIO
 
 from jaxtop.demo.metrics import fmt_metric
@@ -18,20 +26,22 @@ def _change(row: dict[str, Any]) -> str:
     return f"{(on - off) / abs(off):+.0%}"
 
 
+def _cells(r: dict[str, Any], missing: str = "-") -> tuple[str, ...]:
+    """(strategy, metric, off, on, change, expected, moved as expected) of one row."""
+    variants = r.get("variants") or ["off", "on"]
+    if r.get("na"):
+        return (r["strategy"], r["metric"], "", "", "", r.get("expect") or "", r["na"])
+    ok = {True: "yes", False: "NO", None: "(informational)"}[r.get("ok")]
+    metric = r["metric"] if variants == ["off", "on"] or None in variants else f"{r['metric']} ({variants[0]} → {variants[1]})"
+    note = f" ({r['note']})" if r.get("note") else ""
+    return (r["strategy"], metric, fmt_metric(r.get("off"), r.get("unit", ""), missing, precise=True),
+            fmt_metric(r.get("on"), r.get("unit", ""), missing, precise=True),
+            _change(r), r.get("expect") or "", ok + note)
+
+
 def print_table(rows: list[dict[str, Any]], backend: str, out: TextIO = sys.stdout) -> None:
     head = ("strategy", "metric", "off", "on", "change", "expected", "moved as expected")
-    table = [head]
-    for r in rows:
-        variants = r.get("variants") or ["off", "on"]
-        if r.get("na"):
-            table.append((r["strategy"], r["metric"], "", "", "", r.get("expect") or "", r["na"]))
-            continue
-        ok = {True: "yes", False: "NO", None: "(informational)"}[r.get("ok")]
-        metric = r["metric"] if variants == ["off", "on"] else f"{r['metric']} ({variants[0]} → {variants[1]})"
-        note = f"  {r['note']}" if r.get("note") else ""
-        table.append((r["strategy"], metric, fmt_metric(r.get("off"), r.get("unit", ""), "-", precise=True),
-                      fmt_metric(r.get("on"), r.get("unit", ""), "-", precise=True),
-                      _change(r), r.get("expect") or "", ok + note))
+    table = [head] + [_cells(r) for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head) - 1)]
     print(f"jaxtop demo --headless on {backend}", file=out)
     for i, row in enumerate(table):
@@ -41,7 +51,25 @@ def print_table(rows: list[dict[str, Any]], backend: str, out: TextIO = sys.stdo
             print("  ".join("-" * w for w in widths) + "  " + "-" * 17, file=out)
 
 
+def markdown_table(data: dict[str, Any]) -> str:
+    """The JSON of ``--headless --json`` as a Markdown table, with its provenance."""
+    about = data.get("run") or {}
+    lines = [
+        f"`{about.get('command', 'jaxtop demo --headless')}` on {about.get('machine', '?')}, "
+        f"jax {about.get('jax', '?')} ({data.get('backend')} backend), {about.get('date', '?')}; "
+        f"{data.get('steps')} measured steps per variant, {about.get('seconds', 0):.0f} s in all including compiling:",
+        "",
+        "| strategy | metric | off | on | change | expected | moved as expected |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in data.get("rows") or []:
+        cells = [c.replace("|", "\\|") for c in _cells(r, missing="–")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def run(steps: int, as_json: bool, small: bool, profile_dir: str | None = None) -> int:
+    started = time.monotonic()
     import jaxtop
 
     handle = jaxtop.instrument()
@@ -50,12 +78,50 @@ def run(steps: int, as_json: bool, small: bool, profile_dir: str | None = None) 
     jax.numpy.zeros(()).block_until_ready()
     from jaxtop.demo.runner import DemoRunner
 
-    runner = DemoRunner(handle.agent, small=small)
-    rows = runner.run_all(steps=steps, profile_dir=profile_dir)
+    runner = DemoRunner(handle.agent, small=small, steps=steps, profile_dir=profile_dir)
+    rows = runner.run_all()
     if as_json:
-        json.dump({"backend": runner.backend, "steps": steps, "scale": runner.scale.__dict__, "rows": rows}, sys.stdout, indent=1)
+        command = "jaxtop demo --headless --json" + (" --small" if small else "") + f" --steps {steps}"
+        run_info = {"command": command, "date": time.strftime("%Y-%m-%d"), "jax": jax.__version__,
+                    "machine": f"{_cpu_model()}, {_cpus()} CPUs, {platform.system()} {platform.release()}",
+                    "seconds": time.monotonic() - started}
+        json.dump({"backend": runner.backend, "steps": steps, "scale": runner.scale.__dict__, "run": run_info,
+                   "rows": rows}, sys.stdout, indent=1)
         print()
     else:
         print_table(rows, runner.backend)
     failed = [r for r in rows if r.get("ok") is False]
     return 1 if failed else 0
+
+
+def _cpu_model() -> str:
+    """The processor's name where Linux tells it, else the architecture."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine() or "?"
+
+
+def _cpus() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Turn `jaxtop demo --headless --json` output into Markdown.")
+    parser.add_argument("--markdown", action="store_true", required=True, help="read the JSON on stdin, write Markdown")
+    parser.parse_args(argv)
+    sys.stdout.write(markdown_table(json.load(sys.stdin)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,16 @@ def verdict(expect: str, off: float, on: float) -> bool | None:
     return None
 
 
+#: How each expectation reads after a ✗ or a NO.
+EXPECTED = {"down": "expected lower", "up": "expected higher", "zero": "expected 0"}
+
+
+def why_not(expect: str, caveat: str = "") -> str:
+    """The short reason beside a metric that moved the wrong way."""
+    text = EXPECTED.get(expect, f"expected {expect}")
+    return f"{text}; maybe {caveat}" if caveat else text
+
+
 def fmt_metric(value: Any, unit: str, missing: str = "…", precise: bool = False) -> str:
     """A metric value in its unit; ``precise`` keeps more digits (tables)."""
     if value is None:

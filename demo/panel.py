@@ -1,8 +1,13 @@
 """The Strategies panel of ``jaxtop demo``: which variant runs, and what it
-measurably did (value before → after, from the probes)."""
+measurably did (value in the first variant → in the second, from the probes).
+
+One line per strategy, then the selected strategy in full: what it does,
+each metric with its verdict, and what enter does next.
+"""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -11,10 +16,12 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from jaxtop.dashboard.model import Snapshot
+from jaxtop.demo.metrics import fmt_metric, verdict, why_not
 from jaxtop.widgets.panels import Panel, panel_title
-from jaxtop.demo.metrics import fmt_metric, verdict
 from jaxtop.widgets.render import fmt_bytes
 
+#: Narrower than this, a row shows the strategy's first metric only.
+WIDE = 110
 
 
 def judge(expect: str, before: Any, after: Any) -> tuple[str, str]:
@@ -33,62 +40,169 @@ class StrategiesPanel(Panel):
     TITLE = "Strategies"
     cursor: reactive[int] = reactive(0)
     """Index of the highlighted strategy (↑/↓)."""
+    paged: reactive[bool] = reactive(False)
+    """True when the memory panels are on another page (``v``)."""
 
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         demo = demo_state(snap)
         if demo is None:
             return Group(panel_title(self.TITLE), Text("waiting for the demo workload (compiling every variant)…", style="dim"))
         strategies = demo.get("strategies") or []
-        # Narrow terminals: the current variant only, and the measured values
-        # before the metric's name, so that "1 → 0 ✓" survives the cut.
-        compact = width < 110
+        keys = "↑↓ select · enter measure" + (" · v memory panels" if self.paged else "")
+        title = panel_title(self.TITLE, f"{demo.get('backend')} · step {demo.get('steps')} · {keys}")
+        wide = width >= WIDE
+        measuring = demo.get("measuring") or [None, None]
         rows = []
         for i, s in enumerate(strategies):
             active = s["name"] == demo.get("active")
-            mark = "▶" if active else " "
-            name = Text(f"{mark}{i + 1} {s['title']}", style="bold reverse" if i == self.cursor else ("bold" if active else ""))
-            shown = [s["variant"]] if compact else s["variants"]
-            variant = Text(" / ".join(v.upper() if v == s["variant"] else v for v in shown),
+            name = Text(f"{'▶' if active else ' '}{i + 1} {s['title']}",
+                        style="bold reverse" if i == self.cursor else ("bold" if active else ""))
+            shown = s["variants"] if wide else [s["variant"]]
+            variant = Text(" / ".join(v.upper() if v == s["variant"] and active else v for v in shown),
                            style="cyan" if active else "dim")
-            rows.append((name, variant, self._effect(s, values_first=compact)))
-        # Name and variant keep their width; only the effect is cut short.
+            if measuring[0] == s["name"]:
+                effect = Text(f"measuring {measuring[1]}…", style="yellow")
+            else:
+                effect = self._effect(s, all_metrics=wide)
+            rows.append((name, variant, effect))
+        # Names and variants are short enough to be shown whole at 80
+        # columns; only the measurements are cut.
         table = Table.grid(padding=(0, 1), expand=True)
-        table.add_column(no_wrap=True, overflow="ellipsis", max_width=20 if compact else 32)
+        table.add_column(no_wrap=True, min_width=max((r[0].cell_len for r in rows), default=1))
         table.add_column(no_wrap=True, min_width=max((r[1].cell_len for r in rows), default=1))
         table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
         for row in rows:
             table.add_row(*row)
-        parts: list[RenderableType] = [panel_title(self.TITLE, f"{demo.get('backend')} · step {demo.get('steps')} · enter: run, then toggle · ↑↓ select"), table]
-        if 0 <= self.cursor < len(strategies) and height >= len(strategies) + 2:
-            parts.append(Text(" " + strategies[self.cursor]["about"], style="dim", overflow="ellipsis"))
+        parts: list[RenderableType] = [title, table]
+        if 0 <= self.cursor < len(strategies):
+            room = height - 1 - len(strategies)
+            parts.extend(self._details(strategies[self.cursor], demo, width, room))
         return Group(*parts)
 
-    def _effect(self, s: dict[str, Any], values_first: bool = False) -> Text:
+    # -- one row -------------------------------------------------------------------
+    def _effect(self, s: dict[str, Any], all_metrics: bool) -> Text:
         results = s.get("results") or {}
+        if s["name"] == "profiling":
+            snap = results.get("snapshot") or {}
+            if snap.get("profile_error"):
+                return Text(f"n/a: {snap['profile_error']}", style="dim")
+            if snap.get("profile_path"):
+                return Text.assemble(("profile ", "dim"), (fmt_bytes(snap.get("profile_bytes")), "bold"),
+                                     ("  top ", "dim"), str(snap.get("top_site")))
+            return Text("–", style="dim")
         text = Text()
         for m in s.get("metrics") or []:
-            a, b = m.get("pair") or s["variants"][:2]
+            a, b = m["pair"]
             before = (results.get(a) or {}).get(m["key"])
             after = (results.get(b) or {}).get(m["key"])
             if before is None and after is None:
-                continue
-            mark, style = judge(m.get("expect", ""), before, after)
+                continue  # not measured, or n/a: the details say which
             if text:
                 text.append("  ")
-            if not values_first:
-                text.append(f"{m['label']} ")
+            text.append(f"{m['short']} ", style="dim")
             text.append(f"{fmt_metric(before, m['unit'])} → {fmt_metric(after, m['unit'])}", style="bold")
+            mark, style = judge(m.get("expect", ""), before, after)
             if mark:
                 text.append(f" {mark}", style=style)
-            if values_first:
-                text.append(f" {m['label']}", style="dim")
+            if not all_metrics:
+                break
+        if not text:
+            measured = any(v in results for v in s["variants"])
+            text = Text("n/a on this backend" if measured else "–", style="dim")
+        return text
+
+    # -- the selected strategy -----------------------------------------------------------
+    def _details(self, s: dict[str, Any], demo: dict[str, Any], width: int, room: int) -> list[Text]:
+        """What it does, each metric, and what enter does: in ``room`` lines.
+
+        The hint and the metrics come first when lines are short; the
+        description gives way (cut with an ellipsis).
+        """
+        if room <= 0:
+            return []
+        hint = self._hint(s, demo)
+        metrics = []
+        used = 1  # the hint
+        for line in self._metric_lines(s):
+            # A ✗ line wraps to keep its reason whole: it may take two.
+            need = -(-line.cell_len // max(1, width)) if not line.no_wrap else 1
+            if used + need > room:
+                break
+            metrics.append(line)
+            used += need
+        about_room = room - used
+        about: list[Text] = []
+        if about_room > 0:
+            lines = textwrap.wrap(f"{s['title']}: {s['about']}", max(20, width - 2))
+            if len(lines) > about_room:
+                lines = lines[:about_room]
+                lines[-1] = lines[-1][: max(0, width - 4)] + "…"
+            about = [Text(" " + line, style="dim", no_wrap=True, overflow="ellipsis") for line in lines]
+        return about + metrics + [hint]
+
+    def _metric_lines(self, s: dict[str, Any]) -> list[Text]:
+        results = s.get("results") or {}
         if s["name"] == "profiling":
             snap = results.get("snapshot") or {}
-            if snap.get("profile_path"):
-                text = Text(f"{fmt_bytes(snap.get('profile_bytes'))} in {snap.get('profile_path')}; top: {snap.get('top_site')}")
-        if not text:
-            text = Text("not measured yet: enter runs it, enter again toggles", style="dim")
-        return text
+            if snap.get("profile_error"):
+                return [Text(f"   n/a: {snap['profile_error']}", style="dim", no_wrap=True, overflow="ellipsis")]
+            if not snap.get("profile_path"):
+                return [Text("   not taken yet", style="dim")]
+            return [
+                Text.assemble("   top site in the demo's code  ", (str(snap.get("top_site")), "bold"),
+                              f", {fmt_bytes(snap.get('top_site_bytes'))}", no_wrap=True, overflow="ellipsis"),
+                Text(f"   {fmt_bytes(snap.get('profile_bytes'))} in {snap['profile_path']} "
+                     f"(taken in {fmt_metric(snap.get('profile_s'), 's')})", no_wrap=True, overflow="ellipsis"),
+            ]
+        width = max(len(self._label(s, m)) for m in s["metrics"])
+        lines = []
+        for m in s["metrics"]:
+            a, b = m["pair"]
+            ra, rb = results.get(a), results.get(b)
+            line = Text(f"   {self._label(s, m).ljust(width)}  ", no_wrap=True, overflow="ellipsis")
+            before, after = (ra or {}).get(m["key"]), (rb or {}).get(m["key"])
+            if ra is None and rb is None:
+                line.append("not measured yet", style="dim")
+            elif (ra is not None and before is None) or (rb is not None and after is None):
+                reason = (rb or {}).get(f"{m['key']}_reason") or (ra or {}).get(f"{m['key']}_reason")
+                line.append(f"n/a: {reason}" if reason else "n/a on this backend", style="dim")
+            else:
+                line.append(f"{fmt_metric(before, m['unit'])} → {fmt_metric(after, m['unit'])}", style="bold")
+                mark, style = judge(m.get("expect", ""), before, after)
+                if mark == "✗":
+                    line.append(f" ✗ {why_not(m['expect'], m.get('caveat', ''))}", style=style)
+                    line.no_wrap = False
+                elif mark:
+                    line.append(f" {mark}", style=style)
+                elif before is not None and after is not None:
+                    line.append("  (informational)", style="dim")
+            lines.append(line)
+        return lines
+
+    @staticmethod
+    def _label(s: dict[str, Any], m: dict[str, Any]) -> str:
+        a, b = m["pair"]
+        # Where a strategy has more than two variants, say which two.
+        return m["label"] + (f" ({a} → {b})" if len(s["variants"]) > 2 else "")
+
+    @staticmethod
+    def _hint(s: dict[str, Any], demo: dict[str, Any]) -> Text:
+        """What the next enter does, and how a measurement is made."""
+        steps = demo.get("measure_steps") or 30
+        variants = s["variants"]
+        measuring = demo.get("measuring")
+        if measuring and measuring[0] == s["name"]:
+            text = f"measuring {measuring[1].upper()}: {steps} steps, then the probes are read…"
+        elif s["name"] == "profiling":
+            text = "enter: take a device memory profile now (saved as a .prof file; open it with pprof)"
+        elif demo.get("active") == s["name"]:
+            current = s["variant"]
+            nxt = variants[(variants.index(current) + 1) % len(variants)]
+            text = f"enter: switch to {nxt.upper()} and measure it ({steps} steps, probes read before and after)"
+        else:
+            nxt = variants[(variants.index(s["variant"]) + 1) % len(variants)]
+            text = f"enter: measure {s['variant'].upper()} ({steps} steps); enter again: switch to {nxt.upper()}, measure it"
+        return Text(" " + text, style="italic", no_wrap=True, overflow="ellipsis")
 
 
 def demo_state(snap: Snapshot) -> dict[str, Any] | None:

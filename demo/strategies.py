@@ -5,6 +5,8 @@ A strategy exposes:
     ``variants``      names, the first is the baseline ("off")
     ``prepare(v)``    compile variant ``v`` (before the loop; no compile in steps)
     ``step(v)``       one step of variant ``v`` (returns nothing; blocks until done)
+    ``reset(v)``      put the workload back in its starting state, so that a
+                      measurement starts from the same place whenever it runs
     ``static(v)``     metrics known from the compiled program (memory_analysis),
                       or from the jaxpr, measured not assumed
     ``metrics``       which measured metrics tell its story, with the direction
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -59,13 +62,22 @@ class Metric:
         unit: bytes, count, s, ratio.
         expect: direction from the first to the second variant: "down", "up",
             "zero" (second is 0, first > 0), or "" (informational).
+        pair: the variants compared; default: the first two.
+        short: the label in the Strategies panel's one-line rows.
+        caveat: a likely cause when it moves the wrong way, shown beside a ✗.
     """
 
     key: str
     label: str
     unit: str
     expect: str
-    pair: tuple[str, str] | None = None  # variants compared; default: the first two
+    pair: tuple[str, str] | None = None
+    short: str = ""
+    caveat: str = ""
+
+
+#: Step times are wall-clock times on a shared machine.
+TIMING_CAVEAT = "other load on the machine"
 
 
 def _analysis(compiled: Any) -> dict[str, int | None]:
@@ -96,6 +108,13 @@ class Strategy(abc.ABC):
     def prepare(self, variant: str) -> None:
         """Compile the variant (called once per variant, before the loop)."""
 
+    def reset(self, variant: str) -> None:
+        """Back to the starting state before ``variant`` is measured.
+
+        Only strategies whose steps build up state (buffers kept between
+        steps) need it; a measurement must not depend on what ran before.
+        """
+
     @abc.abstractmethod
     def step(self, variant: str) -> None:
         """One iteration of the workload in ``variant``."""
@@ -108,8 +127,9 @@ class Placement(Strategy):
     name = "placement"
     title = "explicit device_put"
     about = "NumPy batches fed to a jitted step (an implicit host-to-device copy every step) vs data placed with device_put and prefetched one step ahead."
-    metrics = (Metric("h2d_per_step", "implicit h2d transfers/step", "count", "zero"),
-               Metric("step_s", "step time", "s", ""))
+    metrics = (Metric("h2d_per_step", "implicit h2d transfers/step", "count", "zero", short="implicit h2d/step",
+                      caveat="a copy was still implicit"),
+               Metric("step_s", "step time", "s", "", short="step"))
 
     def __init__(self, scale: Scale, device: Any) -> None:
         super().__init__(scale, device)
@@ -140,8 +160,10 @@ class Donation(Strategy):
     name = "donation"
     title = "buffer donation"
     about = "A state update without vs with donate_argnums: with donation XLA writes the new state into the old buffer (alias) instead of allocating another."
-    metrics = (Metric("alias_size_in_bytes", "aliased (reused) bytes", "bytes", "up"),
-               Metric("new_output_bytes", "new output bytes/step", "bytes", "zero"))
+    metrics = (Metric("alias_size_in_bytes", "aliased (reused) bytes", "bytes", "up", short="aliased",
+                      caveat="XLA could not alias the buffer"),
+               Metric("new_output_bytes", "new output bytes/step", "bytes", "zero", short="new out/step",
+                      caveat="XLA could not alias the buffer"))
 
     def __init__(self, scale: Scale, device: Any) -> None:
         super().__init__(scale, device)
@@ -164,21 +186,20 @@ class Donation(Strategy):
 
 class InPlace(Strategy):
     name = "inplace"
-    title = "in-place dynamic_update_slice"
+    title = "in-place update"
     about = "Growing a buffer by concatenation (a new, larger array and a recompile for every new shape) vs writing rows into a preallocated, donated buffer with lax.dynamic_update_slice."
-    # Compiles appear while new shapes are still being met (the first pass);
-    # after that the jit cache hides them, but every step still copies.
-    metrics = (Metric("alloc_bytes_per_step", "bytes allocated/step", "bytes", "down"),
-               Metric("compiles_per_step", "compiles/step", "count", ""))
+    metrics = (Metric("alloc_bytes_per_step", "bytes allocated/step", "bytes", "down", short="alloc/step",
+                      caveat="the preallocated buffer was copied"),
+               Metric("compiles_per_step", "compiles/step", "count", "zero", short="compiles/step",
+                      caveat="a compile came from elsewhere"))
 
     def __init__(self, scale: Scale, device: Any) -> None:
         super().__init__(scale, device)
         w = scale.width
         self.row = jax.device_put(jnp.ones((1, w), jnp.float32), device)
-        self.grown = jax.device_put(jnp.zeros((1, w), jnp.float32), device)
         self.buf = jax.device_put(jnp.zeros((scale.grow_rows, w), jnp.float32), device)
         self.index = jax.device_put(jnp.zeros((), jnp.int32), device)
-        self.concat = jax.jit(lambda b, r: jnp.concatenate([b, r], axis=0))
+        self._restart_growth()
 
         def write(buf, row, i):
             buf = lax.dynamic_update_slice(buf, row, (i % buf.shape[0], 0))
@@ -187,16 +208,28 @@ class InPlace(Strategy):
         self.write = jax.jit(write, donate_argnums=(0, 2))
         self.allocated_bytes = 0  # bytes of new buffers the "off" variant made
 
+    def _restart_growth(self) -> None:
+        # A buffer that grows without end meets a new shape at every step. The
+        # demo's buffer starts again at one row to stay bounded, and with a
+        # new jitted function each time: the jit cache of the previous round
+        # would otherwise hide the compiles after the first grow_rows steps,
+        # and what was measured would depend on how long the demo had run.
+        self.grown = jax.device_put(jnp.zeros((1, self.scale.width), jnp.float32), self.device)
+        self.concat = jax.jit(lambda b, r: jnp.concatenate([b, r], axis=0))
+
     def prepare(self, variant: str) -> None:
         if variant == "on":
             self.buf, self.index = self.write(self.buf, self.row, self.index)
             a = _analysis(self.write.lower(self.buf, self.row, self.index).compile())
             self._static["on"] = {"alloc_bytes_per_step": (a.get("output_size_in_bytes") or 0) - (a.get("alias_size_in_bytes") or 0)}
 
+    def reset(self, variant: str) -> None:
+        self._restart_growth()
+
     def step(self, variant: str) -> None:
         if variant == "off":
             if self.grown.shape[0] >= self.scale.grow_rows:
-                self.grown = jax.device_put(jnp.zeros((1, self.scale.width), jnp.float32), self.device)
+                self._restart_growth()
             self.grown = self.concat(self.grown, self.row)  # new shape: new executable, new buffer
             self.grown.block_until_ready()
             self.allocated_bytes += int(self.grown.nbytes)
@@ -209,9 +242,10 @@ class Batching(Strategy):
     name = "batching"
     title = "batching"
     about = "One jitted call per item (a dispatch and a host-to-device copy each) vs one call on the whole batch."
-    metrics = (Metric("h2d_per_step", "implicit h2d transfers/step", "count", "down"),
-               Metric("dispatches_per_step", "dispatches/step", "count", "down"),
-               Metric("step_s", "step time", "s", "down"))
+    metrics = (Metric("h2d_per_step", "implicit h2d transfers/step", "count", "down", short="implicit h2d/step",
+                      caveat="the guard's log lines were not counted"),
+               Metric("dispatches_per_step", "dispatches/step", "count", "down", short="dispatches/step"),
+               Metric("step_s", "step time", "s", "down", short="step", caveat=TIMING_CAVEAT))
 
     def __init__(self, scale: Scale, device: Any) -> None:
         super().__init__(scale, device)
@@ -250,8 +284,8 @@ class Jit(Strategy):
     name = "jit"
     title = "jax.jit"
     about = "The same function run eagerly, op by op (one dispatch and one output buffer per primitive), vs compiled as one XLA program."
-    metrics = (Metric("buffers_per_step", "output buffers/step", "count", "down"),
-               Metric("step_s", "step time", "s", "down"))
+    metrics = (Metric("buffers_per_step", "output buffers/step", "count", "down", short="buffers/step"),
+               Metric("step_s", "step time", "s", "down", short="step", caveat=TIMING_CAVEAT))
 
     def __init__(self, scale: Scale, device: Any) -> None:
         super().__init__(scale, device)
@@ -279,8 +313,10 @@ class Guard(Strategy):
     title = "transfer guard"
     variants = ("allow", "log", "disallow")
     about = "The loop makes one implicit host-to-device copy per step. allow: silent; log: every copy logged (and counted); disallow: the copy raises, the loop catches it and goes on."
-    metrics = (Metric("h2d_per_step", "logged implicit h2d/step", "count", "up", pair=("allow", "log")),
-               Metric("errors_per_step", "refused transfers/step", "count", "up", pair=("log", "disallow")))
+    metrics = (Metric("h2d_per_step", "logged implicit h2d/step", "count", "up", pair=("allow", "log"),
+                      short="logged h2d/step", caveat="the guard's log lines were not counted"),
+               Metric("errors_per_step", "refused transfers/step", "count", "up", pair=("log", "disallow"),
+                      short="refused/step", caveat="the guard let the copy through"))
 
     def __init__(self, scale: Scale, device: Any, on_error: Callable[[str], None] | None = None) -> None:
         super().__init__(scale, device)
@@ -306,8 +342,9 @@ class Checkpointing(Strategy):
     name = "checkpointing"
     title = "gradient checkpointing"
     about = "Gradient of a lax.scan over layers without vs with jax.checkpoint on the body: the backward pass recomputes activations instead of storing them."
-    metrics = (Metric("temp_size_in_bytes", "XLA temp bytes", "bytes", "down"),
-               Metric("step_s", "step time", "s", ""))
+    metrics = (Metric("temp_size_in_bytes", "XLA temp bytes", "bytes", "down", short="temp",
+                      caveat="XLA kept the activations"),
+               Metric("step_s", "step time", "s", "", short="step"))
 
     def __init__(self, scale: Scale, device: Any) -> None:
         super().__init__(scale, device)
@@ -336,26 +373,87 @@ class Checkpointing(Strategy):
         self.fns[variant](self.ws, self.x).block_until_ready()
 
 
+#: A gap between two neighbouring demo buffers this wide or wider is taken
+#: for the distance between two memory regions (the largest demo buffer is
+#: 1 MiB; on CPU another mapping or malloc arena), not a hole among them.
+REGION_GAP_BYTES = 4 << 20
+#: Narrower gaps are the allocator's own headers and alignment, not holes.
+MIN_HOLE_BYTES = 4096
+
+
+def hole_ratio(spans: list[tuple[int, int]]) -> float | None:
+    """Share of holes in the address range of some buffers.
+
+    Args:
+        spans: (address, bytes) of each buffer, in any order.
+
+    Returns:
+        holes / (holes + buffer bytes), where a hole is a gap between
+        address neighbours of at least :data:`MIN_HOLE_BYTES` and under
+        :data:`REGION_GAP_BYTES`; None for fewer than two buffers.
+    """
+    if len(spans) < 2:
+        return None
+    spans = sorted(spans)
+    holes = 0
+    for (p, n), (q, _) in zip(spans, spans[1:]):
+        gap = q - (p + n)
+        if MIN_HOLE_BYTES <= gap < REGION_GAP_BYTES:
+            holes += gap
+    used = sum(n for _, n in spans)
+    return holes / (holes + used) if holes + used else None
+
+
 class Fragmentation(Strategy):
     name = "fragmentation"
-    title = "batching vs fragmentation"
+    title = "fragmentation"
     about = "Interleaved allocation and release of mixed sizes (holes between live buffers) vs uniform buffers allocated and released as a batch."
-    metrics = (Metric("fragmentation", "allocator fragmentation", "ratio", "down"),
-               Metric("gap_ratio", "gaps between live demo buffers", "ratio", ""))
+    metrics = (Metric("fragmentation", "allocator fragmentation", "ratio", "down", short="allocator frag",
+                      caveat="other allocations took the freed space"),
+               Metric("gap_ratio", "holes among the demo's buffers", "ratio", "down", short="holes",
+                      caveat="other allocations took the freed space"))
 
     def __init__(self, scale: Scale, device: Any) -> None:
         super().__init__(scale, device)
-        self.rng = np.random.default_rng(2)
+        # Every allocation and release of this strategy runs on a thread of
+        # its own. On CPU, malloc gives each thread its own arena: the demo's
+        # buffers are then placed among themselves, not in the holes that the
+        # other strategies left in the main thread's heap, and what is
+        # measured is this strategy's pattern. (A GPU allocator is one pool
+        # per device whatever the thread.)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxtop-demo-fragmentation")
         self.live: list[Any] = []
         self.make = {n: jax.jit(lambda x, n=n: jnp.zeros((n,), jnp.float32) + x) for n in (256, 4096, 65536, 262144)}
         self.uniform_n = 65536
         self.scalar = jax.device_put(jnp.zeros((), jnp.float32), device)
+        self.reset("off")
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._thread.submit(fn, *args).result()
 
     def prepare(self, variant: str) -> None:
-        for fn in self.make.values():
-            fn(self.scalar).block_until_ready()
+        self._run(lambda: [fn(self.scalar).block_until_ready() for fn in self.make.values()])
+
+    def reset(self, variant: str) -> None:
+        self._run(self._release, self.live)
+        self.live = []
+        self.rng = np.random.default_rng(2)  # the same sizes and frees in every measurement
+        self._full_holes: float | None = None
+
+    @staticmethod
+    def _release(buffers: list[Any]) -> None:
+        # Free now, not when the garbage collector or the runtime gets to it:
+        # what the next allocations find must not depend on that timing.
+        for a in buffers:
+            try:
+                a.delete()
+            except Exception:
+                pass
 
     def step(self, variant: str) -> None:
+        self._run(self._step, variant)
+
+    def _step(self, variant: str) -> None:
         cap = self.scale.frag_buffers
         if variant == "off":
             sizes = list(self.make)
@@ -363,59 +461,62 @@ class Fragmentation(Strategy):
                 n = sizes[int(self.rng.integers(len(sizes)))]
                 self.live.append(self.make[n](self.scalar))
             while len(self.live) > cap:  # free random old buffers: holes appear
-                self.live.pop(int(self.rng.integers(len(self.live))))
+                self._release([self.live.pop(int(self.rng.integers(len(self.live))))])
         else:
-            if len(self.live) >= cap or any(a.shape[0] != self.uniform_n for a in self.live):
-                self.live = []  # release as a batch
-            self.live.extend(self.make[self.uniform_n](self.scalar) for _ in range(8))
+            # The step's buffers live and die together: the last step's batch
+            # goes as a whole, and the new one can take its place.
+            self._release(self.live)
+            self.live = [self.make[self.uniform_n](self.scalar) for _ in range(cap)]
         self.live[-1].block_until_ready()
+        if len(self.live) >= cap:
+            # Compared when each variant holds a full set of buffers (the
+            # mixed one fills up over its first steps).
+            self._full_holes = self._holes()
 
-    def gap_ratio(self) -> float | None:
-        """1 - used/span over the demo's own live buffers (address order)."""
+    def _holes(self) -> float | None:
         spans = []
         for a in self.live:
             try:
                 spans.append((a.unsafe_buffer_pointer(), a.nbytes))
             except Exception:
                 continue
-        if len(spans) < 2:
-            return None
-        spans.sort()
-        start, end = spans[0][0], max(p + n for p, n in spans)
-        used = sum(n for _, n in spans)
-        return max(0.0, 1.0 - used / max(1, end - start))
+        return hole_ratio(spans)
+
+    def gap_ratio(self) -> float | None:
+        """:func:`hole_ratio` of the demo's own live buffers, the last time
+        they were a full set; None before that."""
+        return self._full_holes
 
 
 class Profiling(Strategy):
     name = "profiling"
     title = "memory profiling"
-    variants = ("idle", "snapshot")
-    about = "jax.profiler.device_memory_profile() on demand: a pprof file with a Python stack per live allocation; the top allocation sites are shown."
-    metrics = (Metric("profile_bytes", "bytes in the profile", "bytes", ""),
-               Metric("profile_s", "time to take it", "s", ""))
+    variants = ("snapshot",)
+    about = "jax.profiler.device_memory_profile() on demand: a pprof file with a Python stack per live allocation; the top allocation site in this demo's code is shown."
+    metrics = (Metric("profile_bytes", "bytes in the profile", "bytes", "saved", short="profile"),
+               Metric("profile_s", "time to take it", "s", "", short="took"))
 
     def __init__(self, scale: Scale, device: Any) -> None:
         super().__init__(scale, device)
         self.keep = [jax.device_put(jnp.ones((scale.width, scale.width), jnp.float32), device)]
-        self.last: dict[str, Any] | None = None
 
     def step(self, variant: str) -> None:
         time.sleep(0.01)  # nothing to run: the snapshot is an action
 
 
+#: Every strategy, in the order docs/strategies.md describes them.
+STRATEGIES: tuple[type[Strategy], ...] = (
+    Placement, Donation, InPlace, Batching, Jit, Guard, Profiling, Checkpointing, Fragmentation,
+)
+
+
 def build(scale: Scale, device: Any, on_error: Callable[[str], None] | None = None) -> dict[str, Strategy]:
-    """All strategies, in the order the issue lists them."""
-    return {
-        s.name: s
-        for s in (
-            Placement(scale, device),
-            Donation(scale, device),
-            InPlace(scale, device),
-            Batching(scale, device),
-            Jit(scale, device),
-            Guard(scale, device, on_error=on_error),
-            Profiling(scale, device),
-            Checkpointing(scale, device),
-            Fragmentation(scale, device),
-        )
-    }
+    """One of each of :data:`STRATEGIES`, by name.
+
+    Args:
+        scale: workload sizes.
+        device: where their arrays live.
+        on_error: told about each transfer the guard refused.
+    """
+    built = [cls(scale, device, on_error=on_error) if cls is Guard else cls(scale, device) for cls in STRATEGIES]
+    return {s.name: s for s in built}

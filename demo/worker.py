@@ -1,7 +1,8 @@
 """The demo workload process: ``python -m jaxtop.demo.worker``.
 
-Starts the agent, compiles every strategy, then steps the active one until
-its parent (``jaxtop demo``) goes away. Toggles arrive as agent commands.
+Starts the agent, compiles every strategy, then waits for a strategy to be
+picked (agent commands), measures each switch and steps the running one
+until its parent (``jaxtop demo``) goes away.
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
                 stop.set()
 
     threading.Thread(target=watch_parent, daemon=True).start()
+    # The demo ends its workload with SIGTERM; a closed terminal sends SIGHUP
+    # to both. Either way: finish the step and leave through the agent's
+    # exit path, which removes its socket.
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    signal.signal(signal.SIGHUP, lambda *a: stop.set())
     print(f"jaxtop demo worker pid {os.getpid()} on {runner.backend}, socket {handle.socket_path}", flush=True)
     try:
         runner.loop(stop)

@@ -21,6 +21,7 @@ MUST_MOVE = {
     "jit": "buffers_per_step",
     "guard": "errors_per_step",
     "checkpointing": "temp_size_in_bytes",
+    "fragmentation": "gap_ratio",
 }
 
 
@@ -70,9 +71,15 @@ def test_headless_json_directions_on_cpu(child_env, tmp_path):
     guard_logged = by_key[("guard", "h2d_per_step")]
     assert guard_logged["off"] == 0 and guard_logged["on"] == 1  # allow hides, log shows every copy
     assert by_key[("placement", "h2d_per_step")]["on"] == 0
+    # A new shape compiles at every step of the growing buffer, however long it ran.
+    compiles = by_key[("inplace", "compiles_per_step")]
+    assert (compiles["off"], compiles["on"], compiles["ok"]) == (1, 0, True)
     profile = [r for r in rows if r["strategy"] == "profiling"][0]
     assert profile["ok"] is True and profile["on"] > 0
+    # The top site is a line of the strategies, not the worker's bootstrap.
+    assert "(strategies.py:" in profile["top_site"], profile
     assert list(tmp_path.glob("jaxtop-memprof-*.prof"))
+    assert data["run"]["jax"] and data["run"]["date"] and data["run"]["machine"]
     frag = [r for r in rows if r.get("key") == "fragmentation"][0]
     assert frag["na"] and "n/a on this backend" in frag["na"]  # said, not a made-up 0
     # Nothing expected failed: the table's own verdicts.
@@ -89,7 +96,13 @@ def test_headless_table_is_readable(child_env):
         assert name in out
 
 
-async def test_dashboard_toggles_each_strategy_against_a_real_child(demo_worker):
+#: Metrics that are counts or sizes: the same steps give the same numbers,
+#: whichever mode measured them (step times and buffer placement vary).
+EXACT = ("h2d_per_step", "compiles_per_step", "errors_per_step", "alloc_bytes_per_step", "alias_size_in_bytes",
+         "new_output_bytes", "dispatches_per_step", "buffers_per_step", "temp_size_in_bytes")
+
+
+async def test_dashboard_measures_each_strategy_as_headless_does(demo_worker, child_env, tmp_path):
     from jaxtop.demo.app import DemoApp
     from jaxtop.demo.panel import StrategiesPanel, demo_state
 
@@ -102,48 +115,48 @@ async def test_dashboard_toggles_each_strategy_against_a_real_child(demo_worker)
             return await until(pilot, ready, timeout, "the demo state to change as expected")
 
         demo = await wait(lambda d: len(d["strategies"]) == 9)
+        # Before any key nothing runs and nothing is measured.
+        assert demo["active"] is None and not any(s["results"] for s in demo["strategies"])
         panel = app.query_one(StrategiesPanel)
+        interactive = {}
         for index, s in enumerate(demo["strategies"]):
             name = s["name"]
             while panel.cursor != index:
                 await pilot.press("down")
-            variants = s["variants"]
-            latest = demo_state(app.snapshot)
-            current = latest["strategies"][index]["variant"]
-            nxt = lambda v: variants[(variants.index(v) + 1) % len(variants)]
-            # A strategy that is not running starts in its current variant;
-            # the running one flips to its next variant.
-            expected = nxt(current) if latest["active"] == name else current
-            await pilot.press("enter")
-            if name == "profiling":
-                await wait(lambda d: d["active"] == name)
-                await pilot.press("enter")  # idle -> snapshot: takes a profile
-                d = await wait(lambda d: (d["strategies"][index]["results"].get("snapshot") or {}).get("profile_path"))
-                continue
-            # Each window of the running variant is measured from the probes;
-            # enter moves on until every variant has been measured.
-            for _ in range(len(variants) + 1):
-                d = await wait(lambda d: d["active"] == name and d["strategies"][index]["variant"] == expected
-                               and expected in d["strategies"][index]["results"])
-                if all(v in d["strategies"][index]["results"] for v in variants):
-                    break
-                expected = nxt(expected)
+            # enter measures the strategy's current variant, each further
+            # enter switches to the next variant and measures that.
+            for variant in s["variants"]:
                 await pilot.press("enter")
-            res = d["strategies"][index]["results"]
-            key = s["metrics"][0]["key"]
-            a, b = s["metrics"][0]["pair"]
-            if name in MUST_MOVE or name == "guard":
-                assert res[a].get(key) != res[b].get(key), (name, res)
+                d = await wait(lambda d: d["active"] == name and d["strategies"][index]["variant"] == variant
+                               and not d["measuring"] and variant in d["strategies"][index]["results"])
+            interactive[name] = d["strategies"][index]["results"]
         # One event per switch: the dashboard reads each sample once.
         switches = [(e.t, e.text) for e in app.snapshot.events if e.kind == "strategy"]
         assert switches and len(switches) == len(set(switches)), switches
-        rendered = panel.render()
         from rich.console import Console
         import io
         console = Console(width=160, record=True, file=io.StringIO(), color_system=None)
-        console.print(rendered)
+        console.print(panel.render())
         text = console.export_text()
-        assert "→" in text and "✓" in text
+        assert "implicit h2d/step 1 → 0 ✓" in text and "compiles/step 1 → 0 ✓" in text, text
+        assert "top " in text and "strategies.py:" in text, text
+
+    # The same measurement headless: the counts agree, row by row.
+    env = dict(child_env, JAXTOP_PROFILE_DIR=str(tmp_path))
+    res = subprocess.run([PY, "-m", "jaxtop", "demo", "--headless", "--json", "--small"],
+                         env=env, capture_output=True, timeout=300)
+    rows = json.loads(res.stdout)["rows"]
+    compared = 0
+    for row in rows:
+        if row.get("key") in EXACT and not row.get("na"):
+            a, b = row["variants"]
+            measured = interactive[row["strategy"]]
+            assert (measured[a].get(row["key"]), measured[b].get(row["key"])) == (row["off"], row["on"]), row
+            compared += 1
+    assert compared >= 11  # every count of the seven strategies that have counts
+    site = [r for r in rows if r["strategy"] == "profiling"][0]["top_site"]
+    assert site.split(" (")[1].startswith("strategies.py:"), site
+    assert interactive["profiling"]["snapshot"]["top_site"].split(" (")[1].startswith("strategies.py:")
 
 
 async def test_restart_time_setting_restarts_the_workload_with_its_environment(demo_worker):
@@ -188,3 +201,83 @@ def test_workload_starts_from_a_directory_with_its_own_jaxtop(child_env, monkeyp
         assert pid == worker.proc.pid and worker.proc.poll() is None
     finally:
         worker.stop()
+
+
+def test_worker_that_fails_to_start_says_why_and_leaves_no_log(child_env, monkeypatch, tmp_path):
+    from jaxtop.demo.app import Worker
+
+    for k, v in child_env.items():
+        monkeypatch.setenv(k, v)
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    broken = tmp_path / "broken"
+    (broken / "jaxtop").mkdir(parents=True)
+    (broken / "jaxtop" / "__init__.py").write_text("raise ImportError('a broken jaxtop for this test')\n")
+    worker = Worker(small=True, env={"PYTHONPATH": str(broken)})
+    with pytest.raises(RuntimeError) as err:
+        worker.start()
+    assert "exited with code 1" in str(err.value) and "a broken jaxtop for this test" in str(err.value)
+    assert list(tmp_path.glob("jaxtop-demo-*.log"))  # kept until the demo ends...
+    worker.close()
+    assert not list(tmp_path.glob("jaxtop-demo-*.log"))  # ...then removed
+
+
+@pytest.mark.parametrize("how", ["quit", "SIGTERM", "SIGHUP"])
+def test_demo_in_a_terminal_cleans_up_however_it_ends(child_env, sockdir, tmp_path, how):
+    """A real `jaxtop demo` on a pseudo-terminal: quit, or a signal; the
+    workload stops and its log goes every way."""
+    import fcntl
+    import os
+    import signal
+    import struct
+    import termios
+    import threading
+
+    from jaxtop.client import pid_alive
+
+    env = dict(child_env, TMPDIR=str(tmp_path), TERM="xterm-256color", JAXTOP_PROFILE_DIR=str(tmp_path))
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.Popen([PY, "-m", "jaxtop", "demo", "--small"], env=env, stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True)
+    os.close(slave)
+    screen = bytearray()
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            screen.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not (list(sockdir.glob("*.sock")) and b"Strategies" in screen):
+            assert time.monotonic() < deadline and proc.poll() is None, bytes(screen[-2000:])
+            time.sleep(0.2)
+        worker_pid = int(next(sockdir.glob("*.sock")).stem)
+        assert list(tmp_path.glob("jaxtop-demo-*.log"))
+        time.sleep(1.0)  # the app has drawn: it runs
+        if how == "quit":
+            os.write(master, b"q")
+        else:
+            proc.send_signal(getattr(signal, how))
+        rc = proc.wait(timeout=60)
+        expected = 0 if how == "quit" else 128 + getattr(signal, how)
+        assert rc == expected, bytes(screen[-2000:])
+        assert not list(tmp_path.glob("jaxtop-demo-*.log"))
+        deadline = time.monotonic() + 15
+        while pid_alive(worker_pid):
+            assert time.monotonic() < deadline, "the workload outlived the demo"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
