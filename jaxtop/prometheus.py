@@ -9,17 +9,53 @@ agent nothing between scrapes. Names and labels: docs/cluster.md.
 
 A value the sample does not have (n/a, e.g. fragmentation on CPU) is left
 out, never exported as 0.
+
+Who can read the metrics: the endpoint binds loopback (127.0.0.1) unless
+told otherwise, and loopback is open to **every local user** of the machine,
+not only to the program's owner (unlike the agent's socket, which is 0600 in
+a 0700 directory). They see what the metrics say: device memory, transfer and
+compile counts, RSS, CPU, the pid and host. To restrict them, bind an
+address only the intended scraper reaches (``--prometheus-addr`` /
+``prometheus_addr``), and filter the port with a firewall (e.g. an
+``iptables -m owner --uid-owner`` rule on ``OUTPUT`` for loopback, or a rule
+admitting only the scraper's address on a non-loopback bind); or leave the
+endpoint off and re-export with ``jaxtop log PID --prometheus PORT`` from a
+process and place of your choosing.
+
+What any peer can cost the program is bounded: the server serves at most
+:data:`MAX_CONNECTIONS` connections at once (one thread each) and closes
+extra connections as soon as it accepts them; it answers at most
+:data:`SCRAPES_PER_S` requests a second on average; every read and write
+times out after :data:`SOCKET_TIMEOUT_S`. So it never holds more than
+``MAX_CONNECTIONS + 2`` file descriptors and ``MAX_CONNECTIONS + 1`` threads,
+however many connections are opened. A peer can at worst keep the metrics
+from other scrapers (by holding the connections), never the program's own
+descriptors or threads.
 """
 
 from __future__ import annotations
 
+import errno
+import http.server
 import socket
+import socketserver
+import threading
+import time
 from typing import Any, Iterator
 
 from jaxtop import protocol
 
 INSTALL_HINT = "prometheus-client is not installed: pip install 'jaxtop[prometheus]' (or prometheus-client)"
 DEFAULT_ADDR = "127.0.0.1"
+
+#: Connections served at once; more are closed as soon as accepted.
+MAX_CONNECTIONS = 8
+#: Seconds any one read or write on a connection may take before it is closed.
+SOCKET_TIMEOUT_S = 5.0
+#: Requests answered per second on average (bursts of SCRAPE_BURST); more are
+#: closed unanswered. Prometheus scrapes every few seconds at most.
+SCRAPES_PER_S = 10.0
+SCRAPE_BURST = 20
 
 _DEVICE_GAUGES = (
     # (metric, sample key, help)
@@ -164,16 +200,83 @@ def _process_index(state: StreamState) -> str:
     return "0"
 
 
-def serve(state: StreamState, port: int, addr: str = DEFAULT_ADDR) -> Any:
+class MetricsServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """An HTTP server with bounded connections, threads and time.
+
+    Args:
+        address: ``(host, port)`` to bind.
+        handler: the request handler class.
+        family: the address family of ``host``.
+    """
+
+    daemon_threads = True
+    block_on_close = False  # and so keeps no list of its threads either
+    request_queue_size = 16
+
+    def __init__(self, address: tuple[str, int], handler: Any, family: int) -> None:
+        self.address_family = family
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._tokens = float(SCRAPE_BURST)
+        self._tokens_t = time.monotonic()
+        super().__init__(address, handler)
+
+    def get_request(self) -> Any:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # The connection stays queued and the listener readable:
+                # rest (on this server's own thread) rather than spin.
+                time.sleep(0.1)
+            raise
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Within the request budget? (Runs on the serving thread only.)"""
+        now = time.monotonic()
+        self._tokens = min(float(SCRAPE_BURST), self._tokens + (now - self._tokens_t) * SCRAPES_PER_S)
+        self._tokens_t = now
+        if self._tokens < 1.0:
+            return False  # closed unanswered
+        self._tokens -= 1.0
+        return True
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # over the cap: closed at once
+            return
+        try:
+            request.settimeout(SOCKET_TIMEOUT_S)
+            super().process_request(request, client_address)  # starts its thread
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A peer that misbehaves is no news for the program's stderr."""
+
+
+def serve(state: StreamState, port: int, addr: str = DEFAULT_ADDR) -> MetricsServer:
     """Start the HTTP endpoint (a daemon thread); returns the server.
+
+    Stop it with ``server.shutdown()`` then ``server.server_close()``.
 
     Raises:
         ImportError: prometheus-client is missing (message says how to install).
         OSError: the port cannot be bound.
     """
     try:
-        from prometheus_client import start_http_server
+        from prometheus_client.exposition import MetricsHandler
     except ImportError:
         raise ImportError(INSTALL_HINT) from None
-    result = start_http_server(port, addr=addr, registry=make_registry(state))
-    return result[0] if isinstance(result, tuple) else result
+    # The address decides the family (an IPv6 address needs AF_INET6).
+    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    server = MetricsServer((sockaddr[0], port), MetricsHandler.factory(make_registry(state)), family)
+    thread = threading.Thread(target=server.serve_forever, name="jaxtop-prometheus", daemon=True)
+    thread.start()
+    return server

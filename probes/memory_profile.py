@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -60,6 +62,8 @@ __all__ = [
     "decode_profile",
     "summarize_profile",
     "take_profile",
+    "MAX_PROFILE_FILES",
+    "PROFILE_FILE_NAME",
     "LIBRARY_PATH_MARKERS",
     "STACK_DEPTH",
 ]
@@ -460,7 +464,48 @@ def _backend_initialised() -> bool | None:
     return None
 
 
-def take_profile(directory: str | os.PathLike, top: int = 10, backend: str | None = None) -> dict[str, Any]:
+#: Profile files :func:`take_profile` leaves in a directory: after saving one,
+#: it deletes the oldest files of its own naming beyond this many.
+MAX_PROFILE_FILES = 20
+#: The names :func:`take_profile` gives its files; it never deletes others.
+PROFILE_FILE_NAME = re.compile(r"jaxtop-memprof-\d+-\d{8}-\d{6}(?:-\d+)?\.prof")
+
+
+def _prune_profiles(directory: str, keep: int) -> None:
+    """Delete all but the ``keep`` newest profile files in ``directory``.
+
+    Only regular files whose whole name matches :data:`PROFILE_FILE_NAME`
+    count (any pid: profiles of earlier runs too); symlinks, directories and
+    every other name are left alone. Best effort: errors are ignored.
+    """
+    found: list[tuple[int, str]] = []
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if not PROFILE_FILE_NAME.fullmatch(entry.name):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    found.append((st.st_mtime_ns, entry.name))
+    except OSError:
+        return
+    found.sort()
+    for _mtime, name in found[:max(0, len(found) - keep)]:
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+
+
+def take_profile(
+    directory: str | os.PathLike,
+    top: int = 10,
+    backend: str | None = None,
+    keep: int | None = MAX_PROFILE_FILES,
+) -> dict[str, Any]:
     """Captures, saves and summarises a device memory profile of this process.
 
     Never raises (``KeyboardInterrupt``/``SystemExit`` aside): every failure
@@ -474,6 +519,11 @@ def take_profile(directory: str | os.PathLike, top: int = 10, backend: str | Non
             came, so ``pprof`` / ``go tool pprof`` open it.
         top: how many allocation sites to return.
         backend: passed to ``jax.profiler.device_memory_profile``.
+        keep: after saving, keep only this many of the newest files named
+            like jaxtop's profiles (:data:`PROFILE_FILE_NAME`, any pid) in
+            ``directory`` and delete the older ones, so that repeated
+            requests cannot fill the disk; None keeps all. Nothing else in
+            the directory is ever deleted.
 
     Returns:
         :func:`summarize_profile`'s dict plus ``"path"`` (the file),
@@ -528,6 +578,8 @@ def take_profile(directory: str | os.PathLike, top: int = 10, backend: str | Non
                 raise
         except OSError as exc:
             return {"error": f"cannot write profile to {path}: {_one_line(exc)}"}
+        if keep is not None:
+            _prune_profiles(os.fspath(directory), max(1, keep))
 
         try:
             summary = summarize_profile(raw, top=top)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import types
 
 import pytest
 
@@ -86,11 +87,25 @@ def test_encode_does_not_mutate_its_input():
         b"{\"type\": 5, \"t\": 1.0}\n",  # type not a string
         b"\xff\xfe{\"type\":\"x\"}\n",  # not UTF-8
         b"\"sample\"\n",
+        b"[" * 2000 + b"\n",  # RecursionError inside json.loads
+        b'{"a":' * 5000 + b"\n",
+        b'{"type": "x", "v": ' + b"[" * 100_000 + b"\n",
     ],
 )
 def test_decode_rejects_non_records(line):
     with pytest.raises(ProtocolError):
         decode(line)
+
+
+def test_decode_raises_only_protocol_error(monkeypatch):
+    # The agent decodes lines from any peer: whatever the decoder raises
+    # must come out as ProtocolError, never escape as something else.
+    def broken(_line):
+        raise TypeError("the decoder broke")
+
+    monkeypatch.setattr(protocol, "json", types.SimpleNamespace(loads=broken))
+    with pytest.raises(ProtocolError, match="the decoder broke"):
+        decode(b'{"type": "ping"}')
 
 
 def test_protocol_error_is_a_value_error():
