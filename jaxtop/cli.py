@@ -16,6 +16,7 @@ from jaxtop.inject import DEFAULT_TIMEOUT_S as DEFAULT_INJECT_TIMEOUT_S
 from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 
 EXIT_USAGE = 2
+EXIT_BUDGET = 3  # jaxtop.budget.EXIT_BUDGET: `run --budget`, over budget
 
 # Shown by `jaxtop --help`; the one place the exit statuses are listed.
 EXIT_STATUS_HELP = """\
@@ -27,6 +28,8 @@ exit status:
        start (`run`), or a socket directory or socket that is not safe to trust (not a
        directory of yours that only you can write, or served by another uid); the
        message names the path and its owner
+  3    `run --budget`: the program succeeded but went over its budget (the report is on
+       stderr; docs/budgets.md). A program that fails keeps its own status and traceback
   130  interrupted (export)
   141  the reader of the output went away (`log` or `export -o -` into `| head`), quietly
   143  terminated by SIGTERM (export; its temporary file removed)"""
@@ -88,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log", metavar="FILE", help="also record the stream to FILE (JSON lines)")
     run.add_argument("--interval", type=_positive_float, default=0.1, metavar="S", help="sample period in seconds (default 0.1)")
     run.add_argument("--no-capture", action="store_true", help="do not capture stderr (no transfer counts)")
+    run.add_argument("--budget", metavar="SPEC",
+                     help="limits checked at exit, e.g. h2d=0,recompiles=0,peak=2GiB, or a pyproject.toml with "
+                     "[tool.jaxtop.budget]; over budget: a report on stderr, exit 3 (docs/budgets.md)")
+    run.add_argument("--budget-report", metavar="FILE", help="also write the budget report as JSON to FILE")
     _prometheus_options(run, "also serve Prometheus metrics on PORT (docs/cluster.md)")
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     run.add_argument("target", nargs="*", metavar="SCRIPT [ARGS...]", help="the program and its arguments")
@@ -161,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_RUN_OPTIONS_WITH_VALUE = {"--log", "--interval", "--prometheus", "--prometheus-addr"}
+_RUN_OPTIONS_WITH_VALUE = {"--log", "--interval", "--prometheus", "--prometheus-addr", "--budget", "--budget-report"}
 
 
 def split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -677,14 +684,19 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if not os.path.exists(script):
             print(f"jaxtop run: can't open file {script!r}: no such file", file=sys.stderr)
             return EXIT_USAGE
+    budget = _run_budget(parser, args)
+    if isinstance(budget, int):
+        return budget
     import jaxtop
 
     try:
-        jaxtop.instrument(interval_s=args.interval, log_path=args.log, capture_stderr=not args.no_capture,
-                          prometheus_port=args.prometheus, prometheus_addr=args.prometheus_addr)
+        handle = jaxtop.instrument(interval_s=args.interval, log_path=args.log, capture_stderr=not args.no_capture,
+                                   prometheus_port=args.prometheus, prometheus_addr=args.prometheus_addr)
     except (OSError, ImportError, ValueError) as exc:
         print(f"jaxtop run: cannot start the agent: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if budget is not None:
+        budget.start(handle.agent)
     global _program_globals
     # With -P or PYTHONSAFEPATH, python puts no directory first on sys.path,
     # and jaxtop's own sys.path[0] is then the standard library's.
@@ -701,7 +713,10 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 # The script's real directory (symlinks resolved), as python does.
                 sys.path[0] = os.path.dirname(os.path.realpath(script))
             _program_globals = _run_script(script)
-    except SystemExit:
+    except SystemExit as exc:
+        # `sys.exit(0)` is a success like a return: the budget still counts.
+        if budget is not None and budget.finish(program_ok=exc.code in (None, 0)):
+            return EXIT_BUDGET
         raise
     except KeyboardInterrupt as exc:
         _hook_without_our_frames(exc)
@@ -711,8 +726,34 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # excepthook, if their program installed one), exit status 1.
         tb = _trim_traceback(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        if budget is not None:
+            budget.finish(program_ok=False)  # its status and traceback win: only the JSON report
         return 1
+    if budget is not None and budget.finish(program_ok=True):
+        return EXIT_BUDGET
     return 0
+
+
+def _run_budget(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """``--budget``, read before the program starts: a RunBudget, None
+    without one, or an exit status (a budget that cannot be read)."""
+    if args.budget is None:
+        if args.budget_report:
+            parser.error("run: --budget-report needs --budget")
+        return None
+    from jaxtop import budget as budgets
+
+    try:
+        limits = budgets.resolve(args.budget)
+    except budgets.BudgetError as exc:
+        print(f"jaxtop run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    counted = limits.names() & budgets.TRANSFER_NAMES
+    if args.no_capture and counted:
+        print(f"jaxtop run: --budget limits {', '.join(sorted(counted))}, but --no-capture turns transfer "
+              "counting off", file=sys.stderr)
+        return EXIT_USAGE
+    return budgets.RunBudget(limits, report_path=args.budget_report)
 
 
 # -- ls --------------------------------------------------------------------------

@@ -1,0 +1,206 @@
+"""The pytest plugin, in pytest sessions of their own (pytester, one process each)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def inner(pytester, sockdir, monkeypatch):
+    """A pytester whose sessions run on CPU with a private socket directory."""
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("JAX_TRANSFER_GUARD", raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    return pytester
+
+
+def run_inner(pytester, *args):
+    # A subprocess: the session's agent lives in a process of its own, as in CI.
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *args, timeout=240)
+
+
+WORKLOAD = textwrap.dedent("""
+    import numpy as np
+    import pytest
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxtop.agent.handle import current
+
+    W = jax.device_put(np.full((64, 64), 0.01, np.float32))
+    step = jax.jit(lambda w, x: jnp.tanh(x @ w).sum())
+    PLACED = jax.device_put(np.ones((16, 64), np.float32))
+    step(W, PLACED).block_until_ready()  # compiled at import: no test pays for it
+    AGENTS = []
+
+
+    def feed_numpy(n):
+        for _ in range(n):
+            step(W, np.ones((16, 64), np.float32)).block_until_ready()
+
+
+    def seen_agent():
+        handle = current()
+        assert handle is not None and handle.running
+        AGENTS.append(handle.agent)
+""")
+
+
+@pytest.mark.slow
+def test_marker_and_fixture_in_one_session(inner):
+    inner.makepyprojecttoml("""
+        [tool.jaxtop.budget]
+        h2d = 0
+    """)
+    inner.makepyfile(test_steps=WORKLOAD + textwrap.dedent("""
+
+        @pytest.mark.jaxtop_budget("h2d=0,recompiles=0")
+        def test_within_budget():
+            seen_agent()
+            for _ in range(5):
+                step(W, PLACED).block_until_ready()
+
+
+        @pytest.mark.jaxtop_budget("h2d=0")
+        def test_numpy_feed():
+            seen_agent()
+            feed_numpy(4)
+
+
+        @pytest.mark.jaxtop_budget("recompiles=0")
+        def test_recompiles():
+            f = jax.jit(lambda x: x * 2)
+            for n in (3, 4, 5):
+                f(jax.device_put(np.ones(n, np.float32))).block_until_ready()
+
+
+        # Back to back with one agent: each test's count is its own.
+        @pytest.mark.jaxtop_budget("h2d=5")
+        def test_exact_a():
+            seen_agent()
+            feed_numpy(5)
+
+
+        @pytest.mark.jaxtop_budget("h2d=0")
+        def test_exact_b():
+            seen_agent()
+            step(W, PLACED).block_until_ready()
+
+
+        @pytest.mark.jaxtop_budget(h2d=2)
+        def test_exact_c():
+            seen_agent()
+            feed_numpy(3)
+
+
+        @pytest.mark.jaxtop_budget()
+        def test_pyproject_budget():
+            feed_numpy(1)
+
+
+        @pytest.mark.jaxtop_budget("h2d=1MiB")
+        def test_bad_spec():
+            pass
+
+
+        def test_fixture(jaxtop_budget):
+            seen_agent()
+            with jaxtop_budget.measure() as used:
+                feed_numpy(3)
+            assert used["h2d"] == 3 and used["compiles"] == 0
+            with jaxtop_budget("h2d=0,compiles=0"):
+                step(W, PLACED).block_until_ready()
+            with pytest.raises(AssertionError, match=r"h2d +2 > 1"):
+                with jaxtop_budget("h2d=1"):
+                    feed_numpy(2)
+
+
+        def test_one_agent_and_gone_after_the_last_budget():
+            assert len({id(a) for a in AGENTS}) == 1, AGENTS
+            assert current() is None  # stopped after the last test with a budget
+            assert jax.config.jax_transfer_guard_host_to_device is None  # the guard put back
+    """))
+    result = run_inner(inner)
+    out = result.stdout.str()
+    result.assert_outcomes(passed=5, failed=4, errors=1)
+    assert re.search(r"PASSED test_steps.py::test_within_budget", out)
+
+    # NumPy batches: the report names h2d, the count and the shape.
+    numpy_fail = section(out, "test_numpy_feed")
+    assert "jaxtop_budget exceeded: h2d (test_steps.py::test_numpy_feed" in numpy_fail
+    assert re.search(r"h2d +4 > 0  implicit host-to-device transfers", numpy_fail)
+    assert "float32[16,64] x1" in numpy_fail and "(cached call, shape not logged) x3" in numpy_fail
+
+    recompile_fail = section(out, "test_recompiles")
+    assert re.search(r"recompiles +2 > 0", recompile_fail)
+    assert re.search(r"jit\(<lambda>\) at test_steps.py:\d+ \(test_recompiles\): compiled 3 times", recompile_fail)
+
+    # Exact per test: a's five do not leak into b, c counts its own three.
+    assert "PASSED test_steps.py::test_exact_a" in out
+    assert "PASSED test_steps.py::test_exact_b" in out
+    assert re.search(r"h2d +3 > 2", section(out, "test_exact_c"))
+
+    assert re.search(r"h2d +1 > 0", section(out, "test_pyproject_budget"))
+    assert "pyproject.toml [tool.jaxtop.budget]" in section(out, "test_pyproject_budget")
+    assert "jaxtop_budget marker: h2d=1MiB: h2d counts implicit host-to-device transfers" in out
+    assert "PASSED test_steps.py::test_fixture" in out
+    assert "PASSED test_steps.py::test_one_agent_and_gone_after_the_last_budget" in out
+    # The guard's lines never reach the captured output.
+    assert "transfer:" not in out
+
+
+def section(out: str, test: str) -> str:
+    """The failure section of one test in pytest's output."""
+    match = re.search(rf"_{{3,}} {test} _{{3,}}\n(.*?)(?=\n_{{3,}} |\n={{3,}} )", out, re.S)
+    assert match, f"no failure section for {test}:\n{out[-3000:]}"
+    return match.group(1)
+
+
+@pytest.mark.slow
+def test_a_test_that_fails_on_its_own_keeps_its_failure(inner):
+    inner.makepyfile(test_own=WORKLOAD + textwrap.dedent("""
+
+        @pytest.mark.jaxtop_budget("h2d=0")
+        def test_fails_and_transfers():
+            import os
+            os.write(2, b"the test's own line on fd 2\\n")
+            feed_numpy(2)
+            assert False, "its own failure"
+    """))
+    result = run_inner(inner)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "AssertionError: its own failure" in out
+    assert "Captured jaxtop budget call" in out and re.search(r"h2d +2 > 0", out)
+    # The test's own stderr still reaches pytest's capture, through the relay.
+    assert "the test's own line on fd 2" in section(out, "test_fails_and_transfers")
+
+
+def test_the_plugin_stays_off_in_a_session_that_does_not_use_it(inner):
+    inner.makepyfile(test_plain="""
+        import os
+        import sys
+        import threading
+
+
+        def test_nothing_started(request, capfd):
+            assert request.config.pluginmanager.hasplugin("jaxtop")
+            from jaxtop.agent.handle import current
+
+            assert current() is None
+            assert "jax" not in sys.modules  # the plugin imports no jax
+            assert "jaxtop.budget" not in sys.modules
+            assert not [t for t in threading.enumerate() if t.name.startswith("jaxtop")]
+            os.write(2, b"plain fd 2\\n")
+            assert capfd.readouterr().err == "plain fd 2\\n"  # fd 2 is pytest's
+    """)
+    result = run_inner(inner)
+    result.assert_outcomes(passed=1)
+    markers = inner.runpytest_subprocess("--markers", timeout=120)
+    assert "@pytest.mark.jaxtop_budget(spec=None, **limits)" in markers.stdout.str()
