@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-j", "--jobs", type=int, metavar="N",
                         help="processes for a big uncompressed recording (default: the CPUs this process may use, at most 8)")
 
+    oom = sub.add_parser("oom", help="print an out-of-memory census: what held the memory when a program ran out",
+                         add_help=False)
+    oom.add_argument("rest", nargs=argparse.REMAINDER, help="FILE: jaxtop-oom-PID-TIME.json or a recording")
     replay = sub.add_parser("replay", help="open the dashboard on a recording")
     replay.add_argument("file", help="a JSON-lines recording, plain or .gz (jaxtop run --log / jaxtop log / w in the dashboard)")
     replay.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
@@ -211,6 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "oom":
+        from jaxtop.oom_report import main as oom_main
+
+        return oom_main(argv[1:])
     if argv and argv[0] == "run":
         own, program = split_run_argv(argv[1:])
         args = parser.parse_args(["run", *own])

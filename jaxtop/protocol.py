@@ -32,6 +32,7 @@ ERROR = "error"
 EXIT = "exit"  # the last record of a process that ended normally
 REPLY = "reply"  # the answer to a command
 PONG = "pong"  # the answer to a ping
+OOM_CENSUS = "oom_census"  # what held the memory when the program ran out
 #: Request types a client sends.
 PING = "ping"
 COMMAND = "command"

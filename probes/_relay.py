@@ -38,6 +38,13 @@ import signal
 import sys
 import time
 
+# Out-of-memory lines (XLA's allocator on GPU) are reported to the agent as
+# "O <line>", so it takes a census even when the program catches the error.
+if __package__:
+    from .oom import OomLineScanner
+else:  # run as a script (python -S): this file's directory is sys.path[0]
+    from oom import OomLineScanner
+
 # -- what a log line looks like ---------------------------------------------------
 # [^\S\n] (a space that is not a newline) keeps a match inside one line.
 _SP = rb"[^\S\n]"
@@ -178,6 +185,7 @@ class Relay:
         self.mark_prefix = b"\x00jaxtop:" + token + b":"
         self.mark_re = re.compile(re.escape(self.mark_prefix) + rb"(sync|show) ([^\x00\n]*)\x00")
         self.set_visibility(passed, b"")
+        self.oom = OomLineScanner()
         self.counts = {}  # guard message -> lines since the last report
         # Bytes not judged yet: the end of the last read when it may be the
         # start of a log line or of a marker.
@@ -356,6 +364,8 @@ class Relay:
 
     def feed(self, data):
         """Take the next bytes read from the pipe."""
+        for line in self.oom.feed(data):
+            self.report(b"O " + line + b"\n")
         self.saw_guard = False
         buf = self.buf + data if self.buf else data
         self.buf = b""
@@ -397,6 +407,8 @@ class Relay:
 
     def finish(self):
         """At EOF: what is still held goes out, except a guard line cut short."""
+        for line in self.oom.finish():
+            self.report(b"O " + line + b"\n")
         data, self.buf = self.buf, b""
         if data:
             match = GUARD_AT_END_RE.search(data)

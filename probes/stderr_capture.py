@@ -104,9 +104,11 @@ class StderrCapture:
         self,
         on_guard_lines: Callable[[str, int], None],
         on_notice: Callable[[str], None] | None = None,
+        on_oom_line: Callable[[str], None] | None = None,
     ) -> None:
         self._on_guard_lines = on_guard_lines
         self._on_notice = on_notice
+        self._on_oom_line = on_oom_line  # an allocator's out-of-memory line (O <line>)
         self._token = secrets.token_hex(8)
         self._saved_fd: int | None = None
         self._data_r: int | None = None  # our own read end of the fd-2 pipe
@@ -245,6 +247,9 @@ class StderrCapture:
                 except ValueError:
                     continue
                 self._on_guard_lines(message.decode("utf-8", "replace"), count)
+            elif line.startswith(b"O "):  # O <line>: an out-of-memory line the relay passed on
+                if self._on_oom_line is not None:
+                    self._on_oom_line(line[2:].decode("utf-8", "replace"))
             elif line.startswith(b"S "):
                 try:
                     self._acked = max(self._acked, int(line[2:]))

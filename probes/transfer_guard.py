@@ -271,6 +271,16 @@ class TransferCounter:
         self._shapes: Counter[tuple[str, str]] = Counter()
         self.errors = 0  # implicit transfers refused by a user's disallow
 
+    def detail(self) -> dict[str, Any]:
+        """Totals since start per direction, and every shape kept (resets nothing)."""
+        with self._lock:
+            out: dict[str, Any] = {
+                d: {"count": t[0], "bytes_known": t[1], "count_bytes_unknown": t[2]}
+                for d, t in self._total.items()
+            }
+            out["shapes"] = [{"direction": d, "shape": s, "count": n} for (d, s), n in self._shapes.most_common()]
+        return out
+
     def add(self, parsed: GuardLine, n: int = 1) -> None:
         """Count ``n`` transfers of this kind."""
         with self._lock:

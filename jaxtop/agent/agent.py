@@ -33,13 +33,17 @@ import traceback
 import weakref
 from typing import Any, Callable
 
-from jaxtop import paths, protocol
+from jaxtop import labels, paths, protocol
 from jaxtop.agent.clients import Backfill, Clients, CommandError, CommandHandler
 from jaxtop.agent.import_hook import when_imported
 from jaxtop.probes.compile import CompileProbe
 from jaxtop.probes.donation import DonationProbe
+from jaxtop.probes.executables import JitLedgerProbe
+from jaxtop.probes.holders import HoldersProbe
+from jaxtop.probes.host_sync import HostSyncProbe
 from jaxtop.probes.jax_memory import JaxMemoryProbe, backend_ready
 from jaxtop.probes.nvml import NvmlProbe
+from jaxtop.probes.oom import install as install_oom, uninstall as uninstall_oom
 from jaxtop.probes.process import ProcessProbe
 from jaxtop.probes.stderr_capture import CaptureError, StderrCapture
 from jaxtop.probes.transfer_guard import CachedParser, GuardController, TransferCounter
@@ -146,12 +150,23 @@ class Agent:
         self.guard: GuardController | None = None
         self.compile = CompileProbe()
         self.donation = DonationProbe()
+        # The jit ledger: every compiled function's memory, compiles and
+        # recompile reasons (sample field `jit`, command `jit_ledger`).
+        self.jit = JitLedgerProbe(interval_s=self.slow_interval_s)
+        self._commands["jit_ledger"] = self.jit.command
         self.process = ProcessProbe()
         self.nvml = NvmlProbe() if nvml else None
         self.memory: JaxMemoryProbe | None = None
         self._jax_hooked = False
         self._capture_reason: str | None = None
         self._agent_cpu_s = 0.0
+        self.oom: Any = None  # jaxtop.probes.oom.OomMonitor, from start() on
+        # Who holds memory (sample field `holders`, commands holders_mark and
+        # holders_profile), which lines read arrays on the host (`host_syncs`)
+        # and named pytrees (`labels`): each waits for `import jax` to finish.
+        self.holders = HoldersProbe().install(self)
+        self.host_sync = HostSyncProbe().install(self)
+        labels.install(self)
 
     # -- lifecycle (called on a user thread: must not raise) -----------------
     def start(self) -> None:
@@ -218,7 +233,7 @@ class Agent:
             except OSError:
                 self._stderr_fd = None
             undo.append(self._close_stderr_fd)
-            self.capture = StderrCapture(self._on_guard_lines, on_notice=self._on_capture_notice)
+            self.capture = StderrCapture(self._on_guard_lines, on_notice=self._on_capture_notice, on_oom_line=self._on_oom_line)
             try:
                 self.capture.start()
             except CaptureError as exc:
@@ -236,6 +251,8 @@ class Agent:
         _agents.add(self)
         undo.append(lambda: _agents.discard(self))
         when_imported("jax", self._on_jax_imported)  # a no-op once stopped
+        self.oom = install_oom(self)
+        undo.append(self._uninstall_oom)
         self._thread = threading.Thread(target=self._run, name="jaxtop-agent", daemon=True)
         self._thread.start()
 
@@ -277,6 +294,23 @@ class Agent:
     def tick_cpu_s(self) -> float:
         """CPU seconds spent in sampling ticks so far (``agent.cpu_s_total``)."""
         return self._agent_cpu_s
+
+    def transfer_detail(self, sync_timeout_s: float = 0.0) -> dict[str, Any]:
+        """Implicit transfers so far, per direction and per shape (resets nothing).
+
+        Args:
+            sync_timeout_s: as for :meth:`transfer_totals`.
+
+        Returns:
+            ``{"synced": bool, "h2d": {"count", "bytes_known",
+            "count_bytes_unknown"}, "d2h": ..., "d2d": ..., "shapes": [...]}``,
+            most frequent shape first; ``synced`` is False when the relay did
+            not acknowledge in time (counts may be short).
+        """
+        synced = True
+        if sync_timeout_s > 0 and self.capture is not None and not self._inert:
+            synced = self.capture.sync(timeout_s=sync_timeout_s)
+        return {"synced": synced, **self.transfers.detail()}
 
     def compile_count(self) -> int:
         """Backend compiles seen so far (``jax.monitoring`` events)."""
@@ -380,11 +414,13 @@ class Agent:
             self._capture_reason = f"transfer guard could not be set: {exc}"
         # Each probe records why it could not start; the samples then carry
         # {"available": false, "reason": ...} for it instead of zeros.
-        for probe in (self.compile, self.donation):
+        for probe in (self.compile, self.donation, self.jit, self.host_sync):
             try:
                 probe.start()
             except Exception as exc:
                 probe.reason = f"could not start: {type(exc).__name__}: {exc}"
+        if self.oom is not None:
+            self.oom.on_jax_imported()
         # jax registered its own atexit clean-up (which tears the backends
         # down) during import; registering again now runs ours before it.
         atexit.register(self._atexit)
@@ -405,6 +441,22 @@ class Agent:
         self.post_event("error", source="stderr_capture", text=text)
         if self.capture is not None and not self.capture.active and self.guard is not None:
             self.guard.restore()
+
+    def _on_oom_line(self, text: str) -> None:
+        """An allocator's out-of-memory line passed on by the relay (GPU):
+        the census is taken even when the program catches the error."""
+        if self.oom is not None:
+            self.oom.on_allocator_line(text)
+
+    def _uninstall_oom(self) -> None:
+        self.oom = None
+        uninstall_oom()
+
+    def recent_lines(self, n: int) -> list[bytes]:
+        """The last ``n`` kept records as sent, oldest first (the OOM census
+        shows the climb before the failure)."""
+        end = self._backfill.end
+        return self._backfill.lines(end - n, end)
 
     def _on_guard_lines(self, message: str, n: int) -> None:
         parsed = self._parse_guard_line(message)
@@ -601,6 +653,9 @@ class Agent:
         if self.capture is not None:
             self.capture.read_reports()
         self._ensure_memory_probe()
+        if self.oom is not None:
+            for census in self.oom.take_records():
+                self._emit(census)
         if slow:
             if self.guard is not None:
                 try:
@@ -622,6 +677,9 @@ class Agent:
         }
         if self.nvml is not None and self.nvml.available:
             record["nvml"] = self.nvml.sample()
+        jit = self.jit.sample(force=final, full=final)
+        if jit is not None:
+            record["jit"] = jit
         for name, fn in list(self._fields.items()):
             try:
                 value = fn()
@@ -759,8 +817,11 @@ class Agent:
             self.guard.restore()
         if self.capture is not None:
             self.capture.stop()
+        self._uninstall_oom()
         self.compile.stop()
         self.donation.stop()
+        self.jit.stop()
+        self.host_sync.stop()  # jax.Array and numpy exactly as they were
         self.process.close()
         if self.nvml is not None:
             self.nvml.stop()

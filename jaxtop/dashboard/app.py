@@ -19,8 +19,11 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
+from jaxtop.dashboard.holders_screen import HoldersScreen
+from jaxtop.dashboard.jit_screen import JitScreen
 from jaxtop.dashboard.messages import SnapshotReady
 from jaxtop.dashboard.model import Model, Snapshot
+from jaxtop.dashboard.oom_screen import OomScreen
 from jaxtop.dashboard.sources import LiveSource, ReplaySource, Source
 from jaxtop.widgets.panels import (
     EventsPanel, FragmentationPanel, HeaderBar, HostPanel, MemoryMapPanel, MemoryPanel,
@@ -51,7 +54,7 @@ SPEED_KEYS = Binding.Group("speed", compact=True)
 #: Actions that act on a recording's playback: offered while the source replays.
 REPLAY_ACTIONS = frozenset({"seek", "step", "speed"})
 #: Actions that need running agents: offered while the source is live.
-LIVE_ACTIONS = frozenset({"profile"})
+LIVE_ACTIONS = frozenset({"profile", "holders_mark"})
 #: Actions the command palette does not list: Textual's own entries already
 #: cover them (Quit), or they are the palette itself.
 NOT_IN_PALETTE = frozenset({"quit", "command_palette"})
@@ -168,6 +171,16 @@ class JaxtopApp(App[None]):
         Binding("s", "profile", "profile", tooltip="Memory profile snapshot (saved file + top allocation sites)"),
         Binding("w", "write", "write", tooltip="Write the session to a JSON-lines file (jaxtop replay reads it)"),
         Binding("p", "show_profile", "last profile", show=False, tooltip="Show the last memory profile"),
+        # The "why" screens: upper case, so they never take a key a
+        # subclass (the demo) uses for its own rows.
+        Binding("J", "jit", "jit", show=False,
+                tooltip="Jit ledger: each compiled function's memory, compiles and recompile reasons"),
+        Binding("H", "holders", "holders", show=False,
+                tooltip="Holders: memory by allocation site, leak suspects, named pytrees, host syncs"),
+        Binding("M", "holders_mark", "mark", show=False,
+                tooltip="Mark now: the Holders screen then shows each site's change since this moment"),
+        Binding("O", "oom", "OOM", show=False,
+                tooltip="Out-of-memory census: what held the memory when the program ran out"),
         Binding("left", "seek(-10)", "-10s", group=SEEK_KEYS, tooltip="Replay: seek back 10 s"),
         Binding("right", "seek(10)", "+10s", group=SEEK_KEYS, tooltip="Replay: seek forward 10 s"),
         Binding("full_stop", "step", "step", tooltip="Replay: step one sample (and pause)"),
@@ -397,6 +410,29 @@ class JaxtopApp(App[None]):
             self.model.add_event(pid, "profile", "memory profile requested…")
             self.notify("memory profile requested; p shows it when it arrives", timeout=3)
         self.refresh_now()
+
+    def _target_process(self):
+        pid = self._target_pid()
+        return next((p for p in (self.snapshot.processes if self.snapshot else ()) if p.pid == pid), None)
+
+    def action_jit(self) -> None:
+        self.push_screen(JitScreen.for_store(self.model.ledgers, self._target_pid(),
+                                             send_command=self.source.send_command, live=self.source.live))
+
+    def action_holders(self) -> None:
+        self.push_screen(HoldersScreen.for_app(self))
+
+    def action_holders_mark(self) -> None:
+        pid = self._target_pid()
+        if pid is None:
+            return
+        error = self.source.send_command(pid, "holders_mark", {})
+        self.model.add_event(pid, "holders", f"mark: {error}" if error else "mark set: H shows each site's change since now")
+        self.refresh_now()
+
+    def action_oom(self) -> None:
+        proc = self._target_process()
+        self.push_screen(OomScreen(proc.oom_censuses if proc else None))
 
     def action_show_profile(self) -> None:
         pid = self._target_pid()

@@ -15,6 +15,8 @@ from typing import Any
 
 from jaxtop import protocol
 from jaxtop.dashboard.history import History, Window
+from jaxtop.dashboard.holders import HoldersFold, HoldersView
+from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.protocol import DIRECTIONS
 
 DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes", "live_bytes",
@@ -114,6 +116,8 @@ class ProcessView:
     demo: dict[str, Any] | None = None  # the demo workload's state, if any
     external: str | None = None  # set for an external view (no agent): what it can see
     nvml: dict[str, Any] | None = None  # the latest NVML reading of the process
+    holders: HoldersView | None = None  # memory by allocation site, named pytrees, host syncs
+    oom_censuses: tuple[dict[str, Any], ...] = ()  # out-of-memory censuses, oldest first
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,8 @@ class ProcessModel:
         self.last_recv: float | None = None  # our monotonic clock at receipt
         self.rates: dict[str, dict[str, Any]] = {}
         self.last_profile: dict[str, Any] | None = None
+        self.holders = HoldersFold()
+        self.oom_censuses: list[dict[str, Any]] = []  # oldest first, one per census id
         self.backend: str | None = None
         self.versions: dict[str, Any] = {}
         self.nvml_status: dict[str, Any] = {}
@@ -191,6 +197,7 @@ class Model:
         self.events: collections.deque[Event] = collections.deque(maxlen=MAX_EVENTS)
         self.notices: list[str] = []
         self.version = 0  # bumps on every change
+        self.ledgers = LedgerStore()  # each process's jit ledger (the Jit screen reads it)
 
     def empty_like(self) -> Model:
         """A new, empty model on this model's clock.
@@ -212,6 +219,7 @@ class Model:
         """Forget one process (a replay seeking backwards rebuilds it)."""
         with self._lock:
             self.processes.pop(pid, None)
+            self.ledgers.forget(pid)
             self.events = collections.deque((e for e in self.events if e.pid != pid), maxlen=MAX_EVENTS)
             self.version += 1
 
@@ -220,6 +228,7 @@ class Model:
         snapshot taken meanwhile never sees a half-built process."""
         with self._lock, rebuilt._lock:
             self.processes[pid] = rebuilt.processes[pid]
+            self.ledgers.adopt(pid, rebuilt.ledgers)
             kept = [e for e in self.events if e.pid != pid]
             ours = [e for e in rebuilt.events if e.pid == pid]
             self.events = collections.deque(sorted(kept + ours, key=lambda e: e.t), maxlen=MAX_EVENTS)
@@ -285,6 +294,8 @@ class Model:
         elif kind == protocol.EXIT:
             proc.state = EXITED
             self._event(pid, "exit", "process exited (final sample received)", record.get("t"))
+        elif kind == protocol.OOM_CENSUS:
+            self._oom_census(proc, record)
         elif kind == protocol.REPLY:
             self._reply(proc, record)
 
@@ -301,7 +312,14 @@ class Model:
         if proc.nvml_status and not proc.nvml_status.get("available", False):
             self._event(proc.pid, "info", f"NVML n/a: {proc.nvml_status.get('reason')}", rec.get("t"))
 
+    def _oom_census(self, proc: ProcessModel, census: dict[str, Any]) -> None:
+        # A census sent again (its OOM turned out to be uncaught) replaces the first copy.
+        kept = [c for c in proc.oom_censuses if c.get("id") != census.get("id")]
+        proc.oom_censuses = (kept + [census])[-20:]
+
     def _reply(self, proc: ProcessModel, rec: dict[str, Any]) -> None:
+        if self.ledgers.feed_reply(proc.pid, rec):
+            return
         result = rec.get("result")
         if isinstance(result, dict) and ("top_sites" in result or "path" in result):
             proc.last_profile = result
@@ -322,6 +340,9 @@ class Model:
         interval = (proc.hello.get("interval_s") or 0.1)
         proc.last_t = t
         proc.latest = rec
+        proc.holders.feed(rec)
+        if isinstance(rec.get("oom_census"), dict):  # an agent that sends the census inside a sample
+            self._oom_census(proc, rec["oom_census"])
         if isinstance(rec.get("demo"), dict):
             proc.demo = rec["demo"]
         if proc.state in (CONNECTING, STALE, DISCONNECTED):
@@ -395,6 +416,8 @@ class Model:
             if isinstance(ev, dict):
                 text = ev.get("text") or ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("kind", "t"))
                 self._event(proc.pid, str(ev.get("kind", "event")), text, ev.get("t", t))
+        for kind, text, et in self.ledgers.feed_sample(proc.pid, rec):
+            self._event(proc.pid, kind, text, et)
 
     # -- reading -----------------------------------------------------------------
     def refresh_states(self) -> None:
@@ -452,6 +475,8 @@ class Model:
                     demo=p.demo,
                     external=p.hello["external"].get("note") if isinstance(p.hello.get("external"), dict) else None,
                     nvml=dict(latest.get("nvml") or {}) or None,
+                    holders=p.holders.view(),
+                    oom_censuses=tuple(p.oom_censuses),
                 ))
             n = len(devices)
             sel = -1 if selected < 0 or n == 0 else selected % n

@@ -1,0 +1,331 @@
+"""The jit ledger on the dashboard's side: one table per process, UI-free.
+
+The agent sends the ledger as the sample field ``jit``: a whole table now and
+then (``full: true``) and, in between, only what changed; the command
+``jit_ledger`` answers with the whole table at once. :class:`LedgerStore`
+folds both into one table per process and hands out frozen
+:class:`LedgerView` s. A stream joined in the middle (or a recording read
+from the middle) holds changes only until its next whole table:
+``LedgerView.complete`` says so.
+
+Thread-safe (its own lock): the model feeds it on the reader thread, the Jit
+screen reads it on the UI thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Points of the live-executable count kept per process (one per pass).
+MAX_TREND = 3600
+#: Recompile reasons of one function turned into events per folded field:
+#: a function recompiling on every call must not flood the event list.
+MAX_EVENTS_PER_FUNCTION = 3
+#: Recently freed executables kept for the screen.
+MAX_GONE = 64
+
+_SIZES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes", "code_bytes")
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class JitFunction:
+    """One function name of the ledger. Sizes are its largest live executable's
+    (``None`` when none is live); ``code_bytes`` adds up all of them."""
+
+    name: str
+    compiles: int | None = None
+    compiles_source: str | None = None  # "monitoring" (exact) | "executables" (a lower bound)
+    compile_s: float | None = None
+    live: int = 0
+    argument_bytes: int | None = None
+    output_bytes: int | None = None
+    alias_bytes: int | None = None
+    temp_bytes: int | None = None
+    peak_bytes: int | None = None
+    code_bytes: int | None = None
+    flops: float | None = None
+    bytes_accessed: float | None = None
+    call_site: str | None = None
+    defined_at: str | None = None
+    first_t: float | None = None
+    last_t: float | None = None
+    reasons: tuple[dict[str, Any], ...] = ()  # latest first
+    reasons_total: int = 0
+
+    @property
+    def total_bytes(self) -> int | None:
+        """What one run needs on the device: arguments, outputs not aliased
+        to an argument, and XLA's temporaries."""
+        parts = (self.argument_bytes, self.output_bytes, self.temp_bytes)
+        if all(p is None for p in parts):
+            return None
+        return sum(p or 0 for p in parts) - (self.alias_bytes or 0)
+
+    @property
+    def recompiles(self) -> int | None:
+        return None if self.compiles is None else max(0, self.compiles - 1)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> JitFunction:
+        reasons = [r for r in row.get("reasons") or () if isinstance(r, dict)]
+        return cls(
+            name=str(row.get("name")),
+            compiles=_int(row.get("compiles")),
+            compiles_source=row.get("compiles_source") if isinstance(row.get("compiles_source"), str) else None,
+            compile_s=_num(row.get("compile_s")),
+            live=_int(row.get("live")) or 0,
+            **{k: _int(row.get(k)) for k in _SIZES},
+            flops=_num(row.get("flops")),
+            bytes_accessed=_num(row.get("bytes_accessed")),
+            call_site=row.get("call_site") if isinstance(row.get("call_site"), str) else None,
+            defined_at=row.get("defined_at") if isinstance(row.get("defined_at"), str) else None,
+            first_t=_num(row.get("first_t")),
+            last_t=_num(row.get("last_t")),
+            reasons=tuple(reversed(reasons)),
+            reasons_total=_int(row.get("reasons_total")) or len(reasons),
+        )
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """The ledger of one process at one moment, for the Jit screen."""
+
+    pid: int
+    t: float | None = None  # the agent's pass that the numbers come from
+    available: bool = True
+    reason: str | None = None
+    live_count: int | None = None
+    code_bytes: int | None = None
+    pending: int = 0  # live executables the agent has not analysed yet
+    compiles_total: int | None = None
+    functions: tuple[JitFunction, ...] = ()
+    executables: tuple[dict[str, Any], ...] = ()
+    gone: tuple[dict[str, Any], ...] = ()
+    trend: tuple[tuple[float, int], ...] = ()
+    leak: dict[str, Any] | None = None
+    explain: dict[str, Any] = field(default_factory=dict)
+    complete: bool = False  # a whole table was folded
+    notes: tuple[str, ...] = ()
+
+    def trend_delta(self, window_s: float = 60.0) -> int | None:
+        """Change of the live-executable count over the last ``window_s`` seconds."""
+        if not self.trend:
+            return None
+        t_end, n_end = self.trend[-1]
+        start = next((n for t, n in self.trend if t >= t_end - window_s), n_end)
+        return n_end - start
+
+
+class _Table:
+    """One process's ledger as folded so far."""
+
+    def __init__(self) -> None:
+        self.fields = 0
+        self.complete = False
+        self.totals: dict[str, Any] = {}
+        self.functions: dict[str, dict[str, Any]] = {}
+        self.executables: dict[Any, dict[str, Any]] = {}
+        self.gone: list[dict[str, Any]] = []
+        self.trend: list[tuple[float, int]] = []
+        self.available = True
+        self.reason: str | None = None
+        self.joined_t: float | None = None
+        self.reason_t: dict[str, float] = {}  # newest reason already turned into an event
+        self.leak_since: Any = None
+
+    def fold(self, data: dict[str, Any], sample_t: float | None) -> list[tuple[str, str, float]]:
+        t = _num(data.get("t")) or sample_t or 0.0
+        if self.joined_t is None:
+            self.joined_t = t
+        self.fields += 1
+        if data.get("available") is False:
+            self.available = False
+            self.reason = str(data.get("reason") or "unavailable")
+            return []
+        self.available, self.reason = True, None
+        for key in ("live_count", "code_bytes", "pending", "compiles_total", "compiles_unattributed", "explain",
+                    "leak", "executables_reason", "compiles_reason", "pass_s"):
+            if key in data:
+                self.totals[key] = data[key]
+        for key in ("executables_reason", "compiles_reason"):
+            if key not in data:
+                self.totals.pop(key, None)
+        self.totals["t"] = t
+        rows = [r for r in data.get("functions") or () if isinstance(r, dict) and "name" in r]
+        exes = [r for r in data.get("executables") or () if isinstance(r, dict) and "id" in r]
+        if data.get("full"):
+            self.complete = True
+            self.functions = {str(r["name"]): r for r in rows}
+            self.executables = {r["id"]: r for r in exes}
+            self._merge_trend(data.get("trend"))
+        else:
+            for r in rows:
+                self.functions[str(r["name"])] = r
+            for r in exes:
+                self.executables[r["id"]] = r
+            for ident in data.get("gone") or ():
+                row = self.executables.pop(ident, None)
+                if row is not None:
+                    self.gone.append(dict(row, last_t=t))
+            del self.gone[:-MAX_GONE]
+        if "gone_recent" in data:
+            self.gone = [r for r in data["gone_recent"] if isinstance(r, dict)][-MAX_GONE:]
+        count = _int(data.get("live_count"))
+        if count is not None and (not self.trend or t > self.trend[-1][0]):
+            self.trend.append((t, count))
+            del self.trend[:-MAX_TREND]
+        return self._events(rows, data, t)
+
+    def _merge_trend(self, points: Any) -> None:
+        """Points the agent kept before this reader joined (a whole table's ``trend``)."""
+        if not isinstance(points, list):
+            return
+        known = {t for t, _ in self.trend}
+        for p in points:
+            if isinstance(p, (list, tuple)) and len(p) == 2:
+                t, n = _num(p[0]), _int(p[1])
+                if t is not None and n is not None and t not in known:
+                    bisect.insort(self.trend, (t, n))
+        del self.trend[:-MAX_TREND]
+
+    def _events(self, rows: list[dict[str, Any]], data: dict[str, Any], t: float) -> list[tuple[str, str, float]]:
+        """New recompile reasons and a new leak flag, as events for the event list.
+
+        Reasons from before this reader joined are history, not news.
+        """
+        events: list[tuple[str, str, float]] = []
+        for row in rows:
+            name = str(row["name"])
+            newest = self.reason_t.get(name, self.joined_t or 0.0)
+            fresh = [r for r in row.get("reasons") or () if isinstance(r, dict) and (_num(r.get("t")) or 0.0) > newest]
+            for r in fresh[-MAX_EVENTS_PER_FUNCTION:]:
+                events.append(("jit", f"recompile {name}: {describe_reason(r)}", _num(r.get("t")) or t))
+            if fresh:
+                self.reason_t[name] = max(_num(r.get("t")) or 0.0 for r in fresh)
+        leak = data.get("leak")
+        if isinstance(leak, dict):
+            if leak.get("since_t") != self.leak_since:
+                self.leak_since = leak.get("since_t")
+                events.append(("jit", f"leak? {leak.get('message')}", t))
+        elif "leak" in data:
+            self.leak_since = None
+        return events
+
+    def view(self, pid: int) -> LedgerView:
+        tot = self.totals
+        notes = tuple(str(tot[k]) for k in ("executables_reason", "compiles_reason") if tot.get(k))
+        leak = tot.get("leak") if isinstance(tot.get("leak"), dict) else None
+        return LedgerView(
+            pid=pid,
+            t=_num(tot.get("t")),
+            available=self.available,
+            reason=self.reason,
+            live_count=_int(tot.get("live_count")),
+            code_bytes=_int(tot.get("code_bytes")),
+            pending=_int(tot.get("pending")) or 0,
+            compiles_total=_int(tot.get("compiles_total")),
+            functions=tuple(JitFunction.from_row(r) for r in self.functions.values()),
+            executables=tuple(dict(r) for r in self.executables.values()),
+            gone=tuple(dict(r) for r in self.gone),
+            trend=tuple(self.trend),
+            leak=dict(leak) if leak else None,
+            explain=dict(tot.get("explain") or {}),
+            complete=self.complete,
+            notes=notes,
+        )
+
+
+def describe_reason(reason: dict[str, Any], site: bool = True) -> str:
+    """One line for a recompile reason: what changed (and where it was called)."""
+    where = short_site(reason.get("call_site")) if site else None
+    kind = reason.get("kind")
+    if reason.get("arg") is not None:
+        what = f"{reason.get('arg')} {reason.get('old')} → {reason.get('new')}"
+        more = len(reason.get("diffs") or ()) - 1
+        if more > 0:
+            what += f" (+{more} more)"
+    elif kind == "redefined":
+        what = "a new function object on a line traced before (re-defined in a loop?)"
+    else:
+        text = " ".join(str(reason.get("text") or "").split())
+        what = text or str(kind or "?")
+    return f"{what} at {where}" if where else what
+
+
+def short_site(site: Any) -> str | None:
+    """``/long/path/train.py:31`` → ``train.py:31``."""
+    if not isinstance(site, str) or not site:
+        return None
+    path, sep, line = site.rpartition(":")
+    if not sep or not line.isdigit():
+        return site.rsplit("/", 1)[-1]
+    return f"{path.rsplit('/', 1)[-1]}:{line}"
+
+
+class LedgerStore:
+    """Every watched process's ledger (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: dict[int, _Table] = {}
+
+    def feed_sample(self, pid: int, record: dict[str, Any]) -> list[tuple[str, str, float]]:
+        """Fold the ``jit`` field of a sample, if it has one.
+
+        Returns:
+            Events for the model's event list: ``(kind, text, t)``.
+        """
+        data = record.get("jit")
+        if not isinstance(data, dict):
+            return []
+        t = _num(record.get("t"))
+        with self._lock:
+            table = self._tables.setdefault(pid, _Table())
+            return table.fold(data, t)
+
+    def feed_reply(self, pid: int, record: dict[str, Any]) -> bool:
+        """Fold a ``jit_ledger`` command's reply; False when the reply is another command's."""
+        result = record.get("result")
+        if not isinstance(result, dict) or not isinstance(result.get("jit_ledger"), dict):
+            return False
+        data = dict(result["jit_ledger"], full=True)
+        with self._lock:
+            self._tables.setdefault(pid, _Table()).fold(data, _num(record.get("t")))
+        return True
+
+    def view(self, pid: int | None = None) -> LedgerView | None:
+        """The ledger of ``pid`` (None: the first process that has one)."""
+        with self._lock:
+            if pid is None:
+                pid = next(iter(self._tables), None)
+            table = self._tables.get(pid) if pid is not None else None
+            return table.view(pid) if table is not None else None
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return list(self._tables)
+
+    def forget(self, pid: int) -> None:
+        """Drop a process (a replay seeking backwards rebuilds it)."""
+        with self._lock:
+            self._tables.pop(pid, None)
+
+    def adopt(self, pid: int, other: LedgerStore) -> None:
+        """Take ``pid``'s table from another store (the model's ``adopt``)."""
+        with self._lock, other._lock:
+            table = other._tables.get(pid)
+            if table is None:
+                self._tables.pop(pid, None)
+            else:
+                self._tables[pid] = table

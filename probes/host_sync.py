@@ -1,0 +1,393 @@
+"""Host syncs: which lines of the user's code read device arrays on the host.
+
+``float(x)``, ``x.item()``, ``np.asarray(x)``, ``print(x)``, ``bool(x)``,
+``int(x)``, ``x.tolist()``… each wait for the computation that produces
+``x`` and copy it to the host: the program stalls there. This probe counts
+them per call site (the innermost frame of the user's code) and per kind.
+
+Where the reads go, checked on jax 0.4.30 and 0.10.2 (CPU, numpy 2):
+
+* ``ArrayImpl._value`` (a Python property; it copies device->host when
+  ``_npy_value`` is None and caches the copy where it had to make one) is
+  reached by ``__float__``, ``__int__``, ``__bool__``, ``__complex__``,
+  ``__index__``, ``tolist``, ``tobytes``, ``__str__`` (so ``print``),
+  ``__repr__``, ``__format__`` and, where numpy calls it, ``__array__``.
+* ``np.asarray(x)`` / ``np.array(x)`` of a single-device **CPU** array never
+  reach Python: jaxlib's ArrayImpl exports the buffer protocol, which numpy
+  tries before ``__array__``, so neither ``__array__`` nor ``_value`` runs.
+  ``x.item()`` goes through ``np.asarray`` (jax's ``_item`` calls
+  ``np.asarray(self)``), so it takes the same path. On GPU, and for arrays
+  over several devices, the buffer export is refused and numpy falls back
+  to ``__array__`` -> ``_value``.
+
+So the hooks are: the ``_value`` property of ``ArrayImpl`` (replaced by a
+wrapper property, and put back, the same object, on :meth:`HostSyncProbe.stop`)
+and, while the program has a CPU device, numpy's ``asarray``, ``array`` and
+``asanyarray`` module functions (wrapped; the wrappers pass any argument that
+is not a jax Array straight through). A thread-local flag makes a read count
+once when it passes through two hooks (``np.asarray`` -> ``__array__`` ->
+``_value`` on GPU; ``x.item()`` -> ``np.asarray``).
+
+A read counts only when it really reads the device: ``_npy_value`` is None
+(on GPU a second ``float(x)`` of the same array is served from jax's cached
+copy and is not counted; on CPU jax never caches, so every read counts). The
+hooks never change a result or an exception: they call the original and
+count after it returned; the count itself is guarded. Only an actual read
+walks the stack, once.
+
+Not seen: NumPy functions other than the three wrapped ones that take a CPU
+jax Array through the buffer protocol (``np.exp(x)``, ``np.concatenate([x,
+y])``, ``np.asarray([x, y])``) and names bound before the probe started
+(``from numpy import asarray``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from jaxtop.probes.holders import COMPREHENSIONS, LIBRARY, LibraryFilter, SiteKey, site_text
+
+__all__ = ["HostSyncProbe", "KINDS", "array_class_state"]
+
+#: The kind of a read, by the name of the library function it went through.
+#: The outermost such frame wins: ``jax.device_get`` -> ``__array__`` is a
+#: ``device_get``, ``x.item()`` -> ``np.asarray`` an ``item``.
+KINDS = {
+    "__float__": "float",
+    "__int__": "int",
+    "__bool__": "bool",
+    "__complex__": "complex",
+    "__index__": "index",
+    "__hex__": "index",
+    "__oct__": "index",
+    "tolist": "tolist",
+    "tobytes": "tobytes",
+    "_item": "item",
+    "item": "item",
+    "__array__": "asarray",
+    "__str__": "str",
+    "__repr__": "repr",
+    "__format__": "format",
+    "__iter__": "iter",
+    "device_get": "device_get",
+    "_device_get": "device_get",
+}
+#: Numpy's module functions wrapped while the program has a CPU device.
+NUMPY_FUNCTIONS = {"asarray": "asarray", "array": "array", "asanyarray": "asarray"}
+#: Frames walked at most, looking for the user's.
+MAX_DEPTH = 64
+#: Call sites kept at most; later new ones are counted under one "other" site.
+MAX_SITES = 2000
+#: Sites listed per record (most reads first).
+RECORD_SITES = 50
+
+OTHER_SITE: SiteKey = ("", 0, "<other sites>")
+NO_USER_FRAME: SiteKey = ("", 0, "<no user frame>")
+
+_install_lock = threading.Lock()
+_active: "HostSyncProbe | None" = None  # the probe whose hooks are installed
+
+
+def _array_impl() -> Any:
+    from jax._src.array import ArrayImpl
+
+    return ArrayImpl
+
+
+def array_class_state() -> dict[str, Any]:
+    """What :meth:`HostSyncProbe.stop` promises to leave as it found: the
+    attributes of ``ArrayImpl`` and ``jax.Array`` and numpy's wrapped
+    functions, by identity (tests compare two of these with ``is``)."""
+    import jax
+    import numpy as np
+
+    impl = _array_impl()
+    return {
+        "ArrayImpl": dict(vars(impl)),
+        "Array": dict(vars(jax.Array)),
+        "numpy": {name: getattr(np, name) for name in NUMPY_FUNCTIONS},
+    }
+
+
+class HostSyncProbe:
+    """Counts host reads of device arrays per call site and kind.
+
+    Args:
+        numpy_hooks: wrap numpy's ``asarray``/``array``/``asanyarray``:
+            ``"auto"`` (default) wraps them at :meth:`start` and unwraps them
+            at the first :meth:`sample` that finds a backend without any CPU
+            device (there every such read reaches ``_value``); True keeps
+            them, False never wraps.
+        filt: what counts as library code.
+        min_interval_s: least time between two records on the stream.
+        heartbeat_s: a record at least this often even without new reads,
+            so that a client connecting later finds the counts in its
+            backfill.
+    """
+
+    def __init__(self, numpy_hooks: bool | str = "auto", filt: LibraryFilter = LIBRARY,
+                 min_interval_s: float = 0.5, heartbeat_s: float = 10.0) -> None:
+        self.numpy_hooks = numpy_hooks
+        self._filt = filt
+        self._lock = threading.Lock()
+        self._tls = threading.local()
+        # site -> kind -> count; last_t per site
+        self._counts: dict[SiteKey, dict[str, int]] = {}
+        self._last_t: dict[SiteKey, float] = {}
+        self._kinds: dict[str, int] = {}
+        self.total = 0
+        self._version = 0
+        self._sent_version = -1
+        self._sent_t = -1e18
+        self.min_interval_s = float(min_interval_s)
+        self.heartbeat_s = float(heartbeat_s)
+        self._impl: Any = None
+        self._orig_value: Any = None
+        self._our_value: Any = None
+        self._np: Any = None
+        self._orig_np: dict[str, Any] = {}
+        self._our_np: dict[str, Any] = {}
+        self._backend_checked = False
+        self.reason: str | None = None  # why the probe is not counting
+        self.started = False
+
+    # -- wiring ------------------------------------------------------------------
+    def install(self, agent: Any) -> "HostSyncProbe":
+        """Registers the ``host_syncs`` sample field (call :meth:`start` once
+        jax is imported, :meth:`stop` when the agent stops)."""
+        agent.register_sample_field("host_syncs", self.sample)
+        return self
+
+    def start(self) -> None:
+        """Installs the hooks. Needs jax imported; never creates a backend.
+
+        Only one probe of a process has its hooks in at a time: starting a
+        second one leaves it off, with a ``reason``.
+        """
+        global _active
+        with _install_lock:
+            if self.started:
+                return
+            if _active is not None:
+                self.reason = "another HostSyncProbe is counting in this process"
+                return
+            try:
+                impl = _array_impl()
+                original = vars(impl)["_value"]
+                fget = original.fget
+            except Exception as exc:
+                self.reason = f"jax.Array._value not found: {type(exc).__name__}: {exc}"
+                return
+            self._impl, self._orig_value = impl, original
+            self._our_value = property(self._value_hook(fget), doc=getattr(original, "__doc__", None))
+            setattr(impl, "_value", self._our_value)
+            if self.numpy_hooks:
+                self._wrap_numpy()
+            self.started = True
+            self.reason = None
+            _active = self
+
+    def stop(self) -> None:
+        """Takes the hooks out: ``ArrayImpl._value`` and numpy's functions
+        are again the very objects they were before :meth:`start`.
+
+        Where someone else replaced one of them after us, theirs is left in
+        place (ours underneath turns into a plain pass-through).
+        """
+        global _active
+        with _install_lock:
+            if not self.started:
+                return
+            self.started = False
+            impl = self._impl
+            if vars(impl).get("_value") is self._our_value:
+                setattr(impl, "_value", self._orig_value)
+            self._unwrap_numpy()
+            if _active is self:
+                _active = None
+
+    def _wrap_numpy(self) -> None:
+        try:
+            import numpy as np
+        except Exception:
+            return
+        self._np = np
+        for name, kind in NUMPY_FUNCTIONS.items():
+            original = getattr(np, name, None)
+            if original is None:
+                continue
+            wrapper = self._numpy_hook(original, kind)
+            self._orig_np[name], self._our_np[name] = original, wrapper
+            setattr(np, name, wrapper)
+
+    def _unwrap_numpy(self) -> None:
+        np = self._np
+        for name, original in list(self._orig_np.items()):
+            if np is not None and getattr(np, name, None) is self._our_np.get(name):
+                setattr(np, name, original)
+        self._orig_np.clear()
+        self._our_np.clear()
+
+    @property
+    def numpy_wrapped(self) -> bool:
+        return bool(self._our_np)
+
+    # -- the hooks (user threads) ---------------------------------------------------
+    def _value_hook(self, fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        tls = self._tls
+        record = self._record
+
+        def _value(arr: Any) -> Any:
+            # Decided before the read: the read itself fills the cache.
+            fresh = getattr(arr, "_npy_value", None) is None
+            if not fresh or getattr(tls, "busy", False):
+                return fget(arr)
+            tls.busy = True
+            try:
+                value = fget(arr)
+            finally:
+                tls.busy = False
+            record(sys._getframe(1), None)
+            return value
+
+        return _value
+
+    def _numpy_hook(self, original: Callable[..., Any], kind: str) -> Callable[..., Any]:
+        tls = self._tls
+        record = self._record
+        impl = self._impl
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            # Only an Array passed first, positionally, is a read to count;
+            # every call is passed on exactly as it came.
+            if (not args or type(args[0]) is not impl or getattr(tls, "busy", False)
+                    or getattr(args[0], "_npy_value", None) is not None):
+                return original(*args, **kwargs)
+            tls.busy = True
+            try:
+                value = original(*args, **kwargs)
+            finally:
+                tls.busy = False
+            record(sys._getframe(1), kind)
+            return value
+
+        return wrapper
+
+    def _record(self, frame: Any, kind: str | None) -> None:
+        """One read: find the user's frame (one walk), count it. Never raises."""
+        try:
+            filt = self._filt
+            site: SiteKey | None = None
+            fallback: SiteKey | None = None
+            depth = 0
+            while frame is not None and depth < MAX_DEPTH:
+                code = frame.f_code
+                filename = code.co_filename
+                if not filt.is_library(filename):
+                    name = code.co_name
+                    outer = frame.f_back
+                    if name in COMPREHENSIONS and outer is not None and outer.f_code.co_filename == filename:
+                        name = f"{outer.f_code.co_name}.{name}"
+                    site = (filename, frame.f_lineno, name)
+                    break
+                # The outermost library function that names the read says what the user did.
+                kind = KINDS.get(code.co_name, kind)
+                if fallback is None and not filt.is_core(filename):
+                    fallback = (filename, frame.f_lineno, code.co_name)
+                frame = frame.f_back
+                depth += 1
+            if site is None:
+                site = fallback or NO_USER_FRAME
+            kind = kind or "other"
+            now = time.time()
+            with self._lock:
+                counts = self._counts.get(site)
+                if counts is None:
+                    if len(self._counts) >= MAX_SITES:
+                        site = OTHER_SITE
+                        counts = self._counts.setdefault(site, {})
+                    else:
+                        counts = self._counts[site] = {}
+                counts[kind] = counts.get(kind, 0) + 1
+                self._last_t[site] = now
+                self._kinds[kind] = self._kinds.get(kind, 0) + 1
+                self.total += 1
+                self._version += 1
+        except Exception:
+            pass  # counting must never disturb the read
+
+    # -- reading (agent thread, tests) ------------------------------------------------
+    def counts(self) -> dict[SiteKey, dict[str, int]]:
+        """``{(file, line, function): {kind: count}}`` so far (a copy)."""
+        with self._lock:
+            return {k: dict(v) for k, v in self._counts.items()}
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+            self._last_t.clear()
+            self._kinds.clear()
+            self.total = 0
+            self._version += 1
+
+    def _check_backend(self) -> None:
+        """``numpy_hooks="auto"``: once the backend exists, keep numpy's
+        wrappers only if a CPU device is there to export buffers."""
+        if self._backend_checked or self.numpy_hooks != "auto" or not self.started:
+            return
+        from jaxtop.probes.holders import _backend_ready
+
+        if not _backend_ready():
+            return
+        self._backend_checked = True
+        import jax
+
+        if not any(getattr(d, "platform", "") == "cpu" for d in jax.local_devices()):
+            with _install_lock:
+                self._unwrap_numpy()
+
+    def snapshot(self, now: float | None = None, limit: int = RECORD_SITES) -> dict[str, Any]:
+        """The ``host_syncs`` record now (whether or not anything changed)."""
+        with self._lock:
+            items = [(k, dict(v), self._last_t.get(k)) for k, v in self._counts.items()]
+            kinds = dict(self._kinds)
+            total = self.total
+        items.sort(key=lambda kv: (-sum(kv[1].values()), site_text(kv[0]), kv[0][2]))
+        sites = []
+        for key, kinds_of, last_t in items[:max(0, limit)]:
+            filename, line, name = key
+            sites.append({
+                "site": site_text(key), "function": name, "file": filename, "line": line,
+                "count": sum(kinds_of.values()), "kinds": dict(sorted(kinds_of.items())), "last_t": last_t,
+            })
+        record: dict[str, Any] = {
+            "t": time.time() if now is None else now,
+            "available": self.started,
+            "count": total,
+            "by_kind": dict(sorted(kinds.items())),
+            "sites_total": len(items),
+            "sites": sites,
+            "numpy_hooks": self.numpy_wrapped,
+        }
+        if not self.started:
+            record["reason"] = self.reason or "not started"
+        return record
+
+    def sample(self) -> dict[str, Any] | None:
+        """The sample field: a record when the counts changed (at most every
+        ``min_interval_s``) or every ``heartbeat_s``; else None."""
+        try:
+            self._check_backend()
+        except Exception:
+            pass
+        now = time.monotonic()
+        changed = self._version != self._sent_version
+        if not ((changed and now - self._sent_t >= self.min_interval_s) or now - self._sent_t >= self.heartbeat_s):
+            return None
+        self._sent_version, self._sent_t = self._version, now
+        return self.snapshot()

@@ -1,0 +1,783 @@
+"""OOM census: parsers, the census's parts, the hooks, the report, the screen.
+
+The slow tests run tests/targets/oom_hold.py for real: an address-space
+limit makes a 2 GiB request fail on CPU with RESOURCE_EXHAUSTED while the
+program holds known arrays made at known lines.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from jaxtop import oom_report
+from jaxtop.probes import oom
+from jaxtop.probes.oom import (
+    AllocatorLog, OomLineScanner, OomMonitor, build_census, device_verdict, group_live_arrays, host_verdict,
+    human_bytes, parse_allocator_line, parse_oom_message, parse_size,
+)
+
+TARGETS = Path(__file__).parent / "targets"
+HOLD = TARGETS / "oom_hold.py"
+ROOT = Path(__file__).resolve().parent.parent
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def marker_line(path: Path, marker: str) -> int:
+    """The line number of the line holding ``# MARKER`` in ``path``."""
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if f"# {marker}" in line:
+            return n
+    raise AssertionError(f"{marker} not in {path}")
+
+
+@pytest.fixture(autouse=True)
+def no_monitor_left():
+    """Every test leaves the process's hooks as it found them."""
+    hooks = (sys.excepthook, threading.excepthook)
+    yield
+    oom.uninstall()
+    assert (sys.excepthook, threading.excepthook) == hooks
+
+
+# ---------------------------------------------------------------------------
+# Sizes and messages
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,expected", [
+    ("2147483648", 2147483648), ("2147483648 bytes", 2147483648), ("1.00GiB", GiB), ("512B", 512),
+    ("1.5KiB", 1536), ("11.04G", round(11.04 * GiB)), ("3 MiB", 3 * MiB), ("16.00GiB", 16 * GiB), ("0B", 0),
+    ("lots", None), ("", None), (None, None),
+])
+def test_parse_size_reads_xla_sizes(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_human_bytes_shares_one_unit_for_pairs():
+    assert human_bytes(78.2 * GiB, 79.1 * GiB) == "78.2 of 79.1 GiB"
+    assert human_bytes(805306368) == "768 MiB"
+    assert human_bytes(3.1 * GiB) == "3.1 GiB"
+    assert human_bytes(512) == "512 B"
+    assert human_bytes(None) == "n/a"
+
+
+@pytest.mark.parametrize("text,form,nbytes,ordinal", [
+    # CPU (jaxlib's TFRT client), as the exception reads in a traceback.
+    ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 2147483648 bytes.", "cpu", 2147483648, None),
+    # GPU: stream executor, and the device allocator with its ordinal.
+    ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes.", "gpu", 17179869184, None),
+    ("RESOURCE_EXHAUSTED: Failed to allocate request for 4.00GiB (4294967296B) on device ordinal 1", "gpu", 4294967296, 1),
+    # TPU: human sizes.
+    ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 11.04G.", "tpu", round(11.04 * GiB), None),
+    (("RESOURCE_EXHAUSTED: Attempting to reserve 12.50G at the bottom of memory. That was not possible. "
+      "There are 9.98G free, 0B reserved, and 9.98G reservable."), "tpu", round(12.5 * GiB), None),
+])
+def test_parse_oom_message_reads_each_backend(text, form, nbytes, ordinal):
+    got = parse_oom_message(text)
+    assert got is not None and got["form"] == form and got["bytes"] == nbytes and got["device_ordinal"] == ordinal
+
+
+def test_parse_oom_message_tpu_compile_and_unknown_and_unrelated():
+    got = parse_oom_message("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
+                            "space hbm. Used 20.50G of 15.48G hbm. Exceeded hbm capacity by 5.02G.")
+    assert got["form"] == "tpu_compile" and got["bytes"] is None
+    assert got["capacity_bytes"] == round(15.48 * GiB) and got["over_bytes"] == round(5.02 * GiB)
+    vague = parse_oom_message("RESOURCE_EXHAUSTED: something new ran dry")
+    assert vague is not None and vague["bytes"] is None and vague["form"] == "unknown"
+    assert parse_oom_message("INTERNAL: Failed to open libtpu.so") is None
+    assert parse_oom_message("") is None
+
+
+# Realistic allocator output, written from XLA's bfc_allocator.cc and
+# allocator.cc: the failure (older and newer wording), its continuation
+# lines, the INFO dump (shown when INFO logs are on), the occupancy picture,
+# then PJRT's error line.
+GPU_STDERR = (
+    "step 100 loss 0.25\n"
+    "Limit: 5 retries\n"  # the program's own words: never reported
+    "W1203 19:09:21.852989   12345 bfc_allocator.cc:528] Allocator (GPU_0_bfc) ran out of memory trying to allocate "
+    "16.00GiB (rounded to 17179869184) from the lower end requested by op jit(train_step)/dot_general\n"
+    "If this is caused by memory fragmentation, the environment variable 'TF_GPU_ALLOCATOR=cuda_malloc_async' "
+    "may improve the situation.\n"
+    "Current allocation summary follows.\n"
+    "I1203 19:09:21.853201   12345 bfc_allocator.cc:1074] BFCAllocator dump for GPU_0_bfc\n"
+    "I1203 19:09:21.853210   12345 bfc_allocator.cc:1081] Bin (256): \tTotal Chunks: 12, Chunks in use: 11. 3.0KiB "
+    "allocated for chunks. 2.8KiB in use in bin. 1.2KiB client-requested in use in bin.\n"
+    "I1203 19:09:21.853299   12345 bfc_allocator.cc:1121] InUse at 7f2a40000000 of size 2147483648 tag 0 next 5\n"
+    "I1203 19:09:21.853300   12345 bfc_allocator.cc:1121] Free  at 7f2ac0000000 of size 431964160 tag 0 next 6\n"
+    "I1203 19:09:21.853400   12345 bfc_allocator.cc:1148] 36 Chunks of size 2147483648 totalling 72.00GiB\n"
+    "I1203 19:09:21.853401   12345 bfc_allocator.cc:1152] Sum Total of in-use chunks: 74.50GiB\n"
+    "I1203 19:09:21.853402   12345 bfc_allocator.cc:1168] Allocator memory summary: rounded request 16.00GiB, total "
+    "free in pool 3.12GiB, largest free chunk usable by lower end 412.00MiB, unallocated bytes 0B, pool size "
+    "77.62GiB, pool limit 77.62GiB\n"
+    "I1203 19:09:21.853403   12345 bfc_allocator.cc:1199] Stats: \n"
+    "Limit:                        77.62GiB\n"
+    "InUse:                        74.50GiB\n"
+    "MaxInUse:                     75.00GiB\n"
+    "NumAllocs:                        1234\n"
+    "MaxAllocSize:                  2.00GiB\n"
+    "Reserved:                           0B\n"
+    "PeakReserved:                       0B\n"
+    "LargestFreeBlock:            412.00MiB\n"
+    "\n"
+    "W1203 19:09:21.853500   12345 bfc_allocator.cc:540] " + "*" * 96 + "____\n"
+    "E1203 19:09:21.853600   12345 pjrt_stream_executor_client.cc:3084] Execution of replica 0 failed: "
+    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes.\n"
+    "step 101 loss 0.24\n"
+)
+# The older jaxlib's TSL header and wording (no "from the ... end", no space
+# before "requested").
+GPU_OLD_LINE = ("2026-12-03 19:09:21.852989: W external/xla/xla/tsl/framework/bfc_allocator.cc:497] Allocator "
+                "(GPU_1_bfc) ran out of memory trying to allocate 1.00GiB (rounded to 1073741824)requested by op ")
+GPU_NOT_FAILURE = ("W1203 19:09:21.000001   12345 bfc_allocator.cc:290] Allocator (GPU_0_bfc) ran out of memory "
+                   "trying to allocate 3.46GiB from the lower end with freed_by_count=0. The caller indicates that "
+                   "this is not a failure, but this may mean that there could be performance gains if more memory "
+                   "were available.")
+
+
+def test_gpu_allocator_lines_parse():  # (c)
+    failure = parse_allocator_line(GPU_STDERR.splitlines()[2])
+    assert failure["kind"] == "failure"
+    req = failure["request"]
+    assert req["bytes"] == 16 * GiB and req["rounded_bytes"] == 17179869184
+    assert req["allocator"] == "GPU_0_bfc" and req["device_ordinal"] == 0 and req["op"] == "jit(train_step)/dot_general"
+    old = parse_allocator_line(GPU_OLD_LINE)
+    assert old["kind"] == "failure" and old["request"]["rounded_bytes"] == GiB
+    assert old["request"]["device_ordinal"] == 1 and old["request"]["op"] is None
+    assert parse_allocator_line(GPU_NOT_FAILURE)["kind"] == "not_a_failure"
+    assert parse_allocator_line("LargestFreeBlock:            412.00MiB") == {
+        "kind": "stat", "key": "largest_free_block_bytes", "bytes": 412 * MiB}
+    assert parse_allocator_line("NumAllocs:                        1234")["bytes"] == 1234
+    error = parse_allocator_line(GPU_STDERR.splitlines()[-2])
+    assert error["kind"] == "error" and error["request"]["bytes"] == 17179869184
+    assert parse_allocator_line("step 100 loss 0.25") is None
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 4096, None])
+def test_scanner_reports_the_allocator_lines_however_stderr_is_cut(chunk):  # (c)
+    data = GPU_STDERR.encode()
+    scanner = OomLineScanner()
+    reported: list[bytes] = []
+    if chunk is None:
+        reported += scanner.feed(data)
+    else:
+        for i in range(0, len(data), chunk):
+            reported += scanner.feed(data[i:i + chunk])
+    reported += scanner.finish()
+    text = [r.decode() for r in reported]
+    assert len(text) == 13, text
+    assert "ran out of memory trying to allocate 16.00GiB" in text[0]
+    assert not any(t.startswith("Limit: 5") or "step 10" in t or "InUse at" in t or "Bin (256)" in t for t in text)
+    assert [t.split(":")[0] for t in text[3:11]] == [
+        "Limit", "InUse", "MaxInUse", "NumAllocs", "MaxAllocSize", "Reserved", "PeakReserved", "LargestFreeBlock"]
+    assert text[11].endswith("*" * 96 + "____") and "RESOURCE_EXHAUSTED" in text[12]
+    # The lines go to the agent, which builds the allocator's account of the failure.
+    log = AllocatorLog()
+    for line in text:
+        log.add(line)
+    event = log.latest()
+    assert event["request"]["rounded_bytes"] == 17179869184
+    assert event["stats"]["bytes_limit"] == round(77.62 * GiB) and event["stats"]["largest_free_block_bytes"] == 412 * MiB
+    assert event["summary"]["free"] == round(3.12 * GiB) and event["occupancy"].startswith("****")
+    assert event["errors"] == [("Execution of replica 0 failed: RESOURCE_EXHAUSTED: Out of memory while trying "
+                                "to allocate 17179869184 bytes.")]
+
+
+def test_scanner_ignores_plain_output_cheaply():
+    scanner = OomLineScanner()
+    block = b"epoch 1 step 2 loss 0.5 Limit: 3\n" * 2000
+    started = time.perf_counter()
+    for _ in range(100):
+        assert scanner.feed(block) == []
+    # Two substring searches per block: far below what the relay spends reading it.
+    assert (time.perf_counter() - started) / 100 < 0.002
+    assert scanner.feed(b"not a failure: Allocator (GPU_0_bfc) ran out of memory trying to allocate 1B") == []
+    assert scanner.finish() == [b"not a failure: Allocator (GPU_0_bfc) ran out of memory trying to allocate 1B"]
+
+
+def test_scanner_runs_where_the_relay_does():
+    # The relay is `python -S -E -s probes/_relay.py`: it imports this module
+    # by file name, without site-packages, and it must stay cheap to start.
+    code = ("import sys, time; t = time.perf_counter(); import oom; "
+            "s = oom.OomLineScanner(); print(s.feed(b'x: Out of memory y\\n'), "
+            "'typing' in sys.modules, round(time.perf_counter() - t, 4))")
+    out = subprocess.run([sys.executable, "-S", "-E", "-s", "-c", code], cwd=ROOT / "probes",
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    _, typing_loaded, _ = out.stdout.split()[-3:]
+    assert "Out of memory" in out.stdout and typing_loaded == "False"
+
+
+# ---------------------------------------------------------------------------
+# Verdicts
+# ---------------------------------------------------------------------------
+
+def test_device_verdict_tells_fragmentation_from_a_full_pool():
+    frag = {"bytes_in_use": int(76 * GiB), "bytes_limit": int(79.1 * GiB), "pool_bytes": int(79.1 * GiB),
+            "largest_free_block_bytes": int(0.4 * GiB)}
+    assert device_verdict(frag, GiB) == ("fragmentation: 3.1 GiB free in the pool but the largest free block is "
+                                         "410 MiB; the request was 1.0 GiB")
+    full = {"bytes_in_use": int(78.2 * GiB), "bytes_limit": int(79.1 * GiB), "pool_bytes": int(79.1 * GiB),
+            "largest_free_block_bytes": int(0.9 * GiB)}
+    assert device_verdict(full, 2 * GiB).startswith("the pool is full: 78.2 of 79.1 GiB in use; the request of 2.0 GiB "
+                                                    "needed 1.1 GiB more")
+    # Without a known request, BFC's own fragmentation measure decides.
+    assert device_verdict(frag).startswith("fragmentation:")
+    assert device_verdict(full).startswith("the pool is full")
+    assert device_verdict(None) is None
+
+
+def test_host_verdict_names_the_limit_that_applies():
+    host = {"rss_bytes": int(1.2 * GiB), "vms_bytes": int(2.9 * GiB), "rlimit_as_bytes": 3 * GiB, "mem_total_bytes": 64 * GiB}
+    text = host_verdict(host, 900 * MiB, 2 * GiB)
+    assert text == ("live arrays hold 900 MiB of the process's RSS 1.2 GiB; limit 3.0 GiB (RLIMIT_AS; 2.9 GiB of "
+                    "address space in use); the request was 2.0 GiB")
+    text = host_verdict({"rss_bytes": GiB, "mem_total_bytes": 64 * GiB, "mem_available_bytes": GiB}, 0)
+    assert "limit 64.0 GiB (MemTotal; 1.0 GiB available)" in text
+
+
+# ---------------------------------------------------------------------------
+# The census's parts, in this process
+# ---------------------------------------------------------------------------
+
+def _make_for_sites(jnp):
+    return [jnp.full((1024,), i, jnp.int32) for i in range(3)]  # SITES_LINE
+
+
+def test_arrays_grouped_once_per_buffer_and_sites_at_the_users_line():
+    import jax
+    import jax.numpy as jnp
+    from jaxtop.probes.oom import allocation_sites
+
+    held = _make_for_sites(jnp)
+    jax.block_until_ready(held)
+    # A second Array object on the same buffer: listed twice by jax, counted once.
+    alias = jax.device_put(held[0], held[0].sharding)
+    assert alias is not held[0] and alias.unsafe_buffer_pointer() == held[0].unsafe_buffer_pointer()
+    live = [a for a in jax.live_arrays() if a.shape == (1024,) and a.dtype == jnp.int32]
+    groups = group_live_arrays(live)
+    assert groups["aliases"] == len(live) - 3 >= 1
+    assert groups["groups"] == [{"shape": [1024], "dtype": "int32", "placement": "cpu:0", "count": 3,
+                                 "bytes": 3 * 4096, "bytes_each": 4096}]
+    sites = allocation_sites(jax.profiler.device_memory_profile(), top=1000)
+    line = marker_line(Path(__file__), "SITES_LINE")
+    site = next(s for s in sites["top"] if s["file"] == __file__ and s["line"] == line)
+    assert site["site"] == f"test_oom.py:{line} in _make_for_sites"  # not "<listcomp>"
+    assert site["count"] == 3 and site["bytes"] == 3 * 4096 and site["user"]
+    del alias, held, live
+
+
+class _SlowArray:
+    """Stands in for a jax Array whose attributes take time."""
+
+    def __init__(self, delay):
+        self.delay = delay
+
+    @property
+    def shape(self):
+        time.sleep(self.delay)
+        return (4,)
+
+
+def test_grouping_stops_at_its_deadline_and_says_how_many_it_left():
+    arrays = [_SlowArray(0.0002) for _ in range(5000)]
+    started = time.perf_counter()
+    got = group_live_arrays(arrays, deadline=started + 0.05)
+    assert time.perf_counter() - started < 0.5
+    assert not got["complete"] and 0 < got["not_scanned"] < 5000
+
+
+def test_timeline_keeps_the_climb():
+    t0 = 1000.0
+    records = [{"type": "sample", "t": t0 + i, "devices": [{"id": 0, "bytes_in_use": i * MiB}],
+                "process": {"rss_bytes": 100 * MiB + i}} for i in range(300)]
+    records.insert(5, {"type": "hello", "t": t0})
+    tl = oom.timeline_from_records(records, until=t0 + 299, span_s=60, points=50)
+    assert len(tl["t"]) == 50 and tl["t"][-1] == t0 + 299 and tl["t"][0] >= t0 + 239
+    assert tl["bytes_in_use"]["0"][-1] == 299 * MiB and tl["rss_bytes"][-1] == 100 * MiB + 299
+
+
+def test_build_census_in_process_is_complete_and_json(tmp_path):
+    import jax.numpy as jnp
+
+    held = jnp.ones((256, 1024), jnp.float32)
+    census = build_census(message="RESOURCE_EXHAUSTED: Out of memory allocating 2147483648 bytes.",
+                          trigger={"how": "manual"}, budget_s=5.0, records=[])
+    assert census["type"] == "oom_census" and census["complete"] and not census["errors"]
+    assert census["request"]["bytes"] == 2147483648
+    assert census["arrays"]["bytes"] >= held.nbytes
+    assert census["verdict"].startswith("live arrays hold")
+    path = oom.write_census(census, str(tmp_path))
+    assert oom.FILE_NAME.fullmatch(os.path.basename(path))
+    assert json.loads(Path(path).read_text())["id"] == census["id"]
+
+
+# ---------------------------------------------------------------------------
+# The monitor: hooks, rate limit, the stream
+# ---------------------------------------------------------------------------
+
+class FakeAgent:
+    """The agent's public surface the monitor uses."""
+
+    running = True
+    interval_s = 0.1
+    memory = None
+
+    def __init__(self):
+        self.fields = {}
+        self.events = []
+
+    def register_sample_field(self, name, fn):
+        self.fields[name] = fn
+
+    def post_event(self, kind, **fields):
+        self.events.append((kind, fields))
+
+    def transfer_totals(self, sync_timeout_s=0.0):
+        return {}
+
+
+def _oom_error(nbytes=123):
+    try:
+        raise RuntimeError(f"RESOURCE_EXHAUSTED: Out of memory allocating {nbytes} bytes.")
+    except RuntimeError as exc:
+        return exc
+
+
+def test_excepthook_chains_and_says_where_the_census_is(tmp_path, capsys):
+    calls = []
+    previous = sys.excepthook
+    sys.excepthook = lambda *args: calls.append(args)
+    try:
+        agent = FakeAgent()
+        monitor = oom.install(agent, directory=str(tmp_path))
+        exc = _oom_error()
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        assert calls == [(type(exc), exc, exc.__traceback__)]  # the previous hook, same arguments
+        census = monitor.censuses[-1]
+        assert census["trigger"]["how"] == "uncaught" and census["trigger"]["uncaught"]
+        assert census["trigger"]["raised_at"]["function"] == "_oom_error"
+        assert Path(census["path"]).exists()
+        assert capsys.readouterr().err == (f"jaxtop: out of memory: census written to {census['path']} "
+                                           f"(read it with: jaxtop oom {census['path']})\n")
+        # A non-OOM exception only passes through.
+        other = ValueError("nope")
+        sys.excepthook(ValueError, other, None)
+        assert calls[-1] == (ValueError, other, None) and len(monitor.censuses) == 1
+        # Until the agent takes records, the census rides in the next sample, once.
+        field = agent.fields["oom_census"]
+        assert field()["id"] == census["id"] and field() is None
+        assert agent.events[0][0] == "oom" and census["path"] in agent.events[0][1]["text"]
+        oom.uninstall()
+        assert sys.excepthook.__name__ == "<lambda>"
+    finally:
+        sys.excepthook = previous
+
+
+def test_a_wrapped_oom_is_found_through_its_cause(tmp_path):
+    monitor = oom.install(None, directory=str(tmp_path), note=False)
+    try:
+        try:
+            raise _oom_error(4096)
+        except RuntimeError as inner:
+            raise KeyError("step failed") from inner
+    except KeyError as outer:
+        census = monitor._on_uncaught(outer, outer.__traceback__, "MainThread")
+    assert census["request"]["bytes"] == 4096 and census["trigger"]["reported_as"] == "KeyError"
+
+
+def test_threading_excepthook_takes_the_census_and_chains(tmp_path):
+    seen = []
+    previous = threading.excepthook
+    threading.excepthook = lambda args: seen.append(args.exc_type)
+    try:
+        monitor = oom.install(None, directory=str(tmp_path), note=False)
+
+        def work():
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 64 bytes.")
+
+        t = threading.Thread(target=work, name="loader")
+        t.start()
+        t.join()
+        assert seen == [RuntimeError]
+        assert monitor.censuses[-1]["trigger"]["thread"] == "loader"
+    finally:
+        oom.uninstall()
+        threading.excepthook = previous
+
+
+def test_jax_error_is_seen_when_made_even_if_caught(tmp_path, monkeypatch):
+    import jax
+
+    monkeypatch.setattr(oom, "MIN_INTERVAL_S", 0.0)
+    cls = jax.errors.JaxRuntimeError
+    before = cls.__dict__.get("__init__")
+    monitor = oom.install(None, directory=str(tmp_path), note=False)
+    assert monitor._patched
+    try:
+        raise cls("RESOURCE_EXHAUSTED: Out of memory allocating 2147483648 bytes.")  # MADE_LINE
+    except cls as exc:
+        caught = exc
+    census = monitor.censuses[-1]
+    assert census["trigger"]["how"] == "raised" and not census["trigger"]["uncaught"]
+    assert census["trigger"]["raised_at"]["line"] == marker_line(Path(__file__), "MADE_LINE")
+    assert str(caught) == "RESOURCE_EXHAUSTED: Out of memory allocating 2147483648 bytes."
+    cls("INTERNAL: not memory")  # other runtime errors: nothing
+    assert len(monitor.censuses) == 1
+    oom.uninstall()
+    assert cls.__dict__.get("__init__") is before
+
+
+def test_rate_limit_counts_what_it_skipped(tmp_path, monkeypatch):
+    monitor = OomMonitor(None, directory=str(tmp_path), note=False, profile=False)
+    monitor.installed = True
+    for _ in range(3):
+        monitor.census("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes.", {"how": "raised"})
+    assert len(monitor.censuses) == 1 and monitor.suppressed == 2
+    # An uncaught OOM is taken even within the interval: the program ends.
+    fatal = monitor.census("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes.", {"how": "uncaught"}, force=True)
+    assert fatal is not None and fatal["suppressed_before"] == 2
+    monkeypatch.setattr(oom, "MIN_INTERVAL_S", 0.0)
+    for _ in range(10):
+        monitor.census("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes.", {"how": "raised"})
+    assert len(monitor.censuses) == oom.MAX_CENSUSES
+    assert len(list(tmp_path.glob("jaxtop-oom-*.json"))) == oom.MAX_CENSUSES
+
+
+def test_allocator_line_without_an_exception_brings_a_census_on_the_agent_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(oom, "GRACE_S", 0.0)
+    agent = FakeAgent()
+    monitor = OomMonitor(agent, directory=str(tmp_path), note=False, profile=False)
+    monitor.installed = True
+    assert monitor.take_records() == []  # the agent takes records: no census rides in samples
+    for line in GPU_STDERR.splitlines():
+        monitor.on_allocator_line(line)
+    records = monitor.take_records()
+    assert len(records) == 1
+    census = records[0]
+    assert census["type"] == "oom_census" and census["trigger"]["how"] == "allocator_log"
+    assert census["request"]["rounded_bytes"] == 17179869184 and census["request"]["allocator"] == "GPU_0_bfc"
+    assert census["allocator_log"]["stats"]["largest_free_block_bytes"] == 412 * MiB
+    assert monitor._sample_field() is None and monitor.take_records() == []
+
+
+def test_an_exception_census_takes_the_allocators_account(tmp_path):
+    monitor = OomMonitor(None, directory=str(tmp_path), note=False, profile=False)
+    monitor.installed = True
+    for line in GPU_STDERR.splitlines():
+        monitor.on_allocator_line(line)
+    census = monitor.census("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes.",
+                            {"how": "raised"})
+    assert census["request"]["op"] == "jit(train_step)/dot_general" and census["request"]["allocator"] == "GPU_0_bfc"
+    # An allocator event about another size is not this error's.
+    other = oom.build_census(message="RESOURCE_EXHAUSTED: Out of memory allocating 1024 bytes.",
+                             allocator=monitor.allocator.latest(), profile=False)
+    assert "allocator_log" not in other and other["request"]["op"] is None
+
+
+# ---------------------------------------------------------------------------
+# The report: `jaxtop oom FILE`
+# ---------------------------------------------------------------------------
+
+def sample_census() -> dict:
+    """A GPU census with fragmentation, fixed in time and place."""
+    t = 1_790_000_000.0
+    return {
+        "type": "oom_census", "t": t, "version": 1, "id": "4242-1", "pid": 4242, "argv": ["train.py", "--big"],
+        "trigger": {"how": "raised", "exception": "jax.errors.JaxRuntimeError", "uncaught": True, "thread": "MainThread",
+                    "message": "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1073741824 bytes.",
+                    "raised_at": {"file": "/src/train.py", "line": 120, "function": "step", "site": "train.py:120 in step"}},
+        "request": {"bytes": 1073741824, "rounded_bytes": 1073741824, "form": "gpu", "device": "gpu:0", "device_id": 0,
+                    "allocator": "GPU_0_bfc", "op": "jit(step)/dot_general", "device_ordinal": 0},
+        "devices": [
+            {"id": 0, "platform": "gpu", "source": "memory_stats", "bytes_in_use": int(76 * GiB),
+             "bytes_limit": int(79.1 * GiB), "pool_bytes": int(79.1 * GiB), "largest_free_block_bytes": int(0.4 * GiB),
+             "fragmentation": 0.87, "live_array_bytes": int(75 * GiB), "failed": True,
+             "verdict": "fragmentation: 3.1 GiB free in the pool but the largest free block is 410 MiB; the request was 1.0 GiB"},
+            {"id": 1, "platform": "gpu", "source": "memory_stats", "bytes_in_use": 10 * GiB, "bytes_limit": int(79.1 * GiB),
+             "pool_bytes": 12 * GiB, "largest_free_block_bytes": 2 * GiB, "fragmentation": 0.0,
+             "live_array_bytes": 10 * GiB, "failed": False, "verdict": "the pool is full: 10.0 of 79.1 GiB in use"},
+        ],
+        "host": {"rss_bytes": 8 * GiB, "vms_bytes": 90 * GiB, "rlimit_as_bytes": None, "mem_total_bytes": 512 * GiB,
+                 "mem_available_bytes": 400 * GiB},
+        "verdict": "fragmentation: 3.1 GiB free in the pool but the largest free block is 410 MiB; the request was 1.0 GiB",
+        "arrays": {"groups": [
+            {"shape": [12, 8192, 8192], "dtype": "float32", "placement": "gpu:0", "count": 12, "bytes": 12 * 3 * GiB,
+             "bytes_each": 3 * GiB},
+            {"shape": [8192, 8192], "dtype": "bfloat16", "placement": "PartitionSpec('data',) on 2 devices",
+             "count": 4, "bytes": 4 * 128 * MiB, "bytes_each": 128 * MiB}],
+            "count": 40, "bytes": int(85 * GiB), "groups_total": 5, "shown_bytes": 36 * GiB + 512 * MiB,
+            "per_device": {"0": int(75 * GiB), "1": 10 * GiB}, "aliases": 1, "errors": 0, "not_scanned": 0, "complete": True},
+        "sites": {"top": [
+            {"site": "train.py:88 in prefetch", "file": "/src/train.py", "line": 88, "function": "prefetch",
+             "bytes": int(9.4 * GiB), "count": 12, "user": True, "via": None, "stack": ["train.py:88 in prefetch"]},
+            {"site": "model.py:40 in init", "file": "/src/model.py", "line": 40, "function": "init", "bytes": 2 * GiB,
+             "count": 300, "user": True, "via": "linear.py:12 in param", "stack": []}],
+            "bytes": int(85 * GiB), "count": 40, "sites_total": 7, "executable_bytes": 0},
+        "timeline": {"t": [t - 9 + i for i in range(10)],
+                     "bytes_in_use": {"0": [int((40 + 4 * i) * GiB) for i in range(10)], "1": [10 * GiB] * 10},
+                     "live_bytes": {"0": [None] * 10, "1": [None] * 10}, "rss_bytes": [8 * GiB] * 10},
+        "allocator_log": {"t": t, "stats": {"bytes_limit": int(79.1 * GiB), "largest_free_block_bytes": int(0.4 * GiB)},
+                          "occupancy": "*" * 90 + "x" * 3 + "_" * 7, "lines": []},
+        "timing": {"seconds": 0.142, "budget_s": 2.0, "steps": {}, "live_arrays": 40},
+        "skipped": [], "errors": [], "complete": True, "path": "/runs/jaxtop-oom-4242-20260922-000000.json",
+    }
+
+
+def test_report_text_names_what_held_the_memory():
+    text = oom_report.format_report(sample_census(), width=100)
+    assert "Out of memory: uncaught jax.errors.JaxRuntimeError in thread MainThread at train.py:120 in step" in text
+    assert ("Failed request: 1.0 GiB (1073741824 bytes) on gpu:0 (allocator GPU_0_bfc), op jit(step)/dot_general"
+            in text)
+    assert "Verdict: fragmentation: 3.1 GiB free in the pool but the largest free block is 410 MiB" in text
+    assert "train.py:88 in prefetch: 12 arrays, 9.4 GiB" in text
+    assert "model.py:40 in init: 300 arrays, 2.0 GiB (via linear.py:12 in param)" in text
+    assert re.search(r"\s12\s+36\.0 GiB\s+3\.0 GiB\s+float32\[12, 8192, 8192\]\s+gpu:0", text)
+    assert "… 3 more groups, 48.5 GiB" in text
+    assert "gpu:0    ▁▂▃▃▄▅▆▆▇█  40.0 GiB -> 76.0 GiB" in text
+    assert "Census took 142.0 ms of a 2.0 s budget; complete" in text
+
+
+def test_jaxtop_oom_main_reads_a_census_file_and_a_recording(tmp_path, capsys):  # (e)
+    census = sample_census()
+    path = tmp_path / "jaxtop-oom-4242-20260922-000000.json"
+    path.write_text(json.dumps(census, indent=1))
+    assert oom_report.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "train.py:88 in prefetch: 12 arrays, 9.4 GiB" in out and out == oom_report.format_report(census, width=100)
+    # A gzip recording: the census rides in a sample (an older copy) and as a record (the last copy wins).
+    older = dict(census, verdict="older copy")
+    lines = [{"type": "hello", "t": 1.0, "pid": 4242}, {"type": "sample", "t": 2.0, "seq": 1, "oom_census": older},
+             census, {"type": "exit", "t": 3.0, "pid": 4242}]
+    rec = tmp_path / "run.jsonl.gz"
+    with gzip.open(rec, "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in lines))
+    assert oom_report.main([str(rec), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "older copy" not in out and out.count("jaxtop OOM census") == 1
+    empty = tmp_path / "none.jsonl"
+    empty.write_text(json.dumps({"type": "hello", "t": 1.0}) + "\n")
+    assert oom_report.main([str(empty)]) == 1
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not json at all\n")
+    assert oom_report.main([str(junk)]) == 2
+    assert oom_report.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_report_and_view_take_a_census_that_failed_half_way(monkeypatch):
+    from jaxtop.widgets.oom import OomCensusView
+
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(oom, "_build_census", broken)
+    census = build_census(message="RESOURCE_EXHAUSTED: Out of memory allocating 64 bytes.")
+    assert census["errors"] == ["census: ValueError: boom"] and census["request"]["bytes"] == 64
+    text = oom_report.format_report(census)
+    assert "Failed request: 64 B (64 bytes)" in text and "Errors: census: ValueError: boom" in text
+    console = Console(width=80, record=True, file=io.StringIO(), color_system=None)
+    console.print(OomCensusView(census))
+    assert "OUT OF MEMORY" in console.export_text()
+
+
+def test_view_renders_at_any_width_without_a_census_too():
+    from jaxtop.widgets.oom import NO_CENSUS, OomCensusView
+
+    for width in (60, 100, 200):
+        console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+        console.print(OomCensusView(sample_census(), position=(0, 2)))
+        text = console.export_text()
+        assert "OUT OF MEMORY" in text and "train.py:88 in prefetch" in text
+        assert max(len(line) for line in text.splitlines()) <= width
+    console = Console(width=80, record=True, file=io.StringIO(), color_system=None)
+    console.print(OomCensusView(None))
+    assert " ".join(console.export_text().split()) == NO_CENSUS
+
+
+# ---------------------------------------------------------------------------
+# The OOM screen (f)
+# ---------------------------------------------------------------------------
+
+def _screen_app():
+    from jaxtop.dashboard.app import make_app
+    from jaxtop.dashboard.sources import PushSource
+
+    src = PushSource()
+    return src, make_app(src)
+
+
+async def test_oom_screen_shows_a_pushed_census_and_closes():
+    from jaxtop.dashboard.oom_screen import OomScreen
+
+    src, app = _screen_app()
+    census = sample_census()
+    async with app.run_test(size=(120, 50)) as pilot:
+        src.push(4242, {"type": "hello", "t": census["t"] - 10, "pid": 4242, "argv": ["train.py"], "interval_s": 0.1,
+                        "backend": "gpu"})
+        src.push(4242, census)  # an oom_census record on the stream
+        proc = app.model.processes[4242]
+        if hasattr(proc, "oom_census"):  # once the model keeps censuses
+            assert proc.oom_census["id"] == census["id"]
+        older = dict(census, id="4242-0", verdict="the pool is full: 70.0 of 79.1 GiB in use")
+        app.push_screen(OomScreen([older, census]))
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, OomScreen)
+        shown = _static_text(app.screen)
+        assert "train.py:88 in prefetch: 12 arrays, 9.4 GiB" in shown and "census 1 of 2" in shown
+        await pilot.press("n")
+        assert "70.0 of 79.1 GiB" in _static_text(app.screen) and "census 2 of 2" in _static_text(app.screen)
+        await pilot.press("escape")
+        await pilot.pause(0.05)
+        assert not isinstance(app.screen, OomScreen)
+
+
+def _static_text(screen) -> str:
+    from textual.widgets import Static
+
+    static = screen.query_one("#oom-census", Static)
+    console = Console(width=118, record=True, file=io.StringIO(), color_system=None)
+    console.print(static.content)
+    return console.export_text()
+
+
+def test_oom_screen_snapshot(snap_compare):
+    from jaxtop.dashboard.oom_screen import OomScreen
+
+    src, app = _screen_app()
+
+    async def run_before(pilot):
+        src.push(4242, sample_census())
+        app.push_screen(OomScreen(sample_census()))
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(110, 46), run_before=run_before)
+
+
+# ---------------------------------------------------------------------------
+# Real programs (slow)
+# ---------------------------------------------------------------------------
+
+def _run_hold(env, tmp_path, mode, **extra):
+    env = dict(env)
+    env["OOM_TARGET_MODE"] = mode
+    env["JAXTOP_OOM_DIR"] = str(tmp_path)
+    env.update({k: str(v) for k, v in extra.items()})
+    return subprocess.run([sys.executable, str(HOLD)], env=env, capture_output=True, text=True, timeout=180,
+                          cwd=str(tmp_path))
+
+
+def _note_free(stderr: str) -> tuple[str, list[str]]:
+    lines = stderr.splitlines(keepends=True)
+    notes = [line for line in lines if line.startswith("jaxtop: out of memory")]
+    return "".join(line for line in lines if not line.startswith("jaxtop: out of memory")), notes
+
+
+def _only_census(tmp_path) -> dict:
+    files = sorted(tmp_path.glob("jaxtop-oom-*.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())
+
+
+@pytest.mark.slow
+def test_uncaught_oom_census_names_the_arrays_and_sites_and_leaves_the_run_alone(child_env, tmp_path):  # (a)
+    plain_dir, census_dir = tmp_path / "plain", tmp_path / "census"
+    plain_dir.mkdir(), census_dir.mkdir()
+    log = census_dir / "run.jsonl"
+    plain = _run_hold(child_env, plain_dir, "plain")
+    inst = _run_hold(child_env, census_dir, "census", OOM_TARGET_LOG=log)
+    assert plain.returncode == inst.returncode == 1, inst.stderr[-3000:]
+    assert inst.stdout == plain.stdout == "holding 6 2\n"
+    stderr, notes = _note_free(inst.stderr)
+    assert stderr == plain.stderr  # the traceback, byte for byte
+    assert "RESOURCE_EXHAUSTED: Out of memory allocating 2147483648 bytes." in stderr
+    assert not list(plain_dir.glob("jaxtop-oom-*"))
+    census = _only_census(census_dir)
+    assert notes == [(f"jaxtop: out of memory: census written to {census['path']} "
+                      f"(read it with: jaxtop oom {census['path']})\n")]
+    assert inst.stderr.endswith(notes[0])  # after the program's own traceback
+
+    assert census["request"]["bytes"] == 2 * GiB and census["trigger"]["uncaught"]
+    assert census["trigger"]["raised_at"]["line"] == marker_line(HOLD, "OOM_LINE")
+    groups = {(tuple(g["shape"]), g["dtype"]): g for g in census["arrays"]["groups"]}
+    assert (groups[((32 * MiB,), "float32")]["count"], groups[((32 * MiB,), "float32")]["bytes"]) == (6, 6 * 128 * MiB)
+    assert (groups[((16 * MiB,), "float32")]["count"], groups[((16 * MiB,), "float32")]["bytes"]) == (2, 2 * 64 * MiB)
+    assert groups[((1024, 1024), "float32")]["bytes"] == 4 * MiB and groups[((1024,), "float32")]["bytes"] == 4096
+    held = 6 * 128 * MiB + 2 * 64 * MiB + 4 * MiB + 4096
+    assert held <= census["arrays"]["bytes"] <= held + 4096
+    sites = {s["site"]: s for s in census["sites"]["top"]}
+    cache = sites[f"oom_hold.py:{marker_line(HOLD, 'CACHE_LINE')} in make_cache"]
+    assert (cache["count"], cache["bytes"], cache["file"]) == (6, 6 * 128 * MiB, str(HOLD))
+    buffers = sites[f"oom_hold.py:{marker_line(HOLD, 'BUFFERS_LINE')} in make_buffers"]
+    assert (buffers["count"], buffers["bytes"]) == (2, 2 * 64 * MiB)
+    params = sites[f"oom_hold.py:{marker_line(HOLD, 'PARAMS_LINE')} in params"]
+    assert (params["count"], params["bytes"]) == (2, 4 * MiB + 4096)
+    assert census["sites"]["top"][0]["site"] == cache["site"]
+    assert census["verdict"].startswith(f"live arrays hold {human_bytes(census['arrays']['bytes'])} of the process's RSS")
+    assert "(RLIMIT_AS;" in census["verdict"] and census["complete"]
+    assert census["timeline"]["t"] and census["timeline"]["last_is_census"]
+    # The stream carries it too, and `jaxtop oom` reads it from the recording.
+    recorded = oom_report.load_censuses(str(log))
+    assert [c["id"] for c in recorded] == [census["id"]] and recorded[0]["trigger"]["uncaught"]
+    code = "import sys; from jaxtop.oom_report import main; sys.exit(main(sys.argv[1:]))"
+    report = subprocess.run([sys.executable, "-c", code, census["path"]], capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0 and f"{cache['site']}: 6 arrays, 768 MiB" in report.stdout
+
+
+@pytest.mark.slow
+def test_caught_oom_is_recorded_and_the_program_goes_on(child_env, tmp_path):  # (b)
+    plain_dir, census_dir = tmp_path / "plain", tmp_path / "census"
+    plain_dir.mkdir(), census_dir.mkdir()
+    log = census_dir / "run.jsonl"
+    plain = _run_hold(child_env, plain_dir, "plain", OOM_TARGET_CATCH=1)
+    inst = _run_hold(child_env, census_dir, "census", OOM_TARGET_CATCH=1, OOM_TARGET_LOG=log)
+    assert plain.returncode == inst.returncode == 0, inst.stderr[-3000:]
+    assert inst.stdout == plain.stdout
+    assert "went on: 8.0 6 2" in inst.stdout
+    assert inst.stderr == plain.stderr  # no note: nothing was uncaught
+    census = _only_census(census_dir)
+    assert census["trigger"]["how"] == "raised" and not census["trigger"]["uncaught"]
+    assert census["trigger"]["raised_at"]["line"] == marker_line(HOLD, "CAUGHT_OOM_LINE")
+    assert census["request"]["bytes"] == 2 * GiB
+    assert census["arrays"]["bytes"] >= 6 * 128 * MiB + 2 * 64 * MiB
+    assert [c["id"] for c in oom_report.load_censuses(str(log))] == [census["id"]]
+
+
+@pytest.mark.slow
+def test_oom_in_a_worker_thread_goes_through_threading_excepthook(child_env, tmp_path):
+    plain_dir, census_dir = tmp_path / "plain", tmp_path / "census"
+    plain_dir.mkdir(), census_dir.mkdir()
+    plain = _run_hold(child_env, plain_dir, "plain", OOM_TARGET_THREAD=1)
+    inst = _run_hold(child_env, census_dir, "census", OOM_TARGET_THREAD=1)
+    assert plain.returncode == inst.returncode == 0, inst.stderr[-3000:]
+    assert inst.stdout == plain.stdout and "main goes on: 6 2" in inst.stdout
+    stderr, notes = _note_free(inst.stderr)
+    assert stderr == plain.stderr and len(notes) == 1
+    census = _only_census(census_dir)
+    assert census["trigger"]["thread"] == "loader" and census["trigger"]["uncaught"]
+
+
+@pytest.mark.slow
+def test_ten_thousand_live_arrays_census_is_bounded():  # (d)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "oom_census.py"), "--arrays", "10000",
+                          "--repeats", "2", "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["live_arrays_seen"] >= 10000 and result["grouped"] >= 10000 and result["complete"]
+    assert result["max_s"] < oom.DEFAULT_BUDGET_S
+    tight = result["tight_budget"]
+    # A census that cannot finish says what it skipped, and still ends in
+    # about its budget (one 256-array slice and the cheap parts past it).
+    assert tight["seconds"] < 0.01 + 0.2
+    assert {s["part"] for s in tight["skipped"]} >= {"sites"}
