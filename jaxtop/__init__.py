@@ -16,6 +16,7 @@ starts an agent in a running process, ``jaxtop.demo`` is the demo workload.
 from __future__ import annotations
 
 from jaxtop.agent.handle import Handle, instrument
+from jaxtop.labels import label
 from jaxtop.protocol import JAXTOP_VERSION as __version__
 
-__all__ = ["instrument", "Handle", "__version__"]
+__all__ = ["instrument", "label", "Handle", "__version__"]
