@@ -67,6 +67,11 @@ LOG_LINE_RE = re.compile(
     rb"(?:([IWEF])" + _ABSEIL[6:] + rb"|" + _TSL.replace(rb"[IWEF]", rb"([IWEF])", 1) + rb")"
     rb"(?:(" + _DIRECTIONS + rb"[^\n]*)|[^\n]*)\n"
 )
+#: A guard message after some other log header ("...] host-to-device
+#: transfer: ..."): a format this relay does not know (a newer or patched
+#: jaxlib). Reported as "U <line>" so the agent says n/a instead of 0.
+UNKNOWN_GUARD_RE = re.compile(rb"[^\n]*\] " + _DIRECTIONS + rb"[^\n]*")
+UNKNOWN_REPORTS_MAX = 5
 # Every guard line holds this; bytes without it hold none (a memchr-fast test).
 _GUARD_MARK = b" transfer:"
 # Every log header ends with it.
@@ -186,6 +191,7 @@ class Relay:
         self.mark_re = re.compile(re.escape(self.mark_prefix) + rb"(sync|show) ([^\x00\n]*)\x00")
         self.set_visibility(passed, b"")
         self.oom = OomLineScanner()
+        self.unknown_reports = 0
         self.counts = {}  # guard message -> lines since the last report
         # Bytes not judged yet: the end of the last read when it may be the
         # start of a log line or of a marker.
@@ -301,6 +307,16 @@ class Relay:
             i = data.rfind(b"\x00", 0, i)
         return len(data)
 
+    def report_unknown(self, data):
+        """Guard text left after every line of a known form was taken out:
+        a log format this relay does not know. The bytes still go to the
+        user; the agent is told, so it says n/a instead of counting 0."""
+        for match in UNKNOWN_GUARD_RE.finditer(data):
+            if self.unknown_reports >= UNKNOWN_REPORTS_MAX:
+                break
+            self.unknown_reports += 1
+            self.report(b"U " + match.group(0)[:512] + b"\n")
+
     def block(self, data):
         """Judge marker-free bytes in which every log line is whole.
 
@@ -323,6 +339,8 @@ class Relay:
                     found += parts[1::2]
                     data = b"".join(parts[0::2])
             self.count(found)
+            if _GUARD_MARK in data and self.unknown_reports < UNKNOWN_REPORTS_MAX:
+                self.report_unknown(data)
             self.forward(data)
             return
         # The user sees some guard lines or silenced a severity: judge each

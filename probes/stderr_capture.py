@@ -109,6 +109,8 @@ class StderrCapture:
         self._on_guard_lines = on_guard_lines
         self._on_notice = on_notice
         self._on_oom_line = on_oom_line  # an allocator's out-of-memory line (O <line>)
+        #: The first guard-like line the relay could not parse (None: none seen).
+        self.unrecognised: str | None = None
         self._token = secrets.token_hex(8)
         self._saved_fd: int | None = None
         self._data_r: int | None = None  # our own read end of the fd-2 pipe
@@ -247,6 +249,12 @@ class StderrCapture:
                 except ValueError:
                     continue
                 self._on_guard_lines(message.decode("utf-8", "replace"), count)
+            elif line.startswith(b"U "):  # U <line>: guard-like text in a form not recognised
+                if self.unrecognised is None:
+                    self.unrecognised = line[2:].decode("utf-8", "replace")
+                    if self._on_notice is not None:
+                        self._on_notice("a transfer-guard line in a form jaxtop does not recognise reached stderr; "
+                                        f"transfer counts are n/a: {self.unrecognised[:200]}")
             elif line.startswith(b"O "):  # O <line>: an out-of-memory line the relay passed on
                 if self._on_oom_line is not None:
                     self._on_oom_line(line[2:].decode("utf-8", "replace"))

@@ -45,6 +45,31 @@ _SHAPE_RE = re.compile(r"shape=\(([^)]*)\),\s*dtype=(\w+)")
 _SPECIAL_BITS = {"bool": 8, "pred": 8, "float0": 0, "token": 0}
 _TOP_SHAPES_KEPT = 1000
 
+#: The jax releases whose guard lines were recorded and checked (the
+#: fixtures in tests/fixtures/guard_lines and CI's oldest-jax run); the
+#: floor is pyproject.toml's.
+TESTED_JAX = ("0.4.30", "0.10.2")
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for part in text.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def untested_jax_reason(version: str | None) -> str | None:
+    """Why counts from this jax are unverified, or None inside the tested
+    range (patch releases of the newest tested minor count as tested)."""
+    if not version:
+        return None
+    low, high = (_version_tuple(v) for v in TESTED_JAX)
+    v = _version_tuple(version)
+    if v < low or v[:2] > high[:2]:
+        return f"jax {version} is outside the versions jaxtop was tested with ({TESTED_JAX[0]} to {TESTED_JAX[1]})"
+    return None
+
 
 @dataclass(frozen=True)
 class GuardLine:

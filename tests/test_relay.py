@@ -433,9 +433,11 @@ def test_possible_header_is_held_then_released(rig):
     # The rest of that line belongs to what was already forwarded.
     r.feed(b":30.1 1 guard_lib.cc:1] host-to-device transfer: \n")
     assert r.out == b"W1202 18:34:30.1 1 guard_lib.cc:1] host-to-device transfer: \n"
-    assert r.reports == b""
+    # Not counted, but not hidden from the agent either: a guard message it
+    # could not take as one is reported as unrecognised (counts become n/a).
+    assert r.reports == b"U :30.1 1 guard_lib.cc:1] host-to-device transfer: \n"
     r.feed(GUARD_H2D)  # the next line is judged afresh
-    assert r.reports == G(GUARD_H2D)
+    assert r.reports.endswith(G(GUARD_H2D))
 
 
 def test_release_keeps_a_partial_marker(rig):

@@ -46,7 +46,7 @@ from jaxtop.probes.nvml import NvmlProbe
 from jaxtop.probes.oom import install as install_oom, uninstall as uninstall_oom
 from jaxtop.probes.process import ProcessProbe
 from jaxtop.probes.stderr_capture import CaptureError, StderrCapture
-from jaxtop.probes.transfer_guard import CachedParser, GuardController, TransferCounter
+from jaxtop.probes.transfer_guard import CachedParser, GuardController, TransferCounter, untested_jax_reason
 from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 
 #: Least time between two memory profiles of this process, whoever asks:
@@ -76,6 +76,11 @@ def _versions() -> dict[str, Any]:
         module = sys.modules.get(name)
         out[name] = getattr(module, "__version__", None) if module else None
     return out
+
+
+def _jax_version() -> str | None:
+    module = sys.modules.get("jax")
+    return getattr(module, "__version__", None) if module else None
 
 
 class Agent:
@@ -628,6 +633,14 @@ class Agent:
             return {"available": False, "reason": self._capture_reason or "not started"}
         if self.guard is None:
             return {"available": True, "guard": None, "note": "waiting for jax to be imported"}
+        if self.capture.unrecognised is not None:
+            return {"available": False, "reason": "guard lines arrive in a form jaxtop does not recognise "
+                    f"(jax {_jax_version()}): {self.capture.unrecognised[:160]}"}
+        untested = untested_jax_reason(_jax_version())
+        if untested and not any(self.transfers.totals().values()):
+            # Until one guard line is recognised, 0 could mean "none" or
+            # "not understood": say which we cannot tell.
+            return {"available": False, "reason": untested + "; no transfer-guard line recognised yet"}
         status: dict[str, Any] = {"available": True, "guard": self.guard.user_levels()}
         if self.guard.reason:
             status["note"] = self.guard.reason
@@ -671,6 +684,7 @@ class Agent:
             "seq": self._seq,
             "devices": self.memory.sample(include_map=slow or final) if self.memory else [],
             "transfers": self.transfers.take(),
+            "transfer_capture": self._capture_status(),
             "process": self.process.sample(slow=slow or final),
             "compile": self.compile.sample(),
             "donation": self.donation.sample(),

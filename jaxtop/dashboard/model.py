@@ -11,10 +11,12 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
+
+import numpy as np
 
 from jaxtop import protocol
-from jaxtop.dashboard.history import History, Window
+from jaxtop.dashboard.history import History, Window, _num
 from jaxtop.dashboard.holders import HoldersFold, HoldersView
 from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.protocol import DIRECTIONS
@@ -24,6 +26,9 @@ DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_
 PROCESS_SERIES = ("h2d_per_s", "d2h_per_s", "d2d_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "d2d_bytes_per_s", "rss_bytes", "cpu_percent", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
 STALE_INTERVALS = 3
 MAX_EVENTS = 500
+#: A live stream whose newest sample is this much older than the wall clock
+#: (or 3 intervals, if longer) is still loading its backlog.
+LOADING_LAG_S = 2.0
 #: The shortest time axis drawn: a run's first sample alone still gets one.
 MIN_SPAN_S = 1.0
 #: Why a live buffer has no place in a scan's memory map (``live_arrays.unmapped``).
@@ -184,6 +189,7 @@ class ProcessModel:
         self.nvml_status: dict[str, Any] = {}
         self.demo: dict[str, Any] | None = None
         self.started_t: float | None = None  # the process's start (process probe), not the agent's
+        self.samples = 0  # samples applied so far (a loading indicator counts them)
 
 
 class Model:
@@ -267,17 +273,39 @@ class Model:
         event: one odd record from a newer agent, a bug or a hostile peer
         must not stop the reader thread that feeds the model.
         """
-        kind = record.get("type")
+        self.feed_many(pid, (record,))
+
+    def feed_many(self, pid: int, records: Iterable[dict[str, Any]]) -> int:
+        """Apply several wire records of ``pid`` in order, as one change.
+
+        The same result as :meth:`feed` for each record in turn, but a
+        backlog (an agent's backfill, a recording) goes in at a fraction of
+        the cost: the lock is taken once, history rows are appended to the
+        ring buffers in one numpy write per series set, and a device's
+        buffer map, of which only the newest is ever shown, is decoded once
+        per batch instead of once per scan.
+
+        Returns:
+            How many records were applied.
+        """
+        batch = _Batch()
+        n = 0
         with self._lock:
             proc = self.process(pid)
             proc.last_recv = self._clock()
-            try:
-                self._apply(proc, kind, record)
-            except Exception as exc:
-                self._event(pid, "error", f"malformed {kind!r} record skipped: {type(exc).__name__}: {exc}", None)
+            for record in records:
+                n += 1
+                kind = record.get("type")
+                try:
+                    self._apply(proc, kind, record, batch)
+                except Exception as exc:
+                    self._event(pid, "error", f"malformed {kind!r} record skipped: {type(exc).__name__}: {exc}", None)
+            batch.flush()
+            proc.samples += batch.samples
             self.version += 1
+        return n
 
-    def _apply(self, proc: ProcessModel, kind: Any, record: dict[str, Any]) -> None:
+    def _apply(self, proc: ProcessModel, kind: Any, record: dict[str, Any], batch: _Batch) -> None:
         pid = proc.pid
         if kind == protocol.HELLO:
             self._hello(proc, record)
@@ -286,7 +314,7 @@ class Model:
             proc.versions.update(record.get("versions") or {})
             self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(record.get('devices') or [])} device(s)", record.get("t"))
         elif kind == protocol.SAMPLE:
-            self._sample(proc, record)
+            self._sample(proc, record, batch)
         elif kind == protocol.DROPPED:
             self._event(pid, "dropped", f"{record.get('count')} samples dropped ({record.get('reason', 'client too slow')})", record.get("t"))
         elif kind == protocol.ERROR:
@@ -330,10 +358,11 @@ class Model:
         elif not rec.get("ok", True):
             self._event(proc.pid, "error", f"command failed: {rec.get('error')}", rec.get("t"))
 
-    def _sample(self, proc: ProcessModel, rec: dict[str, Any]) -> None:
+    def _sample(self, proc: ProcessModel, rec: dict[str, Any], batch: _Batch) -> None:
         t = rec.get("t")
         if not isinstance(t, (int, float)):
             return
+        batch.samples += 1
         dt = (t - proc.last_t) if proc.last_t is not None else None
         if dt is not None and dt <= 0:
             dt = None
@@ -364,18 +393,19 @@ class Model:
                 state.prev_allocs = (t, num_allocs)
             live = dev.get("live_arrays") or {}
             if "map" in live:
-                _take_map(state, live)
+                batch.maps[id(state)] = (state, live)  # a later scan in this batch replaces it
             gpu = nvml_by_index.get(jax_to_nvml.get(dev["id"]))
-            state.history.append(t, {
-                "bytes_in_use": dev.get("bytes_in_use"),
-                "pool_bytes": dev.get("pool_bytes"),
-                "peak_bytes_in_use": dev.get("peak_bytes_in_use"),
-                "allocs_per_s": state.allocs_per_s,
-                "fragmentation": dev.get("fragmentation"),
-                "nvml_used_bytes": gpu.get("memory_used_bytes") if gpu else None,
-                "live_bytes": live.get("bytes"),
-                "largest_free_block_bytes": dev.get("largest_free_block_bytes"),
-            })
+            # In DEVICE_SERIES order.
+            batch.add(state.history, t, (
+                dev.get("bytes_in_use"),
+                dev.get("pool_bytes"),
+                dev.get("peak_bytes_in_use"),
+                state.allocs_per_s,
+                dev.get("fragmentation"),
+                gpu.get("memory_used_bytes") if gpu else None,
+                live.get("bytes"),
+                dev.get("largest_free_block_bytes"),
+            ))
         transfers = rec.get("transfers") or {}
         row: dict[str, Any] = {}
         rates: dict[str, dict[str, Any]] = {}
@@ -405,7 +435,7 @@ class Model:
             rx = [g.get("pcie_rx_bytes_per_s") for g in gpus if g.get("pcie_rx_bytes_per_s") is not None]
             row["pcie_tx_bytes_per_s"] = sum(tx) if tx else None
             row["pcie_rx_bytes_per_s"] = sum(rx) if rx else None
-        proc.history.append(t, row)
+        batch.add(proc.history, t, tuple(row.get(name) for name in PROCESS_SERIES))
         comp = rec.get("compile") or {}
         if comp.get("count"):
             self._event(proc.pid, "compile", f"{comp['count']} backend compile(s); {comp.get('count_total')} total, {comp.get('seconds_total', 0):.2f} s", t)
@@ -432,6 +462,29 @@ class Model:
                 if state != proc.state:
                     proc.state = state
                     self.version += 1
+
+    def loading(self, now: float | None = None) -> tuple[int, float] | None:
+        """Whether a live stream is still catching up on its backlog.
+
+        A live process whose newest sample is older than a few intervals is
+        being fed its backfill (or another backlog) faster than real time.
+
+        Returns:
+            (samples loaded so far, seconds still behind) over the processes
+            that are behind, or None when every live stream is current.
+        """
+        wall = now if now is not None else time.time()
+        samples, behind = 0, 0.0
+        with self._lock:
+            for p in self.processes.values():
+                if p.state not in (LIVE, STALE) or p.last_t is None:
+                    continue
+                interval = p.hello.get("interval_s") or 0.1
+                lag = wall - p.last_t
+                if lag > max(LOADING_LAG_S, STALE_INTERVALS * interval):
+                    samples += p.samples
+                    behind = max(behind, lag)
+        return (samples, behind) if behind else None
 
     def device_keys(self) -> list[tuple[int, int]]:
         with self._lock:
@@ -464,7 +517,7 @@ class Model:
                     seq=latest.get("seq"),
                     transfers=dict(p.rates),
                     top_shapes=tuple((latest.get("transfers") or {}).get("top_shapes") or ()),
-                    capture=dict(p.hello.get("transfer_capture") or {}),
+                    capture=dict(latest.get("transfer_capture") or p.hello.get("transfer_capture") or {}),  # the newest status wins
                     process=dict(latest.get("process") or {}),
                     compile=dict(latest.get("compile") or {}),
                     donation=dict(latest.get("donation") or {}),
@@ -532,6 +585,33 @@ class Model:
             map_live_bytes=s.map_live_bytes,
             unmapped=dict(s.unmapped),
         )
+
+
+class _Batch:
+    """What :meth:`Model.feed_many` defers to the end of a batch: history
+    rows (appended in one numpy write per history) and each device's newest
+    buffer map (the only one a snapshot shows)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[History, list[float], list[list[float]]]] = {}
+        self.maps: dict[int, tuple[_DeviceState, dict[str, Any]]] = {}
+        self.samples = 0
+
+    def add(self, history: History, t: float, values: tuple[Any, ...]) -> None:
+        entry = self.rows.get(id(history))
+        if entry is None:
+            entry = self.rows[id(history)] = (history, [], [])
+        entry[1].append(t)
+        # Numbers pass as they are; anything else as History.append stores it.
+        entry[2].append([v if (v.__class__ is float or v.__class__ is int) else _num(v) for v in values])
+
+    def flush(self) -> None:
+        for state, live in self.maps.values():
+            _take_map(state, live)
+        for history, ts, rows in self.rows.values():
+            history.extend(np.asarray(ts, dtype=np.float64), np.asarray(rows, dtype=np.float32))
+        self.rows.clear()
+        self.maps.clear()
 
 
 def _take_map(state: _DeviceState, live: dict[str, Any]) -> None:
