@@ -29,7 +29,6 @@ program's allocator settings).
 
 from __future__ import annotations
 
-import gzip
 import os
 import sys
 import sysconfig
@@ -38,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from jaxtop.probes.memory_profile import Profile, ProfileDecodeError, decode_profile
+from jaxtop.probes.memory_profile import Profile, load_profile, value_indices
 
 __all__ = [
     "LibraryFilter",
@@ -237,16 +236,6 @@ class ProfileTotals:
     executable_count: int = 0
 
 
-def _value_index(types: list[tuple[str, str]], names: tuple[str, ...], unit: str) -> int | None:
-    for i, (type_name, _) in enumerate(types):
-        if type_name in names:
-            return i
-    for i, (_, type_unit) in enumerate(types):
-        if type_unit == unit:
-            return i
-    return None
-
-
 def aggregate_profile(data: bytes | Profile, filt: LibraryFilter = LIBRARY) -> ProfileTotals:
     """Folds a device memory profile into allocation sites. Pure: no jax.
 
@@ -263,20 +252,8 @@ def aggregate_profile(data: bytes | Profile, filt: LibraryFilter = LIBRARY) -> P
     Raises:
         ProfileDecodeError: not a pprof profile with a bytes sample type.
     """
-    if isinstance(data, Profile):
-        profile = data
-    else:
-        raw = bytes(data)
-        if raw[:2] == b"\x1f\x8b":
-            try:
-                raw = gzip.decompress(raw)
-            except (OSError, EOFError) as exc:
-                raise ProfileDecodeError(f"bad gzip data: {exc}") from exc
-        profile = decode_profile(raw)
-    bytes_i = _value_index(profile.sample_types, ("space", "inuse_space"), "bytes")
-    count_i = _value_index(profile.sample_types, ("allocations", "inuse_objects"), "count")
-    if bytes_i is None:
-        raise ProfileDecodeError(f"no bytes sample type in {profile.sample_types}")
+    profile = data if isinstance(data, Profile) else load_profile(data)
+    bytes_i, count_i = value_indices(profile)
 
     # A profile reuses few locations across many samples: resolve each once,
     # and pick the site once per distinct stack.

@@ -325,6 +325,50 @@ def _frame_text(name: str, filename: str, line: int) -> str:
     return f"{name or '?'} ({os.path.basename(filename) or '?'}:{line})"
 
 
+def load_profile(data: bytes | memoryview) -> Profile:
+    """A pprof Profile from its bytes, gzipped (as jax returns them) or not.
+
+    Raises:
+        ProfileDecodeError: bad gzip data or not a Profile message.
+    """
+    raw = bytes(data)
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise ProfileDecodeError(f"bad gzip data: {exc}") from exc
+    return decode_profile(raw)
+
+
+def value_indices(profile: Profile) -> tuple[int, int | None]:
+    """Where a sample's bytes and allocation count are in its values.
+
+    Raises:
+        ProfileDecodeError: the profile has no bytes sample type.
+    """
+    bytes_i = _value_index(profile.sample_types, ("space", "inuse_space"), "bytes")
+    count_i = _value_index(profile.sample_types, ("allocations", "inuse_objects"), "count")
+    if bytes_i is None:
+        raise ProfileDecodeError(f"no bytes sample type in {profile.sample_types}")
+    return bytes_i, count_i
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write beside, then rename: a reader (or a full disk) never sees a
+    half-written file under the final name, and no temp file stays."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def summarize_profile(raw_gzip_bytes: bytes, top: int = 10) -> dict[str, Any]:
     """Aggregates a gzipped pprof device memory profile. Pure: no jax, no I/O.
 
@@ -350,18 +394,8 @@ def summarize_profile(raw_gzip_bytes: bytes, top: int = 10) -> dict[str, Any]:
         ProfileDecodeError: the bytes are not a gzipped pprof Profile or lack
             a bytes sample type.
     """
-    data = raw_gzip_bytes
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise ProfileDecodeError(f"bad gzip data: {exc}") from exc
-    profile = decode_profile(data)
-
-    bytes_i = _value_index(profile.sample_types, ("space", "inuse_space"), "bytes")
-    count_i = _value_index(profile.sample_types, ("allocations", "inuse_objects"), "count")
-    if bytes_i is None:
-        raise ProfileDecodeError(f"no bytes sample type in {profile.sample_types}")
+    profile = load_profile(raw_gzip_bytes)
+    bytes_i, count_i = value_indices(profile)
 
     # Resolve each location once: a real profile reuses a few dozen
     # locations across thousands of samples.
@@ -563,19 +597,7 @@ def take_profile(
             n += 1
         try:
             os.makedirs(os.fspath(directory), exist_ok=True)
-            # Write beside, then rename: a reader (or a full disk) never sees
-            # a half-written profile under the final name.
-            tmp = f"{path}.tmp"
-            try:
-                with open(tmp, "wb") as fh:
-                    fh.write(raw)
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            write_atomic(path, raw)
         except OSError as exc:
             return {"error": f"cannot write profile to {path}: {_one_line(exc)}"}
         if keep is not None:

@@ -1421,17 +1421,9 @@ def write_census(census: dict[str, Any], directory: str | None = None, path: str
             path = f"{base}-{n}.json"
             n += 1
     text = json.dumps(census, indent=1, default=str, allow_nan=False) + "\n"
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from jaxtop.probes.memory_profile import write_atomic
+
+    write_atomic(path, text.encode("utf-8"))
     return path
 
 
