@@ -81,9 +81,9 @@ async def shot_demo() -> None:
         app = DemoApp(worker, pid)
         async with app.run_test(size=SIZE) as pilot:
             await _wait(pilot, app, lambda: app.snapshot is not None and demo_state(app.snapshot), 120)
-            # Placement runs first: flip it. Then run donation, batching and
-            # checkpointing in their first variant and flip each, so both
-            # sides of every effect shown are measured.
+            # Enter measures the selected strategy's first variant, enter
+            # again the other: placement, then donation, batching and
+            # checkpointing, so both sides of every effect shown are measured.
             await pilot.pause(3.0)
             await pilot.press("enter")
             await pilot.pause(3.5)

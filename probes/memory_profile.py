@@ -70,7 +70,10 @@ __all__ = [
 
 #: A frame whose file path contains one of these is library code, not an
 #: allocation site the user can act on.
-LIBRARY_PATH_MARKERS = ("/jax/", "/jaxlib/", "/numpy/", "<frozen", "site-packages/jax")
+# "site-packages/jax_" covers the plugins (jax_cuda12_plugin, …); a bare
+# "site-packages/jax" would also match site-packages/jaxtop, and so hide the
+# demo's own allocation sites in a non-editable install.
+LIBRARY_PATH_MARKERS = ("/jax/", "/jaxlib/", "/numpy/", "<frozen", "site-packages/jax_")
 #: Frames kept in each site's ``stack``.
 STACK_DEPTH = 8
 

@@ -40,13 +40,15 @@ DEFAULT_REFRESH_S = 2.0
 AGE_REFRESH_S = 1.0
 
 #: Shown in help under the keys: what the numbers mean.
-HELP_NOTES = """\
-Memory layers: NVML used ≥ allocator pool ≥ bytes in use ≥ live arrays.
-With the default GPU allocator JAX preallocates 75 % of the card: NVML shows
-the pool, not what your arrays use. On CPU there is no allocator pool; sizes
-come from jax.live_arrays(). Transfer bytes are a lower bound (cached jit calls
-log no shapes). n/a always comes with the reason.
-"""
+# One paragraph per line: the help screen wraps them to its width.
+HELP_NOTES = (
+    "Memory layers: NVML used ≥ allocator pool ≥ bytes in use ≥ live arrays. "
+    "With the default GPU allocator JAX preallocates 75 % of the card: NVML shows "
+    "the pool, not what your arrays use. On CPU there is no allocator pool; sizes "
+    "come from jax.live_arrays().\n"
+    "Transfer bytes are a lower bound (cached jit calls log no shapes). "
+    "n/a always comes with the reason.\n"
+)
 
 #: Footer groups: one label for a pair of keys ("←→ seek", "+- speed").
 SEEK_KEYS = Binding.Group("seek", compact=True)
@@ -207,6 +209,7 @@ class JaxtopApp(App[None]):
         self._pump_stop = threading.Event()
         self._pump_poke = threading.Event()
         self._pump: threading.Thread | None = None
+        self._loading: tuple[int, float] | None = None  # (samples in, seconds behind) while a backlog loads
 
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -223,6 +226,9 @@ class JaxtopApp(App[None]):
                 yield TransfersPanel(id="transfers")
         yield OverviewPanel(id="overview")
         yield EventsPanel(id="events")
+        loading = Static(id="loading")
+        loading.display = False  # shown only while a backlog loads
+        yield loading
         yield Footer()
 
     def compose_extra(self) -> ComposeResult:
@@ -246,6 +252,7 @@ class JaxtopApp(App[None]):
     def _pump_loop(self) -> None:
         last_version = -1
         last_post = 0.0
+        was_loading = False
         while not self._pump_stop.is_set():
             self._pump_poke.wait(AGE_REFRESH_S)
             self._pump_poke.clear()
@@ -255,9 +262,16 @@ class JaxtopApp(App[None]):
             now = time.monotonic()
             if self.model.version == last_version and now - last_post < AGE_REFRESH_S:
                 continue
+            loading = self.model.loading()
+            # The frame that completes a backlog goes out at once: waiting
+            # for the redraw period would show the backfill up to refresh_s late.
+            caught_up = was_loading and loading is None
+            was_loading = loading is not None
             wait = self.refresh_s - (now - last_post)
-            if wait > 0:
+            if wait > 0 and not caught_up:
                 self._pump_stop.wait(wait)
+                loading = self.model.loading()
+            self._loading = loading
             last_version = self.model.version
             last_post = time.monotonic()
             try:
@@ -286,6 +300,11 @@ class JaxtopApp(App[None]):
 
     def show(self, snap: Snapshot) -> None:
         self.snapshot = snap
+        indicator = self.query_one("#loading", Static)
+        loading = self._loading
+        indicator.display = loading is not None
+        if loading is not None:
+            indicator.update(f" loading backlog: {loading[0]:,} samples in, {loading[1]:,.0f} s behind")
         overview = snap.selected < 0 and bool(snap.devices)
         self.query_one("#main").display = not overview
         self.query_one("#overview").display = overview
