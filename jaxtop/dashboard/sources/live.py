@@ -15,6 +15,8 @@ import threading
 import time
 from typing import IO, Any, Iterable
 
+import orjson
+
 from jaxtop import client, paths, protocol
 from jaxtop.dashboard.model import DISCONNECTED, EXITED, Model
 from jaxtop.dashboard.sources.base import OnUpdate, Source
@@ -347,6 +349,9 @@ class LiveSource(Source):
                 continue
             first = False
             conn.agent = agent
+            # Bigger reads while a backfill pours in: fewer, larger batches for
+            # Model.feed_many; a live 10 Hz stream is never near this size.
+            agent.RECV_BYTES = 1 << 20
             self._read(conn, agent)
             conn.agent = None
             agent.close()
@@ -423,17 +428,25 @@ class LiveSource(Source):
             with conn.spool_lock:
                 for line in lines:
                     conn.spool_line(line)
+            # One model update per read: an agent's backfill arrives in a few
+            # big reads, and the model ingests a batch far faster than the
+            # same records one by one.
+            records: list[dict[str, Any]] = []
             for line in lines:
                 if not line.strip():
                     continue
                 try:
-                    record = protocol.decode(line)
+                    record = fast_decode(line)
                 except protocol.ProtocolError as exc:
+                    model.feed_many(conn.pid, records)  # keep the event after the records before it
+                    records = []
                     model.add_event(conn.pid, "error", f"malformed line from agent skipped: {exc}")
                     continue
                 if record.get("type") == "exit":
                     conn.saw_exit = True
-                model.feed(conn.pid, record)
+                records.append(record)
+            if records:
+                model.feed_many(conn.pid, records)
             self.on_update()
 
     def send_command(self, pid: int, name: str, args: dict[str, Any] | None = None) -> str | None:
@@ -459,6 +472,26 @@ class LiveSource(Source):
                                      f"{conn.spool_cap >> 20} MiB compressed (JAXTOP_SPOOL_MAX_BYTES)")
             written.append(target)
         return written
+
+
+def fast_decode(line: bytes) -> dict[str, Any]:
+    """:func:`protocol.decode`, with orjson where it can.
+
+    orjson parses a sample several times faster than the standard library.
+    Whatever it rejects (NaN literals, integers beyond 64 bits, odd input)
+    goes to :func:`protocol.decode`, so that what is accepted, and the error
+    for what is not, stay exactly the same.
+
+    Raises:
+        protocol.ProtocolError: the line is not a valid record.
+    """
+    try:
+        obj = orjson.loads(line)
+    except Exception:
+        return protocol.decode(line)
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        return protocol.decode(line)
+    return obj
 
 
 def _with_suffix(path: str, pid: int) -> str:
