@@ -22,7 +22,12 @@ elif mode in ("sigint", "sigint-jax"):
         import jax.numpy as jnp
 
         jnp.ones(3).block_until_ready()
-    print("waiting", flush=True)
+    import threading
+
+    # Say "waiting" from another thread once the main thread is asleep, so
+    # SIGINT always lands inside the sleep: the traceback (line and carets)
+    # is then the same in every run.
+    threading.Timer(0.3, lambda: print("waiting", flush=True)).start()
     time.sleep(60)
 elif mode == "chdir":
     os.chdir("/")
