@@ -109,7 +109,7 @@ def _private_tmp_prefix() -> list[str]:
     service with PrivateTmp=, a container), or skips."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private /tmp")
-    if os.path.realpath(PY).startswith("/tmp/"):
+    if os.path.abspath(PY).startswith("/tmp/") or os.path.realpath(PY).startswith("/tmp/"):
         # The target's own interpreter would vanish under its private /tmp.
         pytest.skip(f"the interpreter {PY} lives under /tmp, which a private /tmp hides")
     probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
