@@ -54,7 +54,7 @@ for step in range(20):
     h2d_bytes += x.nbytes + y.nbytes
     replicated = update(replicated, x, y)
 
-mesh = jax.make_mesh((n,), ("x",))
+mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))  # jax.make_mesh is newer than 0.4.30
 sharded = jax.device_put(np.ones((n * 32, 256), np.float32), NamedSharding(mesh, P("x")))  # explicit: no guard line
 doubled = jax.jit(lambda a: a * 2, out_shardings=NamedSharding(mesh, P("x")))(sharded)
 jax.block_until_ready((replicated, doubled))
