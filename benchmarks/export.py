@@ -21,7 +21,7 @@ the orjson/layouts ratio, and checks that both paths wrote the same bytes.
 For scale it also prints two floors measured in the same run: json.loads
 and orjson.loads of every line, nothing else.
 
-Target (issue 6): under 2 s per 100,000 samples.
+Target: under 2 s per 100,000 samples.
 
     .venv/bin/python benchmarks/export.py                 # 100,000 samples, 5 rounds
     .venv/bin/python benchmarks/export.py --recording my.jsonl --runs 7
