@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from jaxtop.probes.memory_profile import Profile, load_profile, value_indices
+from jaxtop.probes.memory_profile import Profile, frame_resolver, load_profile, value_indices
 
 __all__ = [
     "LibraryFilter",
@@ -257,18 +257,8 @@ def aggregate_profile(data: bytes | Profile, filt: LibraryFilter = LIBRARY) -> P
 
     # A profile reuses few locations across many samples: resolve each once,
     # and pick the site once per distinct stack.
-    frame_cache: dict[int, list[tuple[str, str, int]]] = {}
+    frames_of = frame_resolver(profile)
     site_cache: dict[tuple[int, ...], tuple[SiteKey, bool]] = {}
-
-    def frames_of(loc_id: int) -> list[tuple[str, str, int]]:
-        frames = frame_cache.get(loc_id)
-        if frames is None:
-            frames = []
-            for func_id, line in profile.locations.get(loc_id, ()):
-                name, filename = profile.functions.get(func_id, ("", ""))
-                frames.append((name, filename, line))
-            frame_cache[loc_id] = frames
-        return frames
 
     out = ProfileTotals(sites={})
     for sample in profile.samples:

@@ -356,6 +356,23 @@ def value_indices(profile: Profile) -> tuple[int, int | None]:
     return bytes_i, count_i
 
 
+def frame_resolver(profile: Profile):
+    """``loc_id -> [(function, file, line), …]`` (innermost first), each
+    location resolved once: a real profile reuses a few dozen locations
+    across thousands of samples."""
+    cache: dict[int, list[tuple[str, str, int]]] = {}
+
+    def frames_of(loc_id: int) -> list[tuple[str, str, int]]:
+        frames = cache.get(loc_id)
+        if frames is None:
+            frames = [(*profile.functions.get(func_id, ("", "")), line)
+                      for func_id, line in profile.locations.get(loc_id, ())]
+            cache[loc_id] = frames
+        return frames
+
+    return frames_of
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Write beside, then rename: a reader (or a full disk) never sees a
     half-written file under the final name, and no temp file stays."""
@@ -400,19 +417,7 @@ def summarize_profile(raw_gzip_bytes: bytes, top: int = 10) -> dict[str, Any]:
     profile = load_profile(raw_gzip_bytes)
     bytes_i, count_i = value_indices(profile)
 
-    # Resolve each location once: a real profile reuses a few dozen
-    # locations across thousands of samples.
-    frame_cache: dict[int, list[tuple[str, str, int]]] = {}
-
-    def frames_of(loc_id: int) -> list[tuple[str, str, int]]:
-        frames = frame_cache.get(loc_id)
-        if frames is None:
-            frames = []
-            for func_id, line in profile.locations.get(loc_id, ()):
-                name, filename = profile.functions.get(func_id, ("", ""))
-                frames.append((name, filename, line))
-            frame_cache[loc_id] = frames
-        return frames
+    frames_of = frame_resolver(profile)
 
     total_bytes = 0
     total_allocs = 0
