@@ -1,8 +1,10 @@
 """The stderr relay: a tiny child process that owns the read end of fd 2.
 
 It is started by :mod:`jaxtop.probes.stderr_capture` as
-``python -S -E _relay.py ORIG_FD REPORT_FD TOKEN SHOWN|SILENCED``, with the
-capture pipe as its stdin. It forwards every byte the target writes to stderr
+``python -S -E _relay.py ORIG_FD REPORT_FD TOKEN SHOWN|SILENCED KIND``, with
+the capture pipe as its stdin (KIND ``pty`` when that is a pseudo-terminal's
+master standing in for the terminal ORIG_FD: the relay then keeps its size
+equal to the real one's). It forwards every byte the target writes to stderr
 to the original stderr, unchanged and in order, except transfer-guard lines
 that only jaxtop asked for (directions not in SHOWN, e.g. ``h2d,d2d``) and
 other log lines of the severities in SILENCED (e.g. ``IW``). Every guard line
@@ -155,11 +157,16 @@ HOLD_S = 0.05
 # program writes meanwhile must fit, or its write() would wait for us.
 BATCH_S = 0.02
 BATCH_BIG_PIPE_S = 0.1
+BATCH_PTY_S = 0.004
 BIG_PIPE_BYTES = 1 << 20
 READ_BYTES = 65536
 
 
 def batch_seconds(fd=0):
+    if os.isatty(fd):
+        # A pseudo-terminal holds about 18 KiB, not a pipe's 1 MiB: a short
+        # wait, so the program's writes seldom find it full.
+        return BATCH_PTY_S
     try:
         import fcntl
 
@@ -444,14 +451,35 @@ class Relay:
         self.flush_reports()
 
 
+def follow_terminal_size(out_fd):
+    """Copy the real terminal's size to the pseudo-terminal on stdin now and
+    on every SIGWINCH: the program asks ours for its size."""
+
+    def copy(*_):
+        try:
+            import fcntl
+            import termios
+
+            size = fcntl.ioctl(out_fd, termios.TIOCGWINSZ, b"\0" * 8)
+            fcntl.ioctl(0, termios.TIOCSWINSZ, size)
+        except (ImportError, OSError, AttributeError):
+            pass
+
+    copy()
+    signal.signal(signal.SIGWINCH, copy)
+
+
 def main(argv):
     out_fd, report_fd = int(argv[1]), int(argv[2])
     shown, _, silenced = argv[4].partition("|")
     token, passed = argv[3].encode(), set(filter(None, shown.split(",")))
+    on_pty = len(argv) > 5 and argv[5] == "pty"
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         # The target's process group gets Ctrl-C too; this process must live
         # until the target is gone, so it waits for EOF instead.
         signal.signal(sig, signal.SIG_IGN)
+    if on_pty:
+        follow_terminal_size(out_fd)
     if report_fd >= 0:
         os.set_blocking(report_fd, False)
     relay = Relay(out_fd, report_fd if report_fd >= 0 else None, token, passed)

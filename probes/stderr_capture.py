@@ -11,6 +11,25 @@ The capture keeps a read end of the pipe too, and never reads it while a
 relay runs: if the relay dies (the OOM killer, a stray ``kill -9``), the
 program's writes to stderr still land in the pipe instead of failing with
 EPIPE, and a new relay started on the same pipe forwards them.
+
+The program must not notice any of this:
+
+* When stderr is a terminal, the "pipe" is a pseudo-terminal, so
+  ``isatty(2)``, ``os.get_terminal_size(2)`` and colour detection (rich,
+  abseil, tqdm) read as before. Its size is copied from the real terminal at
+  start and again by the relay on every SIGWINCH (the relay is in the
+  program's process group, so the terminal signals it too). A program that
+  asks for the size inside its own SIGWINCH handler may, for a moment, still
+  read the old size: the relay updates the pseudo-terminal when its own copy
+  of the signal arrives. Output processing (``\n`` → ``\r\n``) is left to
+  the real terminal and switched off on ours, so bytes are not changed twice.
+* When fd 1 and fd 2 are the same stream (``2>&1``, or both the terminal),
+  fd 1 goes through the same pipe: the program's writes to both reach the
+  relay in the order it made them, and come out in that order. Without this
+  the relay's small delay moved stderr lines after later stdout lines. The
+  price: on that one stream, a line of the program's *stdout* that is a
+  complete JAX log line which jaxtop hides (a transfer-guard line only jaxtop
+  asked for) is hidden too, as it would be on stderr.
 """
 
 from __future__ import annotations
@@ -45,6 +64,71 @@ def _grow_pipe(fd: int) -> None:
             fcntl.fcntl(fd, setsize, PIPE_BYTES)
     except OSError:
         pass  # over the system's limit: the default size, and the relay reads sooner
+
+
+def _same_stream(a: int, b: int) -> bool:
+    """True when fds ``a`` and ``b`` write to one stream, so the order of
+    writes between them is visible (``2>&1``, both the terminal, one pipe)."""
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    if (sa.st_dev, sa.st_ino) != (sb.st_dev, sb.st_ino):
+        return False
+    if stat.S_ISREG(sa.st_mode):
+        # One file opened twice (`>f 2>f`) has two offsets: the program's
+        # writes overwrite each other there, and merging them would change
+        # where bytes land. Only one open file (same offset, same flags) is
+        # one stream.
+        try:
+            import fcntl
+
+            return (os.lseek(a, 0, os.SEEK_CUR) == os.lseek(b, 0, os.SEEK_CUR)
+                    and fcntl.fcntl(a, fcntl.F_GETFL) == fcntl.fcntl(b, fcntl.F_GETFL))
+        except (OSError, ImportError):
+            return False
+    return True
+
+
+def copy_terminal_size(src: int, dst: int) -> None:
+    """Give terminal ``dst`` the size of terminal ``src`` (rows, columns and
+    pixels); nothing when either is not a terminal."""
+    try:
+        import fcntl
+        import termios
+
+        size = fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8)
+        fcntl.ioctl(dst, termios.TIOCSWINSZ, size)
+    except (OSError, ImportError, AttributeError):
+        pass
+
+
+def _open_terminal_like(real: int) -> tuple[int, int] | None:
+    """A pseudo-terminal standing in for terminal ``real``: (master, slave),
+    or None where none can be opened (then a pipe is used)."""
+    try:
+        import termios
+
+        master, slave = os.openpty()
+    except (OSError, ImportError, AttributeError):
+        return None
+    try:
+        attrs = termios.tcgetattr(real)
+        attrs[1] &= ~termios.OPOST  # the real terminal processes output; ours passes bytes as written
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    except (OSError, termios.error):
+        pass  # a pty's defaults: still a terminal to the program
+    try:
+        attrs = termios.tcgetattr(slave)
+        if attrs[1] & termios.OPOST:
+            attrs[1] &= ~termios.OPOST
+            termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    except (OSError, termios.error):
+        for fd in (master, slave):
+            os.close(fd)
+        return None  # bytes would be changed on the way: a pipe instead
+    copy_terminal_size(real, slave)
+    return master, slave
 
 
 #: New relays started after one died, at most, before the capture gives up.
@@ -113,6 +197,12 @@ class StderrCapture:
         self.unrecognised: str | None = None
         self._token = secrets.token_hex(8)
         self._saved_fd: int | None = None
+        self._saved_fd1: int | None = None  # fd 1 as it was, when it shares our pipe
+        #: "pty" when fd 2 is a terminal and the program writes to a
+        #: pseudo-terminal, "pipe" otherwise (None before start).
+        self.kind: str | None = None
+        #: True when fd 1 goes through the relay too (it is fd 2's stream).
+        self.merged_stdout = False
         self._data_r: int | None = None  # our own read end of the fd-2 pipe
         self._report_r: int | None = None
         self._relay: subprocess.Popen | None = None
@@ -158,18 +248,33 @@ class StderrCapture:
         if _nobody_reads(2):
             raise CaptureError("stderr is a pipe nobody reads; left as it is, so writes to it fail as without jaxtop")
         saved = os.dup(2)  # non-inheritable
-        data_r, data_w = os.pipe()
-        _grow_pipe(data_w)
+        pty = _open_terminal_like(saved) if os.isatty(saved) else None
+        if pty is not None:
+            data_r, data_w = pty
+            self.kind = "pty"
+        else:
+            data_r, data_w = os.pipe()
+            _grow_pipe(data_w)
+            self.kind = "pipe"
+        merge = _same_stream(1, 2)
         try:
             self._relay, self._report_r = self._spawn(saved, data_r)
         except CaptureError:
             for fd in (saved, data_r, data_w):
                 os.close(fd)
             raise
-        try:
-            sys.stderr.flush()
-        except Exception:
-            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()  # what the program wrote before goes first
+            except Exception:
+                pass
+        if merge:
+            try:
+                self._saved_fd1 = os.dup(1)
+                os.dup2(data_w, 1)
+                self.merged_stdout = True
+            except OSError:
+                self._saved_fd1 = None
         os.dup2(data_w, 2)  # the new fd 2 is inheritable, as the old one was
         os.close(data_w)
         self._saved_fd, self._data_r = saved, data_r
@@ -181,7 +286,8 @@ class StderrCapture:
         visibility = ",".join(sorted(self._shown)) + "|" + self._silenced
         try:
             relay = subprocess.Popen(
-                [sys.executable, "-S", "-E", "-s", _RELAY_PATH, str(saved), str(report_w), self._token, visibility],
+                [sys.executable, "-S", "-E", "-s", _RELAY_PATH, str(saved), str(report_w), self._token, visibility,
+                 self.kind or "pipe"],
                 stdin=data_r,
                 stdout=subprocess.DEVNULL,
                 stderr=saved,
@@ -361,12 +467,17 @@ class StderrCapture:
             if not self.active:
                 return
             self.active = False
-            try:
-                sys.stderr.flush()
-            except Exception:
-                pass
-            saved, data_r = self._saved_fd, self._data_r
-            self._saved_fd = self._data_r = None
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            saved, data_r, saved1 = self._saved_fd, self._data_r, self._saved_fd1
+            self._saved_fd = self._data_r = self._saved_fd1 = None
+            if saved1 is not None:
+                os.dup2(saved1, 1)
+                os.close(saved1)
+                self.merged_stdout = False
             if saved is not None:
                 os.dup2(saved, 2)
             relay = self._relay
@@ -412,6 +523,11 @@ class StderrCapture:
         if not self.active:
             self._close_reports()
             return
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()  # into the pipe, before the sync marker: forwarded in order
+            except Exception:
+                pass
         self.sync(0.5)  # so bytes written before stop come out before later ones
         with self._read_lock:
             self._release_fd2()
