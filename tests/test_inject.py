@@ -92,6 +92,26 @@ def test_inject_log_detach_leaves_the_loop_untouched(child_env, sockdir, tmp_pat
 
 
 @needs_gdb
+def test_attach_and_detach_keep_the_order_of_one_stream(child_env, sockdir, tmp_path):
+    # `2>&1` into one pipe: attaching mid-run sends fd 1 through the relay
+    # with fd 2, and detaching gives both back; the merged stream is exactly
+    # the program's, in its order, before, during and after.
+    steps = 500
+    proc = subprocess.Popen([PY, str(TARGETS / "plain_loop.py"), "--steps", str(steps), "--sleep", "0.01"],
+                            env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    both = Lines(proc.stdout)
+    wait_for(lambda: len(both.lines) > 20 or proc.poll() is not None, what="the loop to start")
+    res = jaxtop("log", proc.pid, "--inject", "-o", tmp_path / "log.jsonl", "--duration", "2", env=child_env)
+    assert res.returncode == 0, res.stderr.decode()
+    det = jaxtop("detach", proc.pid, env=child_env)
+    assert det.returncode == 0, det.stderr.decode()
+    assert proc.wait(timeout=120) == 0
+    both.thread.join(10)
+    want = b"".join(f"step {i}\n".encode() + (f"err {i}\n".encode() if i % 10 == 0 else b"") for i in range(steps))
+    assert both.data() == want
+
+
+@needs_gdb
 def test_second_attach_to_an_instrumented_process_just_connects(targets, sockdir, child_env):
     from jaxtop.inject import inject
 
