@@ -37,7 +37,7 @@ def demo_worker(child_env, monkeypatch, tmp_path):
     worker = Worker(small=True)
     worker.start()
     yield worker
-    worker.stop()
+    worker.close()  # stops it and removes its log, as the demo does on exit
 
 
 async def until(pilot, pred, timeout=60.0, what="the dashboard to show it"):
