@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxtop.probes.jax_memory import hole_ratio
+
 
 @dataclass(frozen=True)
 class Scale:
@@ -371,37 +373,6 @@ class Checkpointing(Strategy):
 
     def step(self, variant: str) -> None:
         self.fns[variant](self.ws, self.x).block_until_ready()
-
-
-#: A gap between two neighbouring demo buffers this wide or wider is taken
-#: for the distance between two memory regions (the largest demo buffer is
-#: 1 MiB; on CPU another mapping or malloc arena), not a hole among them.
-REGION_GAP_BYTES = 4 << 20
-#: Narrower gaps are the allocator's own headers and alignment, not holes.
-MIN_HOLE_BYTES = 4096
-
-
-def hole_ratio(spans: list[tuple[int, int]]) -> float | None:
-    """Share of holes in the address range of some buffers.
-
-    Args:
-        spans: (address, bytes) of each buffer, in any order.
-
-    Returns:
-        holes / (holes + buffer bytes), where a hole is a gap between
-        address neighbours of at least :data:`MIN_HOLE_BYTES` and under
-        :data:`REGION_GAP_BYTES`; None for fewer than two buffers.
-    """
-    if len(spans) < 2:
-        return None
-    spans = sorted(spans)
-    holes = 0
-    for (p, n), (q, _) in zip(spans, spans[1:]):
-        gap = q - (p + n)
-        if MIN_HOLE_BYTES <= gap < REGION_GAP_BYTES:
-            holes += gap
-    used = sum(n for _, n in spans)
-    return holes / (holes + used) if holes + used else None
 
 
 class Fragmentation(Strategy):

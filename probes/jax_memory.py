@@ -15,6 +15,38 @@ from typing import Any, Iterable
 BUFFER_MAP_MAX = 2000
 TOP_BUFFERS = 10
 
+#: A gap between two address neighbours this wide or wider is taken for the
+#: distance between two memory regions (on CPU another mapping or malloc
+#: arena; on a GPU another pool chunk), not a hole among live buffers.
+REGION_GAP_BYTES = 4 << 20
+#: Narrower gaps are the allocator's own headers and alignment, not holes.
+MIN_HOLE_BYTES = 4096
+
+
+def hole_ratio(spans: list[tuple[int, int]] | list[list[int]]) -> float | None:
+    """Share of holes in the address range of some buffers: where the
+    allocator reports no fragmentation (CPU), the one fragmentation measure
+    left, read from live buffers' addresses.
+
+    Args:
+        spans: (address, bytes) of each buffer, in any order.
+
+    Returns:
+        holes / (holes + buffer bytes), where a hole is a gap between
+        address neighbours of at least :data:`MIN_HOLE_BYTES` and under
+        :data:`REGION_GAP_BYTES`; None for fewer than two buffers.
+    """
+    if len(spans) < 2:
+        return None
+    spans = sorted(spans)
+    holes = 0
+    for (p, n), (q, _) in zip(spans, spans[1:]):
+        gap = q - (p + n)
+        if MIN_HOLE_BYTES <= gap < REGION_GAP_BYTES:
+            holes += gap
+    used = sum(n for _, n in spans)
+    return holes / (holes + used) if holes + used else None
+
 
 def normalize_stats(raw: dict[str, Any] | None) -> dict[str, Any] | None:
     """Pass ``memory_stats()`` through, mapping the PJRT C API's -1 to None.
@@ -64,9 +96,11 @@ def summarize_live_arrays(buffers: Iterable[tuple[int, int, int | None, str, str
     """Per-device accounting from ``(device_id, nbytes, ptr, dtype, shape)`` rows.
 
     Returns:
-        ``{device_id: {"bytes", "count", "largest_bytes", "top", "map"}}`` where
-        ``top`` lists the largest buffers and ``map`` is ``[[ptr, nbytes], …]``
-        in address order (the largest ``BUFFER_MAP_MAX`` when there are more).
+        ``{device_id: {"bytes", "count", "largest_bytes", "top", "map", "holes"}}``
+        where ``top`` lists the largest buffers, ``map`` is ``[[ptr, nbytes], …]``
+        in address order (the largest ``BUFFER_MAP_MAX`` when there are more)
+        and ``holes`` is :func:`hole_ratio` of the map, only when every buffer
+        on the device is in it (a buffer left out could sit in a "hole").
     """
     per: dict[int, dict[str, Any]] = {}
     rows: dict[int, list] = {}
@@ -86,6 +120,8 @@ def summarize_live_arrays(buffers: Iterable[tuple[int, int, int | None, str, str
         mapped.sort()
         per[dev]["map"] = mapped
         per[dev]["map_complete"] = len(items) <= BUFFER_MAP_MAX
+        if len(mapped) == len(items):
+            per[dev]["holes"] = hole_ratio(mapped)
     return per
 
 
@@ -252,6 +288,8 @@ class JaxMemoryProbe:
                 "largest_bytes": live["largest_bytes"],
                 "scanned_t": self._live_t,
             }
+            if live.get("holes") is not None:
+                live_summary["holes"] = live["holes"]
             if include_map:
                 live_summary["top"] = live.get("top", [])
                 live_summary["map"] = live.get("map", [])

@@ -169,6 +169,28 @@ def test_summary_of_nothing():
     assert summarize_live_arrays([]) == {}
 
 
+def test_hole_ratio_counts_gaps_between_neighbours_not_between_regions():
+    mib = 1 << 20
+    # Three 1 MiB buffers with a 1 MiB hole, then one 64 MiB away (another region).
+    spans = [(0x10_0000_0000, mib), (0x10_0000_0000 + 2 * mib, mib), (0x10_0000_0000 + 3 * mib, mib),
+             (0x10_0000_0000 + 67 * mib, mib)]
+    assert jm.hole_ratio(spans) == pytest.approx(mib / (mib + 4 * mib))
+    assert jm.hole_ratio(list(reversed(spans))) == jm.hole_ratio(spans)  # any order
+    # Allocator headers and alignment (under 4 KiB) are not holes.
+    assert jm.hole_ratio([(0, 1000), (1000 + 64, 1000)]) == 0.0
+    assert jm.hole_ratio([(0, 10)]) is None and jm.hole_ratio([]) is None
+
+
+def test_summary_holes_only_when_every_buffer_has_an_address(monkeypatch):
+    placed = [(0, 4096, 0x10000, "f32", "[1024]"), (0, 4096, 0x10000 + 3 * 4096, "f32", "[1024]")]
+    out = summarize_live_arrays(placed)[0]
+    assert out["holes"] == pytest.approx(2 * 4096 / (2 * 4096 + 2 * 4096))
+    # A buffer without an address could sit in the "hole": no measure then.
+    assert "holes" not in summarize_live_arrays(placed + [(0, 4096, None, "f32", "[1024]")])[0]
+    monkeypatch.setattr(jm, "BUFFER_MAP_MAX", 1)  # a map cut short: the same
+    assert "holes" not in summarize_live_arrays(placed)[0]
+
+
 # -- JaxMemoryProbe, real CPU backend ---------------------------------------------------
 
 
@@ -219,6 +241,10 @@ def test_cpu_probe_falls_back_to_live_arrays(cpu_jax):
     assert [p for p, _ in live["map"]] == sorted(mapped)
     assert live["map_complete"] is True
     assert live["top"][0]["nbytes"] == live["largest_bytes"]
+    # Every buffer here has an address: the holes among them are measured,
+    # by the same rule as from jax.live_arrays()' own pointers.
+    oracle = jm.hole_ratio([(a.unsafe_buffer_pointer(), a.nbytes) for a in cpu_jax.live_arrays()])
+    assert live["holes"] == pytest.approx(oracle) and 0.0 <= live["holes"] <= 1.0
 
     # Without the map the record stays small.
     small = probe.sample(include_map=False)[0]["live_arrays"]

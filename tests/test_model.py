@@ -191,6 +191,25 @@ def test_timelines_share_one_span_and_record_fragmentation():
     assert model.snapshot().processes[0].span == (1000.1 - 1.0, 1000.1)
 
 
+def test_holes_among_live_buffers_are_a_series_where_the_allocator_has_no_fragmentation():
+    model = Model()
+    model.feed(1, synthetic.hello(1, 1, 1000.0))
+    for i, rec in enumerate(synthetic.samples(1, 1, 1000.0, 10)):
+        dev = rec["devices"][0]
+        dev["fragmentation"], dev["fragmentation_reason"] = None, "no pool on CPU"
+        live = dev.setdefault("live_arrays", {"bytes": 0, "count": 0})
+        if i % 2 == 0:
+            live["holes"] = i / 20
+        else:
+            live.pop("holes", None)  # a scan where some buffer had no address
+        model.feed(1, rec)
+    dev = model.snapshot(window_s=600.0).device
+    _, _, hi = dev.timeline.series(DEVICE_SERIES.index("live_holes"))
+    assert np.allclose(hi[::2], [0.0, 0.1, 0.2, 0.3, 0.4]) and np.all(np.isnan(hi[1::2]))
+    assert dev.live_holes is None  # the latest scan measured none: not the one before
+    assert dev.fragmentation is None
+
+
 def test_profile_reply_and_reset():
     model = Model()
     _feed_synthetic(model, count=2)

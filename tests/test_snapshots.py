@@ -143,3 +143,97 @@ async def test_map_with_no_addresses_yet_says_why_beside_the_live_bytes():
         assert "no live buffers" not in memory_map and "float32[32, 32]" in memory_map
         assert "fragmentation n/a" in _text_of(app.query_one("#timeline"))
         assert "up 1h00m" in _text_of(app.query_one("#header"))  # the process's uptime, not the agent's
+
+
+def _demo_recording(path: Path) -> None:
+    """The demo on CPU running "fragmentation": first off (mixed sizes freed
+    out of order), then on (uniform buffers freed as a batch). Holes among
+    live buffers fall when it switches on, memory climbs throughout, and an
+    h2d burst marks the switch: the three timelines line up."""
+    from jaxtop.demo.runner import describe
+    from jaxtop.demo.strategies import STRATEGIES
+
+    t0 = 1_790_000_000.0
+    pid = 4343
+    reason = "memory_stats() is None on cpu backend: the allocator reports no pool"
+    records = [{"type": "hello", "t": t0, "protocol": 1, "pid": pid, "argv": ["worker.py"], "started_t": t0,
+                "versions": {"jax": "0.10.2"}, "backend": "cpu", "devices": [{"id": 0, "platform": "cpu"}],
+                "interval_s": 0.5, "slow_interval_s": 0.5, "transfer_capture": {"available": True},
+                "nvml": {"available": False, "reason": "NVML unavailable: no NVIDIA driver"}}]
+    base = 0x7F00_0000_0000
+    for k in range(1, 81):
+        t = t0 + 0.5 * k
+        on = k > 40
+        n = 8 + (k - 40) // 4 if on else 8 + k // 8
+        size = 256 << 10
+        # Off: mixed sizes freed out of order leave a hole after every other
+        # buffer. On: uniform buffers freed as a batch, back to back.
+        placed, cursor = [], base
+        for i in range(n):
+            placed.append([cursor, size])
+            cursor += size + (size if not on and i % 2 else 0)
+        live_bytes = n * size
+        spans = sorted(placed)
+        holes = sum(max(0, q - (p + m)) for (p, m), (q, _) in zip(spans, spans[1:]))
+        live = {"bytes": live_bytes, "count": n, "largest_bytes": size, "scanned_t": t, "map": spans, "map_complete": True,
+                "top": [{"nbytes": size, "dtype": "float32", "shape": "[65536]", "ptr": base}],
+                "holes": holes / (holes + live_bytes)}
+        burst = k in range(40, 44)
+        transfers = {d: {"count": 0, "bytes_known": 0, "count_total": 0, "bytes_known_total": 0} for d in ("h2d", "d2h", "d2d")}
+        transfers["h2d"] = {"count": 30 if burst else 0, "bytes_known": (30 << 16) if burst else 0,
+                            "count_total": 30 * max(0, min(k, 44) - 39), "bytes_known_total": (30 << 16) * max(0, min(k, 44) - 39)}
+        strategies = []
+        for cls in STRATEGIES:
+            s = describe(cls)
+            s["variant"] = "on" if (cls.name == "fragmentation" and on) else cls.variants[0]
+            s["results"] = {}
+            if cls.name == "fragmentation":
+                s["results"] = {"off": {"fragmentation": None, "fragmentation_reason": "no pool on CPU", "gap_ratio": 0.33}}
+                if k == 80:
+                    s["results"]["on"] = {"fragmentation": None, "fragmentation_reason": "no pool on CPU",
+                                          "gap_ratio": live["holes"]}
+            strategies.append(s)
+        demo = {"active": "fragmentation", "measuring": None, "measure_steps": 30, "version": 1, "backend": "cpu",
+                "steps": 100 * k, "strategies": strategies}
+        records.append({
+            "type": "sample", "t": t, "seq": k, "transfers": transfers, "demo": demo,
+            "devices": [{"id": 0, "platform": "cpu", "source": "live_arrays", "bytes_in_use": live_bytes, "fragmentation": None,
+                         "fragmentation_reason": reason, "live_arrays": live}],
+            "process": {"rss_bytes": 300 << 20, "peak_rss_bytes": 300 << 20, "cpu_percent": 50.0, "threads": 8, "started_t": t0},
+            "compile": {"count": 0, "count_total": 2, "seconds_total": 0.5},
+            "donation": {"failed": 0, "failed_total": 0},
+        })
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_demo_fragmentation_on_the_three_timelines(snap_compare, size, tmp_path):
+    # The demo's screen with its memory panels: memory, holes among live
+    # buffers (the CPU's fragmentation measure, so named) and transfers on
+    # one time axis, the fragmentation strategy's switch visible on all three.
+    from jaxtop.demo.app import DemoApp, Worker
+
+    class NoWorkload(Worker):
+        def start(self, timeout_s: float = 0.0) -> int:
+            raise RuntimeError("no workload in this test")
+
+    path = tmp_path / "demo.jsonl"
+    _demo_recording(path)
+    src = ReplaySource(str(path), start_playing=False)
+    app = DemoApp(NoWorkload(), 4343, source=src)
+
+    async def run_before(pilot):
+        src.seek(src.replay_state()["t_end"])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            await pilot.pause(0.1)
+            if app.snapshot is not None and app.snapshot.processes and app.snapshot.processes[0].seq:
+                break
+        for _ in range(8):  # select the fragmentation row
+            await pilot.press("down")
+        if size[1] < 40:
+            await pilot.press("v")  # a short terminal: the memory panels' page
+        app.refresh_now()
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

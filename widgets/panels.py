@@ -187,7 +187,19 @@ class FragmentationPanel(Panel):
             return Group(panel_title(self.TITLE))
         if dev.fragmentation is None:
             reason = Text(f"n/a — {dev.fragmentation_reason}" if dev.fragmentation_reason else "n/a", style="dim")
-            return Group(panel_title(self.TITLE), reason)
+            if dev.live_holes is None:
+                return Group(panel_title(self.TITLE), reason)
+            # No allocator figure (CPU): the holes between live buffers
+            # instead, under their own name, and why the allocator's is n/a.
+            extra = fitting(["holes between live buffers", "live-buffer holes", ""], width - len(self.TITLE) - 3)
+            why = dev.fragmentation_reason or "the allocator reports none"
+            full = f"the allocator's figure n/a — {why}"
+            if height >= 4:  # room to wrap the whole reason
+                note = Text(full, style="dim")
+            else:
+                note = Text(fitting([full, "the allocator's figure n/a on this backend", "allocator's n/a"], width),
+                            style="dim", no_wrap=True, overflow="ellipsis")
+            return Group(panel_title(self.TITLE, extra), Gauge(dev.live_holes, label="holes"), note)
         parts: list[RenderableType] = [panel_title(self.TITLE), Gauge(dev.fragmentation, label="frag")]
         free, pool_free = dev.largest_free_block_bytes, dev.cached_unused_bytes
         if free is not None and height > 2:
@@ -293,13 +305,19 @@ def memory_strip(dev: DeviceView) -> Strip:
 def fragmentation_strips(dev: DeviceView) -> list[Strip]:
     """Fragmentation (0-100 %) and the largest free block (bytes).
 
-    Without an allocator (CPU) neither exists: one n/a line with the
-    allocator's reason stands for both.
+    Without an allocator's figures (CPU) neither exists. Then the strip
+    draws the one measure left, the holes between live buffers' addresses
+    (the agent's ``live_arrays.holes``), under its own name; without those
+    either, one n/a line with the allocator's reason stands for both.
     """
     frag = _series(dev.timeline, DEVICE_SERIES, "fragmentation", "fragmentation", "yellow", "fill")
     free = _series(dev.timeline, DEVICE_SERIES, "largest_free_block_bytes", "largest free block", "green", "fill")
     reason = dev.fragmentation_reason or "the allocator reports no fragmentation"
     if frag is None and free is None:
+        holes = _series(dev.timeline, DEVICE_SERIES, "live_holes", "holes among live buffers", "yellow", "fill")
+        if holes is not None:
+            return [Strip("", [holes], unit="%", y_max=1.0,
+                          note=f"allocator n/a ({reason}): gaps of 4 KiB–4 MiB between live buffers' addresses")]
         return [Strip("fragmentation", reason=reason)]
     strips = [Strip("", [frag], unit="%", y_max=1.0) if frag else Strip("fragmentation", reason=reason)]
     if free is not None:

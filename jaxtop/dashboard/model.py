@@ -22,7 +22,7 @@ from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.protocol import DIRECTIONS
 
 DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes", "live_bytes",
-                 "largest_free_block_bytes")
+                 "largest_free_block_bytes", "live_holes")
 PROCESS_SERIES = ("h2d_per_s", "d2h_per_s", "d2d_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "d2d_bytes_per_s", "rss_bytes", "cpu_percent", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
 STALE_INTERVALS = 3
 MAX_EVENTS = 500
@@ -77,6 +77,9 @@ class DeviceView:
     map_live_count: int | None = None
     map_live_bytes: int | None = None
     unmapped: dict[str, int] = field(default_factory=dict)
+    #: Holes among live buffers' addresses (0-1), the latest scan's; None
+    #: when some buffer has no address or no scan measured it.
+    live_holes: float | None = None
 
     @property
     def label(self) -> str:
@@ -405,6 +408,7 @@ class Model:
                 gpu.get("memory_used_bytes") if gpu else None,
                 live.get("bytes"),
                 dev.get("largest_free_block_bytes"),
+                live.get("holes"),
             ))
         transfers = rec.get("transfers") or {}
         row: dict[str, Any] = {}
@@ -584,6 +588,7 @@ class Model:
             map_live_count=s.map_live_count,
             map_live_bytes=s.map_live_bytes,
             unmapped=dict(s.unmapped),
+            live_holes=live.get("holes") if isinstance(live.get("holes"), (int, float)) else None,
         )
 
 
