@@ -9,7 +9,9 @@ recorded GPU dicts; :class:`JaxMemoryProbe` calls into jax.
 from __future__ import annotations
 
 import math
+import os
 import sys
+import threading
 from typing import Any, Iterable
 
 BUFFER_MAP_MAX = 2000
@@ -125,20 +127,94 @@ def summarize_live_arrays(buffers: Iterable[tuple[int, int, int | None, str, str
     return per
 
 
-def _pointer_if_ready(arr: Any) -> int | None:
-    """The buffer's device address, or None while it is still being computed.
+# -- asking an Array for its address without crashing the program ---------------
+#
+# jaxlib's ``Array.is_ready()`` on an array that ``Array.delete()`` has freed
+# dereferences a null pointer: a segfault, not an exception (measured on
+# jaxlib 0.4.30, 0.6.2 and 0.10.2, CPU, with one thread: ``a.delete();
+# a.is_ready()``). ``jax.live_arrays()`` hands the agent arrays that are alive
+# at that moment, and the program's own thread may delete one before the agent
+# asks it anything: within seconds in a loop that frees its buffers with
+# ``delete()``. (A donated array raises as it should; only ``delete()`` leaves
+# the null behind.) So ``delete()`` goes through a lock, and the agent asks
+# ``is_deleted()`` and then ``is_ready()`` holding it: no delete can come
+# between. The program's delete waits at most one such question (microseconds).
+# Without the lock in place (the class would not take it) the agent asks no
+# array whether it is ready, and buffers get no address.
+
+_delete_lock = threading.RLock()  # re-entrant: a finaliser on the agent's thread may delete
+_guard: tuple[Any, Any, Any] | None = None  # (class, its own delete, ours)
+
+
+def _renew_lock_in_child() -> None:
+    # The agent's thread may have held the lock when the program forked: the
+    # child's deletes must not wait for a thread it does not have.
+    global _delete_lock
+    _delete_lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_lock_in_child)
+
+
+def guard_deletes() -> bool:
+    """Route ``jax.Array.delete`` through the lock; True when in place."""
+    global _guard
+    if _guard is not None:
+        return True
+    try:
+        from jax._src.array import ArrayImpl
+
+        original = ArrayImpl.delete
+
+        def delete(self):
+            with _delete_lock:
+                return original(self)
+
+        delete.__qualname__ = "ArrayImpl.delete"
+        doc = getattr(original, "__doc__", None)
+        delete.__doc__ = doc if isinstance(doc, str) else None
+        delete.__wrapped__ = original  # type: ignore[attr-defined]
+        ArrayImpl.delete = delete
+        _guard = (ArrayImpl, original, delete)
+        return True
+    except Exception:
+        return False
+
+
+def unguard_deletes() -> None:
+    """Put ``jax.Array.delete`` back, unless someone replaced ours since."""
+    global _guard
+    if _guard is None:
+        return
+    cls, original, ours = _guard
+    _guard = None
+    try:
+        if cls.__dict__.get("delete") is ours:
+            cls.delete = original
+    except Exception:
+        pass
+
+
+def ready_address(arr: Any) -> int | None:
+    """The buffer's device address, or None: still being computed, deleted,
+    or no safe way to ask (see above).
 
     ``unsafe_buffer_pointer()`` on a buffer that an in-flight step is still
     producing waits for it while holding the GIL: one forced host-device sync
     per scan, stalling the user's threads for up to a step (measured 50-150
     ms). A pending buffer simply has no place in this scan's memory map.
     """
+    if _guard is None:
+        return None
     try:
-        if not arr.is_ready():
-            return None
-        return arr.unsafe_buffer_pointer()
+        with _delete_lock:
+            if arr.is_deleted() or not arr.is_ready():
+                return None
+            return arr.unsafe_buffer_pointer()
     except Exception:
         return None
+
 
 
 def _itemsize(dtype: Any) -> int:
@@ -188,6 +264,7 @@ class JaxMemoryProbe:
         import jax
 
         self._jax = jax
+        guard_deletes()  # before the first address is asked for; undone by close()
         self.devices = list(jax.local_devices())
         self.backend = jax.default_backend()
         self._prev_peak: dict[int, int] = {}
@@ -195,6 +272,11 @@ class JaxMemoryProbe:
         self._live_t: float | None = None
         # (id, device, shape, dtype) -> the buffer address last seen ready.
         self._last_ptr: dict[tuple[Any, ...], int] = {}
+
+    def close(self) -> None:
+        """Give ``jax.Array.delete`` back as it was; addresses are no longer
+        asked for (the OOM census too then gives them up)."""
+        unguard_deletes()
 
     def describe(self) -> list[dict[str, Any]]:
         """Static facts about each device, for ``hello``."""
@@ -247,7 +329,7 @@ class JaxMemoryProbe:
                     # id() alone can be reused by a new object: the key also
                     # names what the buffer holds.
                     key = (id(arr), dev.id, shape, str(dtype))
-                    ptr = _pointer_if_ready(arr)
+                    ptr = ready_address(arr)
                     if ptr is None:
                         ptr = last_ptr.get(key)
                         skipped(dev.id, "not_ready" if ptr is None else "last_address")

@@ -751,7 +751,7 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
         {device id (str): bytes}, "aliases", "errors", "not_scanned",
         "complete"}``.
     """
-    from jaxtop.probes.jax_memory import _addressable
+    from jaxtop.probes.jax_memory import _addressable, ready_address
 
     groups: dict[tuple[Any, ...], list[int]] = {}
     per_device: dict[str, int] = {}
@@ -773,12 +773,7 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
             devices = sharding.device_set
             if len(devices) == 1:
                 (dev,) = devices
-                ptr = None
-                try:
-                    if arr.is_ready():
-                        ptr = arr.unsafe_buffer_pointer()
-                except Exception:
-                    ptr = None
+                ptr = ready_address(arr)  # never is_ready() on an array deleted meanwhile
                 if ptr is not None:
                     if (dev.id, ptr) in seen:
                         aliases += 1

@@ -836,6 +836,8 @@ class Agent:
         self.donation.stop()
         self.jit.stop()
         self.host_sync.stop()  # jax.Array and numpy exactly as they were
+        if self.memory is not None:
+            self.memory.close()  # jax.Array.delete as it was
         self.process.close()
         if self.nvml is not None:
             self.nvml.stop()
