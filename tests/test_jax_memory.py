@@ -375,7 +375,7 @@ def test_scan_counts_a_buffer_shared_by_two_arrays_once(cpu_jax, monkeypatch):
 
     def array(ptr):
         return SimpleNamespace(dtype="float32", shape=(4,), nbytes=16, sharding=SimpleNamespace(device_set={d0}),
-                               is_ready=lambda: True, unsafe_buffer_pointer=lambda: ptr)
+                               is_deleted=lambda: False, is_ready=lambda: True, unsafe_buffer_pointer=lambda: ptr)
 
     monkeypatch.setattr(probe, "_jax", SimpleNamespace(live_arrays=lambda: [array(0x40), array(0x40), array(0x80)]))
     monkeypatch.setattr(probe, "devices", [d0])
@@ -390,7 +390,7 @@ def test_a_buffer_seen_ready_keeps_its_address_while_recomputed(cpu_jax, monkeyp
     d0 = FakeDevice(0, [None], "cpu")
     ready = {"now": True}
     arr = SimpleNamespace(dtype="float32", shape=(4,), nbytes=16, sharding=SimpleNamespace(device_set={d0}),
-                          is_ready=lambda: ready["now"], unsafe_buffer_pointer=lambda: 0x40)
+                          is_deleted=lambda: False, is_ready=lambda: ready["now"], unsafe_buffer_pointer=lambda: 0x40)
     monkeypatch.setattr(probe, "_jax", SimpleNamespace(live_arrays=lambda: [arr]))
     monkeypatch.setattr(probe, "devices", [d0])
     probe.scan_live_arrays(now=1.0)
@@ -413,12 +413,12 @@ def test_scan_never_waits_for_a_buffer_still_being_computed(cpu_jax, monkeypatch
     pending = SimpleNamespace(
         dtype="float32", shape=(256,), nbytes=1024,
         sharding=SimpleNamespace(device_set={d0}),
-        is_ready=lambda: False, unsafe_buffer_pointer=must_not_wait,
+        is_deleted=lambda: False, is_ready=lambda: False, unsafe_buffer_pointer=must_not_wait,
     )
     ready = SimpleNamespace(
         dtype="float32", shape=(4,), nbytes=16,
         sharding=SimpleNamespace(device_set={d0}),
-        is_ready=lambda: True, unsafe_buffer_pointer=lambda: 0x40,
+        is_deleted=lambda: False, is_ready=lambda: True, unsafe_buffer_pointer=lambda: 0x40,
     )
     monkeypatch.setattr(probe, "_jax", SimpleNamespace(live_arrays=lambda: [pending, ready]))
     monkeypatch.setattr(probe, "devices", [d0])

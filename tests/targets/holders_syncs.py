@@ -26,6 +26,15 @@ import numpy as np
 agent_probe = getattr(h.agent, "host_sync", None) if h is not None else None
 if agent_probe is not None:
     agent_probe.stop()  # an agent that counts host syncs itself: this run's own probe takes over
+if h is not None:
+    # The agent's memory probe routes jax.Array.delete through its lock once
+    # the backend exists: that is the agent's, not this probe's, to undo.
+    import time as _time
+
+    jnp.zeros(1).block_until_ready()
+    _deadline = _time.monotonic() + 10
+    while getattr(h.agent, "memory", None) is None and _time.monotonic() < _deadline:
+        _time.sleep(0.02)
 before = array_class_state()
 probe = None
 if not args.no_probe:
