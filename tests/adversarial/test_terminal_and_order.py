@@ -144,17 +144,28 @@ class Terminal:
 
     def read_until(self, token: bytes, timeout=60.0) -> bytes:
         deadline = time.monotonic() + timeout
+        hung_up = 0
         while token not in self.out and time.monotonic() < deadline:
             ready, _, _ = select.select([self.master], [], [], 0.1)
             if ready:
                 try:
                     chunk = os.read(self.master, 65536)
-                except OSError as exc:  # EIO: every writer is gone
-                    if exc.errno == errno.EIO:
+                except OSError as exc:
+                    if exc.errno != errno.EIO:
+                        raise
+                    # EIO: every writer closed the terminal. Linux hands the
+                    # last bytes written before that to the reader from a
+                    # work queue, and may say EIO first: ask again a little
+                    # while before taking it for the end (a plain `python`
+                    # lost its last "\r\n" here under load otherwise).
+                    hung_up += 1
+                    if hung_up >= 10:
                         break
-                    raise
+                    time.sleep(0.05)
+                    continue
                 if not chunk:
                     break
+                hung_up = 0
                 self.out += chunk
         return self.out
 
