@@ -14,6 +14,28 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
+def remove_listener(kind: str, fn: Any) -> None:
+    """Unregister a ``jax.monitoring`` listener (``kind`` "duration" or
+    "event") on every jax we support: the public ``unregister_*`` from jax
+    0.8.3, the private ``_unregister_*_by_callback`` of 0.4.30 to 0.7.2.
+    Where neither works the caller's inactive flag leaves it inert."""
+    try:
+        from jax._src import monitoring
+    except Exception:
+        return
+    names = {"duration": ("unregister_event_duration_listener", "_unregister_event_duration_listener_by_callback"),
+             "event": ("unregister_event_listener", "_unregister_event_listener_by_callback")}[kind]
+    for name in names:
+        unregister = getattr(monitoring, name, None)
+        if unregister is None:
+            continue
+        try:
+            unregister(fn)
+        except Exception:
+            pass  # not registered (any more)
+        return
+
+
 class CompileProbe:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -54,13 +76,8 @@ class CompileProbe:
             # death by SIGINT).
             return
         self.active = False
-        try:
-            from jax._src import monitoring
-
-            monitoring.unregister_event_duration_listener(self._on_duration)
-            monitoring.unregister_event_listener(self._on_event)
-        except Exception:
-            pass  # older jax cannot unregister; the inactive flag makes it inert
+        remove_listener("duration", self._on_duration)
+        remove_listener("event", self._on_event)
 
     def total(self) -> int:
         """Backend compiles since the probe started."""

@@ -449,17 +449,9 @@ class JitLedgerProbe:
         _probes.discard(self)
         if self._listener_registered:
             self._listener_registered = False
-            try:
-                from jax import monitoring as public
+            from jaxtop.probes.compile import remove_listener
 
-                if hasattr(public, "unregister_event_duration_listener"):
-                    public.unregister_event_duration_listener(self._on_duration)
-                else:
-                    from jax._src import monitoring as private
-
-                    private._unregister_event_duration_listener_by_callback(self._on_duration)
-            except Exception:
-                pass  # an old jax that cannot unregister: the inactive flag makes it inert
+            remove_listener("duration", self._on_duration)  # where it cannot, the inactive flag makes it inert
         for logger in self._filtered:
             try:
                 logger.removeFilter(self._filter)

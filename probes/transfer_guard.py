@@ -430,8 +430,10 @@ class GuardController:
                 utils.absl_set_min_log_level(1)
                 self._cpp_level_changed = True
                 self._silenced = "IW"
-            except Exception as exc:  # older jaxlib without the hook
-                self.reason = f"abseil warnings are silenced and cannot be re-enabled: {exc}"
+            except Exception:  # jaxlib before 0.7 logs through TSL, which has no such hook
+                self.reason = ("TF_CPP_MIN_LOG_LEVEL (or jax_logging_level) silences warnings, and this jaxlib "
+                               "cannot take it back at run time, so JAX logs no transfer-guard line; "
+                               "set TF_CPP_MIN_LOG_LEVEL=1 or lower to count transfers")
         self._apply(jax)
         self.active = True
 

@@ -74,3 +74,39 @@ def test_an_unrecognised_guard_line_gives_n_a_and_a_notice(child_env, tmp_path):
     assert status["available"] is False and "does not recognise" in status["reason"]
     events = [e for r in records if r["type"] == "sample" for e in r.get("events") or []]
     assert any("does not recognise" in (e.get("text") or "") for e in events), events
+
+
+@pytest.mark.slow
+def test_warnings_silenced_by_the_user_are_counted_or_said_to_be_n_a(child_env, tmp_path):
+    """TF_CPP_MIN_LOG_LEVEL=2 silences JAX's warnings, guard lines included.
+    From jaxlib 0.7 jaxtop lowers the threshold at run time and hides the
+    warnings the user silenced; before (TSL logging) nothing can take it
+    back, and the transfer figures must say n/a with why, never 0. Either
+    way the user's stderr is what it was."""
+    from jax._src.lib import utils
+
+    script = tmp_path / "silenced.py"
+    script.write_text("import jax.numpy as jnp, numpy as np\n"
+                      "x = jnp.ones(3)\n"
+                      "for i in range(5):\n"
+                      "    x = x + np.ones(3, np.float32)  # an implicit host-to-device transfer each\n"
+                      "print(x)\n")
+    env = dict(child_env, TF_CPP_MIN_LOG_LEVEL="2")
+    plain = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, timeout=120)
+    log = tmp_path / "run.jsonl"
+    run = subprocess.run([sys.executable, "-m", "jaxtop", "run", "--log", str(log), str(script)],
+                         env=env, capture_output=True, timeout=120)
+    assert run.returncode == plain.returncode == 0, run.stderr
+    assert (run.stdout, run.stderr) == (plain.stdout, plain.stderr)
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    final = [r for r in records if r["type"] == "sample"][-1]
+    status = final["transfer_capture"]
+    if hasattr(utils, "absl_set_min_log_level"):
+        # JAX's own log, warnings not silenced, is the oracle.
+        logged = subprocess.run([sys.executable, str(script)], env=dict(child_env, JAX_TRANSFER_GUARD="log"),
+                                capture_output=True, timeout=120)
+        expected = logged.stderr.count(b"] host-to-device transfer:")
+        assert status["available"] is True, status
+        assert final["transfers"]["h2d"]["count_total"] == expected >= 5
+    else:
+        assert status["available"] is False and "TF_CPP_MIN_LOG_LEVEL" in status["reason"], status

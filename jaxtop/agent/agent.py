@@ -641,10 +641,12 @@ class Agent:
             # Until one guard line is recognised, 0 could mean "none" or
             # "not understood": say which we cannot tell.
             return {"available": False, "reason": untested + "; no transfer-guard line recognised yet"}
-        status: dict[str, Any] = {"available": True, "guard": self.guard.user_levels()}
         if self.guard.reason:
-            status["note"] = self.guard.reason
-        return status
+            # The guard's lines never reach stderr (the user's log threshold
+            # silences warnings, and this jaxlib cannot lower it): 0 would
+            # be a guess.
+            return {"available": False, "reason": self.guard.reason}
+        return {"available": True, "guard": self.guard.user_levels()}
 
     def _ensure_memory_probe(self) -> None:
         if self.memory is not None or not self._jax_hooked:
