@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -732,6 +733,48 @@ def test_uncaught_oom_census_names_the_arrays_and_sites_and_leaves_the_run_alone
     code = "import sys; from jaxtop.oom_report import main; sys.exit(main(sys.argv[1:]))"
     report = subprocess.run([sys.executable, "-c", code, census["path"]], capture_output=True, text=True, timeout=60)
     assert report.returncode == 0 and f"{cache['site']}: 6 arrays, 768 MiB" in report.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("gdb") is None or sys.platform != "linux" or os.uname().machine != "x86_64",
+                    reason="gdb injection: Linux x86-64 with gdb")
+def test_an_injected_agent_takes_the_census_and_leaves_the_run_alone(child_env, tmp_path):  # (a), attached
+    # A plain program, attached to while it holds its arrays (jaxtop log
+    # --inject), then running out of memory: the census names the same
+    # groups and the allocation sites made before the agent came.
+    from conftest import wait_for
+
+    plain_dir, census_dir = tmp_path / "plain", tmp_path / "census"
+    plain_dir.mkdir(), census_dir.mkdir()
+    plain = _run_hold(child_env, plain_dir, "plain")
+    go = census_dir / "go"
+    env = dict(child_env, OOM_TARGET_MODE="plain", JAXTOP_OOM_DIR=str(census_dir), OOM_TARGET_WAIT=str(go))
+    proc = subprocess.Popen([sys.executable, str(HOLD)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=str(census_dir))
+    try:
+        assert proc.stdout.readline() == "holding 6 2\n"
+        log = census_dir / "attached.jsonl"
+        attach = subprocess.run([sys.executable, "-m", "jaxtop", "log", str(proc.pid), "--inject", "-o", str(log),
+                                 "--duration", "1"], env=child_env, capture_output=True, text=True, timeout=120)
+        assert attach.returncode == 0, attach.stderr
+        go.touch()
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == plain.returncode == 1, err[-3000:]
+    assert "holding 6 2\n" + out == plain.stdout
+    stderr, _ = _note_free(err)
+    assert stderr == plain.stderr  # the traceback, byte for byte
+    wait_for(lambda: list(census_dir.glob("jaxtop-oom-*.json")), timeout=10, what="the census file")
+    census = _only_census(census_dir)
+    assert census["request"]["bytes"] == 2 * GiB and census["trigger"]["uncaught"]
+    groups = {(tuple(g["shape"]), g["dtype"]): g for g in census["arrays"]["groups"]}
+    assert (groups[((32 * MiB,), "float32")]["count"], groups[((32 * MiB,), "float32")]["bytes"]) == (6, 6 * 128 * MiB)
+    assert (groups[((16 * MiB,), "float32")]["count"], groups[((16 * MiB,), "float32")]["bytes"]) == (2, 2 * 64 * MiB)
+    sites = {s["site"]: s for s in census["sites"]["top"]}
+    cache = sites[f"oom_hold.py:{marker_line(HOLD, 'CACHE_LINE')} in make_cache"]
+    assert (cache["count"], cache["bytes"]) == (6, 6 * 128 * MiB)
 
 
 @pytest.mark.slow

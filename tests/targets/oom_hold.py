@@ -4,7 +4,8 @@ Run plainly or with the OOM census (``OOM_TARGET_MODE=census``): the output,
 the traceback and the exit status must be the same. ``OOM_TARGET_CATCH=1``
 catches the error and goes on; ``OOM_TARGET_THREAD=1`` lets it end a worker
 thread, uncaught, while the main thread goes on; ``OOM_TARGET_LOG`` records
-the stream. The address-space limit is set relative to what the process maps
+the stream; ``OOM_TARGET_WAIT=PATH`` waits, holding, until PATH exists (a
+test injects the agent meanwhile). The address-space limit is set relative to what the process maps
 once jax is up (thread stacks and arenas differ per machine: a fixed 3 GiB
 leaves no room for 2 GiB on a 2-core VM), so the big request fails however
 many cores the machine has.
@@ -57,6 +58,13 @@ def main():
     buffers = make_buffers()
     jax.block_until_ready((cache, buffers))
     print("holding", len(cache), len(buffers), flush=True)
+    go = os.environ.get("OOM_TARGET_WAIT")
+    if go:  # a test attaches jaxtop now (gdb injection), then creates this file
+        import time
+
+        deadline = time.monotonic() + 120
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.05)
     limit = vm_size() + (1536 * MiB)
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     if os.environ.get("OOM_TARGET_CATCH"):
