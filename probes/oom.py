@@ -216,6 +216,10 @@ _OP_RE = re.compile(r"requested by op ?(?P<op>[^\s.][^\s]*)?")
 _FREED_RE = re.compile(r"freed_by_count=(\d+)")
 _NOT_FAILURE = "indicates that this is not a failure"
 _REQUEST_PATTERNS = (
+    # GPU, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async: "gpu_async_1 cuMemAllocAsync
+    # failed to allocate 1225195446464 bytes: RESOURCE_EXHAUSTED: …"
+    ("gpu_cuda_async", re.compile(r"(?P<allocator>gpu_async_(?P<ordinal>\d+)) cuMemAllocAsync failed to allocate "
+                                  r"(?P<bytes>\d+) bytes")),
     # CPU (TFRT client): "Out of memory allocating 2147483648 bytes."
     ("cpu", re.compile(r"Out of memory allocating (?P<bytes>\d+) bytes")),
     # GPU (stream executor): "Out of memory while trying to allocate 17179869184 bytes."
@@ -306,6 +310,8 @@ def parse_oom_message(text: str | None) -> dict[str, Any] | None:
                 if nbytes is None:
                     continue
                 out.update(form=form, bytes=nbytes, human=groups.get("human"))
+                if groups.get("allocator"):
+                    out["allocator"] = groups["allocator"]
                 if groups.get("ordinal"):
                     out["device_ordinal"] = int(groups["ordinal"])
                 matched = line
@@ -344,6 +350,10 @@ _STAT_KEYS = {
     "LargestFreeBlock": "largest_free_block_bytes",
 }
 _STAT_RE = re.compile(r"^\s*(" + "|".join(_STAT_KEYS) + r"):\s+(\S+)\s*$")
+#: The cuda_async allocator's follow-up to a failure: what CUDA itself said.
+_CUDA_FREE_TOTAL_RE = re.compile(r"Reported by CUDA: Free memory/Total memory: (\d+)/(\d+)")
+#: Statistics the cuda_async allocator prints as 0 because it keeps no such figure.
+_ASYNC_UNTRACKED = frozenset({"bytes_limit", "largest_free_block_bytes", "bytes_reserved", "peak_bytes_reserved"})
 _OCCUPANCY_RE = re.compile(r"^[*x_]{20,}\s*$")
 _SUMMARY_RE = re.compile(
     r"Allocator memory summary: rounded request (?P<request>[^,]+), total free in pool (?P<free>[^,]+), "
@@ -375,11 +385,16 @@ def parse_allocator_line(text: str) -> dict[str, Any] | None:
           memory" (e.g. "Execution of replica 0 failed: …"), with ``request``.
     """
     line = _strip_header(text.rstrip("\r\n"))
-    if "ran out of memory trying to allocate" in line:
+    if "ran out of memory trying to allocate" in line or "cuMemAllocAsync failed to allocate" in line:
         request = parse_oom_message(line)
         if request is None:
             return None
         return {"kind": "not_a_failure" if request.get("not_a_failure") else "failure", "request": request}
+    m = _CUDA_FREE_TOTAL_RE.search(line)
+    if m:
+        return {"kind": "cuda_memory", "free_bytes": int(m.group(1)), "total_bytes": int(m.group(2))}
+    if line.startswith("Stats: "):  # the cuda_async allocator puts its first statistic on this line
+        line = line[len("Stats: "):]
     m = _STAT_RE.match(line)
     if m:
         key = _STAT_KEYS[m.group(1)]
@@ -431,7 +446,13 @@ class AllocatorLog:
                 del self._event["errors"][:-4]
             elif self._event is not None:
                 if kind == "stat":
-                    self._event["stats"][parsed["key"]] = parsed["bytes"]
+                    if (parsed["bytes"] == 0 and self._event["request"].get("form") == "gpu_cuda_async"
+                            and parsed["key"] in _ASYNC_UNTRACKED):
+                        pass  # the cuda_async allocator prints 0 for what it does not track: not a measured 0
+                    else:
+                        self._event["stats"][parsed["key"]] = parsed["bytes"]
+                elif kind == "cuda_memory":
+                    self._event["cuda"] = {"free_bytes": parsed["free_bytes"], "total_bytes": parsed["total_bytes"]}
                 elif kind == "summary":
                     self._event["summary"] = {k: v for k, v in parsed.items() if k != "kind"}
                 elif kind == "in_use_total":
@@ -476,7 +497,8 @@ class OomLineScanner:
     TAIL_MAX = 4096
 
     _DUMP_MARKS = ("Limit:", "InUse:", "MaxInUse:", "NumAllocs:", "MaxAllocSize:", "Reserved:", "PeakReserved:",
-                   "LargestFreeBlock:", "Sum Total of in-use chunks", "Allocator memory summary")
+                   "LargestFreeBlock:", "Sum Total of in-use chunks", "Allocator memory summary", "Stats: Limit:",
+                   "Reported by CUDA:")
 
     def __init__(self) -> None:
         self._tail = b""
@@ -486,7 +508,7 @@ class OomLineScanner:
 
     def _wanted(self, line: bytes) -> bool:
         if _MARK in line:
-            if b"ran out of memory trying" in line and b"not a failure" not in line:
+            if (b"ran out of memory trying" in line and b"not a failure" not in line) or b"cuMemAllocAsync failed" in line:
                 self._armed, self._reports = self.ARM_LINES, 0
             return True
         if not self._armed:

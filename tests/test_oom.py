@@ -195,6 +195,60 @@ def test_scanner_reports_the_allocator_lines_however_stderr_is_cut(chunk):  # (c
                                 "to allocate 17179869184 bytes.")]
 
 
+FIXTURES_OOM = Path(__file__).parent / "fixtures" / "oom_lines"
+
+
+def _through_the_relay(data: bytes, chunk: int) -> tuple[bytes, list[str]]:
+    """What the stderr relay forwards, and the allocator lines it reports."""
+    import tempfile
+
+    from jaxtop.probes._relay import Relay
+
+    report_r, report_w = os.pipe()
+    with tempfile.TemporaryFile() as out:
+        relay = Relay(out.fileno(), report_w, b"tok", set())
+        for i in range(0, len(data), chunk):
+            relay.feed(data[i:i + chunk])
+        relay.finish()
+        os.close(report_w)
+        reports = b""
+        while True:
+            part = os.read(report_r, 65536)
+            if not part:
+                break
+            reports += part
+        os.close(report_r)
+        out.seek(0)
+        forwarded = out.read()
+    return forwarded, [line[2:].decode() for line in reports.splitlines() if line.startswith(b"O ")]
+
+
+@pytest.mark.parametrize("chunk", [5, 4096])
+def test_recorded_gpu_allocator_lines_through_the_relay(chunk):
+    # Lines JAX users recorded on real GPUs (tests/fixtures/oom_lines/README.md).
+    data = (FIXTURES_OOM / "cuda_async_abseil.txt").read_bytes()
+    forwarded, lines = _through_the_relay(data, chunk)
+    assert forwarded == data  # the user's stderr is untouched
+    log = AllocatorLog()
+    for line in lines:
+        log.add(line)
+    event = log.latest()
+    req = event["request"]
+    assert (req["form"], req["allocator"], req["device_ordinal"], req["bytes"]) == (
+        "gpu_cuda_async", "gpu_async_1", 1, 1225195446464)
+    assert event["stats"] == {"bytes_in_use": 61982909300, "peak_bytes_in_use": 61982909300, "num_allocs": 21841,
+                              "largest_alloc_size": 59743666176}  # its printed 0s are "not tracked", not measured
+    assert event["cuda"] == {"free_bytes": 22635544576, "total_bytes": 85095874560}
+
+    data = (FIXTURES_OOM / "bfc_not_a_failure_tsl.txt").read_bytes()
+    forwarded, lines = _through_the_relay(data, chunk)
+    assert forwarded == data
+    log = AllocatorLog()
+    for line in lines:
+        log.add(line)
+    assert log.latest() is None and log.not_failures == 3  # the caller coped: no census
+
+
 def test_scanner_ignores_plain_output_cheaply():
     scanner = OomLineScanner()
     block = b"epoch 1 step 2 loss 0.5 Limit: 3\n" * 2000
