@@ -773,7 +773,9 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
         {device id (str): bytes}, "aliases", "errors", "not_scanned",
         "complete"}``.
     """
-    from jaxtop.probes.jax_memory import _addressable, ready_address
+    from jaxtop.probes.jax_memory import _addressable, guard_deletes, ready_address
+
+    guard_deletes()  # so that addresses can be asked for safely (a no-op under the agent, which did it)
 
     groups: dict[tuple[Any, ...], list[int]] = {}
     per_device: dict[str, int] = {}
