@@ -155,7 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
         "and failed donations).",
     )
     export.add_argument("file", help="a JSON-lines recording (plain or .gz)")
-    export.add_argument("--format", choices=("csv", "perfetto"), required=True)
+    export.add_argument("--format", choices=("csv", "perfetto", "holders-csv", "labels-csv", "host-syncs-csv"),
+                        required=True,
+                        help="csv: a row per sample and device; perfetto: a trace; holders-csv, labels-csv, "
+                             "host-syncs-csv: a row per allocation site, labelled tree or reading line of each "
+                             "record that carried one")
     export.add_argument("-o", "--output", metavar="OUT", help="where to write (default: FILE with .csv / .perfetto.json; - for stdout)")
     export.add_argument("-j", "--jobs", type=int, metavar="N",
                         help="processes for a big uncompressed recording (default: the CPUs this process may use, at most 8)")
@@ -337,7 +341,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.file):
         print(f"jaxtop export: no such file: {args.file}", file=sys.stderr)
         return EXIT_USAGE
-    write = export.write_csv if args.format == "csv" else export.write_perfetto
+    if args.format in export.SPARSE_CSV:
+        def write(path, out, jobs=1, kind=args.format):
+            return export.write_sparse_csv(kind, path, out, jobs=jobs)
+    else:
+        write = export.write_csv if args.format == "csv" else export.write_perfetto
     jobs = args.jobs if args.jobs is not None else export.default_jobs()
     if jobs < 1:
         print("jaxtop export: --jobs must be at least 1", file=sys.stderr)
@@ -346,7 +354,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if output is None:
         root = args.file[:-3] if args.file.endswith(".gz") else args.file
         root = os.path.splitext(root)[0]
-        output = root + (".csv" if args.format == "csv" else ".perfetto.json")
+        output = root + {"csv": ".csv", "perfetto": ".perfetto.json"}.get(args.format, f".{args.format[:-4]}.csv")
     to_stdout = output in _STDOUT_NAMES
     atomic = not to_stdout and _replaceable(output)
     try:

@@ -963,6 +963,33 @@ def test_site_bytes_and_labels_match_the_programs_own_accounting(child_env, tmp_
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=10)
+    # The exports carry the profiles and the labels: the same bytes per site and per tree.
+    site_rows = _export(log, "holders-csv", tmp_path)
+    at = [r for r in site_rows if float(r["t"]) == rec["t"] and r["file"] == str(path)]
+    for name, want in truth.items():
+        mine = [r for r in at if int(r["line"]) == lines[name]]
+        assert (sum(int(r["bytes"]) for r in mine), sum(int(r["count"]) for r in mine)) == (want["bytes"], want["count"])
+    tree_rows = _export(log, "labels-csv", tmp_path)
+    assert any(r["name"] == "params" and int(r["bytes"]) == truth["params"]["bytes"] for r in tree_rows)
+    assert [r for r in tree_rows if r["name"] == "params"][-1]["bytes"] == "0"  # dropped: freed
+    trace = _export(log, "perfetto", tmp_path)
+    labelled = [e["args"] for e in trace["traceEvents"] if e.get("name") == "labelled trees (bytes)"]
+    assert any(a.get("params") == truth["params"]["bytes"] for a in labelled) and labelled[-1]["params"] == 0
+    assert any(e.get("name") == "memory by allocation site (bytes)" for e in trace["traceEvents"])
+
+
+def _export(log, fmt: str, tmp_path):
+    """``jaxtop export`` of a recording: CSV rows as dicts, or the trace's JSON."""
+    import csv
+
+    out = tmp_path / f"export.{fmt}"
+    res = subprocess.run([PY, "-m", "jaxtop", "export", str(log), "--format", fmt, "-o", str(out)],
+                         capture_output=True, timeout=60)
+    assert res.returncode == 0, res.stderr.decode()
+    if fmt == "perfetto":
+        return json.loads(out.read_text())
+    with open(out, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 @pytest.mark.slow
@@ -994,6 +1021,15 @@ def test_host_syncs_counted_per_line_with_the_output_unchanged(child_env, tmp_pa
     final = streamed[-1]
     got = {str(s["line"]): s["kinds"] for s in final["sites"] if s["file"] == str(path)}
     assert got == expected and final["available"] and final["numpy_hooks"]
+    # The export carries them: a row per reading line of each record, and a counter in the trace.
+    rows = _export(log, "host-syncs-csv", tmp_path)
+    last_t = max(float(r["t"]) for r in rows)
+    exported = {r["line"]: dict(kv.split("=") for kv in r["kinds"].split()) for r in rows
+                if float(r["t"]) == last_t and r["file"] == str(path)}
+    assert exported == {line: {k: str(v) for k, v in kinds.items()} for line, kinds in expected.items()}
+    trace = _export(log, "perfetto", tmp_path)
+    reads = [e["args"]["total"] for e in trace["traceEvents"] if e.get("name") == "host reads of device arrays"]
+    assert reads and reads[-1] == final["count"]
     # With the _value hook alone (the GPU case), reads numpy takes through
     # __array__ count exactly once too; single-device CPU arrays go unseen.
     out_value = value_only.stdout.decode().splitlines()

@@ -213,6 +213,110 @@ def write_csv(path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> prot
     return convert.run(path, _CsvWriter, out, fast, jobs)
 
 
+# ----------------------------------------------------- holders, labels, host syncs
+# Sparse sample fields, one long table each: a row per (record, site) or
+# (record, tree). Samples without the field write nothing, and their shapes
+# get an emitter that does nothing, so a long recording still streams fast.
+
+
+def _site_cells(site: dict[str, Any]) -> list[Any]:
+    return [site.get("site"), site.get("function"), site.get("file"), site.get("line")]
+
+
+class _SparseCsvWriter:
+    FIELD = ""
+    COLUMNS: tuple[str, ...] = ()
+
+    def __init__(self, out: IO[str], part: bool = False) -> None:
+        self.out = out
+        self.writer = csv.writer(out, lineterminator="\n")
+        if not part:
+            self.writer.writerow(self.COLUMNS)
+        self.first = False
+        self.pid: Any = ""
+
+    def state(self) -> list[Any]:
+        return [self.pid]
+
+    def set_state(self, state: list[Any]) -> None:
+        (self.pid,) = state
+
+    def other(self, rec: dict[str, Any]) -> None:
+        if rec.get("type") == "hello":
+            pid = rec.get("pid")
+            self.pid = "" if pid is None else pid
+
+    def close(self) -> None:
+        pass
+
+    def rows(self, field: dict[str, Any], rec: dict[str, Any]) -> list[list[Any]]:
+        raise NotImplementedError
+
+    def sample(self, rec: dict[str, Any]) -> None:
+        field = rec.get(self.FIELD)
+        if isinstance(field, dict):
+            self.writer.writerows(self.rows(field, rec))
+
+    def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
+        if self.FIELD in rec:
+            return None  # the plain path writes its rows
+        return lambda groups: True  # this shape carries no such field: no rows
+
+
+class _HoldersCsvWriter(_SparseCsvWriter):
+    FIELD = "holders"
+    COLUMNS = ("t", "pid", "profile_seq", "site", "function", "file", "line", "bytes", "count", "suspect",
+               "rises", "bytes_per_min", "count_per_min", "mark_bytes", "mark_count")
+
+    def rows(self, field: dict[str, Any], rec: dict[str, Any]) -> list[list[Any]]:
+        out = []
+        sites = field.get("sites")
+        for site in sites if isinstance(sites, list) else ():
+            if not isinstance(site, dict):
+                continue
+            growth, mark = _dict(site.get("growth")), _dict(site.get("mark"))
+            out.append([field.get("t", rec.get("t")), self.pid, field.get("seq"), *_site_cells(site),
+                        site.get("bytes"), site.get("count"), bool(site.get("suspect")), growth.get("rises"),
+                        growth.get("bytes_per_min"), growth.get("count_per_min"), mark.get("bytes"),
+                        mark.get("count")])
+        other = _dict(field.get("other"))
+        if other.get("sites"):
+            out.append([field.get("t", rec.get("t")), self.pid, field.get("seq"), f"({other.get('sites')} other sites)",
+                        "", "", "", other.get("bytes"), other.get("count"), False, "", "", "", "", ""])
+        return out
+
+
+class _LabelsCsvWriter(_SparseCsvWriter):
+    FIELD = "labels"
+    COLUMNS = ("t", "pid", "name", "bytes", "arrays", "alive", "leaves", "labelled_t")
+
+    def rows(self, field: dict[str, Any], rec: dict[str, Any]) -> list[list[Any]]:
+        trees = field.get("trees")
+        return [[field.get("t", rec.get("t")), self.pid, tree.get("name"), tree.get("bytes"), tree.get("arrays"),
+                 tree.get("alive"), tree.get("leaves"), tree.get("labelled_t")]
+                for tree in (trees if isinstance(trees, list) else ()) if isinstance(tree, dict)]
+
+
+class _HostSyncsCsvWriter(_SparseCsvWriter):
+    FIELD = "host_syncs"
+    COLUMNS = ("t", "pid", "site", "function", "file", "line", "count", "kinds", "last_t")
+
+    def rows(self, field: dict[str, Any], rec: dict[str, Any]) -> list[list[Any]]:
+        sites = field.get("sites")
+        return [[field.get("t", rec.get("t")), self.pid, *_site_cells(site), site.get("count"),
+                 " ".join(f"{k}={v}" for k, v in sorted(_dict(site.get("kinds")).items())), site.get("last_t")]
+                for site in (sites if isinstance(sites, list) else ()) if isinstance(site, dict)]
+
+
+#: ``jaxtop export --format`` names of the long tables.
+SPARSE_CSV = {"holders-csv": _HoldersCsvWriter, "labels-csv": _LabelsCsvWriter, "host-syncs-csv": _HostSyncsCsvWriter}
+
+
+def write_sparse_csv(kind: str, path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> protocol.ReadStats:
+    """Write one of :data:`SPARSE_CSV`'s tables of the recording at ``path``."""
+    return convert.run(path, SPARSE_CSV[kind], out, fast, jobs)
+
+
 # --------------------------------------------------------------------- Perfetto
 
 _TS = -1  # in a counter's sources: the sample's timestamp
@@ -260,6 +364,14 @@ class _PerfettoWriter:
     def _counter(self, name: str, ts: int, args: list[tuple[str, Any]]) -> str:
         # The bulk of a trace: formatted directly (numbers only, names fixed).
         body = ",".join([f'"{k}":{v!r}' for k, v in args if _finite(v)])
+        if not body:
+            return ""
+        return f',\n{{"ph":"C","name":"{name}","ts":{ts},"pid":{self.pid},"tid":0,"args":{{{body}}}}}'
+
+    def _user_counter(self, name: str, ts: int, args: list[tuple[str, Any]]) -> str:
+        """A counter whose series are named by the program (tree names, call
+        sites): escaped, as any text may be in them."""
+        body = ",".join([f"{json.dumps(k)}:{v!r}" for k, v in args if _finite(v)])
         if not body:
             return ""
         return f',\n{{"ph":"C","name":"{name}","ts":{ts},"pid":{self.pid},"tid":0,"args":{{{body}}}}}'
@@ -332,7 +444,35 @@ class _PerfettoWriter:
             if isinstance(ev, dict):
                 text += self._instant(str(ev.get("kind", "event")), ts,
                                       {k: v for k, v in ev.items() if k not in ("kind", "t")})
+        text += self._sparse(rec, ts)
         self._write(text)
+
+    #: Sites of a holders profile drawn as counters: the largest by bytes.
+    HOLDER_SITES = 10
+
+    def _sparse(self, rec: dict[str, Any], ts: int) -> str:
+        """Counters for the sparse fields: bytes per labelled tree, the
+        largest allocation sites' bytes, host reads so far."""
+        text = ""
+        labels = _dict(rec.get("labels"))
+        trees = labels.get("trees")
+        if isinstance(trees, list):
+            args = [(str(t.get("name")), t.get("bytes")) for t in trees if isinstance(t, dict)]
+            if args:
+                text += self._user_counter("labelled trees (bytes)", ts, args)
+        holders = _dict(rec.get("holders"))
+        sites = holders.get("sites")
+        if isinstance(sites, list):
+            top = sorted((s for s in sites if isinstance(s, dict) and _finite(s.get("bytes"))),
+                         key=lambda s: -s["bytes"])[: self.HOLDER_SITES]
+            if top:
+                text += self._user_counter("memory by allocation site (bytes)", ts,
+                                      [(str(s.get("site")) + (f" {s.get('function')}" if s.get("function") else ""),
+                                        s.get("bytes")) for s in top])
+        syncs = _dict(rec.get("host_syncs"))
+        if _finite(syncs.get("count")):
+            text += self._counter("host reads of device arrays", ts, [("total", syncs.get("count"))])
+        return text
 
     def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
         """An emitter writing this layout's events from its number tokens."""
@@ -340,6 +480,8 @@ class _PerfettoWriter:
         message = lookup(rec, ("donation", "last_message"))
         if rec.get("events") or not (message is None or isinstance(message, (str, bool))):
             return None  # rare lines: the plain path serves them
+        if "holders" in rec or "labels" in rec or "host_syncs" in rec:
+            return None  # sparse fields: the plain path writes their counters
         t_hole = index.get(("t",))
         if t_hole is None:
             return None
