@@ -12,7 +12,7 @@ from jaxtop import protocol, synthetic
 from jaxtop.dashboard.app import JaxtopApp
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import PushSource
-from jaxtop.dashboard.sources.live import fast_decode
+from jaxtop.dashboard.sources.live import drop_superseded_maps, fast_decode
 
 SIZE = (120, 40)
 BACKFILL = 6000  # an agent's 10-minute backfill at 10 Hz
@@ -34,6 +34,38 @@ def test_feed_many_equals_feed():
         assert np.array_equal(da.timeline.hi, db.timeline.hi, equal_nan=True)
     assert a.processes[0].transfers == b.processes[0].transfers
     assert [e.text for e in a.events] == [e.text for e in b.events]
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64, 1000])
+def test_superseded_maps_are_not_decoded_and_nothing_else_changes(batch):
+    """Reads of a backfill decoded with the maps that a later line of the
+    same read replaces emptied: the same model as decoding every line."""
+    recs = [synthetic.hello(1, 3, 1000.0)] + list(synthetic.samples(1, 3, 1000.0, 700, map_every=7))
+    lines = [protocol.encode(r) for r in recs]
+    full, lean = Model(clock=lambda: 5.0), Model(clock=lambda: 5.0)
+    emptied = 0
+    for i in range(0, len(lines), batch):
+        chunk = lines[i:i + batch]
+        full.feed_many(1, [fast_decode(x) for x in chunk])
+        kept = drop_superseded_maps(chunk)
+        emptied += sum(a != b for a, b in zip(chunk, kept))
+        lean.feed_many(1, [fast_decode(x) for x in kept])
+    if batch > 7:
+        assert emptied > 0  # maps really were skipped
+    a, b = full.snapshot(now=2000.0, window_s=None), lean.snapshot(now=2000.0, window_s=None)
+    for da, db in zip(a.devices, b.devices):
+        assert da.buffer_map and da.buffer_map == db.buffer_map and da.top_buffers == db.top_buffers
+        assert (da.map_live_count, da.map_live_bytes, da.unmapped) == (db.map_live_count, db.map_live_bytes, db.unmapped)
+        assert np.array_equal(da.timeline.hi, db.timeline.hi, equal_nan=True)
+
+
+def test_a_map_is_kept_when_the_last_one_covers_fewer_devices():
+    lines = [b'{"type":"sample","devices":[{"live_arrays":{"map":[[1,2]]}},{"live_arrays":{"map":[[3,4]]}}]}',
+             b'{"type":"sample","devices":[{"live_arrays":{"map":[[5,6]]}}]}']
+    assert drop_superseded_maps(lines) == lines
+    text = b'{"type":"sample","events":[{"text":"\\"map\\":[[9,9]]"}],"devices":[{"live_arrays":{"map":[[1,2],[3,4]]}}]}'
+    out = drop_superseded_maps([text, lines[1]])
+    assert out[0] == text.replace(b'"map":[[1,2],[3,4]]', b'"map":[]')  # a string that looks like one is left alone
 
 
 @pytest.mark.asyncio
