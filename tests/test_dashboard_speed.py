@@ -112,3 +112,28 @@ async def test_keys_answered_while_backfill_loads():
         assert sorted(latencies)[len(latencies) // 2] < 0.3, latencies
         assert max(latencies) < 0.6, latencies
         assert app.model.processes[7].samples == BACKFILL
+
+
+def test_the_agents_backfill_keeps_only_the_newest_maps_and_shows_the_same():
+    """The agent's backfill drops superseded buffer maps (the key goes): a
+    dashboard fed that backfill shows the same as one fed every line, and
+    the lines stay valid JSON."""
+    from jaxtop.agent.clients import Backfill
+
+    recs = [synthetic.hello(1, 3, 1000.0)] + list(synthetic.samples(1, 3, 1000.0, 700, map_every=7))
+    lines = [protocol.encode(r) for r in recs]
+    backfill = Backfill()
+    for r, line in zip(recs, lines):
+        backfill.append(r["t"], line)
+        backfill.trim(r["t"] - 60.0)  # a 60 s backfill: some of it trimmed on the way
+    kept = backfill.lines(backfill.start, backfill.end)
+    with_maps = [x for x in kept if b'"map":' in x]
+    assert with_maps == [lines[max(i for i, x in enumerate(lines) if b'"map":' in x)]]  # the newest, whole
+    assert sum(map(len, kept)) < 0.7 * sum(map(len, lines[-len(kept):]))
+    full, lean = Model(clock=lambda: 5.0), Model(clock=lambda: 5.0)
+    full.feed_many(1, [fast_decode(x) for x in lines[:1] + lines[-len(kept):]])
+    lean.feed_many(1, [fast_decode(x) for x in lines[:1] + kept])
+    a, b = full.snapshot(now=2000.0, window_s=None), lean.snapshot(now=2000.0, window_s=None)
+    for da, db in zip(a.devices, b.devices):
+        assert da.buffer_map and da.buffer_map == db.buffer_map and da.top_buffers == db.top_buffers
+        assert np.array_equal(da.timeline.hi, db.timeline.hi, equal_nan=True)

@@ -269,7 +269,19 @@ class JaxtopApp(App[None]):
             was_loading = loading is not None
             wait = self.refresh_s - (now - last_post)
             if wait > 0 and not caught_up:
-                self._pump_stop.wait(wait)
+                # Wait out the redraw period, but not past the end of a
+                # backlog: its completing frame goes out the moment it is in.
+                deadline = now + wait
+                while not self._pump_stop.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._pump_poke.wait(min(left, 0.05))
+                    self._pump_poke.clear()
+                    if was_loading and self.model.loading() is None:
+                        break
+                if self._pump_stop.is_set():
+                    return
                 loading = self.model.loading()
             self._loading = loading
             last_version = self.model.version
