@@ -115,12 +115,14 @@ def _row_paths(i: int) -> list[Path | None]:
 
 
 class _CsvWriter:
+    COLUMNS = CSV_COLUMNS
+
     def __init__(self, out: IO[str], part: bool = False) -> None:
         """``part``: write only rows (a piece of a file written in parallel)."""
         self.out = out
         self.writer = csv.writer(out, lineterminator="\n")
         if not part:
-            self.writer.writerow(CSV_COLUMNS)
+            self.writer.writerow(self.COLUMNS)
         self.first = False  # CSV rows need no separator
         self.pid: Any = ""
 
@@ -223,39 +225,16 @@ def _site_cells(site: dict[str, Any]) -> list[Any]:
     return [site.get("site"), site.get("function"), site.get("file"), site.get("line")]
 
 
-class _SparseCsvWriter:
+class _SparseCsvWriter(_CsvWriter):
+    """A long table of one sparse sample field; subclasses name the field,
+    the columns, and ``rows(field, rec)``."""
+
     FIELD = ""
-    COLUMNS: tuple[str, ...] = ()
-
-    def __init__(self, out: IO[str], part: bool = False) -> None:
-        self.out = out
-        self.writer = csv.writer(out, lineterminator="\n")
-        if not part:
-            self.writer.writerow(self.COLUMNS)
-        self.first = False
-        self.pid: Any = ""
-
-    def state(self) -> list[Any]:
-        return [self.pid]
-
-    def set_state(self, state: list[Any]) -> None:
-        (self.pid,) = state
-
-    def other(self, rec: dict[str, Any]) -> None:
-        if rec.get("type") == "hello":
-            pid = rec.get("pid")
-            self.pid = "" if pid is None else pid
-
-    def close(self) -> None:
-        pass
-
-    def rows(self, field: dict[str, Any], rec: dict[str, Any]) -> list[list[Any]]:
-        raise NotImplementedError
 
     def sample(self, rec: dict[str, Any]) -> None:
         field = rec.get(self.FIELD)
         if isinstance(field, dict):
-            self.writer.writerows(self.rows(field, rec))
+            self.writer.writerows(self.rows(field, rec))  # type: ignore[attr-defined]
 
     def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
         if self.FIELD in rec:
