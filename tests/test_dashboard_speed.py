@@ -137,3 +137,31 @@ def test_the_agents_backfill_keeps_only_the_newest_maps_and_shows_the_same():
     for da, db in zip(a.devices, b.devices):
         assert da.buffer_map and da.buffer_map == db.buffer_map and da.top_buffers == db.top_buffers
         assert np.array_equal(da.timeline.hi, db.timeline.hi, equal_nan=True)
+
+
+@pytest.mark.asyncio
+async def test_the_frame_that_completes_a_backlog_is_not_held_for_the_redraw_period():
+    """A backfill that starts and ends within one redraw period (an agent's
+    10 minutes arrive in well under the default 2 s) is shown when it is in,
+    not when the period ends."""
+    n = 600
+    t0 = time.time() - n * 0.1
+    recs = [synthetic.hello(7, 2, t0)] + list(synthetic.samples(7, 2, t0, n))
+    source = PushSource(pids=[7])
+    app = JaxtopApp(source, refresh_s=10.0)
+    async with app.run_test(size=SIZE) as pilot:
+        app.model.feed_many(7, recs[:1])  # the hello: a frame goes out, nothing is loading yet
+        source.on_update()
+        await pilot.pause(0.3)  # the pump now waits its redraw period
+        start = time.monotonic()
+        for i in range(1, len(recs), 50):
+            app.model.feed_many(7, recs[i:i + 50])
+            source.on_update()
+            await pilot.pause(0.01)
+        while time.monotonic() - start < 5.0:
+            snap = app.snapshot
+            if snap is not None and snap.processes and snap.processes[0].seq == n:
+                break
+            await pilot.pause(0.02)
+        assert app.snapshot.processes[0].seq == n
+        assert time.monotonic() - start < 2.0  # not the 10 s redraw period

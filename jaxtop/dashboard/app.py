@@ -271,18 +271,30 @@ class JaxtopApp(App[None]):
             if wait > 0 and not caught_up:
                 # Wait out the redraw period, but not past the end of a
                 # backlog: its completing frame goes out the moment it is in.
+                # A backlog may also start and end within one wait (an
+                # agent's backfill takes well under the redraw period).
                 deadline = now + wait
+                seen_loading = was_loading
                 while not self._pump_stop.is_set():
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     self._pump_poke.wait(min(left, 0.05))
                     self._pump_poke.clear()
-                    if was_loading and self.model.loading() is None:
+                    if self.model.loading() is not None:
+                        seen_loading = True
+                    elif seen_loading:
+                        # Caught up: the newest samples are current. Let the
+                        # reader put in what is left of the backlog (its last
+                        # reads come back to back) before drawing it.
+                        settle = time.monotonic() + 0.5
+                        while self._pump_poke.wait(0.05) and time.monotonic() < settle:
+                            self._pump_poke.clear()
                         break
                 if self._pump_stop.is_set():
                     return
                 loading = self.model.loading()
+                was_loading = loading is not None
             self._loading = loading
             last_version = self.model.version
             last_post = time.monotonic()
