@@ -144,13 +144,15 @@ def summarize_live_arrays(buffers: Iterable[tuple[int, int, int | None, str, str
 
 _delete_lock = threading.RLock()  # re-entrant: a finaliser on the agent's thread may delete
 _guard: tuple[Any, Any, Any] | None = None  # (class, its own delete, ours)
+_guard_lock = threading.Lock()  # the agent and an agent-less OOM census may install at once
 
 
 def _renew_lock_in_child() -> None:
     # The agent's thread may have held the lock when the program forked: the
     # child's deletes must not wait for a thread it does not have.
-    global _delete_lock
+    global _delete_lock, _guard_lock
     _delete_lock = threading.RLock()
+    _guard_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -159,6 +161,14 @@ if hasattr(os, "register_at_fork"):
 
 def guard_deletes() -> bool:
     """Route ``jax.Array.delete`` through the lock; True when in place."""
+    global _guard
+    if _guard is not None:
+        return True
+    with _guard_lock:
+        return _install_guard()
+
+
+def _install_guard() -> bool:
     global _guard
     if _guard is not None:
         return True
@@ -185,15 +195,16 @@ def guard_deletes() -> bool:
 def unguard_deletes() -> None:
     """Put ``jax.Array.delete`` back, unless someone replaced ours since."""
     global _guard
-    if _guard is None:
-        return
-    cls, original, ours = _guard
-    _guard = None
-    try:
-        if cls.__dict__.get("delete") is ours:
-            cls.delete = original
-    except Exception:
-        pass
+    with _guard_lock:
+        if _guard is None:
+            return
+        cls, original, ours = _guard
+        _guard = None
+        try:
+            if cls.__dict__.get("delete") is ours:
+                cls.delete = original
+        except Exception:
+            pass
 
 
 def ready_address(arr: Any) -> int | None:
