@@ -195,7 +195,11 @@ class Relay:
         self.out_fd = out_fd
         self.report_fd = report_fd
         self.mark_prefix = b"\x00jaxtop:" + token + b":"
-        self.mark_re = re.compile(re.escape(self.mark_prefix) + rb"(sync|show) ([^\x00\n]*)\x00")
+        self.mark_re = re.compile(re.escape(self.mark_prefix) + rb"(sync|show|final) ([^\x00\n]*)\x00")
+        #: The capture is about to give the program its fds back: forward at
+        #: once from now on (no batching wait), so that what is still in the
+        #: pipe then comes out before the program's next direct write.
+        self.final = False
         self.set_visibility(passed, b"")
         self.oom = OomLineScanner()
         self.unknown_reports = 0
@@ -296,7 +300,9 @@ class Relay:
     def marker(self, match):
         """Act on one of the agent's markers, in its place in the stream."""
         verb, arg = match.group(1), match.group(2)
-        if verb == b"sync":
+        if verb == b"final":
+            self.final = True
+        elif verb == b"sync":
             self.report(b"S " + arg + b"\n")
         else:  # "show h2d,d2d|IW": what the user sees, what they silenced
             shown, _, silenced = arg.decode("ascii", "replace").partition("|")
@@ -514,7 +520,7 @@ def main(argv):
         if not data:
             break
         relay.feed(data)
-        if relay.saw_guard and len(data) < READ_BYTES:
+        if relay.saw_guard and len(data) < READ_BYTES and not relay.final:
             time.sleep(batch_s)
     relay.finish()
     # Give the agent a moment to take the last reports, without hanging.

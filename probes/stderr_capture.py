@@ -528,6 +528,14 @@ class StderrCapture:
                 stream.flush()  # into the pipe, before the sync marker: forwarded in order
             except Exception:
                 pass
+        try:
+            # From here the relay forwards each read at once: what the program
+            # writes between the sync and the fds' return is out before its
+            # next write lands directly (a program writing all the while, as
+            # at a detach, would otherwise see lines reordered).
+            self._write_marker("final", "")
+        except OSError:
+            pass
         self.sync(0.5)  # so bytes written before stop come out before later ones
         with self._read_lock:
             self._release_fd2()
