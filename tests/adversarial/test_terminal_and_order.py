@@ -159,9 +159,9 @@ class Terminal:
                     # while before taking it for the end (a plain `python`
                     # lost its last "\r\n" here under load otherwise).
                     hung_up += 1
-                    if hung_up >= 10:
-                        break
-                    time.sleep(0.05)
+                    if hung_up >= 10 and token == EOF:
+                        break  # to EOF: what came is all
+                    time.sleep(0.05)  # waiting for a token: until it comes or the timeout
                     continue
                 if not chunk:
                     break
@@ -183,14 +183,18 @@ class Terminal:
             os.close(self.master)
 
 
-def _on_terminal(tmp_path, code, jaxtop, env, until=b"end"):
+#: read_until's token for "until every writer closed the terminal".
+EOF = b"\x00never"
+
+
+def _on_terminal(tmp_path, code, jaxtop, env, until=b"end\r\n"):
     script = tmp_path / "prog.py"
     script.write_text(code)
     cmd = [PY, "-m", "jaxtop", "run", str(script)] if jaxtop else [PY, str(script)]
     term = Terminal(cmd, env)
     try:
         out = term.read_until(until)
-        term.read_until(b"\x00never")  # to EOF: every byte
+        term.read_until(EOF)  # and on to EOF: every byte
     finally:
         term.close()
     assert term.proc.returncode == 0, out
@@ -204,9 +208,9 @@ def test_a_terminal_stays_a_terminal_with_its_size(tmp_path, child_env):
 
 
 def test_order_on_a_terminal(tmp_path, child_env):
-    plain = _on_terminal(tmp_path, INTERLEAVE, False, child_env, until=b"last line")
+    plain = _on_terminal(tmp_path, INTERLEAVE, False, child_env, until=b"until exit\r\n")
     for _ in range(5):
-        assert _on_terminal(tmp_path, INTERLEAVE, True, child_env, until=b"last line") == plain
+        assert _on_terminal(tmp_path, INTERLEAVE, True, child_env, until=b"until exit\r\n") == plain
 
 
 RESIZE = """
