@@ -200,7 +200,7 @@ def test_workload_starts_from_a_directory_with_its_own_jaxtop(child_env, monkeyp
         pid = worker.start()
         assert pid == worker.proc.pid and worker.proc.poll() is None
     finally:
-        worker.stop()
+        worker.close()  # stops it and removes its log
 
 
 def test_worker_that_fails_to_start_says_why_and_leaves_no_log(child_env, monkeypatch, tmp_path):
