@@ -29,9 +29,11 @@ def utc(monkeypatch):
     time.tzset()
 
 
-def replay_to_end(name: str):
+def replay_to_end(name: str, make=make_app, keys=()):
+    """An app (``make(source)``) on the recording, sought to its end; then
+    ``keys`` are pressed before the screen is taken."""
     src = ReplaySource(str(FIXTURES / name), start_playing=False)  # FIXTURES / an absolute path is that path
-    app = make_app(src)
+    app = make(src)
 
     async def run_before(pilot):
         src.seek(src.replay_state()["t_end"])
@@ -40,6 +42,8 @@ def replay_to_end(name: str):
             await pilot.pause(0.1)
             if app.snapshot is not None and app.snapshot.processes and app.snapshot.processes[0].seq:
                 break
+        for key in keys:
+            await pilot.press(key)
         app.refresh_now()
         await pilot.pause(0.2)
 
@@ -219,21 +223,8 @@ def test_demo_fragmentation_on_the_three_timelines(snap_compare, size, tmp_path)
 
     path = tmp_path / "demo.jsonl"
     _demo_recording(path)
-    src = ReplaySource(str(path), start_playing=False)
-    app = DemoApp(NoWorkload(), 4343, source=src)
-
-    async def run_before(pilot):
-        src.seek(src.replay_state()["t_end"])
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            await pilot.pause(0.1)
-            if app.snapshot is not None and app.snapshot.processes and app.snapshot.processes[0].seq:
-                break
-        for _ in range(8):  # select the fragmentation row
-            await pilot.press("down")
-        if size[1] < 40:
-            await pilot.press("v")  # a short terminal: the memory panels' page
-        app.refresh_now()
-        await pilot.pause(0.3)
+    # Select the fragmentation row; on a short terminal, the memory panels' page.
+    keys = ["down"] * 8 + (["v"] if size[1] < 40 else [])
+    app, run_before = replay_to_end(str(path), make=lambda src: DemoApp(NoWorkload(), 4343, source=src), keys=keys)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
