@@ -92,6 +92,42 @@ class History:
         # The bucket being filled at each coarse level: (bucket id, lo, hi).
         self._open: list[tuple[int, np.ndarray, np.ndarray] | None] = [None] * len(levels)
         self.last_t: float | None = None
+        #: Given by a replay index being built: every row put into a ring,
+        #: level by level, so that the rings at any point of the recording
+        #: can be rebuilt from the log (see :meth:`restore`).
+        self.log: HistoryLog | None = None
+
+    @property
+    def levels(self) -> tuple[tuple[float, int], ...]:
+        return tuple((step, ring.capacity) for step, ring in self._levels)
+
+    def _put(self, li: int, t: float, lo: np.ndarray, hi: np.ndarray) -> None:
+        self._levels[li][1].append(t, lo, hi)
+        if self.log is not None:
+            self.log.add(li, np.array([t]), lo[None, :], hi[None, :])
+
+    def _put_many(self, li: int, t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        self._levels[li][1].extend(t, lo, hi)
+        if self.log is not None:
+            self.log.add(li, t, lo, hi)
+
+    def state(self) -> tuple[tuple[int, ...], list, float | None]:
+        """What, with the log, makes this history again: the rows put into
+        each level so far, the buckets being filled, the last time."""
+        assert self.log is not None
+        return self.log.counts(), [None if o is None else (o[0], o[1].copy(), o[2].copy()) for o in self._open], self.last_t
+
+    @classmethod
+    def restore(cls, names: tuple[str, ...], levels: tuple[tuple[float, int], ...], rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                open_buckets: list, last_t: float | None) -> History:
+        """The history whose log held ``rows`` (level by level, oldest first,
+        as many as the level keeps or fewer), with the buckets being filled."""
+        history = cls(names, levels)
+        for (_, ring), (t, lo, hi) in zip(history._levels, rows):
+            ring.extend(t, lo, hi)
+        history._open = list(open_buckets)
+        history.last_t = last_t
+        return history
 
     def append(self, t: float, values: dict[str, float | None]) -> None:
         """Add one sample (missing or None values are stored as NaN)."""
@@ -101,12 +137,12 @@ class History:
         self.last_t = t
         for li, (step, ring) in enumerate(self._levels):
             if step == 0:
-                ring.append(t, row, row)
+                self._put(li, t, row, row)
                 continue
             bucket = math.floor(t / step)
             cur = self._open[li]
             if cur is not None and cur[0] != bucket:
-                ring.append(cur[0] * step, cur[1], cur[2])
+                self._put(li, cur[0] * step, cur[1], cur[2])
                 cur = None
             if cur is None:
                 self._open[li] = (bucket, row.copy(), row.copy())
@@ -134,7 +170,7 @@ class History:
         self.last_t = float(t[-1])
         for li, (step, ring) in enumerate(self._levels):
             if step == 0:
-                ring.extend(t, rows, rows)
+                self._put_many(li, t, rows, rows)
                 continue
             buckets = np.floor(t / step).astype(np.int64)
             # Runs of one bucket id, in arrival order: exactly where the
@@ -149,9 +185,9 @@ class History:
                     np.fmin(lo[0], cur[1], out=lo[0])
                     np.fmax(hi[0], cur[2], out=hi[0])
                 else:
-                    ring.append(cur[0] * step, cur[1], cur[2])
+                    self._put(li, cur[0] * step, cur[1], cur[2])
             if len(ids) > 1:
-                ring.extend(ids[:-1] * step, lo[:-1], hi[:-1])
+                self._put_many(li, (ids[:-1] * step).astype(np.float64), lo[:-1], hi[:-1])
             self._open[li] = (int(ids[-1]), lo[-1].copy(), hi[-1].copy())
 
     def window(self, seconds: float | None, end_t: float | None = None) -> Window:
@@ -183,6 +219,38 @@ class History:
 
     def nbytes(self) -> int:
         return sum(r.t.nbytes + r.lo.nbytes + r.hi.nbytes for _, r in self._levels)
+
+
+class HistoryLog:
+    """Every row a :class:`History` put into its rings, level by level.
+
+    Raw rows (``lo`` equal to ``hi``) are kept once. Rows come in chunks
+    (one per append or batch); :meth:`arrays` joins them.
+    """
+
+    def __init__(self, n_levels: int, raw_levels: tuple[int, ...] = (0,)) -> None:
+        self._chunks: list[list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]] = [[] for _ in range(n_levels)]
+        self._counts = [0] * n_levels
+        self._raw = set(raw_levels)
+
+    def add(self, li: int, t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        t = np.array(t, dtype=np.float64)  # copies: the caller's buffers are reused
+        self._chunks[li].append((t, np.array(lo, dtype=np.float32), None if li in self._raw else np.array(hi, dtype=np.float32)))
+        self._counts[li] += len(t)
+
+    def counts(self) -> tuple[int, ...]:
+        return tuple(self._counts)
+
+    def arrays(self, li: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Level ``li``'s rows: times, lows and highs (None for a raw level)."""
+        chunks = self._chunks[li]
+        if not chunks:
+            return np.empty(0), np.empty((0, k), np.float32), None if li in self._raw else np.empty((0, k), np.float32)
+        t = np.concatenate([c[0] for c in chunks])
+        lo = np.concatenate([c[1] for c in chunks])
+        hi = None if li in self._raw else np.concatenate([c[2] for c in chunks])
+        self._chunks[li] = [(t, lo, hi)]
+        return t, lo, hi
 
 
 def _num(value: object) -> float:

@@ -321,6 +321,18 @@ class LedgerStore:
         with self._lock:
             self._tables.pop(pid, None)
 
+    def table(self, pid: int) -> _Table | None:
+        """``pid``'s table itself (a replay index keeps it at its checkpoints)."""
+        with self._lock:
+            return self._tables.get(pid)
+
+    def put_table(self, pid: int, table: _Table | None) -> None:
+        with self._lock:
+            if table is None:
+                self._tables.pop(pid, None)
+            else:
+                self._tables[pid] = table
+
     def adopt(self, pid: int, other: LedgerStore) -> None:
         """Take ``pid``'s table from another store (the model's ``adopt``)."""
         with self._lock, other._lock:

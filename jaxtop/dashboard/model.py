@@ -11,7 +11,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -174,12 +174,12 @@ class _DeviceState:
 class ProcessModel:
     """State of one agent's stream."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, new_history: Callable[[tuple[str, ...]], History] = History) -> None:
         self.pid = pid
         self.hello: dict[str, Any] = {}
         self.state = CONNECTING
         self.devices: dict[int, _DeviceState] = {}
-        self.history = History(PROCESS_SERIES)
+        self.history = new_history(PROCESS_SERIES)
         self.latest: dict[str, Any] = {}
         self.last_t: float | None = None  # agent time of the last sample
         self.last_recv: float | None = None  # our monotonic clock at receipt
@@ -199,9 +199,16 @@ class Model:
     """All processes being watched. Thread-safe: a reader thread feeds it,
     the UI thread takes snapshots."""
 
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock=time.monotonic, new_history: Callable[[tuple[str, ...]], History] = History) -> None:
+        """
+        Args:
+            clock: What receipt times and staleness are measured on.
+            new_history: Makes each time series store (a replay index being
+                built gives one that logs every row).
+        """
         self._lock = threading.Lock()
         self._clock = clock
+        self._new_history = new_history
         self.processes: dict[int, ProcessModel] = {}
         self.events: collections.deque[Event] = collections.deque(maxlen=MAX_EVENTS)
         self.notices: list[str] = []
@@ -221,7 +228,7 @@ class Model:
     def process(self, pid: int) -> ProcessModel:
         proc = self.processes.get(pid)
         if proc is None:
-            proc = self.processes[pid] = ProcessModel(pid)
+            proc = self.processes[pid] = ProcessModel(pid, self._new_history)
         return proc
 
     def reset(self, pid: int) -> None:
@@ -238,9 +245,27 @@ class Model:
         with self._lock, rebuilt._lock:
             self.processes[pid] = rebuilt.processes[pid]
             self.ledgers.adopt(pid, rebuilt.ledgers)
-            kept = [e for e in self.events if e.pid != pid]
             ours = [e for e in rebuilt.events if e.pid == pid]
-            self.events = collections.deque(sorted(kept + ours, key=lambda e: e.t), maxlen=MAX_EVENTS)
+            self.events = _merged_events(self.events, pid, ours)
+            self.version += 1
+
+    def process_state(self, pid: int) -> tuple[ProcessModel | None, list[Event], Any]:
+        """Everything this model holds of ``pid``: its process, its events and
+        its ledger table (a replay index keeps these at its checkpoints)."""
+        with self._lock:
+            return self.processes.get(pid), [e for e in self.events if e.pid == pid], self.ledgers.table(pid)
+
+    def restore_process(self, pid: int, state: tuple[ProcessModel | None, list[Event], Any]) -> None:
+        """Put back what :meth:`process_state` gave, replacing ``pid``."""
+        proc, events, table = state
+        with self._lock:
+            if proc is None:
+                self.processes.pop(pid, None)
+            else:
+                proc.last_recv = self._clock()  # receipt times are on this model's clock
+                self.processes[pid] = proc
+            self.ledgers.put_table(pid, table)
+            self.events = _merged_events(self.events, pid, list(events))
             self.version += 1
 
     def add_event(self, pid: int, kind: str, text: str, t: float | None = None) -> None:
@@ -387,7 +412,7 @@ class Model:
                 continue
             state = proc.devices.get(dev["id"])
             if state is None:
-                state = proc.devices[dev["id"]] = _DeviceState(dev["id"], str(dev.get("platform", "?")))
+                state = proc.devices[dev["id"]] = _DeviceState(dev["id"], str(dev.get("platform", "?")), history=self._new_history(DEVICE_SERIES))
             state.latest = dev
             num_allocs = dev.get("num_allocs")
             if isinstance(num_allocs, (int, float)):
@@ -590,6 +615,15 @@ class Model:
             unmapped=dict(s.unmapped),
             live_holes=live.get("holes") if isinstance(live.get("holes"), (int, float)) else None,
         )
+
+
+def _merged_events(events: Iterable[Event], pid: int, ours: list[Event]) -> collections.deque[Event]:
+    """``events`` with ``pid``'s replaced by ``ours``. Alone, ``ours`` keep
+    the order they were fed in (a replay rebuilt by seeking shows what
+    playing gave); among other processes' events, all go in time order."""
+    kept = [e for e in events if e.pid != pid]
+    merged = sorted(kept + ours, key=lambda e: e.t) if kept else ours
+    return collections.deque(merged, maxlen=MAX_EVENTS)
 
 
 class _Batch:
