@@ -111,8 +111,19 @@ class HeaderBar(Panel):
         if snap.replay:
             r = snap.replay
             bottom.append(f" {'▶' if r['playing'] else '❚❚'} {r['speed']:g}× ", style="cyan")
-            span = max(1e-9, r["t_end"] - r["t_start"])
-            bottom.append(f"{fmt_duration(r['t'] - r['t_start'])}/{fmt_duration(span)}")
+            t_start = r["t_start"] if r["t_start"] is not None else r["t"]
+            played = fmt_duration(r["t"] - t_start)
+            if r["t_end"] is not None:
+                bottom.append(f"{played}/{fmt_duration(max(1e-9, r['t_end'] - t_start))}")
+            else:  # the length is known once the index is in
+                bottom.append(f"{played}/?")
+            if r.get("indexing"):
+                done, total = r["indexing"]
+                bottom.append(f"  indexing {min(100, done * 100 // max(total, 1))}%", style="yellow")
+                if r.get("pending_seek") is not None:
+                    bottom.append(f", then seek to {fmt_duration(r['pending_seek'] - t_start)}", style="yellow")
+            elif r.get("index_error"):
+                bottom.append("  seek n/a (see notices)", style="yellow")
         elif proc.sample_age_s is not None:
             bottom.append(f" (sample {proc.sample_age_s:.1f}s ago)", style="dim")
         if self.paused:

@@ -54,7 +54,7 @@ HELP_NOTES = (
 SEEK_KEYS = Binding.Group("seek", compact=True)
 SPEED_KEYS = Binding.Group("speed", compact=True)
 #: Actions that act on a recording's playback: offered while the source replays.
-REPLAY_ACTIONS = frozenset({"seek", "step", "speed"})
+REPLAY_ACTIONS = frozenset({"seek", "seek_fraction", "seek_to", "step", "speed"})
 #: Actions that need running agents: offered while the source is live.
 LIVE_ACTIONS = frozenset({"profile", "holders_mark"})
 #: Actions the command palette does not list: Textual's own entries already
@@ -185,6 +185,11 @@ class JaxtopApp(App[None]):
                 tooltip="Out-of-memory census: what held the memory when the program ran out"),
         Binding("left", "seek(-10)", "-10s", group=SEEK_KEYS, tooltip="Replay: seek back 10 s"),
         Binding("right", "seek(10)", "+10s", group=SEEK_KEYS, tooltip="Replay: seek forward 10 s"),
+        Binding("left_square_bracket", "seek_fraction(-0.1)", "-10%", show=False, tooltip="Replay: seek back a tenth of the recording"),
+        Binding("right_square_bracket", "seek_fraction(0.1)", "+10%", show=False,
+                tooltip="Replay: seek forward a tenth of the recording"),
+        Binding("home", "seek_to(0)", "start", show=False, tooltip="Replay: seek to the start"),
+        Binding("end", "seek_to(1)", "end", show=False, tooltip="Replay: seek to the end"),
         Binding("full_stop", "step", "step", tooltip="Replay: step one sample (and pause)"),
         Binding("plus,equals_sign", "speed(2)", "faster", group=SPEED_KEYS, tooltip="Replay: speed ×2"),
         Binding("minus", "speed(0.5)", "slower", group=SPEED_KEYS, tooltip="Replay: speed ÷2"),
@@ -503,6 +508,12 @@ class JaxtopApp(App[None]):
     # source's own update redraws after a seek or a step.
     def action_seek(self, delta: float) -> None:
         self.source.seek_by(float(delta))
+
+    def action_seek_fraction(self, delta: float) -> None:
+        self.source.seek_fraction(float(delta), relative=True)
+
+    def action_seek_to(self, fraction: float) -> None:
+        self.source.seek_fraction(float(fraction))
 
     def action_step(self) -> None:
         self.source.step(1)

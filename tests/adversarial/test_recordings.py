@@ -593,8 +593,10 @@ def giant_line(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.mark.parametrize("kind", ["plain", "gzip"])
 def test_a_200mb_line_is_skipped_by_replay_in_bounded_memory(giant_line, kind, tmp_path):
     path = giant_line[0] if kind == "plain" else giant_line[1]
+    # Indexed in this process (a big recording is indexed by a separate
+    # process, running this same code), so that its memory is measured.
     code = ("from jaxtop.dashboard.sources import ReplaySource\n"
-            f"s = ReplaySource({str(path)!r}, start_playing=False)\n"
+            f"s = ReplaySource({str(path)!r}, start_playing=False, background_min_bytes=1 << 40)\n"
             "print(s.length, s.stats.malformed, s.stats.errors[0]); s.stop()")
     rss, rc, out, err = child_peak_rss_mb(code, tmp_path)
     assert rc == 0, err

@@ -105,6 +105,15 @@ class Source(abc.ABC):
         t = self.current_t()
         return None if t is None else self.seek(t + delta_s)
 
+    def seek_fraction(self, fraction: float, relative: bool = False) -> float | None:
+        """Jump to ``fraction`` of the recording (0: start, 1: end), or by
+        ``fraction`` of it from the current time when ``relative``.
+
+        Returns:
+            The recording time reached; None when nothing plays.
+        """
+        return None
+
     def scale_speed(self, factor: float) -> float | None:
         """Multiply the playback speed by ``factor``.
 

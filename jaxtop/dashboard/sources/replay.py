@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-import bisect
-import gzip
-import math
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import weakref
-from array import array
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, Iterator
+
+import numpy as np
 
 from jaxtop import protocol
 from jaxtop.dashboard.model import REPLAY, Model
+from jaxtop.dashboard.sources import replay_index
 from jaxtop.dashboard.sources.base import OnUpdate, Source
+from jaxtop.dashboard.sources.live import drop_superseded_maps
+from jaxtop.dashboard.sources.replay_index import Index
 from jaxtop.export.convert import decode, guarded, open_recording
 
 #: ``on_progress(done, total)``: bytes of the file indexed so far, and its size.
@@ -25,35 +29,47 @@ PROGRESS_EVERY_BYTES = 8 << 20
 #: Records that fail to play each get a notice, up to this many; the rest are
 #: counted in one summary notice when playback reaches the end.
 MAX_RECORD_NOTICES = 3
+#: Records decoded and folded at a time when seeking or stepping.
+FEED_BATCH = 256
 
 
 class ReplaySource(Source):
     """Plays a recording, plain or gzip-compressed: play/pause, step, seek, speed.
 
-    The file is indexed once (each record's offset, time and type); records
-    are decoded as they are played, so big recordings open fast and cost
-    little memory. A gzip stream cannot seek (a seek backwards decompresses
-    again from its start), so a compressed recording is read through once
-    and its records are written to an uncompressed temporary copy as they
-    are indexed: the offsets point into that copy, and seeking costs the
-    same as in a plain file. A copy on disk rather than the decoded records
-    in memory keeps memory flat whatever the recording's size. The copy goes
-    when the source stops, or when the source is collected unstarted.
+    Playing needs each record's offset and time, seeking the model as it
+    stands at any time: both come from a :class:`~replay_index.Index`
+    (checkpoints of the model every couple of MB, so a seek folds at most
+    that much). A recording under :data:`replay_index.BACKGROUND_MIN_BYTES`
+    is indexed when opened (a fraction of a second); a bigger one uses the
+    index kept in the cache, or plays at once, read straight from the file,
+    while a separate process builds the index (``replay_state()["indexing"]``
+    says how far). A seek asked for meanwhile is done when the index is in.
+
+    A gzip stream cannot seek, so a compressed recording's offsets point into
+    an uncompressed temporary copy written while indexing (not kept: it
+    would be many times the recording's size); the copy goes when the source
+    stops, or when it is collected unstarted.
 
     Nothing in a recording stops playback: a line that is not a record, or
     has no finite time, or is over :data:`protocol.MAX_RECORD_LINE_BYTES`,
-    is skipped when indexing; compressed data cut short or corrupt ends the
-    recording where it stops making sense; a record the model fails on is
-    skipped when played. Each is counted and said in the model's notices.
+    is skipped; compressed data cut short or corrupt ends the recording where
+    it stops making sense; a record the model fails on is skipped when
+    played. Each is counted and said in the model's notices.
 
     Args:
         path: The recording.
         speed: Playback speed (1: real time).
         start_playing: Play as soon as started (else paused at the start).
-        on_progress: Called while indexing with the bytes of the file read
-            so far and its size (compressed bytes for a gzip file), about
-            every :data:`PROGRESS_EVERY_BYTES` of records and once at the
-            end: a big file takes seconds to index.
+        on_progress: Called while a recording is indexed when opened (not
+            in the background) with the bytes of the file read so far and
+            its size (compressed bytes for a gzip file), about every
+            :data:`PROGRESS_EVERY_BYTES` and once at the end.
+        background_min_bytes: Index recordings at least this big in the
+            background (default :data:`replay_index.BACKGROUND_MIN_BYTES`).
+
+    Raises:
+        OSError: the recording cannot be read.
+        ValueError: it holds no records.
     """
 
     kind = "replay"
@@ -61,21 +77,16 @@ class ReplaySource(Source):
     live = False
 
     def __init__(self, path: str, speed: float = 1.0, start_playing: bool = True,
-                 on_progress: OnProgress | None = None) -> None:
+                 on_progress: OnProgress | None = None, background_min_bytes: int | None = None) -> None:
         super().__init__()
         self.path = path
         self.speed = speed
         self.playing = start_playing
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.stats = protocol.ReadStats()
-        # Per record, in typed arrays: a few bytes each rather than a Python
-        # object each, for recordings of millions of records.
-        self._offsets = array("q")
-        self._times = array("d")
-        self._lines = array("q")  # line numbers, for notices
-        self._is_sample = bytearray()
+        self.index: Index | None = None
         self.position = 0  # index of the next record to play
         self.pid = 0
         # Records the model failed on (indexes), and how many of them the
@@ -83,85 +94,162 @@ class ReplaySource(Source):
         self._failed: set[int] = set()
         self._failed_said = 0
         self._playback_error_said = False
-        # The file the offsets point into: the recording, or its uncompressed copy.
-        self._data_path = path
-        self._remove_copy: Callable[[], object] = lambda: None
-        self._on_progress = on_progress
-        self._index()
         self._thread: threading.Thread | None = None
+        self._temp_dir: str | None = None
+        self._cleanup: Callable[[], object] = lambda: None
+        # Playing before the index is in: the file read in order.
+        self._stream: IO[bytes] | None = None
+        self._records: Iterator[tuple[int, bytes, dict[str, Any], float]] | None = None
+        self._next: tuple[int, bytes, dict[str, Any], float] | None = None
+        self._t_start: float | None = None
+        self._last_t: float | None = None
+        # The background indexer.
+        self._builder: subprocess.Popen[bytes] | None = None
+        self.indexing: tuple[int, int] | None = None  # (bytes done, total) while it runs
+        self.index_error: str | None = None
+        # A seek asked for before the index is in: the time it goes to, from
+        # the index, and what the header says of it.
+        self._pending: tuple[Callable[[Index], float], str] | None = None
+        self.index_note: str | None = None  # where the index came from, for the header and notices
+        threshold = replay_index.BACKGROUND_MIN_BYTES if background_min_bytes is None else background_min_bytes
+        size = os.path.getsize(path)
+        if size < threshold:
+            self._index_here(on_progress)
+        else:
+            self._open_big()
 
     # -- indexing ------------------------------------------------------------------
-    def _index(self) -> None:
-        """Find every valid record's offset and time (skips what is broken)."""
+    def _temp(self) -> str:
+        """A private temporary directory for this source, removed with it."""
+        if self._temp_dir is None:
+            self._temp_dir = tempfile.mkdtemp(prefix="jaxtop-replay-")
+            self._cleanup = weakref.finalize(self, _cleanup, self._temp_dir, None)
+        return self._temp_dir
+
+    def _index_here(self, on_progress: OnProgress | None) -> None:
+        copy = os.path.join(self._temp(), "data.jsonl") if replay_index.is_compressed(self.path) else None
         try:
-            with open_recording(self.path) as stream:
-                copy = self._open_copy() if _compressed(stream) else None
-                try:
-                    self._index_lines(guarded(stream, self.stats), copy)
-                finally:
-                    if copy is not None:
-                        copy.close()
+            index = replay_index.build(self.path, copy, on_progress, PROGRESS_EVERY_BYTES)
         except BaseException:
-            self._remove_copy()
+            self._cleanup()
             raise
-        if not self._offsets:
-            self._remove_copy()
+        self._use(index)
+
+    def _open_big(self) -> None:
+        compressed = replay_index.is_compressed(self.path)
+        out = copy = None
+        if not compressed:
+            cache, why = replay_index.private_cache_dir()
+            if cache is not None:
+                out = str(cache / replay_index.index_name(self.path))
+                index, why = replay_index.load(out, self.path)
+                if index is not None:
+                    self.index_note = f"index from the cache ({out})"
+                    self._use(index)
+                    return
+            self.index_note = f"indexing ({why})"
+        else:
+            self.index_note = "indexing (a compressed recording's index is not kept)"
+        self._open_stream()
+        if out is None:
+            out = os.path.join(self._temp(), "index.npz")
+        if compressed:
+            copy = os.path.join(self._temp(), "data.jsonl")
+        self._start_builder(out, copy)
+
+    def _open_stream(self) -> None:
+        """Read the recording in order until the index is in; the first record now."""
+        self._stream = open_recording(self.path)
+        try:
+            self._records = replay_index.iter_records(guarded(self._stream, self.stats), self.stats)
+            self._next = next(self._records, None)
+        except BaseException:
+            self._stream.close()
+            raise
+        if self._next is None:
+            self._stream.close()
             why = self.stats.stopped or self.stats.first_error
             raise ValueError(f"{self.path}: no jaxtop records found" + (f" ({why})" if why else ""))
+        self.pid = replay_index.first_pid(self._next[2])
+        self._t_start = self._next[3]
 
-    def _open_copy(self) -> IO[bytes]:
-        """Start the uncompressed copy the offsets of a compressed recording point into."""
-        fd, self._data_path = tempfile.mkstemp(prefix="jaxtop-replay-", suffix=".jsonl")
-        self._remove_copy = weakref.finalize(self, _remove_quietly, self._data_path)
-        return os.fdopen(fd, "wb")
+    def _start_builder(self, out: str, copy: str | None) -> None:
+        env = dict(os.environ)
+        # The indexer imports jaxtop as this process does, installed or not.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str))
+        argv = [sys.executable, "-m", "jaxtop.dashboard.sources.replay_index", self.path, out] + ([copy] if copy else [])
+        self.indexing = (0, os.path.getsize(self.path))
+        self._builder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, env=env, start_new_session=True)
+        if isinstance(self._cleanup, weakref.finalize):
+            self._cleanup.detach()  # replaced by one that stops the indexer too
+        self._cleanup = weakref.finalize(self, _cleanup, self._temp_dir, self._builder)
+        data = copy or self.path
+        threading.Thread(target=self._watch_builder, args=(self._builder, out, data), name="jaxtop-replay-index",
+                         daemon=True).start()
 
-    def _index_lines(self, stream: IO[bytes], copy: IO[bytes] | None) -> None:
-        """Index every complete line within the size limit (``protocol.iter_lines``).
-
-        ``stream`` is :func:`guarded`: compressed data cut short or corrupt
-        ends it, and ``stats.stopped`` says where.
-        """
-        progress = self._on_progress
-        if progress is not None:
-            total = os.path.getsize(self.path)
-            progress(0, total)
-        unreported = 0
-        for lineno, line in protocol.iter_lines(stream, self.stats):
-            self._index_line(lineno, line, stream, copy)
-            if progress is not None:
-                unreported += len(line)
-                if unreported >= PROGRESS_EVERY_BYTES:
-                    unreported = 0
-                    progress(min(_position(stream), total), total)
-        if progress is not None:
-            progress(total, total)
-
-    def _index_line(self, lineno: int, line: bytes, stream: IO[bytes], copy: IO[bytes] | None) -> None:
-        """Index one line if it is a record with a finite time; note it in ``stats`` if not."""
-        try:
-            rec = decode(line)
-        except protocol.ProtocolError as exc:
-            self.stats.note(lineno, str(exc))
+    def _watch_builder(self, builder: subprocess.Popen[bytes], out: str, data: str) -> None:
+        """Follow the indexer's progress; take its index when it is done."""
+        error = None
+        done = False
+        assert builder.stdout is not None and builder.stderr is not None
+        for raw in builder.stdout:
+            words = raw.decode("utf-8", "replace").split(" ", 1)
+            if words[0] == "progress" and len(words) == 2:
+                try:
+                    d, total = (int(x) for x in words[1].split())
+                except ValueError:
+                    continue
+                self.indexing = (d, total)
+                self._updated()
+            elif words[0].strip() == "done":
+                done = True
+            elif words[0] == "error" and len(words) == 2:
+                error = words[1].strip()
+        err = builder.stderr.read().decode("utf-8", "replace").strip()
+        rc = builder.wait()
+        if self._stop.is_set():
             return
-        t = _finite(rec.get("t"))
-        if t is None:
-            # NaN or inf would make every gap, seek and time shown after it NaN.
-            self.stats.note(lineno, "no finite 't'")
+        index = None
+        if done and rc == 0:
+            # A recording still being written may have grown meanwhile: the
+            # index then covers what was there when it was built.
+            index, error = replay_index.load(out, self.path, data_path=data, allow_growth=True)
+        elif error is None:
+            error = f"the indexer exited with status {rc}" + (f": {err.splitlines()[-1]}" if err else "")
+        if index is None:
+            self.indexing = None
+            self.index_error = error or "the index could not be built"
+            self._notice(f"replay: seeking is not available: {self.index_error}")
+            self._updated()
             return
-        if copy is None:
-            # iter_lines has just read this line: the stream stands right after it.
-            offset = stream.tell() - len(line)
-        else:
-            offset = copy.tell()
-            copy.write(line)
-        if rec.get("type") == protocol.HELLO and not self._offsets:
-            pid = _finite(rec.get("pid"))
-            self.pid = int(pid) if pid is not None and 0 < pid < 1 << 62 else 0
-        self.stats.records += 1
-        self._offsets.append(offset)
-        self._times.append(t)
-        self._lines.append(lineno)
-        self._is_sample.append(rec.get("type") == protocol.SAMPLE)
+        self._take_index(index)
+
+    def _take_index(self, index: Index) -> None:
+        with self._lock:
+            if index.length < self.position:
+                self.indexing = None
+                self.index_error = "the index has fewer records than were played"
+                self._notice(f"replay: seeking is not available: {self.index_error}")
+                return
+            self._use(index)
+            self.indexing = None
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = self._records = self._next = None
+            for note in self.notices():
+                self._notice(note)
+            pending, self._pending = self._pending, None
+        if pending is not None and self.model is not None:
+            self.seek(pending[0](index))
+        self._wake.set()
+        self._updated()
+
+    def _use(self, index: Index) -> None:
+        self.index = index
+        self.stats = index.stats
+        self.pid = index.pid
+        self._t_start = float(index.times[0])
 
     # -- the source ------------------------------------------------------------------
     @property
@@ -169,8 +257,9 @@ class ReplaySource(Source):
         return [self.pid]
 
     @property
-    def length(self) -> int:
-        return len(self._offsets)
+    def length(self) -> int | None:
+        """Records in the recording; None until the index is in."""
+        return self.index.length if self.index is not None else None
 
     def notices(self) -> list[str]:
         out = []
@@ -184,8 +273,9 @@ class ReplaySource(Source):
 
     def start(self, model: Model, on_update: OnUpdate) -> None:
         super().start(model, on_update)
-        for note in self.notices():
-            model.add_notice(note)
+        if self.index is not None:
+            for note in self.notices():
+                model.add_notice(note)
         model.process(self.pid)
         self._thread = threading.Thread(target=self._run, name="jaxtop-replay", daemon=True)
         self._thread.start()
@@ -195,31 +285,62 @@ class ReplaySource(Source):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
-        self._remove_copy()
+        with self._lock:
+            if self._stream is not None:
+                self._stream.close()
+        self._cleanup()
 
-    def _feed_range(self, start: int, stop: int, model: Model | None = None) -> None:
-        """Feed records ``start`` to ``stop`` to ``model`` (the shown one by default).
-
-        A record the model fails on (a value of a type it does not expect)
-        is skipped and said, so one odd record never stops playback.
-        """
-        model = model or self.model
-        assert model is not None
-        with open(self._data_path, "rb") as f:
-            for i in range(start, stop):
-                try:
-                    f.seek(self._offsets[i])
-                    # The limit holds even if the file changed since it was indexed.
-                    model.feed(self.pid, decode(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1)))
-                except Exception as exc:  # noqa: BLE001 - any record, any model bug
-                    self._record_failed(i, exc)
-        model.set_state(self.pid, REPLAY)
-        if stop >= self.length:
-            self._summarize_failures()
+    def _updated(self) -> None:
+        if self.model is not None:
+            self.on_update()
 
     def _notice(self, text: str) -> None:
         if self.model is not None:
             self.model.add_notice(text)
+
+    # -- feeding -------------------------------------------------------------------
+    def _play_one(self, i: int) -> None:
+        """Play record ``i`` of the index into the shown model."""
+        assert self.index is not None and self.model is not None
+        with open(self.index.data_path, "rb") as f:
+            f.seek(int(self.index.offsets[i]))
+            try:
+                # The limit holds even if the file changed since it was indexed.
+                self.model.feed(self.pid, decode(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1)))
+            except Exception as exc:  # noqa: BLE001 - any record, any model bug
+                self._record_failed(i, exc)
+        self.model.set_state(self.pid, REPLAY)
+        if i + 1 >= self.index.length:
+            self._summarize_failures()
+
+    def _feed_range(self, start: int, stop: int, model: Model | None = None) -> None:
+        """Fold records ``start`` to ``stop`` into ``model`` (the shown one by
+        default), a batch at a time: the model's result is the same as
+        record by record (``Model.feed_many``), at a fraction of the cost."""
+        model = model or self.model
+        assert model is not None and self.index is not None
+        offsets = self.index.offsets
+        with open(self.index.data_path, "rb") as f:
+            i = start
+            while i < stop:
+                end = min(stop, i + FEED_BATCH)
+                lines = []
+                for j in range(i, end):
+                    offset = int(offsets[j])
+                    if f.tell() != offset:
+                        f.seek(offset)
+                    lines.append(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1))
+                records = []
+                for j, line in zip(range(i, end), drop_superseded_maps(lines)):
+                    try:
+                        records.append(decode(line))
+                    except Exception as exc:  # noqa: BLE001 - the file changed since it was indexed
+                        self._record_failed(j, exc)
+                model.feed_many(self.pid, records)
+                i = end
+        model.set_state(self.pid, REPLAY)
+        if stop >= self.index.length:
+            self._summarize_failures()
 
     def _record_failed(self, i: int, exc: Exception) -> None:
         """Say that record ``i`` could not be shown: once per record, the first
@@ -228,17 +349,37 @@ class ReplaySource(Source):
             return  # fed again by a seek: said already
         self._failed.add(i)
         if len(self._failed) <= MAX_RECORD_NOTICES:
-            self._notice(f"line {self._lines[i]}: the record could not be shown and was skipped "
+            line = self.index.lines[i] if self.index is not None else "?"
+            self._notice(f"line {line}: the record could not be shown and was skipped "
                          f"({type(exc).__name__}: {exc})")
 
     def _summarize_failures(self) -> None:
         """At the end of the recording: how many records failed in all, when
         more than one did and that count was not said yet."""
-        if len(self._failed) > max(1, self._failed_said):
+        if len(self._failed) > max(1, self._failed_said) and self.index is not None:
             self._failed_said = len(self._failed)
-            first = self._lines[min(self._failed)]
+            first = self.index.lines[min(self._failed)]
             self._notice(f"{len(self._failed)} record(s) could not be shown and were skipped (first on line {first})")
 
+    # -- playing before the index is in ------------------------------------------------
+    def _stream_one(self) -> float | None:
+        """Play the next record read from the file; the gap to the one after
+        (None at the end)."""
+        assert self._next is not None and self.model is not None and self._records is not None
+        _, _, rec, t = self._next
+        self._next = next(self._records, None)
+        self.position += 1
+        self._last_t = t
+        try:
+            self.model.feed(self.pid, rec)
+        except Exception as exc:  # noqa: BLE001 - any record, any model bug
+            if not self._playback_error_said:
+                self._playback_error_said = True
+                self._notice(f"replay: a record could not be shown ({type(exc).__name__}: {exc})")
+        self.model.set_state(self.pid, REPLAY)
+        return None if self._next is None else self._next[3] - t
+
+    # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -252,13 +393,21 @@ class ReplaySource(Source):
 
     def _play_next(self) -> None:
         """Play the next record and wait until the one after is due (or idle a while)."""
+        gap = None
         with self._lock:
-            playing = self.playing and self.position < self.length
-            if playing:
-                i = self.position
-                self.position = i + 1  # first: a failure below must not replay it forever
-                self._feed_range(i, i + 1)
-                gap = (self._times[i + 1] - self._times[i]) / self.speed if i + 1 < self.length else None
+            index = self.index
+            if index is not None:
+                playing = self.playing and self.position < index.length
+                if playing:
+                    i = self.position
+                    self.position = i + 1  # first: a failure below must not replay it forever
+                    self._play_one(i)
+                    gap = float(index.times[i + 1] - index.times[i]) / self.speed if i + 1 < index.length else None
+            else:
+                playing = self.playing and self._next is not None
+                if playing:
+                    step = self._stream_one()
+                    gap = step / self.speed if step is not None else None
         if playing:
             self.on_update()
             if gap is not None:
@@ -288,83 +437,136 @@ class ReplaySource(Source):
         with self._lock:
             self.playing = False
             seen = 0
-            start = self.position
-            while self.position < self.length and seen < samples:
-                if self._is_sample[self.position]:
-                    seen += 1
-                self.position += 1
-            self._feed_range(start, self.position)
+            if self.index is None:
+                while self._next is not None and seen < samples:
+                    seen += self._next[2].get("type") == protocol.SAMPLE
+                    self._stream_one()
+            else:
+                start = self.position
+                is_sample = self.index.is_sample
+                while self.position < self.index.length and seen < samples:
+                    seen += bool(is_sample[self.position])
+                    self.position += 1
+                self._feed_range(start, self.position)
             position = self.position
         self.on_update()
         return position
 
     def seek(self, t: float) -> float:
-        """Jump to recording time ``t`` (rebuilds the model up to there)."""
+        """Jump to recording time ``t``: from the checkpoint before it, or on
+        from here when that is nearer. Before the index is in, the seek is
+        kept and done when it comes (``replay_state()["pending_seek"]``).
+
+        Returns:
+            The recording time reached (the time now, for a kept seek).
+        """
         with self._lock:
-            target = bisect.bisect_right(self._times, t)
-            # Never seek to before the first sample: an empty screen says nothing.
-            first_sample = next((i + 1 for i, is_sample in enumerate(self._is_sample) if is_sample), 1)
-            target = max(first_sample, min(target, self.length))
-            if target < self.position:
-                assert self.model is not None
-                rebuilt = self.model.empty_like()
-                self._feed_range(0, target, rebuilt)
-                self.model.adopt(self.pid, rebuilt)
-            else:
-                self._feed_range(self.position, target)
-            self.position = target
+            if self.index is None:
+                self._pending = (lambda index: t, _clock(t - (self._t_start or 0.0)))
+                return self.current_t()
+            self._seek(self.index, t)
+        return self._moved()
+
+    def seek_fraction(self, fraction: float, relative: bool = False) -> float:
+        with self._lock:
+            now = self.current_t()
+            if self.index is None:
+                if relative:
+                    self._pending = (lambda index: now + fraction * _span(index), f"{fraction:+.0%} of the recording")
+                else:
+                    self._pending = (lambda index: float(index.times[0]) + fraction * _span(index), f"{fraction:.0%}")
+                return now
+            self._seek(self.index, (now if relative else float(self.index.times[0])) + fraction * _span(self.index))
+        return self._moved()
+
+    def _moved(self) -> float:
         self._wake.set()
         self.on_update()
         return self.current_t()
 
+    def _seek(self, index: Index, t: float) -> None:
+        """Move the shown model to time ``t`` (the lock held)."""
+        target = int(np.searchsorted(index.times, t, side="right"))
+        # Never seek to before the first sample: an empty screen says nothing.
+        target = max(index.first_sample(), min(target, index.length))
+        k = index.checkpoint_before(target)
+        from_checkpoint = int(index.checkpoint_at[k]) if k is not None else 0
+        if from_checkpoint <= self.position <= target:
+            self._feed_range(self.position, target)  # going on from here is the shorter way
+        else:
+            assert self.model is not None
+            rebuilt = self.model.empty_like()
+            start = 0
+            if k is not None:
+                try:
+                    start, state = index.restore(k)
+                    rebuilt.restore_process(self.pid, state)
+                except Exception as exc:  # noqa: BLE001 - a damaged checkpoint: fold from the start instead
+                    self._notice(f"replay: a checkpoint of the index could not be read ({type(exc).__name__}: {exc}); "
+                                 "folding from the start")
+                    rebuilt = self.model.empty_like()
+                    start = 0
+            self._feed_range(start, target, rebuilt)
+            self.model.adopt(self.pid, rebuilt)
+        self.position = target
+
     def current_t(self) -> float:
-        return self._times[max(0, self.position - 1)]
+        if self.index is not None:
+            return float(self.index.times[max(0, self.position - 1)])
+        return self._last_t if self._last_t is not None else (self._t_start or 0.0)
 
     def replay_state(self) -> dict[str, Any]:
+        index = self.index
         return {
-            "playing": self.playing and self.position < self.length,
+            "playing": self.playing and (self.position < index.length if index is not None else self._next is not None),
             "speed": self.speed,
             "position": self.position,
-            "length": self.length,
+            "length": index.length if index is not None else None,
             "t": self.current_t(),
-            "t_start": self._times[0],
-            "t_end": self._times[-1],
+            "t_start": self._t_start,
+            "t_end": float(index.times[-1]) if index is not None else None,
             "path": self.path,
+            "indexing": self.indexing,
+            "index_error": self.index_error,
+            "pending_seek": self._pending[1] if self._pending is not None else None,
         }
 
     def save(self, path: str) -> list[str]:
-        with open(path, "wb") as out, open(self._data_path, "rb") as f:
-            for i in range(self.position):
-                f.seek(self._offsets[i])
-                out.write(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1))
+        with self._lock:
+            position, index = self.position, self.index
+        with open(path, "wb") as out:
+            if index is not None:
+                with open(index.data_path, "rb") as f:
+                    for i in range(position):
+                        f.seek(int(index.offsets[i]))
+                        out.write(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1))
+            else:  # the records played so far, read again in order
+                stats = protocol.ReadStats()
+                with open_recording(self.path) as stream:
+                    for n, (_, line, _, _) in enumerate(replay_index.iter_records(guarded(stream, stats), stats)):
+                        if n >= position:
+                            break
+                        out.write(line)
         return [path]
 
 
-def _finite(value: Any) -> float | None:
-    """A JSON number as a finite float, or None (NaN, inf, too big, not a number)."""
-    if not protocol.is_number(value):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an integer beyond a float's range
-        return None
-    return value if math.isfinite(value) else None
+def _span(index: Index) -> float:
+    return float(index.times[-1] - index.times[0])
 
 
-def _position(stream: IO[bytes]) -> int:
-    """Bytes of the file read so far: a plain file's position, or the
-    compressed bytes read of a gzip one (a little ahead of the lines)."""
-    position = getattr(stream, "position", None)
-    return position() if position is not None else stream.tell()
+def _clock(seconds: float) -> str:
+    """A recording time for the header: ``1:02:03`` (from the start)."""
+    seconds = max(0.0, seconds)
+    return f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}:{int(seconds % 60):02d}"
 
 
-def _compressed(stream: IO[bytes]) -> bool:
-    """Whether ``open_recording`` gave a decompressing stream (it chose by magic bytes)."""
-    return isinstance(stream, gzip.GzipFile)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
+def _cleanup(temp_dir: str | None, builder: subprocess.Popen[bytes] | None) -> None:
+    """Stop the indexer, if it still runs, and remove the source's temporary files."""
+    if builder is not None and builder.poll() is None:
+        try:
+            builder.kill()
+            builder.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)

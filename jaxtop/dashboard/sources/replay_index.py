@@ -38,6 +38,7 @@ import bisect
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import stat
@@ -117,7 +118,7 @@ def finite(value: Any) -> float | None:
         value = float(value)
     except OverflowError:  # an integer beyond a float's range
         return None
-    return value if value == value and value not in (float("inf"), float("-inf")) else None
+    return value if math.isfinite(value) else None
 
 
 def first_pid(rec: dict[str, Any]) -> int:
@@ -209,6 +210,7 @@ _ALLOWED = {
     ("numpy", "dtype"), ("numpy", "ndarray"),
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
 }
 _MODEL_MODULES = {m.__name__: m for m in (model_module, holders_module, ledger_module, history_module)}
 
@@ -473,11 +475,18 @@ def _file_sha256(path: str, limit: int | None = None) -> str:
 _TRAILER = len(b"JAXTOPSHA256") + 64
 
 
-def load(path: str, recording: str, data_path: str | None = None) -> tuple[Index | None, str | None]:
+def load(path: str, recording: str, data_path: str | None = None,
+         allow_growth: bool = False) -> tuple[Index | None, str | None]:
     """The index at ``path`` for ``recording``, or None and why it cannot be used.
 
     Never raises for what the file holds: a missing, stale, cut short,
     corrupt or hostile index is only a reason to build it again.
+
+    Args:
+        allow_growth: Take the index of a recording that has only grown
+            since (written to while it was indexed, by ``jaxtop log``): the
+            index covers what was there. A kept index is never taken so: it
+            would never show what came after.
     """
     try:
         size = os.path.getsize(path)
@@ -490,7 +499,7 @@ def load(path: str, recording: str, data_path: str | None = None) -> tuple[Index
             meta = json.loads(bytes(npz["meta"]).decode())
             if meta.get("format") != INDEX_FORMAT or meta.get("code") != code_fingerprint():
                 return None, "the index was built by another version of jaxtop"
-            if meta.get("recording") != fingerprint(recording):
+            if not _same_recording(meta.get("recording"), recording, allow_growth):
                 return None, "the recording changed since it was indexed"
             s = meta["stats"]
             stats = protocol.ReadStats(records=int(s["records"]), malformed=int(s["malformed"]), truncated=bool(s["truncated"]),
@@ -516,6 +525,21 @@ def load(path: str, recording: str, data_path: str | None = None) -> tuple[Index
             and len(index.checkpoint_at) == len(index.checkpoint_ends)):
         return None, "the index is inconsistent"
     return index, None
+
+
+def _same_recording(then: Any, path: str, allow_growth: bool) -> bool:
+    now = fingerprint(path)
+    if then == now:
+        return True
+    if not (allow_growth and isinstance(then, dict) and then.get("head") == now["head"]
+            and then.get("ino") == now["ino"] and then.get("dev") == now["dev"]):
+        return False
+    size = then.get("size")
+    if not isinstance(size, int) or not 0 <= size <= now["size"]:
+        return False
+    with open(path, "rb") as f:  # the bytes that ended the file then are still there
+        f.seek(max(0, size - ENDS_BYTES))
+        return hashlib.sha256(f.read(size - max(0, size - ENDS_BYTES))).hexdigest() == then.get("tail")
 
 
 def prune(directory: Path, keep: str, max_bytes: int = CACHE_MAX_BYTES) -> None:
@@ -565,11 +589,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"progress {done} {total}", flush=True)
 
     try:
+        # Taken first: a recording that grows while it is indexed (still
+        # being written) is then seen as changed when it is opened again.
         before = fingerprint(recording)
         index = build(recording, copy, progress)
-        if fingerprint(recording) != before:
-            print("error the recording changed while it was indexed", flush=True)
-            return 1
         save(index, out, before)
     except (OSError, ValueError) as exc:
         print(f"error {exc}", flush=True)
