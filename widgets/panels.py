@@ -121,7 +121,7 @@ class HeaderBar(Panel):
                 done, total = r["indexing"]
                 bottom.append(f"  indexing {min(100, done * 100 // max(total, 1))}%", style="yellow")
                 if r.get("pending_seek") is not None:
-                    bottom.append(f", then seek to {fmt_duration(r['pending_seek'] - t_start)}", style="yellow")
+                    bottom.append(f", then seek to {r['pending_seek']}", style="yellow")
             elif r.get("index_error"):
                 bottom.append("  seek n/a (see notices)", style="yellow")
         elif proc.sample_age_s is not None:
