@@ -529,37 +529,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(small=args.small)
 
 
-#: Recordings at least this big say how their indexing goes before the
-#: dashboard opens (a gigabyte takes seconds).
-REPLAY_PROGRESS_MIN_BYTES = 100 << 20
-
-
-class _IndexProgress:
-    """``on_progress`` for a replay's indexing: a percentage on stderr, redrawn
-    in place on a terminal, a line per tenth elsewhere."""
-
-    def __init__(self, path: str, size: int) -> None:
-        self.head = f"jaxtop replay: indexing {path} ({size / (1 << 20):,.0f} MB)"
-        self.tty = sys.stderr.isatty()
-        self.shown = -1  # the last percentage shown
-        self.shown_t = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        percent = min(100, done * 100 // max(total, 1))
-        now = time.monotonic()
-        if self.tty:
-            if percent != self.shown and (percent == 100 or now - self.shown_t >= 0.1):
-                print(f"\r{self.head}… {percent}%", end="", file=sys.stderr, flush=True)
-                self.shown, self.shown_t = percent, now
-        elif self.shown < 0 or percent // 10 > self.shown // 10:
-            print(f"{self.head}: {percent}%", file=sys.stderr, flush=True)
-            self.shown = percent
-
-    def close(self) -> None:
-        if self.tty and self.shown >= 0:
-            print(file=sys.stderr, flush=True)
-
-
 def cmd_replay(args: argparse.Namespace) -> int:
     from jaxtop.dashboard.app import make_app
     from jaxtop.dashboard.sources import ReplaySource
@@ -567,17 +536,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.file):
         print(f"jaxtop replay: no such file: {args.file}", file=sys.stderr)
         return EXIT_USAGE
-    size = os.path.getsize(args.file)
-    progress = _IndexProgress(args.file, size) if size >= REPLAY_PROGRESS_MIN_BYTES else None
     try:
-        source = ReplaySource(args.file, speed=args.speed, on_progress=progress)
+        # A big recording opens at once; its index is built in the background
+        # and the header says how far it is.
+        source = ReplaySource(args.file, speed=args.speed)
     except (OSError, ValueError) as exc:
-        if progress is not None:
-            progress.close()
         print(f"jaxtop replay: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if progress is not None:
-        progress.close()
     make_app(source, refresh_s=args.refresh).run()
     return 0
 

@@ -442,3 +442,28 @@ async def test_replay_keys_are_no_ops_on_a_live_source(tmp_path):
         assert (app.selected, app.window_s, app.paused) == (0, 600.0, False)
         await pilot.press("space")  # nothing plays: the app freezes its screen
         assert src.calls[-1] == ("toggle",) and app.paused
+
+
+async def test_a_big_replay_is_shown_while_it_is_indexed_and_its_keys_seek_once_it_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXTOP_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "rec.jsonl"
+    t0 = 1_000_000.0
+    with open(path, "wb") as f:
+        f.write(protocol.encode(synthetic.hello(3, 2, t0)))
+        for rec in synthetic.samples(3, 2, t0, 3000):
+            f.write(protocol.encode(rec))
+    src = ReplaySource(str(path), start_playing=False, background_min_bytes=0)  # indexed by a separate process
+    app = make_app(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("full_stop")
+        await settle(pilot, app, lambda: app.snapshot.processes and app.snapshot.processes[0].seq == 1)
+        await pilot.press("end")  # kept until the index is in, then done
+        if src.index is None:
+            header = text_of(app.query_one("#header"))
+            assert "/?" in header and "indexing" in header, header
+        await settle(pilot, app, lambda: app.snapshot.processes[0].seq == 3000, timeout=60)
+        assert "indexing" not in text_of(app.query_one("#header"))
+        await pilot.press("left_square_bracket")  # back a tenth: 30 s of 300
+        await settle(pilot, app, lambda: app.snapshot.processes[0].seq == 2700)
+        await pilot.press("home")
+        await settle(pilot, app, lambda: app.snapshot.processes[0].seq == 1)

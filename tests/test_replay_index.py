@@ -263,7 +263,7 @@ def test_a_hostile_checkpoint_runs_nothing_and_the_seek_still_lands(tmp_path, ca
     replay_index.save(index, str(cache / replay_index.index_name(str(path))), replay_index.fingerprint(str(path)))
     src = open_again(path)
     try:
-        assert src.index is not None  # its checksum is right: whoever wrote it had our key
+        assert src.index is not None  # its checksum matches: a checksum says nothing of who wrote it
         src.seek(float(src.index.times[-1]))
         src.seek(float(src.index.times[len(src.index.times) // 2]))
         assert not os.path.exists(MARKER)
@@ -355,5 +355,21 @@ def test_the_header_says_how_far_indexing_is_and_where_a_kept_seek_goes(tmp_path
         console.print(HeaderBar().draw(snap, 160, 2))
         text = console.export_text()
         assert "/?" in text and "indexing 42%, then seek to 0:02:30" in text, text
+    finally:
+        src.stop()
+
+
+def test_indexing_in_the_background_reports_its_progress(tmp_path, cache):
+    path = synthetic_recording(tmp_path / "rec.jsonl", count=2600, devices=8)  # about 30 MB: progress every 8 MB
+    size = path.stat().st_size
+    src = ReplaySource(str(path), start_playing=False, background_min_bytes=0)
+    seen = []
+    src.start(Model(clock=clock), lambda: seen.append(src.indexing))
+    try:
+        wait_for_index(src)
+        reports = [s for s in seen if s is not None]
+        done = [d for d, _ in reports]
+        assert len(set(done)) >= 3 and done == sorted(done) and all(total == size for _, total in reports)
+        assert done[-1] == size and src.indexing is None
     finally:
         src.stop()

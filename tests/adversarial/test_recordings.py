@@ -37,7 +37,6 @@ import pytest
 from jaxtop import cli, protocol
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import ReplaySource
-from jaxtop.dashboard.sources import replay as replay_module
 
 PY = sys.executable
 T0 = 1_000_000.0
@@ -513,39 +512,6 @@ def test_replay_of_random_bytes_is_refused_in_one_line(tmp_path, head):
     assert_no_traceback(res.stderr)
     [line] = stderr_lines(res.stderr)
     assert "no jaxtop records" in line
-
-
-def test_replay_indexing_reports_progress(tmp_path, monkeypatch):
-    monkeypatch.setattr(replay_module, "PROGRESS_EVERY_BYTES", 4096)
-    for name, write in (("rec.jsonl", Path.write_bytes), ("rec.jsonl.gz", lambda p, d: p.write_bytes(gzip.compress(d)))):
-        path = tmp_path / name
-        write(path, b"".join(recording(300)))
-        calls: list[tuple[int, int]] = []
-        src = ReplaySource(str(path), start_playing=False,
-                           on_progress=lambda done, total, calls=calls: calls.append((done, total)))
-        src.stop()
-        total = path.stat().st_size
-        assert len(calls) > 3 and all(t == total for _, t in calls)
-        done = [d for d, _ in calls]
-        assert done == sorted(done) and done[-1] == total
-
-
-class NoApp:
-    def run(self) -> None:
-        pass
-
-
-def test_cli_replay_of_a_big_file_prints_indexing_progress(tmp_path, monkeypatch, capsys):
-    import jaxtop.dashboard.app as app_module
-
-    monkeypatch.setattr(app_module, "make_app", lambda *a, **kw: NoApp())
-    monkeypatch.setattr(cli, "REPLAY_PROGRESS_MIN_BYTES", 1000)
-    monkeypatch.setattr(replay_module, "PROGRESS_EVERY_BYTES", 4096)
-    path = tmp_path / "rec.jsonl"
-    path.write_bytes(b"".join(recording(300)))
-    assert cli.main(["replay", str(path)]) == 0
-    err = capsys.readouterr().err
-    assert "jaxtop replay: indexing" in err and "100%" in err, err
 
 
 # --------------------------------------------- a 200 MB line: memory stays flat

@@ -22,10 +22,6 @@ from jaxtop.dashboard.sources.live import drop_superseded_maps
 from jaxtop.dashboard.sources.replay_index import Index
 from jaxtop.export.convert import decode, guarded, open_recording
 
-#: ``on_progress(done, total)``: bytes of the file indexed so far, and its size.
-OnProgress = Callable[[int, int], None]
-#: Uncompressed bytes indexed between two progress reports.
-PROGRESS_EVERY_BYTES = 8 << 20
 #: Records that fail to play each get a notice, up to this many; the rest are
 #: counted in one summary notice when playback reaches the end.
 MAX_RECORD_NOTICES = 3
@@ -60,10 +56,6 @@ class ReplaySource(Source):
         path: The recording.
         speed: Playback speed (1: real time).
         start_playing: Play as soon as started (else paused at the start).
-        on_progress: Called while a recording is indexed when opened (not
-            in the background) with the bytes of the file read so far and
-            its size (compressed bytes for a gzip file), about every
-            :data:`PROGRESS_EVERY_BYTES` and once at the end.
         background_min_bytes: Index recordings at least this big in the
             background (default :data:`replay_index.BACKGROUND_MIN_BYTES`).
 
@@ -77,7 +69,7 @@ class ReplaySource(Source):
     live = False
 
     def __init__(self, path: str, speed: float = 1.0, start_playing: bool = True,
-                 on_progress: OnProgress | None = None, background_min_bytes: int | None = None) -> None:
+                 background_min_bytes: int | None = None) -> None:
         super().__init__()
         self.path = path
         self.speed = speed
@@ -114,7 +106,7 @@ class ReplaySource(Source):
         threshold = replay_index.BACKGROUND_MIN_BYTES if background_min_bytes is None else background_min_bytes
         size = os.path.getsize(path)
         if size < threshold:
-            self._index_here(on_progress)
+            self._index_here()
         else:
             self._open_big()
 
@@ -126,10 +118,10 @@ class ReplaySource(Source):
             self._cleanup = weakref.finalize(self, _cleanup, self._temp_dir, None)
         return self._temp_dir
 
-    def _index_here(self, on_progress: OnProgress | None) -> None:
+    def _index_here(self) -> None:
         copy = os.path.join(self._temp(), "data.jsonl") if replay_index.is_compressed(self.path) else None
         try:
-            index = replay_index.build(self.path, copy, on_progress, PROGRESS_EVERY_BYTES)
+            index = replay_index.build(self.path, copy)
         except BaseException:
             self._cleanup()
             raise

@@ -42,6 +42,7 @@ import math
 import os
 import pickle
 import stat
+import struct
 import sys
 import tempfile
 import time
@@ -156,7 +157,7 @@ class Index:
     stats: protocol.ReadStats
     checkpoint_at: np.ndarray  # int64: checkpoint k is the state after records [0, checkpoint_at[k])
     checkpoint_ends: np.ndarray  # int64: checkpoint k is blob[ends[k-1]:ends[k]]
-    blob: bytes
+    blob: bytes | np.ndarray  # the checkpoints, compressed, one after another (uint8 when mapped)
     #: Per history key: (series names, levels, per level (t, lo, hi or None)).
     histories: dict[int, tuple[tuple[str, ...], tuple[tuple[float, int], ...], list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]]] = field(default_factory=dict)
 
@@ -178,7 +179,7 @@ class Index:
         """Checkpoint ``k``: the position it stands at, and the process state
         (as :meth:`Model.process_state` gives it) with its histories rebuilt."""
         start = int(self.checkpoint_ends[k - 1]) if k else 0
-        raw = zlib.decompress(self.blob[start:int(self.checkpoint_ends[k])])
+        raw = zlib.decompress(bytes(self.blob[start:int(self.checkpoint_ends[k])]))
         state = _ModelUnpickler(io.BytesIO(raw), self).load()
         return int(self.checkpoint_at[k]), state
 
@@ -495,36 +496,67 @@ def load(path: str, recording: str, data_path: str | None = None,
             trailer = f.read()
         if not trailer.startswith(b"JAXTOPSHA256") or _file_sha256(path, size - _TRAILER).encode() != trailer[12:]:
             return None, "the index is damaged (its checksum does not match)"
-        with np.load(path, allow_pickle=False) as npz:
-            meta = json.loads(bytes(npz["meta"]).decode())
-            if meta.get("format") != INDEX_FORMAT or meta.get("code") != code_fingerprint():
-                return None, "the index was built by another version of jaxtop"
-            if not _same_recording(meta.get("recording"), recording, allow_growth):
-                return None, "the recording changed since it was indexed"
-            s = meta["stats"]
-            stats = protocol.ReadStats(records=int(s["records"]), malformed=int(s["malformed"]), truncated=bool(s["truncated"]),
-                                       stopped=s["stopped"], first_error=s["first_error"], errors=list(s["errors"]))
-            histories = {}
-            for key, h in meta["histories"].items():
-                levels = tuple((float(step), int(cap)) for step, cap in h["levels"])
-                rows = []
-                for li in range(len(levels)):
-                    hi_name = f"h{key}_{li}_hi"
-                    rows.append((npz[f"h{key}_{li}_t"], npz[f"h{key}_{li}_lo"], npz[hi_name] if hi_name in npz.files else None))
-                histories[int(key)] = (tuple(h["names"]), levels, rows)
-            index = Index(
-                data_path=data_path or recording, pid=int(meta["pid"]),
-                offsets=npz["offsets"], times=npz["times"], lines=npz["lines"], is_sample=npz["is_sample"], stats=stats,
-                checkpoint_at=npz["checkpoint_at"], checkpoint_ends=npz["checkpoint_ends"], blob=npz["blob"].tobytes(),
-                histories=histories)
+        npz = _mapped_members(path)
+        meta = json.loads(bytes(npz["meta"]).decode())
+        if meta.get("format") != INDEX_FORMAT or meta.get("code") != code_fingerprint():
+            return None, "the index was built by another version of jaxtop"
+        if not _same_recording(meta.get("recording"), recording, allow_growth):
+            return None, "the recording changed since it was indexed"
+        s = meta["stats"]
+        stats = protocol.ReadStats(records=int(s["records"]), malformed=int(s["malformed"]), truncated=bool(s["truncated"]),
+                                   stopped=s["stopped"], first_error=s["first_error"], errors=list(s["errors"]))
+        histories = {}
+        for key, h in meta["histories"].items():
+            levels = tuple((float(step), int(cap)) for step, cap in h["levels"])
+            rows = [(npz[f"h{key}_{li}_t"], npz[f"h{key}_{li}_lo"], npz.get(f"h{key}_{li}_hi")) for li in range(len(levels))]
+            histories[int(key)] = (tuple(h["names"]), levels, rows)
+        index = Index(
+            data_path=data_path or recording, pid=int(meta["pid"]),
+            offsets=npz["offsets"], times=npz["times"], lines=npz["lines"], is_sample=npz["is_sample"], stats=stats,
+            checkpoint_at=npz["checkpoint_at"], checkpoint_ends=npz["checkpoint_ends"], blob=npz["blob"],
+            histories=histories)
     except FileNotFoundError:
         return None, "not indexed yet"
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, struct.error, zipfile.BadZipFile, json.JSONDecodeError) as exc:
         return None, f"the index cannot be read ({type(exc).__name__}: {exc})"
     if not (len(index.offsets) == len(index.times) == len(index.lines) == len(index.is_sample) > 0
             and len(index.checkpoint_at) == len(index.checkpoint_ends)):
         return None, "the index is inconsistent"
     return index, None
+
+
+def _mapped_members(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an uncompressed ``.npz``, mapped from the file rather
+    than read: a seek touches a few pages of the histories' logs, and the
+    dashboard's memory does not grow by the index's size. (The file is only
+    ever replaced, never rewritten in place, so a mapping stays valid.)"""
+    out: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
+                raise ValueError(f"unexpected member {info.filename!r}")
+            f.seek(info.header_offset)
+            local = f.read(30)
+            if local[:4] != b"PK\x03\x04":
+                raise ValueError("bad zip member header")
+            name_len, extra_len = struct.unpack("<HH", local[26:30])
+            f.seek(info.header_offset + 30 + name_len + extra_len)
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            if dtype.hasobject:
+                raise ValueError("object arrays are not read")
+            count = int(np.prod(shape)) if shape else 1
+            if f.tell() + count * dtype.itemsize > info.header_offset + 30 + name_len + extra_len + info.file_size:
+                raise ValueError(f"member {info.filename!r} is shorter than its header says")
+            key = info.filename[:-4]
+            if count == 0:
+                out[key] = np.empty(shape, dtype)
+            else:
+                out[key] = np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape, order="F" if fortran else "C")
+    return out
 
 
 def _same_recording(then: Any, path: str, allow_growth: bool) -> bool:
