@@ -1,4 +1,4 @@
-"""Replay of a big recording: first frame, seeks, the index (issue 21).
+"""Replay of a big recording: first frame, seeks, the index.
 
     python benchmarks/replay.py                      # makes a 1 GB recording, then measures
     python benchmarks/replay.py --recording F.jsonl  # measures an existing one

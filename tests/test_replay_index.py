@@ -22,7 +22,7 @@ import pytest
 
 from jaxtop import protocol, synthetic
 from jaxtop.dashboard.model import REPLAY, Model
-from jaxtop.dashboard.sources import ReplaySource, replay_index
+from jaxtop.dashboard.sources import ReplaySource, replay_cache, replay_index
 from jaxtop.export.convert import decode
 from jaxtop.widgets.panels import HeaderBar
 
@@ -179,7 +179,7 @@ def test_a_big_recording_plays_before_its_index_is_in_and_a_seek_waits_for_it(tm
             position = src.position
             assert shown(model, src.pid) == shown(played_from_the_start(src, position), src.pid)
         # It was kept: mode 0700 directory, 0600 file, named after the recording.
-        kept = cache / replay_index.index_name(str(path))
+        kept = cache / replay_cache.index_name(str(path))
         assert kept.is_file() and stat.S_IMODE(kept.stat().st_mode) == 0o600
         assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     finally:
@@ -229,7 +229,7 @@ def test_a_damaged_index_is_built_again(tmp_path, cache):
     src = open_again(path)
     wait_for_index(src)
     src.stop()
-    kept = cache / replay_index.index_name(str(path))
+    kept = cache / replay_cache.index_name(str(path))
     data = bytearray(kept.read_bytes())
     data[len(data) // 2] ^= 0xFF
     kept.write_bytes(bytes(data))
@@ -260,7 +260,7 @@ def test_a_hostile_checkpoint_runs_nothing_and_the_seek_still_lands(tmp_path, ca
     index.blob = evil * len(index.checkpoint_at)
     index.checkpoint_ends = np.cumsum([len(evil)] * len(index.checkpoint_at)).astype(np.int64)
     cache.mkdir(parents=True, mode=0o700)
-    replay_index.save(index, str(cache / replay_index.index_name(str(path))), replay_index.fingerprint(str(path)))
+    replay_cache.save(index, str(cache / replay_cache.index_name(str(path))), replay_cache.fingerprint(str(path)))
     src = open_again(path)
     try:
         assert src.index is not None  # its checksum matches: a checksum says nothing of who wrote it

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxtop import protocol
 from jaxtop.dashboard.model import REPLAY, Model
-from jaxtop.dashboard.sources import replay_index
+from jaxtop.dashboard.sources import replay_cache, replay_index
 from jaxtop.dashboard.sources.base import OnUpdate, Source
 from jaxtop.dashboard.sources.live import drop_superseded_maps
 from jaxtop.dashboard.sources.replay_index import Index
@@ -131,10 +131,10 @@ class ReplaySource(Source):
         compressed = replay_index.is_compressed(self.path)
         out = copy = None
         if not compressed:
-            cache, why = replay_index.private_cache_dir()
+            cache, why = replay_cache.private_cache_dir()
             if cache is not None:
-                out = str(cache / replay_index.index_name(self.path))
-                index, why = replay_index.load(out, self.path)
+                out = str(cache / replay_cache.index_name(self.path))
+                index, why = replay_cache.load(out, self.path)
                 if index is not None:
                     self.index_note = f"index from the cache ({out})"
                     self._use(index)
@@ -169,7 +169,7 @@ class ReplaySource(Source):
         env = dict(os.environ)
         # The indexer imports jaxtop as this process does, installed or not.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str))
-        argv = [sys.executable, "-m", "jaxtop.dashboard.sources.replay_index", self.path, out] + ([copy] if copy else [])
+        argv = [sys.executable, "-m", "jaxtop.dashboard.sources.replay_cache", self.path, out] + ([copy] if copy else [])
         self.indexing = (0, os.path.getsize(self.path))
         self._builder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, env=env, start_new_session=True)
@@ -206,7 +206,7 @@ class ReplaySource(Source):
         if done and rc == 0:
             # A recording still being written may have grown meanwhile: the
             # index then covers what was there when it was built.
-            index, error = replay_index.load(out, self.path, data_path=data, allow_growth=True)
+            index, error = replay_cache.load(out, self.path, data_path=data, allow_growth=True)
         elif error is None:
             error = f"the indexer exited with status {rc}" + (f": {err.splitlines()[-1]}" if err else "")
         if index is None:
