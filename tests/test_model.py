@@ -283,3 +283,19 @@ def test_malformed_records_are_skipped_with_an_event_and_the_model_goes_on():
     assert snap.processes[0].seq == 7 and snap.devices[0].bytes_in_use == 64
     skipped = [e for e in snap.events if e.kind == "error" and "malformed" in e.text]
     assert skipped, [e.text for e in snap.events]
+
+
+def test_a_stream_naming_thousands_of_devices_gets_a_bounded_model():
+    from jaxtop.dashboard.model import MAX_DEVICES
+
+    m = Model()
+    m.feed(1, synthetic.hello(1, 2, 1000.0))
+    for k in range(3):  # a hostile peer, a bug, a crafted recording: 10,000 device ids a sample
+        m.feed(1, {"type": "sample", "t": 1000.1 + k, "devices": [{"id": i, "platform": "gpu", "bytes_in_use": i}
+                                                                    for i in range(k * 10_000, (k + 1) * 10_000)]})
+    snap = m.snapshot()
+    assert len(snap.devices) == MAX_DEVICES == 64
+    assert [d.bytes_in_use for d in snap.devices[:2]] == [0, 1]
+    said = [e.text for e in snap.events if "devices in one process" in e.text]
+    assert said == ["more than 64 devices in one process: device 64 and any later new one are not shown"]
+    assert sum(h.nbytes() for h in [m.processes[1].devices[i].history for i in range(64)]) < 300 << 20

@@ -373,3 +373,47 @@ def test_indexing_in_the_background_reports_its_progress(tmp_path, cache):
         assert done[-1] == size and src.indexing is None
     finally:
         src.stop()
+
+
+def test_an_index_too_big_to_write_leaves_playback_and_says_why(tmp_path, cache):
+    """A file size limit: the indexer is killed by SIGXFSZ, as the kernel does by default."""
+    import resource
+    import signal
+
+    path = synthetic_recording(tmp_path / "rec.jsonl", count=600)
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.getsignal(signal.SIGXFSZ)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, old_limit[1]))  # inherited by the indexer it starts
+    try:
+        src = ReplaySource(str(path), start_playing=False, background_min_bytes=0)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    src.start(Model(clock=clock), lambda: None)
+    try:
+        deadline = time.monotonic() + 60
+        while src.index_error is None:
+            assert src.index is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "SIGXFSZ" in src.index_error or "File too large" in src.index_error, src.index_error
+        assert src.replay_state()["index_error"] == src.index_error
+        assert any("seeking is not available" in n for n in src.model.notices)
+        assert src.step(2) == 3  # playing goes on from the file
+        assert [p.name for p in cache.iterdir() if not p.name.startswith(".building-")] == []
+    finally:
+        src.stop()
+
+
+def test_a_cache_path_that_is_a_symbolic_link_is_not_followed(tmp_path, cache):
+    path = synthetic_recording(tmp_path / "rec.jsonl", count=300)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    cache.parent.mkdir(parents=True)
+    os.symlink(elsewhere, cache)  # planted where the cache goes
+    src = open_again(path)
+    try:
+        assert "not a real directory" in src.index_note, src.index_note
+        wait_for_index(src)
+        assert list(elsewhere.iterdir()) == []
+    finally:
+        src.stop()

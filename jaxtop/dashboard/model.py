@@ -26,6 +26,12 @@ DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_
 PROCESS_SERIES = ("h2d_per_s", "d2h_per_s", "d2d_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "d2d_bytes_per_s", "rss_bytes", "cpu_percent", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
 STALE_INTERVALS = 3
 MAX_EVENTS = 500
+#: Devices shown per process. Each keeps about 3 MB of history, so a stream
+#: naming thousands of device ids (a bug, or a hostile peer or recording)
+#: must not make the dashboard allocate gigabytes. A process addresses its
+#: local devices only: 8 GPUs, 4-8 TPU chips, or as many CPU devices as
+#: ``--xla_force_host_platform_device_count`` makes.
+MAX_DEVICES = 64
 #: A live stream whose newest sample is this much older than the wall clock
 #: (or 3 intervals, if longer) is still loading its backlog.
 LOADING_LAG_S = 2.0
@@ -193,6 +199,7 @@ class ProcessModel:
         self.demo: dict[str, Any] | None = None
         self.started_t: float | None = None  # the process's start (process probe), not the agent's
         self.samples = 0  # samples applied so far (a loading indicator counts them)
+        self.devices_refused = False  # a device beyond MAX_DEVICES was left out (said once)
 
 
 class Model:
@@ -412,6 +419,12 @@ class Model:
                 continue
             state = proc.devices.get(dev["id"])
             if state is None:
+                if len(proc.devices) >= MAX_DEVICES:
+                    if not proc.devices_refused:
+                        proc.devices_refused = True
+                        self._event(proc.pid, "error", f"more than {MAX_DEVICES} devices in one process: device "
+                                    f"{repr(dev['id'])[:40]} and any later new one are not shown", t)
+                    continue
                 state = proc.devices[dev["id"]] = _DeviceState(dev["id"], str(dev.get("platform", "?")), history=self._new_history(DEVICE_SERIES))
             state.latest = dev
             num_allocs = dev.get("num_allocs")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -208,7 +209,7 @@ class ReplaySource(Source):
             # index then covers what was there when it was built.
             index, error = replay_cache.load(out, self.path, data_path=data, allow_growth=True)
         elif error is None:
-            error = f"the indexer exited with status {rc}" + (f": {err.splitlines()[-1]}" if err else "")
+            error = _exit_reason(rc) + (f": {err.splitlines()[-1]}" if err else "")
         if index is None:
             self.indexing = None
             self.index_error = error or "the index could not be built"
@@ -540,6 +541,17 @@ class ReplaySource(Source):
                             break
                         out.write(line)
         return [path]
+
+
+def _exit_reason(rc: int) -> str:
+    """How the indexer ended, in words (a signal by its name: SIGXFSZ is a
+    file size limit, SIGKILL often the out-of-memory killer)."""
+    if rc < 0:
+        try:
+            return f"the indexer was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"the indexer was killed by signal {-rc}"
+    return f"the indexer exited with status {rc}"
 
 
 def _span(index: Index) -> float:

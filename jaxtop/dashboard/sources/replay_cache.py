@@ -65,14 +65,17 @@ def private_cache_dir() -> tuple[Path | None, str | None]:
     cannot be used: it must be a real directory of ours that group and
     others cannot write (an index is trusted only where nobody else could
     have put it)."""
-    path = cache_dir()
+    try:
+        path = cache_dir()
+    except (RuntimeError, KeyError) as exc:  # no $HOME and no passwd entry
+        return None, f"no cache directory ({exc}): set JAXTOP_CACHE_DIR"
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(path)
     except OSError as exc:
         return None, f"cannot create the index cache {path}: {exc.strerror or exc}"
     if not stat.S_ISDIR(st.st_mode):
-        return None, f"the index cache {path} is not a directory"
+        return None, f"the index cache {path} is not a real directory (a symbolic link or a file)"
     if st.st_uid != os.getuid():
         return None, f"the index cache {path} is not yours"
     if stat.S_IMODE(st.st_mode) & 0o022:
