@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from jaxtop import protocol
-from jaxtop.export import convert, formats as export
+from jaxtop.export import convert, formats as export, typed
 from jaxtop.export.layouts import Layout, Layouts, lookup, number_paths
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -123,8 +123,10 @@ def test_a_refused_layout_is_not_kept() -> None:
 # ------------------------------------------------------------- export equality
 
 def both(path: Path, monkeypatch: pytest.MonkeyPatch, min_hits: int) -> None:
-    """Export ``path`` fast, plain, and plain with json.loads alone: same
-    bytes, same counts; the fast path used."""
+    """Export ``path`` by each fast path (typed decoding, and the learned
+    layouts it replaced, still used where msgspec is missing), plain, and
+    plain with json.loads alone: same bytes, same counts; each fast path
+    used."""
     made: list[Layouts] = []
 
     class Recorded(Layouts):
@@ -132,13 +134,32 @@ def both(path: Path, monkeypatch: pytest.MonkeyPatch, min_hits: int) -> None:
             super().__init__(free_learns=64)  # learn every trick the test plays
             made.append(self)
 
+    typed_lines = [0]
+
+    def counted(decode):
+        def wrapper(line):
+            typed_lines[0] += 1
+            return decode(line)
+        return wrapper
+
     monkeypatch.setattr(convert, "Layouts", Recorded)
+    monkeypatch.setattr(typed, "decode_sample", counted(typed.decode_sample))
+    monkeypatch.setattr(typed, "decode_trace_sample", counted(typed.decode_trace_sample))
     for write in (export.write_csv, export.write_perfetto):
         plain, fast, reference = io.StringIO(), io.StringIO(), io.StringIO()
         s1 = write(str(path), plain, fast=False)
+        typed_lines[0] = 0
         s2 = write(str(path), fast, fast=True)
         assert fast.getvalue() == plain.getvalue(), write.__name__
         assert (s1.records, s1.malformed, s1.truncated, s1.errors) == (s2.records, s2.malformed, s2.truncated, s2.errors)
+        assert typed_lines[0] >= min_hits, (write.__name__, typed_lines[0])
+        with monkeypatch.context() as m:  # the learned layouts
+            m.setattr(typed, "decode_sample", None)
+            m.setattr(typed, "decode_trace_sample", None)
+            by_layouts = io.StringIO()
+            s4 = write(str(path), by_layouts, fast=True)
+        assert by_layouts.getvalue() == plain.getvalue(), write.__name__
+        assert (s1.records, s1.malformed, s1.truncated, s1.errors) == (s4.records, s4.malformed, s4.truncated, s4.errors)
         assert made[-1].hits >= min_hits, (write.__name__, made[-1].hits)
         with monkeypatch.context() as m:
             m.setattr(convert, "decode", protocol.decode)  # no orjson
@@ -201,6 +222,21 @@ def test_fast_export_equals_plain_export_on_hostile_lines(tmp_path: Path, monkey
             lambda s: s.replace('"failed_total":', '"failed_total":%d,"x":' % (k // 3), 1),
             lambda s: s.replace('"count_total":', '"count_total":%d.0,"x":' % k, 1),
             lambda s: s.replace("{", "{ ", 1),
+            # Shapes the typed decoding refuses or must read as json.loads does.
+            lambda s: s.replace('"t":', '"t":1,"t":', 1),  # a repeated key: the last wins
+            lambda s: s.replace('"devices":[', '"devices":null,"x":[', 1),
+            lambda s: s.replace('"devices":[', '"devices":[],"x":[', 1),
+            lambda s: s.replace('"devices":[', '"devices":[null,', 1),
+            lambda s: s.replace('"transfers":{', '"transfers":[],"x":{', 1),
+            lambda s: s.replace('"h2d":{', '"h2d":null,"x":{', 1),
+            lambda s: s.replace('"h2d":{', '"h2d":7,"x":{', 1),
+            lambda s: s.replace('"live_arrays":{', '"live_arrays":5,"x":{', 1),
+            lambda s: s.replace('"process":{', '"process":null,"x":{', 1),
+            lambda s: s.replace('"donation":{', '"donation":{"last_message":{"m":[1,2]},', 1),
+            lambda s: s[:-1] + ',"holders":{"sites":[{"site":"a.py:1","bytes":%d}]}}' % k,
+            lambda s: s[:-1] + ',"labels":null}',
+            lambda s: s[:-1] + ',"host_syncs":{"count":%d}}' % k,
+            lambda s: s.replace('"type":"sample"', '"type":"sample","type":"other"', 1),
             lambda s: s[: len(s) // 2],  # not JSON
             lambda s: s.replace('"', "\u00e9", 1),  # not JSON either
         ]

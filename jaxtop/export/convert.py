@@ -35,6 +35,7 @@ import orjson
 
 from jaxtop import protocol
 from jaxtop.export.layouts import Layouts
+from jaxtop.export.typed import ERRORS as _TYPED_ERRORS
 
 # orjson reads an integer beyond 64 bits as a float, without an error, where
 # json.loads keeps the exact int. Such an integer is a run of at least 19
@@ -186,7 +187,11 @@ def feed(writer: Any, rec: dict[str, Any]) -> str | None:
 def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStats, lines: int = 0) -> int:
     """Feed every record of ``stream`` to ``writer``; return the line count.
 
-    Reads in blocks of lines. With ``fast``, a block is decoded once and each
+    Reads in blocks of lines. With ``fast`` and a writer that reads typed
+    samples (``writer.typed()`` gives a decoder and an emitter), each sample
+    line is decoded into just the fields the writer writes
+    (:mod:`jaxtop.export.typed`); a line it refuses, and every other record,
+    goes the plain way. Else, with ``fast``, a block is decoded once and each
     line of a learned layout goes straight to its emitter; any other line is
     decoded by :func:`decode` (and, if it is a sample, its layout is learned).
     Without ``fast``, every line is decoded by :func:`decode` and fed to the
@@ -214,6 +219,27 @@ def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStat
                 layouts.learn(line, rec, writer.compile)
         elif rec.get("type") == "hello":
             layouts.clear()  # emitters hold the hello's pid
+
+    typed = writer.typed() if fast and hasattr(writer, "typed") else None
+    if typed is not None:
+        decode_typed, emit_typed = typed
+        for block in protocol.iter_blocks(stream, stats):
+            if block is None:
+                lineno += 1
+                stats.note(lineno, "line too long")
+                continue
+            for line in block.split(b"\n")[:-1]:
+                lineno += 1
+                try:
+                    rec = decode_typed(line)
+                except _TYPED_ERRORS:
+                    plain(lineno, line + b"\n")
+                    continue
+                if rec.type == "sample" and emit_typed(rec) is not False:
+                    stats.records += 1
+                else:  # another record, or a rare sample the emitter leaves to the plain path
+                    plain(lineno, line + b"\n")
+        return lineno
 
     for block in protocol.iter_blocks(stream, stats):
         if block is None:

@@ -25,10 +25,10 @@ import operator
 from typing import IO, Any, Callable
 
 from jaxtop import protocol
-from jaxtop.export import convert
+from jaxtop.export import convert, typed
 from jaxtop.export.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
 from jaxtop.export.layouts import Layout, Path, lookup
-from jaxtop.protocol import DIRECTIONS
+from jaxtop.protocol import D2D, D2H, DIRECTIONS, H2D
 
 # One row per (sample, device). Process-wide columns (transfers, host,
 # compiles) repeat on each device row of the same sample.
@@ -162,6 +162,15 @@ class _CsvWriter:
 
     def sample(self, rec: dict[str, Any]) -> None:
         self.writer.writerows(self._rows(rec))
+
+    def typed(self) -> tuple[Callable[[bytes], Any], Callable[[Any], None]] | None:
+        """Decode samples into just the fields the rows read (see
+        :mod:`jaxtop.export.typed`); None where msgspec is missing, and for
+        subclasses (their rows are other fields)."""
+        if typed.decode_sample is None or type(self) is not _CsvWriter:
+            return None
+        writerows = self.writer.writerows
+        return typed.decode_sample, lambda s: writerows(typed.csv_rows(s, self.pid))
 
     def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
         """An emitter writing this layout's rows from its number tokens."""
@@ -425,6 +434,44 @@ class _PerfettoWriter:
                                       {k: v for k, v in ev.items() if k not in ("kind", "t")})
         text += self._sparse(rec, ts)
         self._write(text)
+
+    def typed(self) -> tuple[Callable[[bytes], Any], Callable[[Any], bool]] | None:
+        """Decode samples into just the fields the trace reads (see
+        :mod:`jaxtop.export.typed`); None where msgspec is missing."""
+        if typed.decode_trace_sample is None or type(self) is not _PerfettoWriter:
+            return None
+        return typed.decode_trace_sample, self._typed_sample
+
+    def _typed_sample(self, s: Any) -> bool:
+        """:meth:`sample` for a typed sample; False for a line the plain path
+        must write (events, sparse fields)."""
+        unset = typed.UNSET
+        if s.events is not unset or s.holders is not unset or s.labels is not unset or s.host_syncs is not unset:
+            return False
+        t = s.t
+        ts = _ts(t)
+        if ts is None:
+            return True
+        counter = self._counter
+        parts = []
+        for dev in s.devices or ():
+            did = dev.id
+            if _is_int(did):
+                parts.append(counter(f"device {did} memory (bytes)", ts, [
+                    ("bytes_in_use", dev.bytes_in_use), ("pool_bytes", dev.pool_bytes),
+                    ("peak_bytes_in_use", dev.peak_bytes_in_use), ("bytes_limit", dev.bytes_limit)]))
+                parts.append(counter(f"device {did} fragmentation", ts, [("fragmentation", dev.fragmentation)]))
+        text = "".join(parts)
+        tr = s.transfers
+        counts = [] if tr is None else [(d, 0 if x.count is unset else x.count)
+                                        for d, x in ((H2D, tr.h2d), (D2H, tr.d2h), (D2D, tr.d2d)) if x is not None]
+        text += self._transfers(counts, t, ts)
+        text += counter("host RSS (bytes)", ts, [("rss", None if s.process is None else s.process.rss_bytes)])
+        don, comp = s.donation, s.compile
+        text += self._instants(ts, None if comp is None else comp.count_total, None if don is None else don.failed_total,
+                               None if don is None else don.last_message)
+        self._write(text)
+        return True
 
     #: Sites of a holders profile drawn as counters: the largest by bytes.
     HOLDER_SITES = 10
