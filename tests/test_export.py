@@ -324,3 +324,17 @@ def test_export_keeps_big_integers_and_skips_deeply_nested_lines(tmp_path):
             trace = json.loads(outputs[0])
             rss = [ev["args"]["rss"] for ev in trace["traceEvents"] if ev["name"] == "host RSS (bytes)"]
             assert rss[0] == -(10**25) and type(rss[0]) is int
+
+
+def test_the_finite_test_of_counter_values_agrees_with_math_isfinite():
+    from jaxtop.export.formats import _finite
+
+    def reference(v):
+        try:
+            return protocol.is_number(v) and math.isfinite(v)
+        except OverflowError:
+            return False
+
+    values = [0, 1, -1, 1.5, -0.0, 5e-324, 1.7976931348623157e308, float("inf"), float("-inf"), float("nan"), None,
+              True, False, "1", [1], {}, 2**1023 - 1, 2**1023, -2**1023, 2**1024, 10**400, -10**400]
+    assert [_finite(v) for v in values] == [reference(v) for v in values]
