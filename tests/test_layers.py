@@ -35,7 +35,7 @@ ALLOWED = {
     "jaxtop/protocol.py": set(),
     "jaxtop/paths.py": set(),
     "jaxtop/client.py": {"jaxtop", "jaxtop.protocol", "jaxtop.paths"},
-    "jaxtop/export": {"orjson", "jaxtop", "jaxtop.protocol", "jaxtop.export"},
+    "jaxtop/export": {"orjson", "msgspec", "jaxtop", "jaxtop.protocol", "jaxtop.export"},
     "jaxtop/dashboard/model.py": {"numpy", "jaxtop", "jaxtop.protocol", "jaxtop.dashboard.history",
                                   "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"},
     "jaxtop/dashboard/holders.py": set(),

@@ -417,3 +417,28 @@ def test_a_cache_path_that_is_a_symbolic_link_is_not_followed(tmp_path, cache):
         assert list(elsewhere.iterdir()) == []
     finally:
         src.stop()
+
+
+def test_no_process_for_the_indexer_leaves_playback_and_says_why(tmp_path, cache, monkeypatch):
+    import errno
+    import subprocess as subprocess_module
+
+    from jaxtop.dashboard.sources import replay as replay_module
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(replay_module.subprocess, "Popen", refused)
+    path = synthetic_recording(tmp_path / "rec.jsonl", count=300)
+    src = ReplaySource(str(path), start_playing=False, background_min_bytes=0)
+    monkeypatch.setattr(replay_module.subprocess, "Popen", subprocess_module.Popen)
+    src.start(Model(clock=clock), lambda: None)
+    try:
+        assert "could not be started" in src.index_error and src.replay_state()["indexing"] is None
+        assert any("seeking is not available" in n for n in src.model.notices)
+        assert src.step(2) == 3
+        src.seek(src.current_t() + 5)  # no index is coming: not kept, nothing breaks
+        src.seek_fraction(0.5)
+        assert src.replay_state()["pending_seek"] is None and src.position == 3
+    finally:
+        src.stop()

@@ -228,6 +228,7 @@ def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStat
                 lineno += 1
                 stats.note(lineno, "line too long")
                 continue
+            served = 0
             for line in block.split(b"\n")[:-1]:
                 lineno += 1
                 try:
@@ -236,9 +237,10 @@ def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStat
                     plain(lineno, line + b"\n")
                     continue
                 if rec.type == "sample" and emit_typed(rec) is not False:
-                    stats.records += 1
+                    served += 1
                 else:  # another record, or a rare sample the emitter leaves to the plain path
                     plain(lineno, line + b"\n")
+            stats.records += served
         return lineno
 
     for block in protocol.iter_blocks(stream, stats):

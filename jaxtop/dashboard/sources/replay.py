@@ -148,7 +148,11 @@ class ReplaySource(Source):
             out = os.path.join(self._temp(), "index.npz")
         if compressed:
             copy = os.path.join(self._temp(), "data.jsonl")
-        self._start_builder(out, copy)
+        try:
+            self._start_builder(out, copy)
+        except OSError as exc:  # no process to be had (EAGAIN, ENOMEM): play on, without seeking
+            self.indexing = None
+            self.index_error = f"the indexer could not be started: {exc}"
 
     def _open_stream(self) -> None:
         """Read the recording in order until the index is in; the first record now."""
@@ -269,6 +273,8 @@ class ReplaySource(Source):
         if self.index is not None:
             for note in self.notices():
                 model.add_notice(note)
+        elif self.index_error is not None:
+            model.add_notice(f"replay: seeking is not available: {self.index_error}")
         model.process(self.pid)
         self._thread = threading.Thread(target=self._run, name="jaxtop-replay", daemon=True)
         self._thread.start()
@@ -455,7 +461,8 @@ class ReplaySource(Source):
         """
         with self._lock:
             if self.index is None:
-                self._pending = (lambda index: t, _clock(t - (self._t_start or 0.0)))
+                if self.index_error is None:  # else no index is coming: the header says seek n/a
+                    self._pending = (lambda index: t, _clock(t - (self._t_start or 0.0)))
                 return self.current_t()
             self._seek(self.index, t)
         return self._moved()
@@ -464,6 +471,8 @@ class ReplaySource(Source):
         with self._lock:
             now = self.current_t()
             if self.index is None:
+                if self.index_error is not None:
+                    return now
                 if relative:
                     self._pending = (lambda index: now + fraction * _span(index), f"{fraction:+.0%} of the recording")
                 else:
