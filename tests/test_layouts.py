@@ -251,3 +251,26 @@ def test_fast_export_equals_plain_export_on_hostile_lines(tmp_path: Path, monkey
     # Not UTF-8, then a truncated last line.
     path.write_bytes("".join(lines).encode() + b"\xff\n" + b'{"type":"sample","t":')
     both(path, monkeypatch, min_hits=1000)
+
+
+def test_a_trace_whose_every_sample_has_another_shape_is_written_the_same(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The typed trace keeps a format per shape of sample, at most MAX_SHAPES:
+    # device ids that change every sample, and values that come and go.
+    base = json.loads((FIXTURES / "synthetic_gpu.jsonl").read_text().splitlines()[3])
+    lines = [json.dumps({"type": "hello", "t": base["t"] - 1, "pid": 7, "argv": []}) + "\n"]
+    for k in range(3 * export.MAX_SHAPES):
+        rec = json.loads(json.dumps(base))
+        rec["t"] += k * 0.1
+        for i, dev in enumerate(rec["devices"]):
+            dev["id"] = k * 10 + i
+            if k % 3 == 0:
+                dev["pool_bytes"] = None
+            if k % 5 == 0:
+                dev.pop("fragmentation", None)
+        if k % 7 == 0:
+            rec["process"]["rss_bytes"] = "n/a"
+        lines.append(json.dumps(rec, separators=(",", ":")) + "\n")
+    path = tmp_path / "shapes.jsonl"
+    path.write_text("".join(lines))
+    both(path, monkeypatch, min_hits=2 * export.MAX_SHAPES)
