@@ -641,8 +641,13 @@ class _PerfettoWriter:
         compiles_hole = index.get(("compile", "count_total"))
         failed_hole = index.get(("donation", "failed_total"))
 
+        # The device ids are numbers, so holes of the layout, but the counter
+        # names hold them as text: a line of this shape with other ids must
+        # go the plain way (checked in emit).
+        id_holes = [(index[("devices", i, "id")], str(dev.get("id"))) for i, dev in _devices(rec)
+                    if _is_int(dev.get("id")) and ("devices", i, "id") in index]
         # Capture only the holes used, then speak in positions of groups().
-        used = {t_hole, compiles_hole, failed_hole, *(h for _, h in counts)}
+        used = {t_hole, compiles_hole, failed_hole, *(h for _, h in counts), *(h for h, _ in id_holes)}
         for _, picks, _ in fixed:
             used.update(picks)
         used -= {None, -1}
@@ -668,8 +673,12 @@ class _PerfettoWriter:
         rates = [(f'"{d}":', None if h is None else where[h], int if h is None else kind(h)) for d, h in counts]
         rate_head = ',\n{"ph":"C","name":"implicit transfers/s","ts":%d,"pid":' + str(self.pid) + ',"tid":0,"args":{%s}}'
         isfinite, write = math.isfinite, self.out.write
+        ids = [(where[h], text) for h, text in id_holes]
 
         def emit(groups: tuple[str, ...]) -> bool:
+            for at, text in ids:
+                if groups[at] != text:
+                    return False  # another device id than the names were made for
             t = t_kind(groups[t_at])
             us = t * 1e6
             if not isfinite(us):
