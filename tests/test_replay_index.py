@@ -442,3 +442,17 @@ def test_no_process_for_the_indexer_leaves_playback_and_says_why(tmp_path, cache
         assert src.replay_state()["pending_seek"] is None and src.position == 3
     finally:
         src.stop()
+
+
+def test_an_indexer_that_writes_much_to_stderr_still_finishes(tmp_path, cache, monkeypatch):
+    # python -v writes 100 KB to stderr before the indexer reads a line: more
+    # than a pipe holds, so a pipe read only at the end would stop it.
+    monkeypatch.setenv("PYTHONVERBOSE", "1")
+    path = synthetic_recording(tmp_path / "rec.jsonl", count=300)
+    src = ReplaySource(str(path), start_playing=False, background_min_bytes=0)
+    src.start(Model(clock=clock), lambda: None)
+    try:
+        wait_for_index(src, timeout=60)
+        assert src.length == 301
+    finally:
+        src.stop()

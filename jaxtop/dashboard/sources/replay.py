@@ -176,20 +176,24 @@ class ReplaySource(Source):
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str))
         argv = [sys.executable, "-m", "jaxtop.dashboard.sources.replay_cache", self.path, out] + ([copy] if copy else [])
         self.indexing = (0, os.path.getsize(self.path))
-        self._builder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, env=env, start_new_session=True)
+        # Its stderr goes to a file, not a pipe: a pipe nobody reads until the
+        # end would stop an indexer that writes more than the pipe holds.
+        err_path = os.path.join(self._temp(), "indexer.err")
+        with open(err_path, "wb") as err:
+            self._builder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                             stderr=err, env=env, start_new_session=True)
         if isinstance(self._cleanup, weakref.finalize):
             self._cleanup.detach()  # replaced by one that stops the indexer too
         self._cleanup = weakref.finalize(self, _cleanup, self._temp_dir, self._builder)
         data = copy or self.path
-        threading.Thread(target=self._watch_builder, args=(self._builder, out, data), name="jaxtop-replay-index",
-                         daemon=True).start()
+        threading.Thread(target=self._watch_builder, args=(self._builder, out, data, err_path),
+                         name="jaxtop-replay-index", daemon=True).start()
 
-    def _watch_builder(self, builder: subprocess.Popen[bytes], out: str, data: str) -> None:
+    def _watch_builder(self, builder: subprocess.Popen[bytes], out: str, data: str, err_path: str) -> None:
         """Follow the indexer's progress; take its index when it is done."""
         error = None
         done = False
-        assert builder.stdout is not None and builder.stderr is not None
+        assert builder.stdout is not None
         for raw in builder.stdout:
             words = raw.decode("utf-8", "replace").split(" ", 1)
             if words[0] == "progress" and len(words) == 2:
@@ -203,8 +207,9 @@ class ReplaySource(Source):
                 done = True
             elif words[0] == "error" and len(words) == 2:
                 error = words[1].strip()
-        err = builder.stderr.read().decode("utf-8", "replace").strip()
         rc = builder.wait()
+        builder.stdout.close()
+        err = _tail_of(err_path)
         if self._stop.is_set():
             return
         index = None
@@ -550,6 +555,16 @@ class ReplaySource(Source):
                             break
                         out.write(line)
         return [path]
+
+
+def _tail_of(path: str, limit: int = 4096) -> str:
+    """The end of a text file, stripped ('' if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - limit))
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
 
 
 def _exit_reason(rc: int) -> str:
