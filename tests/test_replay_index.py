@@ -280,6 +280,7 @@ def test_a_cache_directory_others_can_write_is_not_used(tmp_path, cache):
     src = open_again(path)
     try:
         assert "can be written by others" in src.index_note
+        assert any("can be written by others" in n for n in src.model.notices)  # said on screen
         wait_for_index(src)
         assert list(cache.iterdir()) == []  # built in a private temporary directory instead
         src.seek(src.current_t() + 10)

@@ -280,6 +280,8 @@ class ReplaySource(Source):
                 model.add_notice(note)
         elif self.index_error is not None:
             model.add_notice(f"replay: seeking is not available: {self.index_error}")
+        if self.index_note is not None:  # where the index comes from, and why it is built again
+            model.add_notice(f"replay: {self.index_note}")
         model.process(self.pid)
         self._thread = threading.Thread(target=self._run, name="jaxtop-replay", daemon=True)
         self._thread.start()
