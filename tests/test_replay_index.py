@@ -115,6 +115,13 @@ def wait_for_index(src: ReplaySource, timeout: float = 60.0) -> None:
     assert src.index_error is None, src.index_error
 
 
+def wait_for_index_error(src: ReplaySource, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while src.index_error is None:
+        assert src.index is None and time.monotonic() < deadline, "the indexer did not fail"
+        time.sleep(0.05)
+
+
 def test_a_seek_from_a_checkpoint_shows_what_playing_from_the_start_shows(recording, dense_checkpoints, monkeypatch):
     restored = []
     real_restore = replay_index.Index.restore
@@ -332,10 +339,7 @@ def test_an_indexer_that_fails_leaves_playback_and_says_why(tmp_path, cache):
     os.remove(path)  # the indexer opens it by name; this source has it open already
     src.start(Model(clock=clock), lambda: None)
     try:
-        deadline = time.monotonic() + 60
-        while src.index_error is None:
-            assert src.index is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_index_error(src)
         assert "No such file" in src.index_error
         assert any("seeking is not available" in n for n in src.model.notices)
         assert src.step(3) == 4  # playing goes on from the open file: the hello and 3 samples
@@ -392,10 +396,7 @@ def test_an_index_too_big_to_write_leaves_playback_and_says_why(tmp_path, cache)
         signal.signal(signal.SIGXFSZ, old_handler)
     src.start(Model(clock=clock), lambda: None)
     try:
-        deadline = time.monotonic() + 60
-        while src.index_error is None:
-            assert src.index is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_index_error(src)
         assert "SIGXFSZ" in src.index_error or "File too large" in src.index_error, src.index_error
         assert src.replay_state()["index_error"] == src.index_error
         assert any("seeking is not available" in n for n in src.model.notices)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -209,7 +208,7 @@ class ReplaySource(Source):
                 error = words[1].strip()
         rc = builder.wait()
         builder.stdout.close()
-        err = _tail_of(err_path)
+        err = replay_cache.tail_of(err_path)
         if self._stop.is_set():
             return
         index = None
@@ -218,7 +217,7 @@ class ReplaySource(Source):
             # index then covers what was there when it was built.
             index, error = replay_cache.load(out, self.path, data_path=data, allow_growth=True)
         elif error is None:
-            error = _exit_reason(rc) + (f": {err.splitlines()[-1]}" if err else "")
+            error = replay_cache.exit_reason(rc) + (f": {err.splitlines()[-1]}" if err else "")
         if index is None:
             self.indexing = None
             self.index_error = error or "the index could not be built"
@@ -557,27 +556,6 @@ class ReplaySource(Source):
                             break
                         out.write(line)
         return [path]
-
-
-def _tail_of(path: str, limit: int = 4096) -> str:
-    """The end of a text file, stripped ('' if it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - limit))
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def _exit_reason(rc: int) -> str:
-    """How the indexer ended, in words (a signal by its name: SIGXFSZ is a
-    file size limit, SIGKILL often the out-of-memory killer)."""
-    if rc < 0:
-        try:
-            return f"the indexer was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"the indexer was killed by signal {-rc}"
-    return f"the indexer exited with status {rc}"
 
 
 def _span(index: Index) -> float:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import stat
 import struct
 import sys
@@ -283,6 +284,27 @@ def prune(directory: Path, keep: str, max_bytes: int = CACHE_MAX_BYTES) -> None:
                 total -= size
     except OSError:
         pass
+
+
+def tail_of(path: str, limit: int = 4096) -> str:
+    """The end of a text file, stripped ('' if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - limit))
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def exit_reason(rc: int) -> str:
+    """How the indexer ended, in words (a signal by its name: SIGXFSZ is a
+    file size limit, SIGKILL often the out-of-memory killer)."""
+    if rc < 0:
+        try:
+            return f"the indexer was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"the indexer was killed by signal {-rc}"
+    return f"the indexer exited with status {rc}"
 
 
 def _remove_quietly(path: str) -> None:

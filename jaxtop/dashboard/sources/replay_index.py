@@ -234,7 +234,7 @@ class _Builder:
 
     def _new_history(self, names: tuple[str, ...]) -> History:
         history = History(names)
-        history.log = HistoryLog(len(history.levels))
+        history.log = HistoryLog(len(history.levels), tuple(i for i, (step, _) in enumerate(history.levels) if step == 0))
         history.log_key = len(self.logs)  # type: ignore[attr-defined]
         self.logs.append(history)
         return history
