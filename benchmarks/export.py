@@ -1,22 +1,22 @@
 """Speed of `jaxtop export` (CSV and Perfetto) on a recording of the demo:
-typed decoding, the learned layouts and orjson on every line.
+typed decoding against orjson on every line.
 
 Records the demo workload (`python -m jaxtop.demo.worker --small --log`)
 for --record-s seconds, then repeats its samples with shifted times and seq
 numbers up to --samples samples (the recording stays a real one; only its
 length is stretched), and times the export in both formats, each run a
 fresh Python process as a user runs `jaxtop export`, with the default --jobs
-(the CPUs this process may use) and with --jobs 1, by three paths:
+(the CPUs this process may use) and with --jobs 1, by two paths:
 
 - typed: what `jaxtop export` runs (``fast=True``): msgspec decodes each
   sample into just the fields the writer writes (jaxtop/export/typed.py);
-- layouts: the same with typed decoding switched off: the first sample of
-  each line shape is decoded, later lines of that shape are matched as text
-  and written from their number tokens (jaxtop/export/layouts.py; what ran
-  before the typed path, and what the sparse tables still use);
 - orjson: every line decoded with orjson.loads (json.loads where orjson
   would read it otherwise) and written by the writers' plain path
   (``fast=False``).
+
+(Until 4 Dec a third path, learned line layouts matched as text, served
+between the two: 1.37 s for CSV and 1.53 s for Perfetto on one process where
+the typed path took 0.94 s and 0.92 s; it was removed.)
 
 All variants alternate within each round (the order reversed every other
 round), so drifts of a noisy machine hit each alike; it prints each median,
@@ -47,17 +47,14 @@ import orjson
 
 from jaxtop import export
 
-PATHS = ("typed", "layouts", "orjson")
+PATHS = ("typed", "orjson")
 
 # What `jaxtop export FILE -o OUT` does, minus argument parsing, the same for
-# every path (the command line has no switch for the other two).
+# both paths (the command line has no switch for the plain one).
 RUNNER = """
 import sys
 from jaxtop import export
-from jaxtop.export import typed
 path, fmt, mode, jobs, out = sys.argv[1:]
-if mode != "typed":
-    typed.decode_sample = typed.decode_trace_sample = None
 write = export.write_csv if fmt == "csv" else export.write_perfetto
 with open(out, "w", newline="") as f:
     write(path, f, fast=mode != "orjson", jobs=int(jobs))

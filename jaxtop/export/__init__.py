@@ -1,7 +1,7 @@
 """Offline tools on recordings: CSV and Perfetto exports (:mod:`.formats`),
-driven fast over big files (:mod:`.convert`): samples of a learned line
-shape are written from their numbers alone (:mod:`.layouts`), other lines
-are decoded with orjson. No Textual, no jax."""
+driven fast over big files (:mod:`.convert`): samples are decoded into just
+the fields a format writes (:mod:`.typed`, msgspec), other lines with
+orjson. No Textual, no jax."""
 
 from jaxtop.export.convert import default_jobs, open_recording
 from jaxtop.export.formats import CSV_COLUMNS, SPARSE_CSV, write_csv, write_perfetto, write_sparse_csv

@@ -1,18 +1,19 @@
 """Drive an export writer over a recording, fast.
 
 Used by :mod:`jaxtop.export`. A writer has ``sample(rec)`` and ``other(rec)``
-(the plain path), ``compile(layout, rec)`` (an emitter for one line shape, or
-None), ``state()``/``set_state()`` (what the next sample's output depends on
-besides the sample), ``first`` (nothing written yet) and ``close()``; it is
-made as ``make(out)``, or ``make(out, part=True)`` for a piece of a file.
+(the plain path), ``typed()`` (a decoder of just the fields it writes and an
+emitter for what that decoder gives, or None), ``state()``/``set_state()``
+(what the next sample's output depends on besides the sample), ``first``
+(nothing written yet) and ``close()``; it is made as ``make(out)``, or
+``make(out, part=True)`` for a piece of a file.
 
 Lines are read from 1 MiB blocks. The plain path decodes a line with
 :func:`decode`: orjson, or json.loads where orjson would read the line
 otherwise, so a record is always what json.loads makes of it. Two speed-ups,
 neither of which changes a byte of the output:
-- lines of a learned shape go straight to their emitter
-  (:mod:`jaxtop.export.layouts`), without being decoded: orjson and the
-  plain path take 1.5 to 1.7 times as long (docs/benchmarks.md);
+- samples are decoded by msgspec into just the fields the writer writes
+  (:mod:`jaxtop.export.typed`); the plain path takes about twice as long
+  (docs/benchmarks.md);
 - a big plain recording is cut into pieces converted by forked processes.
 """
 
@@ -34,7 +35,6 @@ from typing import IO, Any
 import orjson
 
 from jaxtop import protocol
-from jaxtop.export.layouts import Layouts
 from jaxtop.export.typed import ERRORS as _TYPED_ERRORS
 
 # orjson reads an integer beyond 64 bits as a float, without an error, where
@@ -190,18 +190,15 @@ def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStat
     Reads in blocks of lines. With ``fast`` and a writer that reads typed
     samples (``writer.typed()`` gives a decoder and an emitter), each sample
     line is decoded into just the fields the writer writes
-    (:mod:`jaxtop.export.typed`); a line it refuses, and every other record,
-    goes the plain way. Else, with ``fast``, a block is decoded once and each
-    line of a learned layout goes straight to its emitter; any other line is
-    decoded by :func:`decode` (and, if it is a sample, its layout is learned).
-    Without ``fast``, every line is decoded by :func:`decode` and fed to the
-    writer's plain path. ``lines``: lines before the stream's first, for line
-    numbers in notes.
+    (:mod:`jaxtop.export.typed`); a line that decoder refuses, a sample the
+    emitter leaves (it returns False), and every other record go the plain
+    way: decoded by :func:`decode` and fed to the writer's ``sample`` or
+    ``other``. ``lines``: lines before the stream's first, for line numbers
+    in notes.
     """
-    layouts = Layouts()
     lineno = lines
 
-    def plain(lineno: int, line: bytes | str) -> None:
+    def plain(lineno: int, line: bytes) -> None:
         if not line.strip():
             return
         try:
@@ -214,77 +211,30 @@ def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStat
             stats.note(lineno, failed)
             return
         stats.records += 1
-        if rec.get("type") == "sample":
-            if isinstance(line, str):
-                layouts.learn(line, rec, writer.compile)
-        elif rec.get("type") == "hello":
-            layouts.clear()  # emitters hold the hello's pid
 
     typed = writer.typed() if fast and hasattr(writer, "typed") else None
-    if typed is not None:
-        decode_typed, emit_typed = typed
-        for block in protocol.iter_blocks(stream, stats):
-            if block is None:
-                lineno += 1
-                stats.note(lineno, "line too long")
-                continue
-            served = 0
-            for line in block.split(b"\n")[:-1]:
-                lineno += 1
-                try:
-                    rec = decode_typed(line)
-                except _TYPED_ERRORS:
-                    plain(lineno, line + b"\n")
-                    continue
-                if rec.type == "sample" and emit_typed(rec) is not False:
-                    served += 1
-                else:  # another record, or a rare sample the emitter leaves to the plain path
-                    plain(lineno, line + b"\n")
-            stats.records += served
-        return lineno
-
+    decode_typed, emit_typed = typed if typed is not None else (None, None)
     for block in protocol.iter_blocks(stream, stats):
         if block is None:
             lineno += 1
             stats.note(lineno, "line too long")
             continue
-        text = None
-        if fast:
-            try:
-                text = block.decode()
-            except UnicodeDecodeError:
-                pass
-        if text is None:
-            for line in block.split(b"\n")[:-1]:
-                lineno += 1
-                plain(lineno, line + b"\n")
-            continue
-        pos, end = 0, len(text)
-        while pos < end:
-            # A run of lines with the shape of the last one: the hot loop.
-            layout = layouts.current
-            if layout is not None:
-                match, emit = layout.pattern.match, layout.emit
-                run = 0
-                m = match(text, pos)
-                while m is not None and emit(m.groups()):
-                    pos = m.end()
-                    run += 1
-                    m = match(text, pos)
-                lineno += run
-                stats.records += run
-                layouts.hits += run
-                if pos >= end:
-                    break
+        served = 0
+        for line in block.split(b"\n")[:-1]:
             lineno += 1
-            hit = layouts.match(text, pos, tried=layout)
-            if hit is not None and hit[0].emit(hit[1].groups()):
-                pos = hit[1].end()
-                stats.records += 1
-                continue
-            newline = text.index("\n", pos) + 1
-            plain(lineno, text[pos:newline])
-            pos = newline
+            if decode_typed is not None:
+                try:
+                    rec = decode_typed(line)
+                except _TYPED_ERRORS:
+                    pass
+                else:
+                    if rec.type == "sample" and emit_typed(rec) is not False:
+                        served += 1
+                        continue
+            # Another record, a line the typed decoder refuses, a sample the
+            # emitter leaves: the plain path.
+            plain(lineno, line + b"\n")
+        stats.records += served
     return lineno
 
 

@@ -5,29 +5,24 @@ CSV columns are listed in :data:`CSV_COLUMNS` and documented in
 docs/protocol.md ("Exports"); the trace format is Chrome's trace-event JSON
 (``{"traceEvents": [...]}``), which ui.perfetto.dev and chrome://tracing open.
 
-Speed (:mod:`jaxtop.export.convert` drives the writers): an agent's samples repeat
-one shape with other numbers. The first sample of each shape is decoded (with
-orjson; a record is what :func:`json.loads` makes of the line) and written by
-the plain path (``sample``); from it the writer builds an emitter for that
-shape (``compile``), and later samples that match the shape
-(:mod:`jaxtop.export.layouts`) are written from their number tokens alone.
-Both paths write the same bytes; a line the emitter cannot serve takes the
-plain path. A big plain file is also split across processes.
+Speed (:mod:`jaxtop.export.convert` drives the writers): each sample is
+decoded into just the fields a writer writes (:mod:`jaxtop.export.typed`,
+``typed()``); a line that decoding refuses, and every other record, is
+decoded whole (with orjson; a record is what :func:`json.loads` makes of the
+line) and written by the plain path (``sample``/``other``). Both paths
+write the same bytes. A big plain file is also split across processes.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
-import operator
 from typing import IO, Any, Callable
 
 from jaxtop import protocol
 from jaxtop.export import convert, typed
 from jaxtop.export.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
-from jaxtop.export.layouts import Layout, Path, lookup
 from jaxtop.protocol import D2D, D2H, DIRECTIONS, H2D
 
 # One row per (sample, device). Process-wide columns (transfers, host,
@@ -103,30 +98,7 @@ def _rate(count: Any, dt: float) -> float | None:
     return rate if math.isfinite(rate) else None
 
 
-def _getter(indexes: list[int]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
-    """Pick these positions of a match's groups, always as a tuple."""
-    if not indexes:
-        return lambda groups: ()
-    if len(indexes) == 1:
-        i = indexes[0]
-        return lambda groups: (groups[i],)
-    return operator.itemgetter(*indexes)
-
-
 # --------------------------------------------------------------------------- CSV
-
-_HOLE = "\x02"  # stands for a number in a row rendered once per layout
-
-
-def _row_paths(i: int) -> list[Path | None]:
-    """Where each cell of device ``i``'s CSV row comes from in the sample
-    (None: the pid, from the hello), in the order of :data:`CSV_COLUMNS`."""
-    return [("t",), ("seq",), None, *(("devices", i, k) for k in _DEVICE_KEYS),
-            *(("devices", i, "live_arrays", k) for k in _LIVE_KEYS),
-            *(("transfers", d, k) for d in DIRECTIONS for k in _TRANSFER_KEYS),
-            ("process", "rss_bytes"), ("process", "cpu_percent"), ("compile", "count_total"),
-            ("compile", "seconds_total"), ("donation", "failed_total")]
-
 
 class _CsvWriter:
     COLUMNS = CSV_COLUMNS
@@ -186,48 +158,6 @@ class _CsvWriter:
         writerows = self.writer.writerows
         return typed.decode_sample, lambda s: writerows(typed.csv_rows(s, self.pid))
 
-    def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
-        """An emitter writing this layout's rows from its number tokens."""
-        picks: list[int] = []
-        floats: list[int] = []
-        rendered = io.StringIO()
-        render = csv.writer(rendered, lineterminator="\n")
-        positions = [i for i, _ in _devices(rec)] or [-1]
-        for i, row in zip(positions, self._rows(rec)):
-            cells = []
-            for path, value in zip(_row_paths(i), row):
-                hole = layout.index.get(path) if path is not None else None
-                if hole is None:
-                    if isinstance(value, (dict, list)) or (isinstance(value, str) and _HOLE in value):
-                        return None  # its text would change with the numbers inside it
-                    cells.append("" if value is None else value)
-                else:
-                    if hole in layout.floats:
-                        floats.append(len(picks))
-                    picks.append(hole)
-                    cells.append(_HOLE)
-            render.writerow(cells)
-        fmt = rendered.getvalue().replace("%", "%%").replace(_HOLE, "%s")
-        where = layout.capture(picks)
-        pick = _getter([where[hole] for hole in picks])
-        write = self.out.write
-
-        if not floats:
-            def emit(groups: tuple[str, ...]) -> bool:
-                write(fmt % pick(groups))
-                return True
-        else:
-            # csv writes a float as repr(float): the same text json.dumps
-            # wrote, unless another writer spelled it differently.
-            def emit(groups: tuple[str, ...]) -> bool:
-                values = list(pick(groups))
-                for j in floats:
-                    values[j] = repr(float(values[j]))
-                write(fmt % tuple(values))
-                return True
-        return emit
-
-
 def write_csv(path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> protocol.ReadStats:
     """Write the CSV table of the recording at ``path`` to ``out``.
 
@@ -259,11 +189,18 @@ class _SparseCsvWriter(_CsvWriter):
         if isinstance(field, dict):
             self.writer.writerows(self.rows(field, rec))  # type: ignore[attr-defined]
 
-    def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
-        if self.FIELD in rec:
-            return None  # the plain path writes its rows
-        return lambda groups: True  # this shape carries no such field: no rows
+    def typed(self) -> tuple[Callable[[bytes], Any], Callable[[Any], None]] | None:
+        """Decode samples into their sparse fields only (see
+        :mod:`jaxtop.export.typed`); None where msgspec is missing."""
+        if typed.decode_sparse_sample is None:
+            return None
+        name, unset, writerows = self.FIELD, typed.UNSET, self.writer.writerows
 
+        def emit(s: Any) -> None:
+            field = getattr(s, name)
+            if field is not unset and isinstance(field, dict):
+                writerows(self.rows(field, {"t": s.t}))  # type: ignore[attr-defined]
+        return typed.decode_sparse_sample, emit
 
 class _HoldersCsvWriter(_SparseCsvWriter):
     FIELD = "holders"
@@ -585,143 +522,6 @@ class _PerfettoWriter:
         if _finite(syncs.get("count")):
             text += self._counter("host reads of device arrays", ts, [("total", syncs.get("count"))])
         return text
-
-    def compile(self, layout: Layout, rec: dict[str, Any]) -> Callable[[tuple[str, ...]], bool] | None:
-        """An emitter writing this layout's events from its number tokens."""
-        index, floats = layout.index, layout.floats
-        message = lookup(rec, ("donation", "last_message"))
-        if rec.get("events") or not (message is None or isinstance(message, (str, bool))):
-            return None  # rare lines: the plain path serves them
-        if "holders" in rec or "labels" in rec or "host_syncs" in rec:
-            return None  # sparse fields: the plain path writes their counters
-        t_hole = index.get(("t",))
-        if t_hole is None:
-            return None
-
-        def static(counters: list[tuple[str, list[tuple[str, Path]]]]) -> tuple[str, list[int], list[int]]:
-            """Counters whose text is fixed but for the timestamp and numbers:
-            a %-format, the hole each %s takes (-1: the timestamp) and the
-            positions of floats among them. A value that is not a number at
-            this layout is left out, as the plain path leaves it out."""
-            pieces: list[str] = []
-            picks: list[int] = []
-            float_picks: list[int] = []
-            for name, args in counters:
-                holes = [(key, index[path]) for key, path in args if path in index]
-                if not holes:
-                    continue
-                picks.append(-1)
-                body = []
-                for key, hole in holes:
-                    if hole in floats:
-                        float_picks.append(len(picks))
-                    picks.append(hole)
-                    body.append(f'"{key}":%s')
-                pieces.append(',\n{"ph":"C","name":"' + name.replace("%", "%%") + '","ts":%s,"pid":'
-                              + str(self.pid) + ',"tid":0,"args":{' + ",".join(body) + "}}")
-            return "".join(pieces), picks, float_picks
-
-        device_counters = []
-        for i, dev in _devices(rec):
-            did = dev.get("id")
-            if _is_int(did):
-                device_counters.append((f"device {did} memory (bytes)", [(k, ("devices", i, k)) for k in _MEMORY_KEYS]))
-                device_counters.append((f"device {did} fragmentation", [("fragmentation", ("devices", i, "fragmentation"))]))
-        fixed = [static(device_counters), static([("host RSS (bytes)", [("rss", ("process", "rss_bytes"))])])]
-
-        # Each direction's count: a number from a hole, 0 where the key is
-        # missing; a count that is not a number is left out.
-        transfers = _dict(rec.get("transfers"))
-        counts: list[tuple[str, int | None]] = []
-        for d in DIRECTIONS:
-            if isinstance(transfers.get(d), dict):
-                hole = index.get(("transfers", d, "count"))
-                if hole is not None or "count" not in transfers[d]:
-                    counts.append((d, hole))
-        compiles_hole = index.get(("compile", "count_total"))
-        failed_hole = index.get(("donation", "failed_total"))
-
-        # The device ids are numbers, so holes of the layout, but the counter
-        # names hold them as text: a line of this shape with other ids must
-        # go the plain way (checked in emit).
-        id_holes = [(index[("devices", i, "id")], str(dev.get("id"))) for i, dev in _devices(rec)
-                    if _is_int(dev.get("id")) and ("devices", i, "id") in index]
-        # Capture only the holes used, then speak in positions of groups().
-        used = {t_hole, compiles_hole, failed_hole, *(h for _, h in counts), *(h for h, _ in id_holes)}
-        for _, picks, _ in fixed:
-            used.update(picks)
-        used -= {None, -1}
-        where = layout.capture(used)
-
-        def kind(hole: int) -> Callable[[str], Any]:
-            return float if hole in floats else int
-
-        # One %-format for the sample's counters: the devices', the transfer
-        # rates (a %s filled per sample) and RSS. Its values come from
-        # ``groups + (ts, rates)``.
-        (dev_fmt, dev_picks, dev_floats), (rss_fmt, rss_picks, rss_floats) = fixed
-        fmt = dev_fmt + "%s" + rss_fmt
-        picks = [*dev_picks, -2, *rss_picks]  # -2: the rates text
-        float_picks = dev_floats + [len(dev_picks) + 1 + j for j in rss_floats]
-        # In ``groups + (ts, rates)`` the timestamp is at -2 and the rates at -1.
-        get = _getter([-2 if h == -1 else -1 if h == -2 else where[h] for h in picks])
-        t_at, t_kind = where[t_hole], kind(t_hole)
-        c_at = None if compiles_hole is None else where[compiles_hole]
-        c_kind = int if compiles_hole is None else kind(compiles_hole)
-        f_at = None if failed_hole is None else where[failed_hole]
-        f_kind = int if failed_hole is None else kind(failed_hole)
-        rates = [(f'"{d}":', None if h is None else where[h], int if h is None else kind(h)) for d, h in counts]
-        rate_head = ',\n{"ph":"C","name":"implicit transfers/s","ts":%d,"pid":' + str(self.pid) + ',"tid":0,"args":{%s}}'
-        isfinite, write = math.isfinite, self.out.write
-        ids = [(where[h], text) for h, text in id_holes]
-
-        def emit(groups: tuple[str, ...]) -> bool:
-            for at, text in ids:
-                if groups[at] != text:
-                    return False  # another device id than the names were made for
-            t = t_kind(groups[t_at])
-            us = t * 1e6
-            if not isfinite(us):
-                return False  # as _ts: no finite time, the plain path skips it
-            ts = round(us)
-            rates_text = ""
-            last_t = self.last_t
-            if last_t is not None and t > last_t:
-                dt = t - last_t
-                body = []
-                for key, at, conv in rates:
-                    token = "0" if at is None else groups[at]
-                    if token == "0":
-                        body.append(key + "0.0")
-                        continue
-                    rate = conv(token) / dt
-                    if isfinite(rate):
-                        body.append(key + repr(rate))
-                if body:
-                    rates_text = rate_head % (ts, ",".join(body))
-            values = get(groups + (ts, rates_text))
-            if float_picks:
-                values = list(values)
-                for j in float_picks:
-                    v = float(values[j])
-                    if not isfinite(v):
-                        return False  # an overflowing float: the plain path leaves it out
-                    values[j] = repr(v)
-                values = tuple(values)
-            text = fmt % values
-            self.last_t = t
-            compiles = None if c_at is None else c_kind(groups[c_at])
-            failed = None if f_at is None else f_kind(groups[f_at])
-            if (compiles is not None and compiles != self.last_compiles) or (
-                    failed is not None and failed != self.last_failed):
-                text += self._instants(ts, compiles, failed, message)
-            if self.first:
-                self._write(text)
-            else:
-                write(text)
-            return True
-
-        return emit
 
     def close(self) -> None:
         if not self.part:

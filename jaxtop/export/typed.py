@@ -16,7 +16,7 @@ and the plain path takes it: ``NaN``/``Infinity``, a number beyond a float's
 range, a lone surrogate, a byte order mark, deep nesting. A field of an
 unexpected shape (a list where an object belongs, a non-object device)
 also fails validation here and goes the plain way, which has the rules for
-it. ``tests/test_export.py`` holds the two paths to the same bytes on real
+it. ``tests/test_export_paths.py`` holds the two paths to the same bytes on real
 and hostile recordings.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 try:
     import msgspec
-except ImportError:  # an install without it: the learned layouts serve instead
+except ImportError:  # an install without it: every line goes the plain way
     msgspec = None  # type: ignore[assignment]
 
 #: What makes a line go the plain way.
@@ -131,8 +131,19 @@ if msgspec is not None:
         host_syncs: Any = msgspec.UNSET
 
     decode_trace_sample = msgspec.json.Decoder(TraceSample).decode
+
+    class SparseSample(msgspec.Struct):
+        """The long tables (``holders-csv`` …): one field each, most samples
+        have none, so nearly every line is skipped whole."""
+        type: str
+        t: Any = None
+        holders: Any = msgspec.UNSET
+        labels: Any = msgspec.UNSET
+        host_syncs: Any = msgspec.UNSET
+
+    decode_sparse_sample = msgspec.json.Decoder(SparseSample).decode
 else:
-    decode_sample = decode_trace_sample = None
+    decode_sample = decode_trace_sample = decode_sparse_sample = None
     UNSET = object()
 
 _NO_TRANSFER = [None] * 4

@@ -1,9 +1,8 @@
-"""Learned line layouts (jaxtop.export.layouts) and the export fast path built on them.
-
-The fast path must be invisible: every export is compared byte for byte with
-the plain path (every line decoded, by orjson where it reads as json.loads
-does) and with json.loads on every line, on real recordings and on lines made
-to trip it up.
+"""The export's fast path (samples decoded by msgspec into just the fields a
+format writes, jaxtop.export.typed) must be invisible: every export is
+compared byte for byte with the plain path (every line decoded, by orjson
+where it reads as json.loads does) and with json.loads on every line, on
+real recordings and on lines made to trip it up.
 """
 
 from __future__ import annotations
@@ -17,123 +16,15 @@ import pytest
 
 from jaxtop import protocol
 from jaxtop.export import convert, formats as export, typed
-from jaxtop.export.layouts import Layout, Layouts, lookup, number_paths
 
 FIXTURES = Path(__file__).parent / "fixtures"
+WRITERS = [export.write_csv, export.write_perfetto,
+           *(lambda path, out, kind=kind, **kw: export.write_sparse_csv(kind, path, out, **kw) for kind in export.SPARSE_CSV)]
 
-
-def learn(text: str) -> Layout:
-    layout = Layout(text, json.loads(text))
-    layout.capture()
-    return layout
-
-
-def test_number_paths_skip_numbers_inside_strings_and_keys() -> None:
-    text = '{"h2d":{"count":3},"shape":"float32[8,128]","l":[1,[2.5,{"x":-4e-3}]],"s":"a\\"1,2","z":null}\n'
-    found = [(path, text[a:b], f) for path, a, b, f in number_paths(text)]
-    assert found == [
-        (("h2d", "count"), "3", False),
-        (("l", 0), "1", False),
-        (("l", 1, 0), "2.5", True),
-        (("l", 1, 1, "x"), "-4e-3", True),
-    ]
-
-
-def test_a_layout_reads_back_what_json_loads_reads() -> None:
-    rng = random.Random(7)
-    line = (FIXTURES / "synthetic_gpu.jsonl").read_text().splitlines(keepends=True)[5]
-    layout = learn(line)
-    for _ in range(200):
-        rec = json.loads(line)
-        for path in layout.index:  # new numbers of the same types
-            value = lookup(rec, path)
-            new = rng.choice([0, 1, -7, 2**62, 10**299]) if isinstance(value, int) else rng.choice(
-                [0.0, -1.5, 1e-05, 1.7976931348623157e308, 3.14159])
-            target = rec
-            for step in path[:-1]:
-                target = target[step]
-            target[path[-1]] = new
-        text = json.dumps(rec, separators=(",", ":")) + "\n"
-        m = layout.pattern.fullmatch(text)
-        assert m is not None
-        groups = m.groups()
-        for path, i in layout.index.items():
-            conv = float if i in layout.floats else int
-            got = conv(groups[i])
-            assert type(got) is type(lookup(rec, path)) and got == lookup(rec, path)
-
-
-@pytest.mark.parametrize("other", [
-    '{"h3d":{"count":1},"s":"x"}\n',        # a key with other digits
-    '{"h2d":{"count":01},"s":"x"}\n',       # not JSON: a leading zero
-    '{"h2d":{"count":-0},"s":"x"}\n',       # -0 reads back as 0: not the same text
-    '{"h2d":{"count":1.5},"s":"x"}\n',      # a float where the layout has an integer
-    '{"h2d":{"count":1},"s":"y"}\n',        # another string
-    '{"h2d":{"count":1},"s":"x"} \n',       # other whitespace
-    '{"h2d":{"count":"1"},"s":"x"}\n',      # a string where the number was
-    '{"h2d":{"count":1},"s":"x"}',          # no newline
-    '{"h2d":{"count":1e5},"s":"x"}\n',      # an exponent is a float in JSON
-])
-def test_a_layout_matches_only_its_own_shape(other: str) -> None:
-    layout = learn('{"h2d":{"count":12},"s":"x"}\n')
-    assert layout.pattern.fullmatch('{"h2d":{"count":999},"s":"x"}\n')
-    assert layout.pattern.fullmatch(other) is None
-
-
-def test_integer_holes_stay_within_float_range() -> None:
-    layout = learn('{"n":5}\n')
-    assert layout.pattern.fullmatch('{"n":%s}\n' % ("9" * 300))
-    assert layout.pattern.fullmatch('{"n":%s}\n' % ("9" * 301)) is None
-
-
-def test_repeated_keys_follow_json_loads_or_are_not_learned() -> None:
-    layout = learn('{"a":1,"a":2}\n')  # json.loads keeps the last
-    assert layout.index == {("a",): 1}
-    with pytest.raises(ValueError):
-        learn('{"a":1,"a":"x"}\n')
-    with pytest.raises(ValueError):
-        learn('{"a":{"b":1},"a":{"c":2}}\n')
-
-
-def test_layouts_cache_finds_alternating_shapes_and_bounds_learning() -> None:
-    cache = Layouts(free_learns=4, min_hits_per_learn=10)
-    a, b = '{"a":1,"t":2.5}\n', '{"b":1,"t":2.5}\n'
-    for text in (a, b):
-        assert cache.match(text) is None
-        assert cache.learn(text, json.loads(text), lambda layout, record: "emit") is not None
-    for k in range(20):
-        hit = cache.match((a if k % 2 else b).replace("2.5", f"{k}.5"))
-        assert hit is not None and hit[1].group(2) == f"{k}.5"
-    # Every line its own shape: learning stops once it stops paying.
-    for k in range(200):
-        text = '{"k%d":1}\n' % k
-        if cache.match(text) is None:
-            cache.learn(text, json.loads(text), lambda layout, record: "emit")
-    assert cache.learned <= 4 + cache.hits // 10 + 1
-    assert cache.match('{"a":1,"t":9.5}\n') is None or cache.learned > 2  # cache may have been cleared
-
-
-def test_a_refused_layout_is_not_kept() -> None:
-    cache = Layouts()
-    text = '{"a":1}\n'
-    assert cache.learn(text, json.loads(text), lambda layout, record: None) is None
-    assert cache.match(text) is None
-
-
-# ------------------------------------------------------------- export equality
 
 def both(path: Path, monkeypatch: pytest.MonkeyPatch, min_hits: int) -> None:
-    """Export ``path`` by each fast path (typed decoding, and the learned
-    layouts it replaced, still used where msgspec is missing), plain, and
-    plain with json.loads alone: same bytes, same counts; each fast path
-    used."""
-    made: list[Layouts] = []
-
-    class Recorded(Layouts):
-        def __init__(self) -> None:
-            super().__init__(free_learns=64)  # learn every trick the test plays
-            made.append(self)
-
+    """Export ``path`` in every format fast, plain, and plain with json.loads
+    alone: same bytes, same counts; the typed decoding used."""
     typed_lines = [0]
 
     def counted(decode):
@@ -142,29 +33,20 @@ def both(path: Path, monkeypatch: pytest.MonkeyPatch, min_hits: int) -> None:
             return decode(line)
         return wrapper
 
-    monkeypatch.setattr(convert, "Layouts", Recorded)
-    monkeypatch.setattr(typed, "decode_sample", counted(typed.decode_sample))
-    monkeypatch.setattr(typed, "decode_trace_sample", counted(typed.decode_trace_sample))
-    for write in (export.write_csv, export.write_perfetto):
+    for name in ("decode_sample", "decode_trace_sample", "decode_sparse_sample"):
+        monkeypatch.setattr(typed, name, counted(getattr(typed, name)))
+    for i, write in enumerate(WRITERS):
         plain, fast, reference = io.StringIO(), io.StringIO(), io.StringIO()
         s1 = write(str(path), plain, fast=False)
         typed_lines[0] = 0
         s2 = write(str(path), fast, fast=True)
-        assert fast.getvalue() == plain.getvalue(), write.__name__
+        assert fast.getvalue() == plain.getvalue(), i
         assert (s1.records, s1.malformed, s1.truncated, s1.errors) == (s2.records, s2.malformed, s2.truncated, s2.errors)
-        assert typed_lines[0] >= min_hits, (write.__name__, typed_lines[0])
-        with monkeypatch.context() as m:  # the learned layouts
-            m.setattr(typed, "decode_sample", None)
-            m.setattr(typed, "decode_trace_sample", None)
-            by_layouts = io.StringIO()
-            s4 = write(str(path), by_layouts, fast=True)
-        assert by_layouts.getvalue() == plain.getvalue(), write.__name__
-        assert (s1.records, s1.malformed, s1.truncated, s1.errors) == (s4.records, s4.malformed, s4.truncated, s4.errors)
-        assert made[-1].hits >= min_hits, (write.__name__, made[-1].hits)
+        assert typed_lines[0] >= min_hits, (i, typed_lines[0])
         with monkeypatch.context() as m:
             m.setattr(convert, "decode", protocol.decode)  # no orjson
             s3 = write(str(path), reference, fast=False)
-        assert reference.getvalue() == plain.getvalue(), write.__name__
+        assert reference.getvalue() == plain.getvalue(), i
         assert (s1.records, s1.malformed, s1.truncated, s1.errors) == (s3.records, s3.malformed, s3.truncated, s3.errors)
 
 
