@@ -42,13 +42,19 @@ def test_process_probe_procfs_path_agrees_with_psutil():
 
     probe = ProcessProbe()
     assert probe._files is not None
-    ballast = bytearray(64 * 1024 * 1024)  # touched: resident
+    before = probe.sample()["rss_bytes"]
+    # bytearray(n) is calloc'd: fresh mmap'd zero pages that are not resident
+    # until written, so whether it counted depended on the heap's state. A
+    # repeated byte is written out: every page resident, and at 64 MiB (over
+    # glibc's 32 MiB mmap threshold ceiling) given back to the OS on del.
+    ballast = bytearray(b"\x01") * (64 * 1024 * 1024)
     stop = threading.Event()
     extra = threading.Thread(target=stop.wait)
     extra.start()
     try:
         out = probe.sample(slow=True)
         mem = psutil.Process().memory_info()
+        assert out["rss_bytes"] > before + 48 * 1024 * 1024
         assert abs(out["rss_bytes"] - mem.rss) < 8 * 1024 * 1024
         assert abs(out["vms_bytes"] - mem.vms) < 64 * 1024 * 1024
         assert out["threads"] == psutil.Process().num_threads()
