@@ -139,17 +139,27 @@ def measure_ingest(n_devices: int, count: int, baseline: str = "HEAD") -> dict[s
     return out
 
 
-def measure_key_latency(n_devices: int, count: int) -> list[float]:
-    """Seconds from a key (posted as the terminal driver posts it) to the
-    app acting on it, while ``count`` samples of ``n_devices`` devices go
-    into the model from another thread, as the live source feeds a backfill."""
+def measure_key_latency(n_devices: int, count: int, as_cli: bool) -> list[float]:
+    """Seconds from a key to the screen drawn after it, keys pressed back to
+    back while ``count`` samples of ``n_devices`` devices are decoded and fed
+    from another thread, as the live source reads a backfill.
+
+    A typist thread posts each key the way the terminal driver's thread does
+    and waits for a callback the UI runs once the key is handled and the
+    screen refreshed (``call_after_refresh``), then types the next. Nothing
+    polls on the UI thread (a Pilot's ``pause`` forces a full refresh each
+    time, which would be measured as the app's). ``as_cli``: the app as
+    ``jaxtop attach`` runs it (the collector tuned, the reader stepping aside
+    for keys); else as it ran before 4 Dec's change (neither).
+    """
     import asyncio
-    import threading
+
+    from textual import events
 
     from jaxtop import protocol, synthetic
-    from jaxtop.dashboard.app import JaxtopApp
+    from jaxtop.dashboard.app import JaxtopApp, tune_gc
     from jaxtop.dashboard.sources import PushSource
-    from jaxtop.dashboard.sources.live import fast_decode
+    from jaxtop.dashboard.sources.live import ingest
 
     t0 = time.time() - count * 0.1
     lines = [protocol.encode(synthetic.hello(7, n_devices, t0))]
@@ -158,28 +168,74 @@ def measure_key_latency(n_devices: int, count: int) -> list[float]:
     async def run() -> list[float]:
         source = PushSource(pids=[7])
         app = JaxtopApp(source)
-        async with app.run_test(size=(120, 40)) as pilot:
-            done = threading.Event()
+        async with app.run_test(size=(120, 40)):
+            if as_cli:
+                tune_gc()  # what run_as_main does, the widgets mounted
+            else:
+                app.model.pace = None
+            loaded, done = threading.Event(), threading.Event()
+            out: list[float] = []
 
-            def reader() -> None:
+            def reader() -> None:  # as the live source reads: decode and feed a read at a time
                 for i in range(0, len(lines), 90):
-                    app.model.feed_many(7, [fast_decode(x) for x in lines[i:i + 90]])
+                    ingest(app.model, 7, lines[i:i + 90])
                     source.on_update()
+                    loaded.set()
                 done.set()
 
+            def typist() -> None:
+                loaded.wait(30)
+                answered = threading.Event()
+                while not done.is_set():
+                    answered.clear()
+                    before, start = app.selected, time.monotonic()
+                    app.post_message(events.Key("tab", None))
+                    app.call_later(app.call_after_refresh, answered.set)
+                    if not answered.wait(10):
+                        raise RuntimeError("a key was not answered within 10 s")
+                    if app.selected == before:
+                        raise RuntimeError("the key did not change the device shown")
+                    out.append(time.monotonic() - start)
+
             threading.Thread(target=reader, daemon=True).start()
-            while 7 not in app.model.processes or not app.model.processes[7].devices:
-                await pilot.pause(0.001)
-            out: list[float] = []
-            while not done.is_set():
-                before, start = app.selected, time.monotonic()
-                app.simulate_key("tab")
-                while app.selected == before and time.monotonic() - start < 5.0:
-                    await pilot.pause(0.001)
-                out.append(time.monotonic() - start)
+            typing = threading.Thread(target=typist)
+            typing.start()
+            while typing.is_alive():
+                await asyncio.sleep(0.05)
             return out
 
     return asyncio.run(run())
+
+
+def child(kind: str, args: argparse.Namespace) -> dict:
+    """Run one in-process measure in a fresh Python: the collector's state is
+    the whole process's, so each configuration gets its own."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--devices", str(args.devices),
+           "--ingest-samples", str(args.ingest_samples), "--baseline", args.baseline]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"{kind}: {res.stderr.strip()[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def run_child(kind: str, args: argparse.Namespace) -> dict:
+    if kind == "ingest":
+        return measure_ingest(args.devices, args.ingest_samples, args.baseline)
+    if kind == "ingest-tuned":
+        from jaxtop.dashboard.app import JaxtopApp, tune_gc  # noqa: F401  (the modules a dashboard has)
+        tune_gc()
+        return measure_ingest(args.devices, args.ingest_samples, args.baseline)
+    as_cli = kind == "keys-cli"
+    keys = []
+    for _ in range(3):  # three backfills, one list: a few dozen keys in all
+        keys += measure_key_latency(args.devices, args.ingest_samples, as_cli)
+    return {"keys": keys}
+
+
+def key_stats(keys: list[float]) -> str:
+    keys = sorted(keys)
+    p = lambda q: keys[min(len(keys) - 1, int(q * len(keys)))] * 1000  # noqa: E731
+    return f"{len(keys)} keys, median {p(0.5):.0f} ms, 95th percentile {p(0.95):.0f} ms, max {keys[-1] * 1000:.0f} ms"
 
 
 def verdict(ok: bool) -> str:
@@ -196,21 +252,34 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     ap.add_argument("--ingest-samples", type=int, default=6000, help="samples for the in-process ingest measure (0: skip)")
     ap.add_argument("--baseline", default="HEAD", help="git revision of the model to compare with (default HEAD)")
+    ap.add_argument("--child", choices=["ingest", "ingest-tuned", "keys-before", "keys-cli"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        print(json.dumps(run_child(args.child, args)))
+        return 0
     targets: list[str] = []
     if args.ingest_samples:
-        ing = measure_ingest(args.devices, args.ingest_samples, args.baseline)
+        ing = child("ingest", args)
+        tuned = child("ingest-tuned", args)
         print("ingest into the model, samples/s (" + ", ".join(f"{k} {v:,.0f}" for k, v in ing.items()) + ")")
-        targets.append(f"(2) ingest >= 20,000 samples/s into the model: {verdict(ing['after_model'] >= 20_000)} "
-                       f"({ing['after_model']:,.0f}/s; before {ing.get('before_model', float('nan')):,.0f}/s; "
-                       f"with JSON decoding {ing['after_end_to_end']:,.0f}/s, before {ing.get('before_end_to_end', float('nan')):,.0f}/s)")
-        keys = sorted(measure_key_latency(args.devices, args.ingest_samples))
-        if keys:
-            median = keys[len(keys) // 2]
-            print(f"keys while a {args.ingest_samples:,}-sample backfill loads: {len(keys)} answered, median "
-                  f"{median * 1000:.0f} ms, max {keys[-1] * 1000:.0f} ms")
-            targets.append(f"(2) keys answered within 100 ms while a backlog loads: {verdict(median <= 0.1)} "
-                           f"(median {median * 1000:.0f} ms, max {keys[-1] * 1000:.0f} ms)")
+        print(f"  the collector tuned as the dashboard runs it: after_model {tuned['after_model']:,.0f}, "
+              f"after_end_to_end {tuned['after_end_to_end']:,.0f}")
+        targets.append(f"(2) ingest >= 20,000 samples/s into the model: {verdict(tuned['after_model'] >= 20_000)} "
+                       f"({tuned['after_model']:,.0f}/s; before {ing.get('before_model', float('nan')):,.0f}/s; "
+                       f"with JSON decoding {tuned['after_end_to_end']:,.0f}/s, before {ing.get('before_end_to_end', float('nan')):,.0f}/s)")
+        before = child("keys-before", args)["keys"]
+        after = child("keys-cli", args)["keys"]
+        print(f"keys (tab, back to back) to the screen drawn while a {args.ingest_samples:,}-sample backfill loads:")
+        print(f"  as the dashboard ran before 4 Dec: {key_stats(before)}")
+        print(f"  as jaxtop attach runs it:          {key_stats(after)}")
+        # The verdict is on the 95th percentile, as a latency target is
+        # usually put: the few slower keys are the first ones, pressed while
+        # the first frames of the backlog are drawn, and the count and the
+        # max are printed with it.
+        slow = sum(k > 0.1 for k in after)
+        p95 = sorted(after)[min(len(after) - 1, int(0.95 * len(after)))]
+        targets.append(f"(2) keys answered within 100 ms while a backlog loads (95th percentile): {verdict(p95 <= 0.1)} "
+                       f"({key_stats(after)}; {slow} over 100 ms; before: {key_stats(before)})")
     cols, rows = (int(v) for v in args.size.split("x"))
 
     sockdir = tempfile.mkdtemp(prefix="jaxtop-tui-bench-")

@@ -311,7 +311,7 @@ def run_demo(small: bool = False) -> int:
             print(f"jaxtop demo: {exc}", file=sys.stderr)
             return 1
         app = DemoApp(worker, pid)
-        app.run()
+        app.run_as_main()
         if worker.crashed():
             print(f"jaxtop demo: the workload exited with code {worker.proc.returncode}{worker._tail_text()}",
                   file=sys.stderr)

@@ -331,7 +331,7 @@ def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = F
         return external
     from jaxtop.dashboard.app import DEFAULT_REFRESH_S, live_app
 
-    live_app(pids, refresh_s=refresh_s or DEFAULT_REFRESH_S, external=external).run()
+    live_app(pids, refresh_s=refresh_s or DEFAULT_REFRESH_S, external=external).run_as_main()
     return 0
 
 
@@ -543,7 +543,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"jaxtop replay: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    make_app(source, refresh_s=args.refresh).run()
+    make_app(source, refresh_s=args.refresh).run_as_main()
     return 0
 
 

@@ -16,6 +16,20 @@ TARGETS = Path(__file__).parent / "targets"
 PY = sys.executable
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _profiles_out_of_the_checkout(tmp_path_factory):
+    """The agent and `jaxtop demo`'s profiling strategy write memory profiles
+    into the current directory unless told where: a test run must not leave
+    them in the checkout. A test of the default unsets this itself."""
+    old = os.environ.get("JAXTOP_PROFILE_DIR")
+    os.environ["JAXTOP_PROFILE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
+    yield
+    if old is None:
+        os.environ.pop("JAXTOP_PROFILE_DIR", None)
+    else:
+        os.environ["JAXTOP_PROFILE_DIR"] = old
+
+
 @pytest.fixture
 def sockdir(monkeypatch):
     # A short path: AF_UNIX socket paths are limited to 108 bytes.

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+from textual import events
 
 from jaxtop import protocol, synthetic
-from jaxtop.dashboard.app import JaxtopApp
+from jaxtop.dashboard.app import INPUT_YIELD_S, JaxtopApp
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import PushSource
-from jaxtop.dashboard.sources.live import drop_superseded_maps, fast_decode
+from jaxtop.dashboard.sources.live import STEP_ASIDE_LINES, drop_superseded_maps, fast_decode, ingest
 
 SIZE = (120, 40)
 BACKFILL = 6000  # an agent's 10-minute backfill at 10 Hz
@@ -70,48 +75,147 @@ def test_a_map_is_kept_when_the_last_one_covers_fewer_devices():
 
 @pytest.mark.asyncio
 async def test_keys_answered_while_backfill_loads():
-    """A 6,000-sample backfill goes in on another thread, as the live source
-    feeds it; key presses meanwhile are answered within 100 ms (median).
+    """A 6,000-sample backfill is decoded and fed on another thread, as the
+    live source reads it; keys pressed meanwhile are answered, the screen
+    drawn after each, long before the backfill is in.
 
-    Keys are posted as the terminal driver posts them (``simulate_key``).
-    ``pilot.press`` would not do: it waits until the screen is idle, which
-    it never is while a backlog streams in (that waiting, 0.96 s, was once
-    taken for the dashboard's latency)."""
+    A typist thread posts each key as the terminal driver's thread does and
+    waits for the UI to run a callback after the refresh that follows it.
+    Polling from the UI thread would not do: ``pilot.press`` waits until the
+    screen is idle, which it never is while a backlog streams in (that
+    waiting, 0.96 s, was once taken for the dashboard's latency), and
+    ``pilot.pause`` forces a full refresh each time it is called."""
     lines = [protocol.encode(synthetic.hello(7, 8, time.time() - BACKFILL * 0.1))]
     lines += [protocol.encode(r) for r in synthetic.samples(7, 8, time.time() - BACKFILL * 0.1, BACKFILL)]
     source = PushSource(pids=[7])
     app = JaxtopApp(source)
-    async with app.run_test(size=SIZE) as pilot:
-        done = threading.Event()
+    async with app.run_test(size=SIZE):
+        loaded, done = threading.Event(), threading.Event()
+        latencies: list[float] = []
+        failures: list[str] = []
 
         def reader() -> None:
             for i in range(0, len(lines), 90):  # about one 1 MiB socket read each
-                app.model.feed_many(7, [fast_decode(x) for x in lines[i:i + 90]])
+                ingest(app.model, 7, lines[i:i + 90])
                 source.on_update()
+                loaded.set()  # tab needs a device to step to
             done.set()
 
-        thread = threading.Thread(target=reader, daemon=True)
-        thread.start()
-        while 7 not in app.model.processes or not app.model.processes[7].devices:
-            await pilot.pause(0.001)  # tab needs a device to step to
-        latencies = []
-        while not done.is_set() and len(latencies) < 20:
-            before = app.selected
-            t0 = time.monotonic()
-            app.simulate_key("tab")
-            while app.selected == before and time.monotonic() - t0 < 2.0:
-                await pilot.pause(0.001)
-            latencies.append(time.monotonic() - t0)
-        thread.join(30)
-        assert done.is_set()
+        def typist() -> None:
+            loaded.wait(30)
+            answered = threading.Event()
+            while not done.is_set() and len(latencies) < 20:
+                answered.clear()
+                before, start = app.selected, time.monotonic()
+                app.post_message(events.Key("tab", None))
+                app.call_later(app.call_after_refresh, answered.set)
+                if not answered.wait(5):
+                    failures.append("a key was not answered within 5 s")
+                    return
+                if app.selected == before:
+                    failures.append("tab did not change the device shown")
+                latencies.append(time.monotonic() - start)
+
+        threading.Thread(target=reader, daemon=True).start()
+        typing = threading.Thread(target=typist, daemon=True)
+        typing.start()
+        while typing.is_alive():
+            await asyncio.sleep(0.02)
+        assert not failures, failures
         assert latencies, "the backfill went in before a key could be pressed"
         # Never blocked by ingest (blocked, a key waits for the whole backlog,
         # about 1 s here). The 100 ms target itself is timed by
-        # benchmarks/tui.py: a test on a shared 2-core runner measured a
-        # median of 65-90 ms alone and up to 200 ms beside another job.
+        # benchmarks/tui.py (median 30 ms there): a test on a shared 2-core
+        # runner beside another job can take several times as long.
         assert sorted(latencies)[len(latencies) // 2] < 0.3, latencies
         assert max(latencies) < 0.6, latencies
+        for _ in range(300):
+            if done.is_set():
+                break
+            await asyncio.sleep(0.1)
         assert app.model.processes[7].samples == BACKFILL
+
+
+@pytest.mark.asyncio
+async def test_a_feeding_thread_steps_aside_while_a_key_is_answered():
+    """A key clears the app's idle flag until the screen has been drawn
+    after it; a thread feeding the model waits on it (capped), the UI thread
+    never does, and the hook goes with the app."""
+    source = PushSource(pids=[7])
+    app = JaxtopApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        push = [synthetic.hello(7, 2, 1000.0)] + list(synthetic.samples(7, 2, 1000.0, 20))
+        app.model.feed_many(7, push)
+        source.on_update()
+        await pilot.pause()
+        assert app.model.pace == app._yield_to_input and app._ui_idle.is_set()
+
+        await app.on_event(events.Key("tab", None))  # as the driver's key arrives
+        assert app.selected == 1
+        assert not app._ui_idle.is_set()  # answered, not yet drawn
+        began = time.monotonic()
+        app.model.step_aside()  # on the UI thread: never waits
+        assert time.monotonic() - began < INPUT_YIELD_S / 2
+        await pilot.pause()
+        assert app._ui_idle.is_set()  # drawn: feeding goes on
+
+        app._ui_idle.clear()  # a key whose screen is never drawn: the wait is capped
+        waited: list[float] = []
+
+        def feeder() -> None:
+            began = time.monotonic()
+            app.model.feed_many(7, list(synthetic.samples(7, 2, 1002.0, 1)))
+            waited.append(time.monotonic() - began)
+
+        thread = threading.Thread(target=feeder)
+        thread.start()
+        thread.join(5)
+        assert waited and INPUT_YIELD_S * 0.9 <= waited[0] < 2.0
+        app._ui_idle.set()
+    assert app.model.pace is None
+
+
+def test_ingest_steps_aside_every_few_lines_and_keeps_errors_in_place():
+    model = Model(clock=lambda: 5.0)
+    calls = []
+    model.pace = lambda: calls.append(1)
+    lines = [protocol.encode(synthetic.hello(1, 1, 1000.0))]
+    lines += [protocol.encode(r) for r in synthetic.samples(1, 1, 1000.0, 40)]
+    lines.insert(20, b"{not json\n")
+    lines.append(protocol.encode({"type": "exit", "t": 1004.5, "code": 0}))
+    assert ingest(model, 1, lines) is True
+    # feed_many steps aside at each batch (two: before and after the bad
+    # line), the decoding loop every STEP_ASIDE_LINES lines.
+    assert len(calls) == len(lines) // STEP_ASIDE_LINES + 2
+    proc = model.processes[1]
+    assert proc.samples == 40
+    errors = [e for e in model.events if e.kind == "error"]
+    assert len(errors) == 1 and "malformed line from agent skipped" in errors[0].text
+    assert ingest(model, 1, lines[1:3]) is False
+
+
+def test_tune_gc_freezes_and_raises_the_young_threshold_but_leaves_a_disabled_collector():
+    code = (
+        "import gc, json; from jaxtop.dashboard.app import tune_gc, GC_GEN0; before = gc.get_threshold(); "
+        "tune_gc(); tuned = gc.get_threshold(); frozen = gc.get_freeze_count(); "
+        "gc.set_threshold(0); tune_gc(); "
+        "print(json.dumps([before, tuned, frozen, gc.get_threshold()[0], GC_GEN0]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    before, tuned, frozen, disabled, gen0 = json.loads(out.stdout)
+    assert before[0] < gen0 and tuned == [gen0, before[1], before[2]]
+    assert frozen > 10_000  # the modules jaxtop's dashboard imports, no longer walked
+    assert disabled == 0
+
+
+def test_the_agent_never_tunes_the_collector():
+    """The agent lives in the user's job: the collector is theirs."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for path in [*(root / "jaxtop" / "agent").rglob("*.py"), *(root / "probes").rglob("*.py")]:
+        text = path.read_text()
+        assert "gc.freeze" not in text and "set_threshold" not in text and "tune_gc" not in text, path
 
 
 def test_the_agents_backfill_keeps_only_the_newest_maps_and_shows_the_same():
@@ -165,3 +269,39 @@ async def test_the_frame_that_completes_a_backlog_is_not_held_for_the_redraw_per
             await pilot.pause(0.02)
         assert app.snapshot.processes[0].seq == n
         assert time.monotonic() - start < 2.0  # not the 10 s redraw period
+
+
+@pytest.mark.asyncio
+async def test_the_loading_line_says_how_much_is_in_and_goes_when_caught_up():
+    """While a backlog loads, one line says how many samples are in and how
+    far behind the newest is; it is gone once the stream is current."""
+    n = 300
+    t0 = time.time() - 3600.0  # an hour behind: a backlog
+    recs = [synthetic.hello(7, 2, t0)] + list(synthetic.samples(7, 2, t0, n + 51))
+    source = PushSource(pids=[7])
+    app = JaxtopApp(source, refresh_s=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        line = app.query_one("#loading")
+        assert not line.display
+
+        async def shown(predicate) -> None:
+            deadline = time.monotonic() + 5
+            while not predicate() and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            assert predicate(), (line.display, str(line.render()))
+
+        app.model.feed_many(7, recs[:n + 1])
+        source.on_update()
+        await shown(lambda: line.display)
+        text = str(line.render())
+        assert f"loading backlog: {n:,} samples in" in text and "s behind" in text
+        behind = float(text.split("samples in, ")[1].split(" s behind")[0].replace(",", ""))
+        assert 3500 < behind < 3700
+        app.model.feed_many(7, recs[n + 1:n + 51])
+        source.on_update()
+        await shown(lambda: f"loading backlog: {n + 50:,} samples in" in str(line.render()))
+        # Caught up: the next sample is dated now.
+        last = dict(recs[-1], t=time.time() - 0.5)
+        app.model.feed_many(7, [last])
+        source.on_update()
+        await shown(lambda: not line.display)

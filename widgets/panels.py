@@ -84,6 +84,24 @@ class Panel(Widget):
         except Exception as exc:  # a drawing bug must not take the dashboard down
             return Group(panel_title(self.TITLE), Text(f"render error: {exc}", style="red"))
 
+class LoadingLine(Widget):
+    """One line shown while a backlog loads: how much is in, how far behind.
+
+    Not a Static: ``Static.update`` asks for a layout of the whole screen
+    (its content might change size), and the line changes at every frame
+    while a backlog loads; a full layout then cost 25-30 ms a frame on a
+    2-core VM, which a key pressed meanwhile waited for. This one's height is
+    fixed, so a new text is a repaint of one line.
+    """
+
+    DEFAULT_CSS = "LoadingLine { height: 1; }"
+
+    text: reactive[str] = reactive("", layout=False)
+
+    def render(self) -> RenderableType:
+        return Text(self.text, no_wrap=True, overflow="ellipsis")
+
+
 class HeaderBar(Panel):
     """pid, command, backend, versions, uptime, connection state, sample age."""
 

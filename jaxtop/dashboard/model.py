@@ -221,6 +221,11 @@ class Model:
         self.notices: list[str] = []
         self.version = 0  # bumps on every change
         self.ledgers = LedgerStore()  # each process's jit ledger (the Jit screen reads it)
+        # Called by feed_many before each batch, outside the lock. The
+        # dashboard sets it so that a thread loading a backlog steps aside
+        # (sleeps, the GIL free) while the UI answers a key: two busy threads
+        # share one GIL half and half, which doubles a key's answer.
+        self.pace: Callable[[], None] | None = None
 
     def empty_like(self) -> Model:
         """A new, empty model on this model's clock.
@@ -232,6 +237,16 @@ class Model:
         return Model(clock=self._clock)
 
     # -- feeding ---------------------------------------------------------------
+    def step_aside(self) -> None:
+        """Let the UI go first if it is answering a key (:attr:`pace`).
+
+        A thread feeding a backlog calls this between pieces of its work;
+        it returns at once when nobody set ``pace`` or nothing waits.
+        """
+        pace = self.pace
+        if pace is not None:
+            pace()
+
     def process(self, pid: int) -> ProcessModel:
         proc = self.processes.get(pid)
         if proc is None:
@@ -323,6 +338,7 @@ class Model:
         Returns:
             How many records were applied.
         """
+        self.step_aside()
         batch = _Batch()
         n = 0
         with self._lock:
