@@ -157,7 +157,8 @@ def measure_key_latency(n_devices: int, count: int, as_cli: bool) -> list[float]
     from textual import events
 
     from jaxtop import protocol, synthetic
-    from jaxtop.dashboard.app import JaxtopApp, tune_gc
+    from jaxtop.dashboard.app import JaxtopApp
+    from jaxtop.dashboard.collector import tune_gc
     from jaxtop.dashboard.sources import PushSource
     from jaxtop.dashboard.sources.live import ingest
 
@@ -222,7 +223,8 @@ def run_child(kind: str, args: argparse.Namespace) -> dict:
     if kind == "ingest":
         return measure_ingest(args.devices, args.ingest_samples, args.baseline)
     if kind == "ingest-tuned":
-        from jaxtop.dashboard.app import JaxtopApp, tune_gc  # noqa: F401  (the modules a dashboard has)
+        from jaxtop.dashboard.app import JaxtopApp  # noqa: F401  (the modules a dashboard has)
+        from jaxtop.dashboard.collector import tune_gc
         tune_gc()
         return measure_ingest(args.devices, args.ingest_samples, args.baseline)
     as_cli = kind == "keys-cli"

@@ -196,7 +196,7 @@ def test_ingest_steps_aside_every_few_lines_and_keeps_errors_in_place():
 
 def test_tune_gc_freezes_and_raises_the_young_threshold_but_leaves_a_disabled_collector():
     code = (
-        "import gc, json; from jaxtop.dashboard.app import tune_gc, GC_GEN0; before = gc.get_threshold(); "
+        "import gc, json; from jaxtop.dashboard.collector import tune_gc, GC_GEN0; before = gc.get_threshold(); "
         "tune_gc(); tuned = gc.get_threshold(); frozen = gc.get_freeze_count(); "
         "gc.set_threshold(0); tune_gc(); "
         "print(json.dumps([before, tuned, frozen, gc.get_threshold()[0], GC_GEN0]))"

@@ -97,6 +97,7 @@ class LoadingLine(Widget):
     DEFAULT_CSS = "LoadingLine { height: 1; }"
 
     text: reactive[str] = reactive("", layout=False)
+    """What the line says ("loading backlog: N samples in, S s behind")."""
 
     def render(self) -> RenderableType:
         return Text(self.text, no_wrap=True, overflow="ellipsis")

@@ -21,6 +21,7 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
+from jaxtop.dashboard.collector import tune_gc
 from jaxtop.dashboard.holders_screen import HoldersScreen
 from jaxtop.dashboard.jit_screen import JitScreen
 from jaxtop.dashboard.messages import SnapshotReady
@@ -39,32 +40,6 @@ WINDOWS = {"1": 60.0, "2": 600.0, "3": 3600.0, "4": None}
 # and all of them go into the history. Keys redraw at once. 2 s is nvitop's
 # default too; benchmarks/tui.py measures the cost (docs/benchmarks.md).
 DEFAULT_REFRESH_S = 2.0
-# The collector's first threshold in a dashboard's process. Decoding a
-# backlog makes a dict or list per JSON object (about 80 per 8-device
-# sample): at Python's default of 700 new containers the young generation is
-# collected every nine samples, and every hundredth of those collections walks
-# every object of Textual, Rich and numpy. Decoding and feeding a 6,000-sample
-# backfill went from 6,600-7,900 to 10,800-14,300 samples/s with this and
-# gc.freeze() (2-core VM, 4 Dec); a young generation of 10,000 containers is
-# a few MB at most.
-GC_GEN0 = 10_000
-
-
-def tune_gc() -> None:
-    """Tune the cyclic collector for a process whose main job is a dashboard.
-
-    Freezes what exists now (modules, the app's widgets once mounted: they
-    live as long as the process, so collections stop walking them) and makes
-    young collections rarer. Only for jaxtop's own processes: the agent,
-    which lives inside the user's job, never touches the collector. A
-    collector the user turned off (threshold 0) stays off.
-    """
-    gc.freeze()
-    gen0, gen1, gen2 = gc.get_threshold()
-    if 0 < gen0 < GC_GEN0:
-        gc.set_threshold(GC_GEN0, gen1, gen2)
-
-
 # Input a user waits to see answered (mouse moves are not: they come by the
 # hundred and answer nothing).
 _ANSWERED_INPUT = (events.Key, events.MouseDown, events.MouseScrollDown, events.MouseScrollUp)
