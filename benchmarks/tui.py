@@ -144,21 +144,17 @@ def measure_key_latency(n_devices: int, count: int, as_cli: bool) -> list[float]
     back while ``count`` samples of ``n_devices`` devices are decoded and fed
     from another thread, as the live source reads a backfill.
 
-    A typist thread posts each key the way the terminal driver's thread does
-    and waits for a callback the UI runs once the key is handled and the
-    screen refreshed (``call_after_refresh``), then types the next. Nothing
-    polls on the UI thread (a Pilot's ``pause`` forces a full refresh each
-    time, which would be measured as the app's). ``as_cli``: the app as
+    The keys are typed by :func:`jaxtop.dashboard.keytiming.type_keys` on a
+    thread of their own, as the terminal driver's thread posts them. ``as_cli``: the app as
     ``jaxtop attach`` runs it (the collector tuned, the reader stepping aside
     for keys); else as it ran before 4 Dec's change (neither).
     """
     import asyncio
 
-    from textual import events
-
     from jaxtop import protocol, synthetic
     from jaxtop.dashboard.app import JaxtopApp
     from jaxtop.dashboard.collector import tune_gc
+    from jaxtop.dashboard.keytiming import KeyNotAnswered, type_keys
     from jaxtop.dashboard.sources import PushSource
     from jaxtop.dashboard.sources.live import ingest
 
@@ -176,6 +172,7 @@ def measure_key_latency(n_devices: int, count: int, as_cli: bool) -> list[float]
                 app.model.pace = None
             loaded, done = threading.Event(), threading.Event()
             out: list[float] = []
+            failed: list[BaseException] = []
 
             def reader() -> None:  # as the live source reads: decode and feed a read at a time
                 for i in range(0, len(lines), 90):
@@ -186,23 +183,18 @@ def measure_key_latency(n_devices: int, count: int, as_cli: bool) -> list[float]
 
             def typist() -> None:
                 loaded.wait(30)
-                answered = threading.Event()
-                while not done.is_set():
-                    answered.clear()
-                    before, start = app.selected, time.monotonic()
-                    app.post_message(events.Key("tab", None))
-                    app.call_later(app.call_after_refresh, answered.set)
-                    if not answered.wait(10):
-                        raise RuntimeError("a key was not answered within 10 s")
-                    if app.selected == before:
-                        raise RuntimeError("the key did not change the device shown")
-                    out.append(time.monotonic() - start)
+                try:
+                    out.extend(type_keys(app, done))
+                except KeyNotAnswered as exc:
+                    failed.append(exc)
 
             threading.Thread(target=reader, daemon=True).start()
             typing = threading.Thread(target=typist)
             typing.start()
             while typing.is_alive():
                 await asyncio.sleep(0.05)
+            if failed:
+                raise failed[0]
             return out
 
     return asyncio.run(run())
@@ -223,8 +215,10 @@ def run_child(kind: str, args: argparse.Namespace) -> dict:
     if kind == "ingest":
         return measure_ingest(args.devices, args.ingest_samples, args.baseline)
     if kind == "ingest-tuned":
-        from jaxtop.dashboard.app import JaxtopApp  # noqa: F401  (the modules a dashboard has)
+        import importlib
+
         from jaxtop.dashboard.collector import tune_gc
+        importlib.import_module("jaxtop.dashboard.app")  # the modules a dashboard has, frozen with it
         tune_gc()
         return measure_ingest(args.devices, args.ingest_samples, args.baseline)
     as_cli = kind == "keys-cli"
@@ -236,7 +230,7 @@ def run_child(kind: str, args: argparse.Namespace) -> dict:
 
 def key_stats(keys: list[float]) -> str:
     keys = sorted(keys)
-    p = lambda q: keys[min(len(keys) - 1, int(q * len(keys)))] * 1000  # noqa: E731
+    p = lambda q: keys[min(len(keys) - 1, int(q * len(keys)))] * 1000
     return f"{len(keys)} keys, median {p(0.5):.0f} ms, 95th percentile {p(0.95):.0f} ms, max {keys[-1] * 1000:.0f} ms"
 
 

@@ -15,6 +15,7 @@ from textual import events
 
 from jaxtop import protocol, synthetic
 from jaxtop.dashboard.app import INPUT_YIELD_S, JaxtopApp
+from jaxtop.dashboard.keytiming import KeyNotAnswered, type_keys
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import PushSource
 from jaxtop.dashboard.sources.live import STEP_ASIDE_LINES, drop_superseded_maps, fast_decode, ingest
@@ -79,12 +80,11 @@ async def test_keys_answered_while_backfill_loads():
     live source reads it; keys pressed meanwhile are answered, the screen
     drawn after each, long before the backfill is in.
 
-    A typist thread posts each key as the terminal driver's thread does and
-    waits for the UI to run a callback after the refresh that follows it.
-    Polling from the UI thread would not do: ``pilot.press`` waits until the
-    screen is idle, which it never is while a backlog streams in (that
-    waiting, 0.96 s, was once taken for the dashboard's latency), and
-    ``pilot.pause`` forces a full refresh each time it is called."""
+    Keys are typed by ``type_keys`` on a thread, as the terminal driver's
+    thread posts them, and timed to the screen drawn after each. Polling
+    from the UI thread would not do (``pilot.press`` waited 0.96 s for an
+    idle screen that a streaming backlog never gives, and was once taken for
+    the dashboard's latency)."""
     lines = [protocol.encode(synthetic.hello(7, 8, time.time() - BACKFILL * 0.1))]
     lines += [protocol.encode(r) for r in synthetic.samples(7, 8, time.time() - BACKFILL * 0.1, BACKFILL)]
     source = PushSource(pids=[7])
@@ -92,7 +92,7 @@ async def test_keys_answered_while_backfill_loads():
     async with app.run_test(size=SIZE):
         loaded, done = threading.Event(), threading.Event()
         latencies: list[float] = []
-        failures: list[str] = []
+        failures: list[BaseException] = []
 
         def reader() -> None:
             for i in range(0, len(lines), 90):  # about one 1 MiB socket read each
@@ -103,18 +103,10 @@ async def test_keys_answered_while_backfill_loads():
 
         def typist() -> None:
             loaded.wait(30)
-            answered = threading.Event()
-            while not done.is_set() and len(latencies) < 20:
-                answered.clear()
-                before, start = app.selected, time.monotonic()
-                app.post_message(events.Key("tab", None))
-                app.call_later(app.call_after_refresh, answered.set)
-                if not answered.wait(5):
-                    failures.append("a key was not answered within 5 s")
-                    return
-                if app.selected == before:
-                    failures.append("tab did not change the device shown")
-                latencies.append(time.monotonic() - start)
+            try:
+                latencies.extend(type_keys(app, done, limit=20, timeout_s=5.0))
+            except KeyNotAnswered as exc:
+                failures.append(exc)
 
         threading.Thread(target=reader, daemon=True).start()
         typing = threading.Thread(target=typist, daemon=True)
