@@ -1433,6 +1433,12 @@ class Window:
             stream_na = self._no_start or meter.stream_na
             if meter.stream is not None and self._no_start is None:
                 scan = end_t if self._needs_scan() and self._live_arrays() else None
+                if scan:
+                    # The agent scans on a cadence its cost sets (seconds apart
+                    # with many arrays): the window asks for one now.
+                    request = getattr(meter.agent, "request_scan", None)
+                    if request is not None:
+                        request()
                 wait = SYNC_TIMEOUT_S + (float(getattr(meter.agent, "slow_interval_s", 1.0)) if scan else 0.0)
                 end = meter.stream.wait(end_t, wait, scanned_after=scan)
                 if end is not None and end.t < end_t:

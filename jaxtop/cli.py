@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import runpy
 import signal
@@ -108,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Record until the target exits, the duration ends, or SIGINT/SIGTERM; then exit 0.",
     )
     log.add_argument("pid", type=_pid)
-    log.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    log.add_argument("-o", "--output", metavar="FILE",
+                     help="write here instead of stdout; a FILE ending in .gz is gzip-compressed as it is written "
+                          "(about 20 times smaller: ~5 MB an hour at 10 Hz for 8 devices and 10,000 arrays)")
     log.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
     _prometheus_options(log, "re-export the stream as Prometheus metrics on PORT")
     log.add_argument("--inject", action="store_true", help="no agent in PID: inject one first (docs/attach.md)")
@@ -824,11 +827,52 @@ def cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+class _GzipOutput:
+    """A recording compressed as ``jaxtop log`` writes it (FILE.gz): each
+    batch goes to the file at once, made readable (a zlib sync flush) at
+    least every :data:`protocol.GZIP_SYNC_S`, so a recorder that is killed
+    leaves a file that reads to within a second of its end."""
+
+    def __init__(self, raw) -> None:
+        from jaxtop import protocol
+
+        self._protocol = protocol
+        self._raw = raw
+        self._gz = protocol.GzipLines()
+        self._sync_t = time.monotonic()
+
+    def _put(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = self._raw.write(view)
+            if not n:
+                raise OSError(errno.EIO, "the file took no bytes")
+            view = view[n:]
+
+    def write(self, data) -> int:
+        self._put(self._gz.compress(bytes(data)))
+        return len(data)
+
+    def flush(self) -> None:
+        now = time.monotonic()
+        if now - self._sync_t >= self._protocol.GZIP_SYNC_S:
+            self._sync_t = now
+            self._put(self._gz.sync())
+
+    def close(self) -> None:
+        try:
+            self._put(self._gz.finish())
+        finally:
+            self._raw.close()
+
+
 def _log_output(path: str | None):
     """Where ``jaxtop log`` writes: ``path``, or stdout for None; unbuffered,
-    so a failed write is seen at once and record() knows what reached the file."""
+    so a failed write is seen at once and record() knows what reached the file.
+    A path ending in ``.gz`` is compressed as it is written."""
     if path is not None:
-        return open(path, "wb", buffering=0)
+        raw = open(path, "wb", buffering=0)
+        return _GzipOutput(raw) if path.endswith(".gz") else raw
     try:
         sys.stdout.flush()  # anything printed before comes first
         fd = sys.stdout.fileno()

@@ -336,6 +336,89 @@ def list_agents(timeout_s: float = 1.0, on_refused: Callable[[str], None] | None
     return found
 
 
+class RecordingOrder:
+    """An agent's stream in the order a recording keeps: time order.
+
+    An agent whose ``hello`` says ``history.present_first`` sends, on
+    connecting, the present (the newest sample, ``present: true``) before
+    its history: coarse ``history`` records, then the kept samples as
+    ``backfill`` records, oldest first, then ``history_end``. A recording
+    must replay and export in time order, so :meth:`feed` turns that into
+    what an agent's stream used to be: the ``backfill`` records become
+    ``sample`` records again, the present takes the place of its own copy
+    at the end of them (it is that sample, with the last buffer map and
+    sparse fields filled in), the coarse records and ``history_end`` are
+    left out (a recording holds samples; the coarse level summarises
+    samples it does not have). Anything else passes unchanged, as does a
+    stream without that hello. Lines are compared by their first bytes,
+    as the agent writes them; only the hello and the present are decoded.
+    """
+
+    _SAMPLE = b'{"type":"sample",'
+    _BACKFILL = b'{"type":"backfill",'
+    _HISTORY = (b'{"type":"history",', b'{"type":"history_end",')
+
+    def __init__(self) -> None:
+        self._in_history = False
+        self._present: bytes | None = None
+        self._present_seq: Any = None
+
+    def feed(self, line: bytes) -> list[bytes]:
+        """The lines to write for one line received (each ending in a newline)."""
+        if line.startswith(b'{"type":"hello"'):
+            out = self.flush()
+            try:
+                hello = protocol.decode(line)
+            except protocol.ProtocolError:
+                hello = {}
+            history = hello.get("history")
+            self._in_history = isinstance(history, dict) and bool(history.get("present_first"))
+            return out + [line]
+        if not self._in_history:
+            return [line]
+        if line.startswith(self._BACKFILL):
+            if self._present is not None and self._seq(line) == self._present_seq:
+                present, self._present = self._present, None
+                return [present]
+            return [self._SAMPLE + line[len(self._BACKFILL):]]
+        if line.startswith(self._HISTORY):
+            if line.startswith(self._HISTORY[1]):
+                self._in_history = False
+                return self.flush()
+            return []
+        if line.startswith(self._SAMPLE):
+            if self._present is None and self._present_seq is None:
+                try:
+                    record = protocol.decode(line)
+                except protocol.ProtocolError:
+                    record = {}
+                if record.get("present") is True:
+                    self._present, self._present_seq = line, record.get("seq", object())
+                    return []
+            # A live sample within the history: the history is over.
+            self._in_history = False
+            return self.flush() + [line]
+        return [line]
+
+    @staticmethod
+    def _seq(line: bytes) -> Any:
+        """The ``seq`` of a sample line as the agent writes it (``"seq"``
+        third, after ``type`` and ``t``); None when it is not there."""
+        at = line.find(b',"seq":', 0, 200)
+        if at < 0:
+            return None
+        end = at + 7
+        stop = end
+        while stop < len(line) and line[stop:stop + 1].isdigit():
+            stop += 1
+        return int(line[end:stop]) if stop > end else None
+
+    def flush(self) -> list[bytes]:
+        """What is held back: the present, when its copy never came."""
+        present, self._present = self._present, None
+        return [present] if present is not None else []
+
+
 def record(
     pid: int,
     out: IO[bytes],
@@ -344,7 +427,9 @@ def record(
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
     """Copy an agent's stream to ``out`` until it ends, time runs out, or
-    ``should_stop()``. Only whole lines are written, byte for byte; a line
+    ``should_stop()``, in time order (:class:`RecordingOrder`: the history
+    an agent sends after its present goes before it, as samples; its coarse
+    level is left out). Only whole lines are written, byte for byte; a line
     over :data:`protocol.MAX_RECORD_LINE_BYTES` is left out, as every reader
     would skip it. ``on_record`` also gets each decoded record (undecodable
     lines are still copied, and skipped for it).
@@ -402,14 +487,23 @@ def record(
             pass  # not a file we can cut: readers skip a truncated last line anyway
 
     lines = 0
+    order = RecordingOrder()
+
+    def write(batch: list[bytes]) -> None:
+        nonlocal lines
+        if not batch:
+            return
+        write_all(b"".join(batch))
+        lines += len(batch)
+        if on_record is not None:
+            for line in batch:
+                try:
+                    on_record(protocol.decode(line))
+                except protocol.ProtocolError:
+                    pass
+
     with AgentConnection.open(pid) as agent:
         for batch in agent.batches(should_stop=done):
-            write_all(b"".join(batch))
-            lines += len(batch)
-            if on_record is not None:
-                for line in batch:
-                    try:
-                        on_record(protocol.decode(line))
-                    except protocol.ProtocolError:
-                        pass
+            write([out for line in batch for out in order.feed(line)])
+        write(order.flush())
     return lines

@@ -6,14 +6,18 @@ Three sources, all inside the user's process:
   module name, fingerprint, ``get_compiled_memory_stats()`` (argument,
   output, alias, temp and generated-code bytes, device and host side),
   ``cost_analysis()`` (flops, bytes accessed) and the traceback of the call
-  that compiled it. An executable is analysed once and cached by identity,
-  so a pass over an unchanged set costs one list and one dictionary lookup
-  per executable; new executables are analysed within a time budget per
-  pass (the rest wait for the next pass), so a burst of compiles never
-  stalls the agent thread.
+  that compiled it. An executable is analysed once and cached by identity.
+  A pass over an unchanged set costs the list and a comparison of its
+  ``id()`` list with the last one, both in C, and passes over an unchanged
+  set come less often the more they cost (a CPU share,
+  :class:`JitLedgerProbe`); new executables are analysed within a time
+  budget per pass (the rest wait for the next pass), so a burst of compiles
+  never stalls the agent thread.
 * ``jax.monitoring`` backend-compile events: compiles per function name
   (``fun_name`` is passed from jax 0.6.2; before that the ledger counts the
-  distinct executables it saw per name, a lower bound).
+  distinct executables it saw per name, a lower bound). An event also makes
+  the next pass come after ``interval_s``, so that new executables show
+  promptly.
 * JAX's tracing-cache-miss explanations (``jax_explain_cache_misses``): why a
   function was traced and compiled again (which argument, old and new type,
   the call site). jaxtop turns the option on only when the program left it
@@ -31,6 +35,8 @@ Stdlib and jax only: this runs in the user's job.
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import logging
 import os
 import re
@@ -44,6 +50,9 @@ from typing import Any
 
 #: The duration event of one XLA compile (``fun_name=`` from jax 0.6.2).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+#: The duration event of an executable loaded from the persistent compilation
+#: cache (no compile event then): the next pass comes soon too.
+CACHE_LOAD_EVENT = "/jax/compilation_cache/cache_retrieval_time_sec"
 #: The config option, and its environment variable.
 EXPLAIN_OPTION = "jax_explain_cache_misses"
 EXPLAIN_ENV = "JAX_EXPLAIN_CACHE_MISSES"
@@ -204,7 +213,7 @@ class _Exe:
     """What the ledger knows of one live executable (never the executable itself:
     holding it would keep it loaded)."""
 
-    __slots__ = ("id", "tb", "fingerprint", "key", "row", "weight", "site")
+    __slots__ = ("id", "tb", "fingerprint", "key", "row", "weight", "site", "code", "all_code")
 
     def __init__(self, ident: int, tb: Any, fingerprint: Any, key: str, row: dict[str, Any]) -> None:
         self.id = ident
@@ -219,13 +228,25 @@ class _Exe:
         alias = row.get("alias_bytes") or 0
         self.weight = sum(s for s in sizes if s) - alias
         self.site = row.get("call_site")
+        self.code = row.get("code_bytes") or 0  # device side
+        self.all_code = self.code + (row.get("host", {}).get("code_bytes") or 0)
+
+    def same(self, e: Any) -> bool:
+        """Is ``e`` (whose id() is this entry's key) the executable analysed here?"""
+        tb = getattr(e, "traceback", None)
+        return self.tb is tb and (tb is not None or self.fingerprint == getattr(e, "fingerprint", None))
 
 
 class _Fn:
-    """One function name's history: compiles, recompile reasons, sightings."""
+    """One function name's history: compiles, recompile reasons, sightings.
+
+    ``live`` (ledger id → entry), ``code`` (their device code bytes) and
+    ``largest`` follow the live executables incrementally; ``row`` is the
+    function's row as last built, None once anything in it changed.
+    """
 
     __slots__ = ("key", "compiles", "compile_s", "seen_exes", "reasons", "reasons_total", "first_t", "last_t",
-                 "live", "call_site", "defined_at")
+                 "live", "code", "largest", "call_site", "defined_at", "row")
 
     def __init__(self, key: str, max_reasons: int) -> None:
         self.key = key
@@ -236,15 +257,38 @@ class _Fn:
         self.reasons_total = 0
         self.first_t: float | None = None
         self.last_t: float | None = None
-        self.live: list[_Exe] = []
+        self.live: dict[int, _Exe] = {}
+        self.code = 0
+        self.largest: _Exe | None = None  # None with live executables: to be found again
         self.call_site: str | None = None
         self.defined_at: str | None = None
+        self.row: dict[str, Any] | None = None
 
     def touch(self, t: float) -> None:
         if self.first_t is None or t < self.first_t:
             self.first_t = t
         if self.last_t is None or t > self.last_t:
             self.last_t = t
+
+    def add(self, entry: _Exe) -> None:
+        had = bool(self.live)
+        self.live[entry.id] = entry
+        self.code += entry.code
+        # Ties go to the newest (as in largest_entry).
+        if not had or (self.largest is not None and entry.weight >= self.largest.weight):
+            self.largest = entry
+
+    def remove(self, entry: _Exe) -> None:
+        if self.live.pop(entry.id, None) is None:
+            return
+        self.code -= entry.code
+        if self.largest is entry:
+            self.largest = None
+
+    def largest_entry(self) -> _Exe | None:
+        if self.largest is None and self.live:
+            self.largest = max(reversed(self.live.values()), key=lambda e: e.weight)
+        return self.largest
 
 
 class CacheMissFilter(logging.Filter):
@@ -330,9 +374,34 @@ class JitLedgerProbe:
     """The jit ledger of this process (see the module docstring).
 
     Call :meth:`start` once jax is imported, :meth:`sample` from the agent's
-    sampling thread (every tick: it runs a pass every ``interval_s`` and
-    returns None when there is nothing new to say), :meth:`command` for the
+    sampling thread (every tick: it runs a pass when one is due and returns
+    None when there is nothing new to say), :meth:`command` for the
     ``jit_ledger`` request, :meth:`stop` to undo everything.
+
+    Passes follow an adaptive cadence, so that what the probe costs follows
+    what changes, not how many executables are alive:
+
+    * A pass lists the live executables and compares their ``id()`` list
+      with the last pass's (C loops, no Python per executable); the same
+      list whose newest executable is still the one analysed is an unchanged
+      set (new executables come first in the list, so one that took a freed
+      one's ``id()`` shows there). Otherwise only the executables before the
+      newest known one are looked at one by one; when the rest of the list
+      is the last pass's, nothing was freed, else a set difference finds
+      the freed ones.
+    * The next pass waits the pass's CPU time (analysis excluded) over
+      ``cpu_share``: at least ``interval_s``, at most ``max_interval_s``.
+      While executables are compiled (a ``jax.monitoring`` compile event
+      since the last pass, executables waiting for analysis, or a pass that
+      found changes) passes come every ``interval_s``, and their analysis is
+      bounded by ``budget_s`` per pass.
+    * Every ``verify_every_s`` (or more, by the same CPU share), and on
+      :meth:`command` and a forced sample, a pass checks every executable's
+      identity. A jaxlib found listing new executables elsewhere than first
+      gets that on every pass.
+    * The sample's parts are cached: a quiet tick reads a few attributes; a
+      whole table with nothing changed reuses the last one's ``functions``
+      and ``executables`` lists; a change rebuilds only the rows it touched.
 
     Args:
         interval_s: least time between two passes over the live executables.
@@ -351,12 +420,21 @@ class JitLedgerProbe:
         max_delta_executables: new executable rows in one sample's changes.
         explain: turn ``jax_explain_cache_misses`` on when the program did
             not set it (False: only read records the program asked for).
+        cpu_share: share of one core that passes over an unchanged set may
+            take (their CPU time, analysis excluded, over this share is the
+            least time to the next pass).
+        max_interval_s: most time between two passes, whatever they cost
+            (a change without a compile event, e.g. executables freed, shows
+            within it).
+        verify_every_s: least time between two passes that check every
+            executable's identity.
     """
 
     def __init__(self, interval_s: float = 1.0, full_every_s: float = 10.0, leak_passes: int = 5,
                  leak_min_growth: int = 10, max_reasons: int = 8, budget_s: float = 0.004,
                  max_functions: int = 500, max_full_executables: int = 64, max_delta_executables: int = 100,
-                 trend_len: int = 120, explain: bool = True) -> None:
+                 trend_len: int = 120, explain: bool = True, cpu_share: float = 0.0005,
+                 max_interval_s: float = 10.0, verify_every_s: float = 60.0) -> None:
         self.interval_s = float(interval_s)
         self.full_every_s = float(full_every_s)
         self.leak_passes = int(leak_passes)
@@ -366,6 +444,9 @@ class JitLedgerProbe:
         self.max_functions = int(max_functions)
         self.max_full_executables = int(max_full_executables)
         self.max_delta_executables = int(max_delta_executables)
+        self.cpu_share = float(cpu_share)
+        self.max_interval_s = float(max_interval_s)
+        self.verify_every_s = float(verify_every_s)
         self._explain_wanted = explain
         self.active = False
         self.reason: str | None = None
@@ -385,8 +466,26 @@ class JitLedgerProbe:
         self._new_rows_dropped = 0
         self._gone: list[int] = []
         self._recent_gone: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
+        # Anything of the above, a changed count or leak flag: a quiet tick
+        # reads this (and two times) without the lock.
+        self._news = False
+        # what the last whole table was built from, reused while unchanged
+        self._fn_version = 0  # bumped when a function's row or the set of functions changes
+        self._exe_version = 0  # bumped when the analysed executables change
+        self._full_functions: tuple[int, list[dict[str, Any]]] | None = None
+        self._full_executables: dict[int, tuple[int, list[dict[str, Any]]]] = {}  # by row limit
         # passes
+        self._clock: Callable[[], float] = time.monotonic  # cadence (tests replace it)
         self._last_pass_mono: float | None = None
+        self._next_pass_mono = float("-inf")  # the adaptive cadence's next pass
+        self._prompt_mono = float("-inf")  # the earliest pass after a compile event
+        self._hint = False  # a compile event since the last pass began
+        self._last_verify_mono: float | None = None
+        self._verify_gap = self.verify_every_s
+        self._check_s = 0.0  # CPU time of the last pass, analysis excluded
+        self._gap = self.interval_s  # least time from that pass to the next
+        self._ids: list[list[int]] | None = None  # id() of each live executable at the last pass, per client
+        self._ordered = True  # the jaxlib lists new executables first, the others in order
         self._last_full_mono: float | None = None
         self._pass_t: float | None = None
         self._pass_s: float | None = None
@@ -473,25 +572,42 @@ class JitLedgerProbe:
             pass
         self._we_enabled = False
         with self._lock:
-            self._cache.clear()  # drops the tracebacks held for identity
+            # Drop the tracebacks held for identity.
+            self._cache.clear()
+            for fn in self._fns.values():
+                if fn.live:
+                    fn.live, fn.largest, fn.code, fn.row = {}, None, 0, None
+            self._ids = None
+            self._code_bytes = 0
+            self._fn_version += 1
+            self._exe_version += 1
 
     # -- hooks on the program's threads -----------------------------------------
     def _on_duration(self, event: str, duration: float, *args: Any, **kwargs: Any) -> None:
-        if event != BACKEND_COMPILE_EVENT or not self.active:
+        if event != BACKEND_COMPILE_EVENT:
+            if event == CACHE_LOAD_EVENT and self.active:
+                self._hint = True  # an executable loaded from the persistent cache: look soon
+            return
+        if not self.active:
             return
         name = kwargs.get("fun_name")
         now = time.time()
         with self._lock:
+            self._hint = True  # a new executable: the next pass comes after interval_s
             self._compiles_total += 1
             if not isinstance(name, str):
                 self._compiles_unattributed += 1
                 return
-            self._fun_names_seen = True
+            if not self._fun_names_seen:
+                self._fun_names_seen = True
+                self._stale_all()  # compiles_source and compile_s of every row
             fn = self._fn(name_key(name))
             fn.compiles += 1
             fn.compile_s += float(duration)
             fn.touch(now)
+            self._stale(fn)
             self._dirty.add(fn.key)
+            self._news = True
 
     def _on_miss(self, message: str, created: float) -> None:
         parsed = parse_cache_miss(message)
@@ -506,6 +622,7 @@ class JitLedgerProbe:
             fn.touch(created)
             if parsed.get("defined_at"):
                 fn.defined_at = parsed["defined_at"]
+            self._stale(fn)
             if parsed["kind"] == "new_function":
                 return  # the first trace of a function: not a recompile
             # The function row carries its name and definition; the explanation's
@@ -518,6 +635,7 @@ class JitLedgerProbe:
             fn.reasons.append(reason)
             fn.reasons_total += 1
             self._dirty.add(key)
+            self._news = True
 
     # -- jax_explain_cache_misses --------------------------------------------------
     def _start_explain(self) -> None:
@@ -613,15 +731,28 @@ class JitLedgerProbe:
         fn = self._fns.get(key)
         if fn is None:
             fn = self._fns[key] = _Fn(key, self.max_reasons)
+            self._fn_version += 1
             if len(self._fns) > self.max_functions:
-                self._evict_functions()
+                self._evict_functions(keep=key)
         return fn
 
-    def _evict_functions(self) -> None:
-        idle = sorted((f for f in self._fns.values() if not f.live), key=lambda f: f.last_t or 0.0)
+    def _evict_functions(self, keep: str) -> None:
+        # Never the one just added (it has no time yet, and would go first).
+        idle = sorted((f for f in self._fns.values() if not f.live and f.key != keep), key=lambda f: f.last_t or 0.0)
         for f in idle[: max(1, len(self._fns) - self.max_functions)]:
             del self._fns[f.key]
             self._dirty.discard(f.key)
+        self._fn_version += 1
+
+    def _stale(self, fn: _Fn) -> None:
+        """``fn``'s row changed: built again when next sent."""
+        fn.row = None
+        self._fn_version += 1
+
+    def _stale_all(self) -> None:
+        for fn in self._fns.values():
+            fn.row = None
+        self._fn_version += 1
 
     def _clients(self) -> list[Any]:
         """Every initialised backend's client; never creates one."""
@@ -641,59 +772,143 @@ class JitLedgerProbe:
                 clients.append(client)
         return clients
 
-    def scan(self) -> None:
+    def _pass_due(self, now: float) -> bool:
+        """Is a pass due at ``now`` (monotonic)? A few attribute reads."""
+        return now >= self._next_pass_mono or (self._hint and now >= self._prompt_mono)
+
+    def scan(self, verify: bool = False) -> None:
         """One pass over the live executables (slow cadence; one thread at a time).
 
-        The executables are listed and the new ones analysed without the
-        lock that the program's threads take in the compile listener and the
-        log filter: jaxlib calls never run while a compiling thread waits.
+        Lists them, finds the new and the freed ones (see the class
+        docstring), analyses new ones within ``budget_s``, and sets when the
+        next pass is due. The executables are listed and the new ones
+        analysed without the lock that the program's threads take in the
+        compile listener and the log filter: jaxlib calls never run while a
+        compiling thread waits.
+
+        Args:
+            verify: check every executable's identity (the ``jit_ledger``
+                command, the final sample; else every ``verify_every_s``).
         """
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         now = time.time()
-        executables: list[Any] = []
+        mono = self._clock()
+        hinted, self._hint = self._hint, False
+        self._last_pass_mono = mono
+        if self._last_verify_mono is None or mono - self._last_verify_mono >= self._verify_gap:
+            verify = True
+        if not self._ordered:
+            verify = True
+        lists: list[list[Any]] = []  # per client, newest first
         for client in self._clients():
             lister = getattr(client, "live_executables", None)
             if lister is None:
                 self._executables_reason = "this jaxlib's client has no live_executables()"
                 continue
             try:
-                executables.extend(lister())
+                found = lister()
             except Exception as exc:
                 self._executables_reason = f"live_executables() failed: {type(exc).__name__}: {exc}"
+                continue
+            if found:
+                lists.append(found if isinstance(found, list) else list(found))
+        id_lists = [list(map(id, found)) for found in lists]
+        prev = self._ids
         cache = self._cache
-        alive: set[int] = set()
-        fresh: list[Any] = []
-        for e in executables:
-            entry = cache.get(id(e))
-            if entry is not None:
-                tb = getattr(e, "traceback", None)
-                if entry.tb is tb and (tb is not None or entry.fingerprint == getattr(e, "fingerprint", None)):
-                    alive.add(entry.id)
-                    continue
-            fresh.append(e)
+        fresh: list[Any] = []  # to analyse, in list order (newest first)
+        replaced: list[int] = []  # cached ids now another executable's
+        gone_keys: list[int] = []
+        changed = verify or self._pending > 0 or id_lists != prev
+        if not changed:
+            # The same id()s in the same order: an executable that took a
+            # freed one's id() would be the newest, first of its list.
+            for found in lists:
+                head = found[0]
+                entry = cache.get(id(head))
+                if entry is None or not entry.same(head):
+                    changed = True
+                    break
+        if changed:
+            if verify:
+                self._check_all(lists, fresh, replaced)
+                additive = False
+            else:
+                # New executables come first: the ones before the newest
+                # one already analysed.
+                heads = []
+                for found in lists:
+                    n = 0
+                    for e in found:
+                        entry = cache.get(id(e))
+                        if entry is not None and entry.same(e):
+                            break
+                        fresh.append(e)
+                        if entry is not None:
+                            replaced.append(id(e))
+                        n += 1
+                    heads.append(n)
+                # Only new ones before the lists of the last pass (nothing
+                # waited for analysis then, so those are the cache): nothing freed.
+                additive = (prev is not None and self._pending == 0 and len(prev) == len(id_lists)
+                            and all(ids[n:] == p for ids, n, p in zip(id_lists, heads, prev)))
+            if not additive:
+                id_set = set(itertools.chain.from_iterable(id_lists))
+                if not verify and len(id_set.difference(cache)) != len(fresh) - len(replaced):
+                    # Unknown ids after known ones: not the order assumed.
+                    # From now on every pass checks every executable.
+                    self._ordered = False
+                    fresh, replaced = [], []
+                    self._check_all(lists, fresh, replaced)
+                gone_keys = list(cache.keys() - id_set)
+            gone_keys.extend(replaced)
         new: list[tuple[int, _Exe]] = []
-        deadline = t0 + self.budget_s
-        # live_executables() lists the newest first: analyse the oldest first,
-        # so that ids follow the order of compiles.
-        for e in reversed(fresh):
-            if new and time.perf_counter() > deadline:
-                break
-            new.append((id(e), self._analyse(e, now)))
-        count, pending = len(executables), len(fresh) - len(new)
-        del executables, fresh  # never keep an executable past the pass
+        analysis_cpu = 0.0
+        if fresh:
+            a0 = time.thread_time()
+            deadline = t0 + self.budget_s
+            # live_executables() lists the newest first: analyse the oldest
+            # first, so that ids follow the order of compiles.
+            for e in reversed(fresh):
+                if new and time.perf_counter() > deadline:
+                    break
+                new.append((id(e), self._analyse(e, now)))
+            analysis_cpu = time.thread_time() - a0
+        count, pending = sum(map(len, id_lists)), len(fresh) - len(new)
+        del lists, fresh  # never keep an executable past the pass
         with self._lock:
-            self._apply_pass(now, count, pending, alive, new)
+            self._apply_pass(now, count, pending, gone_keys, new)
+        self._ids = id_lists
+        if verify:
+            self._last_verify_mono = mono
+        # The cadence: CPU time (analysis excluded, it has its own budget)
+        # over the share allowed; every interval_s while things change.
+        self._check_s = max(1e-6, time.thread_time() - c0 - analysis_cpu)  # a clock too coarse reads 0
+        self._gap = max(self.interval_s, min(self.max_interval_s, self._check_s / self.cpu_share))
+        if verify:
+            self._verify_gap = max(self.verify_every_s, self._gap)
+        self._prompt_mono = mono + self.interval_s
+        busy = hinted or pending > 0 or bool(new) or bool(gone_keys)
+        self._next_pass_mono = mono + (self.interval_s if busy else self._gap)
         self._pass_s = time.perf_counter() - t0
 
-    def _apply_pass(self, now: float, count: int, pending: int, alive: set[int],
+    def _check_all(self, lists: list[list[Any]], fresh: list[Any], replaced: list[int]) -> None:
+        """Every executable's identity: the unknown ones into ``fresh``, and
+        those whose id() a cached one had into ``replaced`` too."""
+        cache = self._cache
+        for e in itertools.chain.from_iterable(lists):
+            entry = cache.get(id(e))
+            if entry is None or not entry.same(e):
+                fresh.append(e)
+                if entry is not None:
+                    replaced.append(id(e))
+
+    def _apply_pass(self, now: float, count: int, pending: int, gone_keys: list[int],
                     new: list[tuple[int, _Exe]]) -> None:
         cache = self._cache
         # Forget the freed ones first: a new executable may reuse a freed
         # one's id() and take its slot in the cache below.
-        gone: list[_Exe] = []
-        if len(alive) != len(cache):  # else every cached one is alive: skip the walk
-            gone_keys = [key for key, entry in cache.items() if entry.id not in alive]
-            gone = [cache.pop(key) for key in gone_keys]
+        gone = [cache.pop(key) for key in gone_keys]
         for key, entry in new:
             cache[key] = entry
         new_entries = [entry for _, entry in new]
@@ -704,12 +919,14 @@ class JitLedgerProbe:
                 self._recent_gone.append(dict(g.row, last_t=round(now, 3)))
         changed = bool(gone or new_entries)
         if changed:
+            self._exe_version += 1
             self._rebuild_functions(now, new_entries, gone)
-            self._code_bytes = sum((e.row.get("code_bytes") or 0) + (e.row.get("host", {}).get("code_bytes") or 0)
-                                   for e in cache.values())
+            self._code_bytes += sum(e.all_code for e in new_entries) - sum(g.all_code for g in gone)
         self._track_growth(now, count, freed=len(gone), new_entries=new_entries)
         if count != self._live_count or changed:
             self._changed = True
+        if self._changed or self._dirty or self._new_rows or self._gone or self._leak != self._leak_reported:
+            self._news = True
         self._live_count = count
         self._pass_t = now
         self._trend.append((round(now, 3), count))
@@ -782,27 +999,26 @@ class JitLedgerProbe:
         return _Exe(ident, tb, fingerprint, key, row)
 
     def _rebuild_functions(self, now: float, new_entries: list[_Exe], gone: list[_Exe]) -> None:
-        touched = {e.key for e in new_entries} | {e.key for e in gone}
+        """The functions of the new and freed executables: their live sets, incrementally."""
         for entry in new_entries:
             fn = self._fn(entry.key)
             fn.seen_exes += 1
             fn.touch(now)
             if entry.site:
                 fn.call_site = entry.site
+            fn.add(entry)
+            self._stale(fn)
+            self._dirty.add(fn.key)
             if len(self._new_rows) < self.max_delta_executables:
                 self._new_rows.append(entry.row)
             else:
                 self._new_rows_dropped += 1
-        by_key: dict[str, list[_Exe]] = collections.defaultdict(list)
-        for entry in self._cache.values():
-            if entry.key in touched:
-                by_key[entry.key].append(entry)
-        for key in touched:
-            fn = self._fns.get(key)
-            if fn is None:
-                continue
-            fn.live = by_key.get(key, [])
-            self._dirty.add(key)
+        for entry in gone:
+            fn = self._fns.get(entry.key)
+            if fn is not None:
+                fn.remove(entry)
+                self._stale(fn)
+                self._dirty.add(fn.key)
 
     def _track_growth(self, now: float, count: int, freed: int, new_entries: list[_Exe]) -> None:
         """The leak flag: growth on ``leak_passes`` passes in a row, nothing freed."""
@@ -839,6 +1055,14 @@ class JitLedgerProbe:
             self._leak = None  # the executables were released
 
     # -- what goes out -------------------------------------------------------------------
+    def _row(self, fn: _Fn) -> dict[str, Any]:
+        """``fn``'s row, built again only after it changed (rows are never
+        changed once sent: a whole table may send the same dict again)."""
+        row = fn.row
+        if row is None:
+            row = fn.row = self._fn_row(fn)
+        return row
+
     def _fn_row(self, fn: _Fn) -> dict[str, Any]:
         # Executables the passes saw without a compile event (compiled before
         # jaxtop started, or loaded from the persistent cache) count too: the
@@ -857,11 +1081,11 @@ class JitLedgerProbe:
             "reasons": list(fn.reasons),
             "reasons_total": fn.reasons_total,
         }
-        largest = max(fn.live, key=lambda e: e.weight, default=None)
+        largest = fn.largest_entry()
         for k in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes", "flops",
                   "bytes_accessed"):
             row[k] = largest.row.get(k) if largest is not None else None
-        row["code_bytes"] = (sum(e.row.get("code_bytes") or 0 for e in fn.live) if fn.live else None)
+        row["code_bytes"] = fn.code if fn.live else None
         return row
 
     def _totals(self) -> dict[str, Any]:
@@ -871,6 +1095,7 @@ class JitLedgerProbe:
             "code_bytes": self._code_bytes,
             "pending": self._pending,
             "pass_s": round(self._pass_s, 6) if self._pass_s is not None else None,
+            "pass_every_s": round(self._gap, 3),
             "compiles_total": self._compiles_total,
             "compiles_unattributed": self._compiles_unattributed,
             "explain": self._explain_status(),
@@ -882,35 +1107,61 @@ class JitLedgerProbe:
             out["compiles_reason"] = self._compile_reason or "jax.monitoring not hooked"
         return out
 
+    def _functions_locked(self) -> list[dict[str, Any]]:
+        """Every function's row, those with live executables first, then the
+        most recent; the same list while nothing in it changed."""
+        cached = self._full_functions
+        if cached is not None and cached[0] == self._fn_version:
+            return cached[1]
+        fns = sorted(self._fns.values(), key=lambda f: (not f.live, -(f.last_t or 0.0)))
+        rows = [self._row(f) for f in fns]
+        self._full_functions = (self._fn_version, rows)
+        return rows
+
+    def _largest_locked(self, limit: int) -> list[dict[str, Any]]:
+        """The rows of the ``limit`` largest analysed executables; the same
+        list while the executables did not change."""
+        cached = self._full_executables.get(limit)
+        if cached is not None and cached[0] == self._exe_version:
+            return cached[1]
+        # As sorted(..., reverse=True)[:limit]: ties stay in analysis order.
+        rows = [e.row for e in heapq.nlargest(limit, self._cache.values(), key=lambda e: e.weight)]
+        self._full_executables[limit] = (self._exe_version, rows)
+        return rows
+
     def _full_locked(self, all_executables: bool) -> dict[str, Any]:
         out = self._totals()
         out["full"] = True
-        fns = sorted(self._fns.values(), key=lambda f: (not f.live, -(f.last_t or 0.0)))
-        out["functions"] = [self._fn_row(f) for f in fns]
-        entries = sorted(self._cache.values(), key=lambda e: -e.weight)
+        out["functions"] = self._functions_locked()
         # The command's reply is one line: readers skip lines over 16 MiB,
         # and an executable's row is a few hundred bytes.
         limit = MAX_TABLE_EXECUTABLES if all_executables else self.max_full_executables
-        out["executables"] = [e.row for e in entries[:limit]]
-        if len(entries) > limit:
-            out["executables_left_out"] = len(entries) - limit
+        out["executables"] = self._largest_locked(limit)
+        if len(self._cache) > limit:
+            out["executables_left_out"] = len(self._cache) - limit
         out["trend"] = [list(p) for p in self._trend]
         return out
 
     def sample(self, force: bool = False, full: bool = False) -> dict[str, Any] | None:
         """The sample field ``jit``: changes since the last one, or the whole table.
 
+        A tick with no pass due and nothing new reads a few attributes and
+        returns None.
+
         Args:
-            force: run a pass now even if ``interval_s`` has not passed (the
-                final sample at exit).
+            force: run a pass now, checking every executable, even if none
+                is due (the final sample at exit).
             full: send the whole table (the final sample).
 
         Returns:
             None when there is nothing new (the agent then leaves the field
             out), else the field (docs/protocol.md, "jit"). Not started: None;
             unavailable: ``{"available": false, "reason"}`` with each whole table.
+            A whole table while nothing changed shares its ``functions`` and
+            ``executables`` lists with the previous one: callers must not
+            change what they get.
         """
-        now = time.monotonic()
+        now = self._clock()
         if not self.active:
             if self.reason is None:
                 return None
@@ -918,11 +1169,13 @@ class JitLedgerProbe:
                 self._last_full_mono = now
                 return {"available": False, "reason": self.reason}
             return None
-        if force or self._last_pass_mono is None or now - self._last_pass_mono >= self.interval_s:
-            self._last_pass_mono = now
-            self.scan()
+        if force or self._pass_due(now):
+            self.scan(verify=force)
+        due = full or self._last_full_mono is None or now - self._last_full_mono >= self.full_every_s
+        if not (due or self._news):
+            return None
         with self._lock:
-            due = full or self._last_full_mono is None or now - self._last_full_mono >= self.full_every_s
+            self._news = False
             if due:
                 self._last_full_mono = now
                 out = self._full_locked(all_executables=False)
@@ -932,7 +1185,7 @@ class JitLedgerProbe:
                     return None
                 out = self._totals()
                 out["full"] = False
-                out["functions"] = [self._fn_row(self._fns[k]) for k in sorted(self._dirty) if k in self._fns]
+                out["functions"] = [self._row(self._fns[k]) for k in sorted(self._dirty) if k in self._fns]
                 out["executables"] = list(self._new_rows)
                 out["gone"] = list(self._gone)
                 if self._new_rows_dropped:
@@ -956,7 +1209,7 @@ class JitLedgerProbe:
         """The ``jit_ledger`` command: a fresh pass, then :meth:`table`."""
         if not self.active:
             return {"jit_ledger": {"available": False, "reason": self.reason or "not started (jax not imported yet)"}}
-        self.scan()
+        self.scan(verify=True)
         return {"jit_ledger": self.table()}
 
     def live_count(self) -> int:

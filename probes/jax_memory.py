@@ -14,40 +14,17 @@ import sys
 import threading
 from typing import Any, Iterable
 
-BUFFER_MAP_MAX = 2000
-TOP_BUFFERS = 10
-
-#: A gap between two address neighbours this wide or wider is taken for the
-#: distance between two memory regions (on CPU another mapping or malloc
-#: arena; on a GPU another pool chunk), not a hole among live buffers.
-REGION_GAP_BYTES = 4 << 20
-#: Narrower gaps are the allocator's own headers and alignment, not holes.
-MIN_HOLE_BYTES = 4096
-
-
-def hole_ratio(spans: list[tuple[int, int]] | list[list[int]]) -> float | None:
-    """Share of holes in the address range of some buffers: where the
-    allocator reports no fragmentation (CPU), the one fragmentation measure
-    left, read from live buffers' addresses.
-
-    Args:
-        spans: (address, bytes) of each buffer, in any order.
-
-    Returns:
-        holes / (holes + buffer bytes), where a hole is a gap between
-        address neighbours of at least :data:`MIN_HOLE_BYTES` and under
-        :data:`REGION_GAP_BYTES`; None for fewer than two buffers.
-    """
-    if len(spans) < 2:
-        return None
-    spans = sorted(spans)
-    holes = 0
-    for (p, n), (q, _) in zip(spans, spans[1:]):
-        gap = q - (p + n)
-        if MIN_HOLE_BYTES <= gap < REGION_GAP_BYTES:
-            holes += gap
-    used = sum(n for _, n in spans)
-    return holes / (holes + used) if holes + used else None
+from jaxtop.probes.live_arrays import (  # noqa: F401  (re-exported: tests and the OOM census use them)
+    BUFFER_MAP_MAX,
+    MIN_HOLE_BYTES,
+    REGION_GAP_BYTES,
+    TOP_BUFFERS,
+    LiveArrays,
+    _itemsize,
+    detail_of,
+    hole_ratio,
+    summarize_live_arrays,
+)
 
 
 def normalize_stats(raw: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -92,39 +69,6 @@ def fragmentation(stats: dict[str, Any] | None, platform: str = "") -> tuple[flo
         return 0.0, None  # nothing free in the pool: nothing to fragment
     value = 1.0 - free_block / free
     return min(1.0, max(0.0, value)), None
-
-
-def summarize_live_arrays(buffers: Iterable[tuple[int, int, int | None, str, str]]) -> dict[int, dict[str, Any]]:
-    """Per-device accounting from ``(device_id, nbytes, ptr, dtype, shape)`` rows.
-
-    Returns:
-        ``{device_id: {"bytes", "count", "largest_bytes", "top", "map", "holes"}}``
-        where ``top`` lists the largest buffers, ``map`` is ``[[ptr, nbytes], …]``
-        in address order (the largest ``BUFFER_MAP_MAX`` when there are more)
-        and ``holes`` is :func:`hole_ratio` of the map, only when every buffer
-        on the device is in it (a buffer left out could sit in a "hole").
-    """
-    per: dict[int, dict[str, Any]] = {}
-    rows: dict[int, list] = {}
-    for dev, nbytes, ptr, dtype, shape in buffers:
-        entry = per.setdefault(dev, {"bytes": 0, "count": 0, "largest_bytes": 0})
-        entry["bytes"] += nbytes
-        entry["count"] += 1
-        if nbytes > entry["largest_bytes"]:
-            entry["largest_bytes"] = nbytes
-        rows.setdefault(dev, []).append((nbytes, ptr, dtype, shape))
-    for dev, items in rows.items():
-        items.sort(key=lambda r: r[0], reverse=True)
-        per[dev]["top"] = [
-            {"nbytes": n, "dtype": dt, "shape": sh, "ptr": p} for n, p, dt, sh in items[:TOP_BUFFERS]
-        ]
-        mapped = [[p, n] for n, p, _, _ in items[:BUFFER_MAP_MAX] if p is not None]
-        mapped.sort()
-        per[dev]["map"] = mapped
-        per[dev]["map_complete"] = len(items) <= BUFFER_MAP_MAX
-        if len(mapped) == len(items):
-            per[dev]["holes"] = hole_ratio(mapped)
-    return per
 
 
 # -- asking an Array for its address without crashing the program ---------------
@@ -228,15 +172,6 @@ def ready_address(arr: Any) -> int | None:
 
 
 
-def _itemsize(dtype: Any) -> int:
-    itemsize = getattr(dtype, "itemsize", None)
-    if itemsize is None:
-        import numpy as np
-
-        itemsize = np.dtype(dtype).itemsize
-    return int(itemsize)
-
-
 def _addressable(sharding: Any, devices: Any) -> Iterable[Any]:
     """The devices of this process that hold a shard (``addressable_devices``
     where the sharding has it, else ``device_set`` filtered by process)."""
@@ -269,7 +204,14 @@ def backend_ready() -> bool:
 
 
 class JaxMemoryProbe:
-    """Samples every local device. Call only after :func:`backend_ready`."""
+    """Samples every local device. Call only after :func:`backend_ready`.
+
+    Three cadences, each set by the agent: :meth:`sample` every tick (the
+    allocator's ``memory_stats()``, cheap); :meth:`scan_live_arrays` (the
+    live-array totals, whose cost follows how many arrays came and went);
+    :meth:`refresh_detail` (top buffers, the address map and its holes,
+    derived from what the scans keep, only for devices whose arrays changed).
+    """
 
     def __init__(self) -> None:
         import jax
@@ -279,15 +221,25 @@ class JaxMemoryProbe:
         self.devices = list(jax.local_devices())
         self.backend = jax.default_backend()
         self._prev_peak: dict[int, int] = {}
-        self._live: dict[int, dict[str, Any]] = {}
-        self._live_t: float | None = None
-        # (id, device, shape, dtype) -> the buffer address last seen ready.
-        self._last_ptr: dict[tuple[Any, ...], int] = {}
+        # Looked up through self._jax on each scan, so that a test can stand
+        # in for jax.live_arrays().
+        self.arrays = LiveArrays(lambda: self._jax.live_arrays(), ready_address, _addressable)
+        self._live_t: float | None = None  # when the totals were last scanned
+        self._detail: dict[int, dict[str, Any]] = {}  # per device: top, map, map_complete, holes, unmapped
+        self._detail_t: float | None = None  # when the detail was derived
+        self._detail_new: set[int] = set()  # devices whose detail no sample carried yet
+        self._scans = 0
+        # Per device: (scan number, allocator stats, record) of the last
+        # sample, reused while neither changed (most ticks, on CPU always
+        # between scans): the agent's encoder then reuses its bytes too.
+        self._last_rec: dict[int, tuple[int, Any, dict[str, Any]]] = {}
 
     def close(self) -> None:
-        """Give ``jax.Array.delete`` back as it was; addresses are no longer
-        asked for (the OOM census too then gives them up)."""
+        """Give ``jax.Array.delete`` back as it was and drop the references
+        kept to live arrays; addresses are no longer asked for (the OOM census
+        too then gives them up)."""
         unguard_deletes()
+        self.arrays.clear()
 
     def describe(self) -> list[dict[str, Any]]:
         """Static facts about each device, for ``hello``."""
@@ -301,94 +253,110 @@ class JaxMemoryProbe:
             })
         return out
 
-    def scan_live_arrays(self, now: float) -> None:
-        """The slow-cadence scan of ``jax.live_arrays()`` (all devices).
+    def scan_live_arrays(self, now: float, detail: bool = True) -> bool:
+        """Scan ``jax.live_arrays()`` (all devices): the totals are exact as
+        of ``now`` afterwards. Nothing the program can see is created or kept
+        alive (see :mod:`jaxtop.probes.live_arrays`).
 
-        Each device buffer is counted once, and nothing the program can see
-        is created or kept alive:
+        Args:
+            now: Unix time of the scan (``scanned_t`` in samples).
+            detail: also derive the detail (:meth:`refresh_detail`) when the
+                arrays changed; the agent passes False and derives it on its
+                own, slower cadence.
 
-        * Two Arrays can share one buffer (an output aliased to an input, a
-          shard the program took out of a sharded array): single-device
-          arrays are deduplicated by ``(device, buffer address)``.
-        * A sharded array's per-device bytes come from its sharding
-          (``shard_shape`` x itemsize on each addressable device; a
-          replicated array holds a full copy on each). Reading
-          ``addressable_shards`` or ``.data`` instead would materialise one
-          new single-device Array per shard, which then lives as long as
-          the parent and shows up in the program's own ``jax.live_arrays()``
-          (measured: 15 arrays became 127 on an 8-device program). Such
-          shards have no address in the map, and the map says so.
-        * A buffer still being computed has no address yet (asking would
-          block); one seen ready in an earlier scan keeps its last address.
+        Returns:
+            True when any array came or went since the last scan.
         """
-        rows = []
-        seen: set[tuple[int, int]] = set()
-        last_ptr, self._last_ptr = self._last_ptr, {}
-        unmapped: dict[int, dict[str, int]] = {}
-
-        def skipped(dev_id: int, why: str) -> None:
-            counts = unmapped.setdefault(dev_id, {})
-            counts[why] = counts.get(why, 0) + 1
-
-        for arr in self._jax.live_arrays():
-            try:
-                dtype, shape = arr.dtype, tuple(arr.shape)
-                sharding = arr.sharding
-                devs = sharding.device_set
-                if len(devs) == 1:
-                    (dev,) = devs
-                    # id() alone can be reused by a new object: the key also
-                    # names what the buffer holds.
-                    key = (id(arr), dev.id, shape, str(dtype))
-                    ptr = ready_address(arr)
-                    if ptr is None:
-                        ptr = last_ptr.get(key)
-                        skipped(dev.id, "not_ready" if ptr is None else "last_address")
-                    if ptr is not None:
-                        self._last_ptr[key] = ptr
-                        if (dev.id, ptr) in seen:
-                            continue  # another Array on the same buffer
-                        seen.add((dev.id, ptr))
-                    rows.append((dev.id, int(arr.nbytes), ptr, str(dtype), str(list(shape))))
-                    continue
-                shard_shape = tuple(sharding.shard_shape(shape))
-                nbytes = math.prod(shard_shape) * _itemsize(dtype)
-                for dev in _addressable(sharding, devs):
-                    rows.append((dev.id, nbytes, None, str(dtype), str(list(shard_shape))))
-                    skipped(dev.id, "sharded")
-            except Exception:
-                continue  # deleted or donated while we looked
-        self._live = summarize_live_arrays(rows)
-        for dev_id, counts in unmapped.items():
-            if dev_id in self._live:
-                self._live[dev_id]["unmapped"] = counts
+        changed = self.arrays.scan()
         self._live_t = now
+        self._scans += 1
+        if detail:
+            self.refresh_detail(now)
+        return changed
+
+    def detail_stale(self) -> bool:
+        """True when some device's arrays changed since the detail was derived."""
+        return any(dev.changed for dev in self.arrays.devices.values()) or (
+            self._detail_t is None and self._live_t is not None)
+
+    def refresh_detail(self, now: float) -> int:
+        """Derive top buffers, map and holes for the devices whose arrays
+        changed since the last time; the next :meth:`sample` with
+        ``include_map`` carries them for those devices (``map_t`` says when).
+
+        Returns:
+            Buffers in the maps derived (what the next sample will weigh).
+        """
+        entries = 0
+        for dev_id, dev in self.arrays.devices.items():
+            if dev.changed or dev_id not in self._detail:
+                detail = detail_of(list(dev.rows.values()))
+                if dev.unmapped:
+                    detail["unmapped"] = dict(dev.unmapped)
+                detail["map_t"] = now
+                self._detail[dev_id] = detail
+                self._detail_new.add(dev_id)
+                entries += len(detail["map"]) + len(detail["top"])
+                dev.changed = False
+        for dev_id in list(self._detail):
+            if dev_id not in self.arrays.devices:
+                del self._detail[dev_id]
+                self._detail_new.add(dev_id)  # its arrays are all gone: an empty map says so
+        self._detail_t = now
+        return entries
+
+    @property
+    def _live(self) -> dict[int, dict[str, Any]]:
+        """Per device: the totals and the newest detail, as one dict."""
+        out = {}
+        for dev_id, dev in self.arrays.devices.items():
+            out[dev_id] = {"bytes": dev.bytes, "count": dev.count, "largest_bytes": dev.largest,
+                           **self._detail.get(dev_id, {})}
+        return out
 
     def sample(self, include_map: bool) -> list[dict[str, Any]]:
-        """One record per device for a sample."""
+        """One record per device for a sample.
+
+        Args:
+            include_map: carry each device's detail (``top``, ``map``,
+                ``map_complete``, ``unmapped``, ``map_t``) when it was
+                derived since the last sample that carried it. A reader
+                keeps the last map it saw for a device.
+        """
+        carry = self._detail_new if include_map else set()
+        if carry:
+            self._detail_new = set()
         out = []
         for d in self.devices:
             try:
                 raw = d.memory_stats()
             except Exception:
                 raw = None
+            last = self._last_rec.get(d.id)
+            if (last is not None and d.id not in carry and last[0] == self._scans and last[1] == raw
+                    and (last[2]["source"] == "live_arrays" or last[2].get("peak_rise_bytes") == 0)):
+                out.append(last[2])  # nothing moved (a rise of the peak would have)
+                continue
             stats = normalize_stats(raw)
-            live = self._live.get(d.id, {"bytes": 0, "count": 0, "largest_bytes": 0, "top": [], "map": []})
+            dev = self.arrays.device(d.id)
+            detail = self._detail.get(d.id, {})
             rec: dict[str, Any] = {"id": d.id, "platform": d.platform}
+            live_bytes = dev.bytes if dev is not None else 0
             live_summary = {
-                "bytes": live["bytes"],
-                "count": live["count"],
-                "largest_bytes": live["largest_bytes"],
+                "bytes": live_bytes,
+                "count": dev.count if dev is not None else 0,
+                "largest_bytes": dev.largest if dev is not None else 0,
                 "scanned_t": self._live_t,
             }
-            if live.get("holes") is not None:
-                live_summary["holes"] = live["holes"]
-            if include_map:
-                live_summary["top"] = live.get("top", [])
-                live_summary["map"] = live.get("map", [])
-                live_summary["map_complete"] = live.get("map_complete", True)
-                if live.get("unmapped"):
-                    live_summary["unmapped"] = live["unmapped"]
+            if detail.get("holes") is not None:
+                live_summary["holes"] = detail["holes"]
+            if d.id in carry or (include_map and self._detail_t is None):
+                live_summary["top"] = detail.get("top", [])
+                live_summary["map"] = detail.get("map", [])
+                live_summary["map_complete"] = detail.get("map_complete", True)
+                live_summary["map_t"] = detail.get("map_t", self._detail_t)
+                if detail.get("unmapped"):
+                    live_summary["unmapped"] = detail["unmapped"]
             if stats is not None:
                 rec["source"] = "memory_stats"
                 rec.update(stats)
@@ -399,12 +367,16 @@ class JaxMemoryProbe:
                     self._prev_peak[d.id] = peak
             else:
                 rec["source"] = "live_arrays"
-                rec["bytes_in_use"] = live["bytes"]
+                rec["bytes_in_use"] = live_bytes
                 rec["peak_rise_bytes"] = None
             frag, reason = fragmentation(stats, d.platform)
             rec["fragmentation"] = frag
             if reason:
                 rec["fragmentation_reason"] = reason
             rec["live_arrays"] = live_summary
+            if d.id not in carry:  # a record with a map is sent once
+                self._last_rec[d.id] = (self._scans, raw, rec)
+            else:
+                self._last_rec.pop(d.id, None)
             out.append(rec)
         return out

@@ -78,6 +78,7 @@ class ProcessProbe:
             except (psutil.Error, OSError):
                 pass  # the sample then simply has no started_t
         self._threads: int | None = None
+        self._usage: tuple[float, Any] | None = None  # (cpu %, getrusage) read on the last slow sample
         self._files: _ProcFiles | None = None
         if self._own:
             try:
@@ -142,11 +143,17 @@ class ProcessProbe:
         rss, vms = files.memory()
         if slow or self._threads is None:
             self._threads = files.threads()
-        usage = resource.getrusage(resource.RUSAGE_SELF)
+        # CPU % and the peak RSS are read once a second (``slow``): a CPU
+        # share over 0.1 s is mostly noise, and each system call here lets
+        # the GIL go and waits to take it back from the user's thread.
+        if slow or self._usage is None:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            self._usage = (self._cpu_percent(usage), usage)
+        cpu_percent, usage = self._usage
         return {
             "rss_bytes": rss,
             "vms_bytes": vms,
-            "cpu_percent": self._cpu_percent(usage),
+            "cpu_percent": cpu_percent,
             "threads": self._threads,
             "peak_rss_bytes": _peak_rss_bytes(usage, rss),
         }

@@ -295,6 +295,9 @@ class TransferCounter:
         self._total = {d: [0, 0, 0] for d in DIRECTIONS}
         self._shapes: Counter[tuple[str, str]] = Counter()
         self.errors = 0  # implicit transfers refused by a user's disallow
+        # take() of an interval with no transfer repeats the last quiet
+        # record (a copy: the agent's encoder then reuses its bytes).
+        self._quiet: dict[str, Any] | None = None
 
     def detail(self) -> dict[str, Any]:
         """Totals since start per direction, and every shape kept (resets nothing)."""
@@ -309,6 +312,7 @@ class TransferCounter:
     def add(self, parsed: GuardLine, n: int = 1) -> None:
         """Count ``n`` transfers of this kind."""
         with self._lock:
+            self._quiet = None
             for bucket in (self._interval[parsed.direction], self._total[parsed.direction]):
                 bucket[0] += n
                 if parsed.nbytes is None:
@@ -327,6 +331,9 @@ class TransferCounter:
     def take(self, top: int = 5) -> dict[str, Any]:
         """The wire ``transfers`` object; resets the interval counts."""
         with self._lock:
+            quiet = self._quiet
+            if quiet is not None and top == quiet["_top"]:
+                return {k: v for k, v in quiet.items() if k != "_top"}
             out: dict[str, Any] = {}
             for d in DIRECTIONS:
                 i, t = self._interval[d], self._total[d]
@@ -343,6 +350,9 @@ class TransferCounter:
                 {"direction": d, "shape": s, "count": n}
                 for (d, s), n in self._shapes.most_common(top)
             ]
+            # Until the next add(), every interval is as quiet as the next one.
+            self._quiet = {**out, "_top": top, **{d: {**out[d], "count": 0, "bytes_known": 0, "count_bytes_unknown": 0}
+                                                  for d in DIRECTIONS}}
         return out
 
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from jaxtop.probes import jax_memory as jm
+from jaxtop.probes import live_arrays as live_arrays_module
 from jaxtop.probes.jax_memory import JaxMemoryProbe, fragmentation, normalize_stats, summarize_live_arrays
 
 GiB = 1 << 30
@@ -156,7 +157,7 @@ def test_summary_top_is_limited_and_pointerless_buffers_are_not_mapped():
 
 
 def test_summary_map_truncated_keeps_the_largest(monkeypatch):
-    monkeypatch.setattr(jm, "BUFFER_MAP_MAX", 4)
+    monkeypatch.setattr(live_arrays_module, "BUFFER_MAP_MAX", 4)
     rows = [(0, n * 10, 0x100 * (20 - n), "float32", "[x]") for n in range(1, 11)]
     out = summarize_live_arrays(rows)[0]
     assert out["map_complete"] is False
@@ -187,7 +188,7 @@ def test_summary_holes_only_when_every_buffer_has_an_address(monkeypatch):
     assert out["holes"] == pytest.approx(2 * 4096 / (2 * 4096 + 2 * 4096))
     # A buffer without an address could sit in the "hole": no measure then.
     assert "holes" not in summarize_live_arrays(placed + [(0, 4096, None, "f32", "[1024]")])[0]
-    monkeypatch.setattr(jm, "BUFFER_MAP_MAX", 1)  # a map cut short: the same
+    monkeypatch.setattr(live_arrays_module, "BUFFER_MAP_MAX", 1)  # a map cut short: the same
     assert "holes" not in summarize_live_arrays(placed)[0]
 
 
@@ -386,20 +387,127 @@ def test_scan_counts_a_buffer_shared_by_two_arrays_once(cpu_jax, monkeypatch):
     assert rec["live_arrays"]["map"] == [[0x40, 16], [0x80, 16]]
 
 
-def test_a_buffer_seen_ready_keeps_its_address_while_recomputed(cpu_jax, monkeypatch):
+class FakeArray:
+    """An Array stand-in that takes weak references, as jax's Arrays do, so
+    the scan remembers it by identity (SimpleNamespace takes none)."""
+
+    def __init__(self, device, ptr, nbytes=16, shape=(4,), ready=True):
+        self.dtype, self.shape, self.nbytes = "float32", shape, nbytes
+        self.sharding = SimpleNamespace(device_set={device})
+        self.ptr, self.ready, self.asked = ptr, ready, 0
+
+    def is_deleted(self):
+        return False
+
+    def is_ready(self):
+        self.asked += 1
+        return self.ready
+
+    def unsafe_buffer_pointer(self):
+        return self.ptr
+
+
+def _probe_over(monkeypatch, arrays, devices):
     probe = JaxMemoryProbe()
+    monkeypatch.setattr(probe, "_jax", SimpleNamespace(live_arrays=lambda: list(arrays)))
+    monkeypatch.setattr(probe, "devices", devices)
+    return probe
+
+
+def test_a_buffer_seen_ready_keeps_its_address_and_is_not_asked_again(cpu_jax, monkeypatch):
     d0 = FakeDevice(0, [None], "cpu")
-    ready = {"now": True}
-    arr = SimpleNamespace(dtype="float32", shape=(4,), nbytes=16, sharding=SimpleNamespace(device_set={d0}),
-                          is_deleted=lambda: False, is_ready=lambda: ready["now"], unsafe_buffer_pointer=lambda: 0x40)
-    monkeypatch.setattr(probe, "_jax", SimpleNamespace(live_arrays=lambda: [arr]))
-    monkeypatch.setattr(probe, "devices", [d0])
+    arr = FakeArray(d0, 0x40)
+    probe = _probe_over(monkeypatch, [arr], [d0])
     probe.scan_live_arrays(now=1.0)
-    ready["now"] = False
+    arr.ready = False  # an address never changes while its Array lives
     probe.scan_live_arrays(now=2.0)
     (rec,) = probe.sample(include_map=True)
-    assert rec["live_arrays"]["map"] == [[0x40, 16]]
-    assert rec["live_arrays"]["unmapped"] == {"last_address": 1}
+    assert rec["live_arrays"]["map"] == [[0x40, 16]] and "unmapped" not in rec["live_arrays"]
+    assert arr.asked == 1
+
+
+def test_an_unchanged_set_of_arrays_is_not_read_again(cpu_jax, monkeypatch):
+    d0 = FakeDevice(0, [None], "cpu")
+    arrays = [FakeArray(d0, 0x1000 * (i + 1), nbytes=8 * (i + 1)) for i in range(50)]
+    probe = _probe_over(monkeypatch, arrays, [d0])
+    assert probe.scan_live_arrays(now=1.0) is True and probe.arrays.read_last == 50
+    assert probe.scan_live_arrays(now=2.0) is False and probe.arrays.read_last == 0
+    assert all(a.asked == 1 for a in arrays)
+    (rec,) = probe.sample(include_map=False)
+    assert rec["bytes_in_use"] == sum(8 * (i + 1) for i in range(50))
+    assert rec["live_arrays"]["count"] == 50 and rec["live_arrays"]["scanned_t"] == 2.0
+
+
+def test_arrivals_and_departures_are_read_alone_and_totals_follow(cpu_jax, monkeypatch):
+    d0, d1 = FakeDevice(0, [None], "cpu"), FakeDevice(1, [None], "cpu")
+    arrays = [FakeArray(d0, 0x1000 * (i + 1), nbytes=100) for i in range(10)]
+    probe = _probe_over(monkeypatch, arrays, [d0, d1])
+    probe.scan_live_arrays(now=1.0)
+    del arrays[3:5]  # two go away (their objects die: CPython may give their ids to the next ones)
+    arrays.append(FakeArray(d1, 0x90000, nbytes=7))
+    arrays.append(FakeArray(d0, 0xA0000, nbytes=1000))
+    assert probe.scan_live_arrays(now=2.0) is True
+    assert probe.arrays.read_last == 2  # only the newcomers were read
+    recs = {r["id"]: r for r in probe.sample(include_map=False)}
+    assert recs[0]["bytes_in_use"] == 8 * 100 + 1000 and recs[0]["live_arrays"]["count"] == 9
+    assert recs[0]["live_arrays"]["largest_bytes"] == 1000
+    assert recs[1]["bytes_in_use"] == 7 and recs[1]["live_arrays"]["count"] == 1
+    del arrays[-1]  # the largest goes: the largest is found again
+    probe.scan_live_arrays(now=3.0)
+    assert probe.sample(include_map=False)[0]["live_arrays"]["largest_bytes"] == 100
+
+
+def test_a_shared_buffer_stays_counted_once_when_its_first_holder_goes(cpu_jax, monkeypatch):
+    d0 = FakeDevice(0, [None], "cpu")
+    first, second, other = FakeArray(d0, 0x40), FakeArray(d0, 0x40), FakeArray(d0, 0x80)
+    arrays = [first, second, other]
+    probe = _probe_over(monkeypatch, arrays, [d0])
+    probe.scan_live_arrays(now=1.0)
+    assert probe.sample(include_map=False)[0]["bytes_in_use"] == 32
+    arrays.remove(first)
+    probe.scan_live_arrays(now=2.0)
+    (rec,) = probe.sample(include_map=True)
+    assert rec["bytes_in_use"] == 32 and rec["live_arrays"]["count"] == 2
+    assert rec["live_arrays"]["map"] == [[0x40, 16], [0x80, 16]]
+    arrays.remove(second)
+    probe.scan_live_arrays(now=3.0)
+    assert probe.sample(include_map=False)[0]["bytes_in_use"] == 16
+
+
+def test_a_pending_buffer_is_asked_again_until_it_has_an_address(cpu_jax, monkeypatch):
+    d0 = FakeDevice(0, [None], "cpu")
+    arr = FakeArray(d0, 0x40, nbytes=64, ready=False)
+    probe = _probe_over(monkeypatch, [arr], [d0])
+    probe.scan_live_arrays(now=1.0)
+    (rec,) = probe.sample(include_map=True)
+    assert rec["bytes_in_use"] == 64 and rec["live_arrays"]["unmapped"] == {"not_ready": 1}
+    arr.ready = True
+    probe.scan_live_arrays(now=2.0)
+    (rec,) = probe.sample(include_map=True)
+    assert rec["bytes_in_use"] == 64 and rec["live_arrays"]["map"] == [[0x40, 64]]
+    assert "unmapped" not in rec["live_arrays"]
+    probe.scan_live_arrays(now=3.0)
+    assert arr.asked == 2  # placed: not asked again
+
+
+def test_the_detail_is_carried_once_per_derivation(cpu_jax, monkeypatch):
+    """Samples carry the map only when it was derived anew (map_t says when):
+    a reader keeps the last one it saw."""
+    d0 = FakeDevice(0, [None], "cpu")
+    arrays = [FakeArray(d0, 0x40)]
+    probe = _probe_over(monkeypatch, arrays, [d0])
+    probe.scan_live_arrays(now=1.0, detail=False)
+    assert probe.detail_stale()
+    probe.refresh_detail(now=1.5)
+    assert not probe.detail_stale()
+    first = probe.sample(include_map=True)[0]["live_arrays"]
+    assert first["map"] == [[0x40, 16]] and first["map_t"] == 1.5
+    assert "map" not in probe.sample(include_map=True)[0]["live_arrays"]
+    probe.scan_live_arrays(now=2.0, detail=False)  # nothing changed
+    assert not probe.detail_stale()
+    arrays.append(FakeArray(d0, 0x80))
+    probe.scan_live_arrays(now=3.0, detail=False)
+    assert probe.detail_stale()
 
 
 def test_scan_never_waits_for_a_buffer_still_being_computed(cpu_jax, monkeypatch):
@@ -427,3 +535,49 @@ def test_scan_never_waits_for_a_buffer_still_being_computed(cpu_jax, monkeypatch
     (rec,) = probe.sample(include_map=True)
     assert rec["bytes_in_use"] == 1040  # both counted
     assert rec["live_arrays"]["map"] == [[0x40, 16]]  # only the ready one placed
+
+
+def _oracle(jax):
+    """Bytes and buffers per device, straight from jax.live_arrays(): each
+    single-device buffer once by address."""
+    seen, per = set(), {}
+    for a in jax.live_arrays():
+        (dev,) = a.sharding.device_set
+        key = (dev.id, a.unsafe_buffer_pointer())
+        if key in seen:
+            continue
+        seen.add(key)
+        nbytes, count = per.get(dev.id, (0, 0))
+        per[dev.id] = (nbytes + a.nbytes, count + 1)
+    return per
+
+
+def test_totals_at_50000_arrays_match_jax_live_arrays_through_churn(cpu_jax):
+    """At model scale (50,000 arrays: parameters plus optimizer state) the
+    incremental totals equal a full count from jax.live_arrays(), after
+    arrivals, departures and a program that rebinds part of its state."""
+    jnp = cpu_jax.numpy
+    held = [jnp.full((i % 7 + 1, 3), i, dtype=jnp.float32 if i % 2 else jnp.int8) for i in range(50_000)]
+    cpu_jax.block_until_ready(held)
+    probe = JaxMemoryProbe()
+    try:
+        probe.scan_live_arrays(now=1.0)
+
+        def totals():
+            return {r["id"]: (r["bytes_in_use"], r["live_arrays"]["count"]) for r in probe.sample(include_map=False)
+                    if r["live_arrays"]["count"]}
+
+        assert totals() == _oracle(cpu_jax)
+        assert probe.scan_live_arrays(now=2.0) is False and probe.arrays.read_last == 0
+        # A step that rebinds a fifth of the state, frees some and makes new ones.
+        for i in range(0, 50_000, 5):
+            held[i] = held[i] + 1
+        del held[-3000:]
+        held.extend(jnp.zeros((64,)) for _ in range(1000))
+        cpu_jax.block_until_ready(held)
+        assert probe.scan_live_arrays(now=3.0) is True
+        assert probe.arrays.read_last < 12_000  # the newcomers, not everything
+        assert totals() == _oracle(cpu_jax)
+    finally:
+        probe.close()
+        del held

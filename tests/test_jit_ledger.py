@@ -402,6 +402,196 @@ def test_cache_by_identity_and_the_budget():
     assert sorted(g["id"] for g in table["gone_recent"]) == sorted([ids["jit_f0"], ids["jit_f1"]])
 
 
+class CountingExe(FakeExe):
+    """A fake executable that counts the reads of its traceback: the per-executable
+    Python work of a pass (an identity check reads it, an analysis too)."""
+
+    reads = 0
+
+    @property
+    def traceback(self):
+        CountingExe.reads += 1
+        return self._tb
+
+    @traceback.setter
+    def traceback(self, value):
+        self._tb = value
+
+
+def counting_exes(n, prefix="jit_f"):
+    return [CountingExe(f"{prefix}{k}", FakeStats(temp=k), {}, FakeTraceback(FakeFrame("/src/a.py", k)))
+            for k in range(n)]
+
+
+class FakeClock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def started_fake(*clients, **kw):
+    """A fake probe that sample() serves (as if started), on a clock the test moves."""
+    probe = fake_probe(*clients, **kw)
+    probe.interval_s = kw.get("interval_s", 1.0)
+    probe.active = True
+    clock = probe._clock = FakeClock()
+    return probe, clock
+
+
+def tick_until(probe, clock, seen, limit_s, step=0.1):
+    """sample() every ``step`` of the fake clock until ``seen(field)``; the time it took."""
+    start = clock.t
+    while clock.t - start <= limit_s + 1e-9:
+        clock.t += step
+        out = probe.sample()
+        if out is not None and seen(out):
+            return clock.t - start
+    return None
+
+
+def test_steady_passes_do_no_work_per_executable():
+    exes = counting_exes(300)
+    client = FakeClient(*exes)
+    probe, clock = started_fake(client, budget_s=float("inf"), verify_every_s=1e9, full_every_s=1e9)
+    analysed = []
+    analyse = probe._analyse
+    probe._analyse = lambda e, now: (analysed.append(e.name), analyse(e, now))[1]
+    first = probe.sample()
+    assert first["full"] is True and first["live_count"] == 300 and len(analysed) == 300
+    assert first["pass_every_s"] >= 1.0
+    CountingExe.reads = 0
+    analysed.clear()
+    for _ in range(50):
+        probe.scan()
+    # One identity check per pass (the newest executable), whatever the count.
+    assert CountingExe.reads == 50 and not analysed
+    assert probe.live_count() == 300 and probe.table()["pending"] == 0
+    # Quiet ticks: nothing to say, and no pass before one is due.
+    CountingExe.reads = 0
+    passes = len(probe._trend)
+    for _ in range(100):
+        clock.t += 0.1
+        assert probe.sample() is None
+    assert len(probe._trend) - passes <= 10 and CountingExe.reads == len(probe._trend) - passes
+    # A whole table with nothing changed reuses the last one's lists.
+    a = probe.sample(full=True)
+    b = probe.sample(full=True)
+    assert a is not b and a["functions"] is b["functions"] and a["executables"] is b["executables"]
+    assert len(a["executables"]) == 64 and a["executables_left_out"] == 236 and a["functions"][0]["live"] == 1
+    # A new executable that took the newest one's id() (same object here,
+    # another traceback): the id() list is the same, the head check sees it.
+    old_id = next(r["id"] for r in probe.table()["executables"] if r["name"] == "jit_f0")
+    exes[0].traceback = FakeTraceback(FakeFrame("/src/b.py", 1))
+    probe.scan()
+    assert analysed == ["jit_f0"]
+    out = probe.sample()
+    assert out["full"] is False and out["gone"] == [old_id] and [r["name"] for r in out["executables"]] == ["jit_f0"]
+    c = probe.sample(full=True)
+    assert c["executables"] is not b["executables"] and c["functions"] is not b["functions"]
+    assert probe._ordered
+
+
+def test_changes_show_within_the_adaptive_interval():
+    exes = counting_exes(200)
+    client = FakeClient(*exes)
+    # A CPU share so small that any pass waits the longest: max_interval_s.
+    probe, clock = started_fake(client, budget_s=float("inf"), cpu_share=1e-12, max_interval_s=5.0,
+                                full_every_s=1e9, verify_every_s=1e9)
+    probe.sample()
+    passes = len(probe._trend)
+    for _ in range(600):  # a minute of ticks, nothing changing
+        clock.t += 0.1
+        assert probe.sample() is None
+    assert 10 <= len(probe._trend) - passes <= 13  # every max_interval_s, not every interval_s
+    assert probe._gap == 5.0
+
+    def has(name):
+        return lambda out: any(r["name"] == name for r in out.get("executables") or ())
+
+    # Compiled without a compile event (e.g. loaded from elsewhere): within the bound.
+    client.exes.insert(0, CountingExe("jit_quiet", FakeStats(temp=1), {}, FakeTraceback(FakeFrame("/src/c.py", 1))))
+    took = tick_until(probe, clock, has("jit_quiet"), limit_s=5.0)
+    assert took is not None and took <= 5.0 + 1e-9
+    # A compile event: the next pass comes after interval_s.
+    for _ in range(30):
+        clock.t += 0.1
+        probe.sample()
+    import jaxtop.probes.executables as module
+
+    client.exes.insert(0, CountingExe("jit_loud", FakeStats(temp=2), {}, FakeTraceback(FakeFrame("/src/c.py", 2))))
+    probe._on_duration(module.BACKEND_COMPILE_EVENT, 0.25, fun_name="jit(loud)")
+    took = tick_until(probe, clock, has("jit_loud"), limit_s=5.0)
+    assert took is not None and took <= probe.interval_s + 1e-9
+    loud = next(f for f in probe.table()["functions"] if f["name"] == "jit_loud")
+    assert loud["compiles"] == 1 and loud["compiles_source"] == "monitoring" and loud["live"] == 1
+    # Freed executables, no event: gone within the bound as well.
+    gone_name = client.exes.pop(5).name
+    gone_id = next(r["id"] for r in probe.table()["executables"] if r["name"] == gone_name)
+    took = tick_until(probe, clock, lambda out: gone_id in (out.get("gone") or ()), limit_s=5.0)
+    assert took is not None and took <= 5.0 + 1e-9
+    assert probe.live_count() == 201 and probe._ordered
+
+
+def test_executables_in_another_order_and_several_clients():
+    first, second = counting_exes(20, "jit_a"), counting_exes(20, "jit_b")
+    a, b = FakeClient(*first), FakeClient(*second)
+    probe = fake_probe(a, b, budget_s=float("inf"), verify_every_s=1e9)
+    probe.scan()
+    assert probe.live_count() == 40
+    # New ones first in each client's list: found by the walk, order kept.
+    a.exes.insert(0, CountingExe("jit_a_new", FakeStats(), {}, FakeTraceback()))
+    b.exes.insert(0, CountingExe("jit_b_new", FakeStats(), {}, FakeTraceback()))
+    probe.scan()
+    assert probe.live_count() == 42 and probe._ordered
+    assert {"jit_a_new", "jit_b_new"} <= {r["name"] for r in probe.table()["executables"]}
+    # A jaxlib that lists the newest last: still found, and from then on
+    # every pass checks every executable.
+    b.exes.append(CountingExe("jit_b_last", FakeStats(), {}, FakeTraceback()))
+    probe.scan()
+    assert not probe._ordered and probe.table()["pending"] == 0
+    assert "jit_b_last" in {r["name"] for r in probe.table()["executables"]}
+    CountingExe.reads = 0
+    probe.scan()
+    assert CountingExe.reads == 43
+
+
+def test_functions_follow_executables_incrementally():
+    big = CountingExe("jit_step", FakeStats(argument=100, temp=1000, generated_code=7), {}, FakeTraceback())
+    small = CountingExe("jit_step", FakeStats(argument=10, temp=10, generated_code=5), {}, FakeTraceback())
+    other = CountingExe("jit_eval", FakeStats(temp=3, generated_code=2, host_generated_code=4), {}, FakeTraceback())
+    client = FakeClient(small, big, other)
+    probe = fake_probe(client, budget_s=float("inf"))
+    probe.scan()
+    table = probe.table()
+    step = next(f for f in table["functions"] if f["name"] == "jit_step")
+    assert step["live"] == 2 and step["temp_bytes"] == 1000 and step["code_bytes"] == 12
+    assert table["code_bytes"] == 7 + 5 + 2 + 4
+    client.exes.remove(big)
+    probe.scan(verify=True)
+    table = probe.table()
+    step = next(f for f in table["functions"] if f["name"] == "jit_step")
+    assert step["live"] == 1 and step["temp_bytes"] == 10 and step["code_bytes"] == 5
+    assert table["code_bytes"] == 5 + 2 + 4
+    client.exes.remove(small)
+    probe.scan()
+    step = next(f for f in probe.table()["functions"] if f["name"] == "jit_step")
+    assert step["live"] == 0 and step["temp_bytes"] is None and step["code_bytes"] is None
+    assert probe.table()["code_bytes"] == 6
+
+
+def test_a_new_function_is_kept_when_the_ledger_is_full():
+    import jaxtop.probes.executables as module
+
+    probe, clock = started_fake(max_functions=3)
+    for name in ("a", "b", "c", "d"):
+        probe._on_duration(module.BACKEND_COMPILE_EVENT, 0.1, fun_name=f"jit({name})")
+        time.sleep(0.002)  # the oldest idle function goes first
+    assert sorted(probe.functions()) == ["jit_b", "jit_c", "jit_d"]
+    assert [f["compiles"] for f in probe.sample()["functions"] if f["name"] == "jit_d"] == [1]
+
+
 def test_sample_before_start_and_when_unavailable():
     probe = fake_probe()
     assert probe.sample() is None  # not started: nothing to say

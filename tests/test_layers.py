@@ -27,16 +27,17 @@ INSTALLED_AS = {"jaxtop": "jaxtop", "probes": "jaxtop/probes", "widgets": "jaxto
 # What each layer may import besides the standard library. Keys are source
 # paths relative to the repository root (a folder covers its modules).
 THIRD_PARTY_AGENT = {"jax", "jaxlib", "numpy", "psutil", "pynvml", "prometheus_client"}
-WIRE = {"jaxtop", "jaxtop.protocol", "jaxtop.paths", "jaxtop.client"}
+WIRE = {"jaxtop", "jaxtop.protocol", "jaxtop.paths", "jaxtop.client", "jaxtop.timeline"}
 ALLOWED = {
     "probes": THIRD_PARTY_AGENT | {"jaxtop", "jaxtop.protocol", "jaxtop.probes"},
     "jaxtop/agent": THIRD_PARTY_AGENT | WIRE | {"jaxtop.agent", "jaxtop.probes", "jaxtop.prometheus", "jaxtop.labels"},
     "jaxtop/labels.py": {"jax", "jaxlib"},
     "jaxtop/protocol.py": set(),
+    "jaxtop/timeline.py": {"jaxtop", "jaxtop.protocol"},
     "jaxtop/paths.py": set(),
     "jaxtop/client.py": {"jaxtop", "jaxtop.protocol", "jaxtop.paths"},
     "jaxtop/export": {"orjson", "msgspec", "jaxtop", "jaxtop.protocol", "jaxtop.export"},
-    "jaxtop/dashboard/model.py": {"numpy", "jaxtop", "jaxtop.protocol", "jaxtop.dashboard.history",
+    "jaxtop/dashboard/model.py": {"numpy", "jaxtop", "jaxtop.protocol", "jaxtop.timeline", "jaxtop.dashboard.history",
                                   "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"},
     "jaxtop/dashboard/holders.py": set(),
     "jaxtop/dashboard/ledger.py": set(),

@@ -299,3 +299,35 @@ def test_a_stream_naming_thousands_of_devices_gets_a_bounded_model():
     said = [e.text for e in snap.events if "devices in one process" in e.text]
     assert said == ["more than 64 devices in one process: device 64 and any later new one are not shown"]
     assert sum(h.nbytes() for h in [m.processes[1].devices[i].history for i in range(64)]) < 300 << 20
+
+
+def test_the_age_of_a_scan_and_of_a_map_reaches_the_view_and_the_panels():
+    """The agent scans many arrays less often (its CPU budget): the memory
+    and map panels say how old their figures are, not just show them."""
+    from rich.console import Console
+
+    from jaxtop.widgets.panels import MemoryMapPanel, MemoryPanel
+
+    model = Model(clock=lambda: 0.0)
+    model.feed(1, synthetic.hello(1, 1, 1000.0))
+    recs = list(synthetic.samples(1, 1, 1000.0, 80))
+    for i, rec in enumerate(recs):
+        live = rec["devices"][0]["live_arrays"]
+        live["scanned_t"] = recs[0]["t"]  # one scan, at the start
+        if i == 0:
+            live.update({"map": [[4096, 64]], "map_complete": True, "top": [], "map_t": recs[0]["t"]})
+        else:
+            live.pop("map", None)
+        model.feed(1, rec)
+    dev = model.snapshot(selected=0, window_s=60.0, now=recs[-1]["t"]).device
+    span = recs[-1]["t"] - recs[0]["t"]
+    assert dev.live_age_s == span and dev.map_age_s == span and dev.buffer_map == ((4096, 64),)
+    snap = model.snapshot(selected=0, window_s=60.0, now=recs[-1]["t"])
+
+    def text(panel):
+        console = Console(width=100, record=True)
+        console.print(panel.draw(snap, 100, 10))
+        return console.export_text()
+
+    assert span >= 5
+    assert f"as of {int(span)}s ago" in text(MemoryPanel()) and f"{int(span)}s ago" in text(MemoryMapPanel())

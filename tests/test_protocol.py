@@ -271,3 +271,20 @@ def test_iter_blocks_skips_what_iter_lines_skips(monkeypatch, block):
     assert got == expected
     assert skipped == by_lines.malformed == 2
     assert by_blocks.truncated and by_lines.truncated
+
+
+def test_stream_encoder_writes_what_encode_writes_and_reuses_equal_fields():
+    enc = protocol.StreamEncoder()
+    records = [
+        {"type": "sample", "t": 1.5, "seq": 1, "devices": [{"id": 0, "bytes": 5}], "x": {"nan": float("nan")}},
+        {"type": "sample", "t": 1.6, "seq": 2, "devices": [{"id": 0, "bytes": 5}], "x": {"nan": 1.0}},
+        {"type": "sample", "t": 1.7, "seq": 3, "devices": [{"id": 0, "bytes": 6}], "x": {"nan": 1.0}, "é": "ü"},
+        {"type": "sample", "t": -0.0, "seq": 10**30, "a": True, "b": None, "c": 1e300, "d": float("inf"), "e": False},
+    ]
+    for rec in records:
+        assert enc.encode(rec) == protocol.encode(rec)
+    # A value changed in place, handed over again as the same object, is encoded afresh.
+    same = {"type": "sample", "t": 2.0, "d": {"a": 1}}
+    assert enc.encode(same) == protocol.encode(same)
+    same["d"]["a"] = 2
+    assert enc.encode(same) == protocol.encode(same)

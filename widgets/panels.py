@@ -23,6 +23,10 @@ from jaxtop.dashboard.model import (
 from jaxtop.protocol import D2D, D2H, DIRECTIONS, H2D
 from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, Series, Strip, TimelineStack, fmt_bytes, fmt_duration, fmt_rate
 
+#: Seconds after which the memory and map panels say how old their live-array
+#: figures are (the agent scans many arrays less often, to stay cheap).
+STALE_DETAIL_S = 3.0
+
 STATE_STYLE = {LIVE: "bold green", STALE: "bold yellow", DISCONNECTED: "bold red", EXITED: "bold magenta", REPLAY: "bold cyan"}
 WINDOW_LABEL = {60.0: "1 min", 600.0: "10 min", 3600.0: "1 h", None: "whole run"}
 
@@ -196,6 +200,9 @@ class MemoryPanel(Panel):
             extra.append(f"headroom {fmt_bytes(dev.headroom_bytes)}")
         if dev.source == "live_arrays":
             extra.append("*from live arrays")
+        if dev.live_age_s is not None and dev.live_age_s >= STALE_DETAIL_S:
+            # Many arrays: the agent scans them less often to stay cheap.
+            extra.append(f"live arrays as of {fmt_duration(dev.live_age_s)} ago")
         body: list[RenderableType] = [panel_title(self.TITLE, dev.label), LayersBar(layers, limit)]
         if extra and height > 6:
             body.append(Text(" · ".join(extra), style="dim"))
@@ -266,7 +273,11 @@ class MemoryMapPanel(Panel):
             used = strip_rows + 3
         else:
             used = strip_rows + 2
-        parts: list[RenderableType] = [panel_title(self.TITLE, "buffers by address"), the_map]
+        subtitle = "buffers by address"
+        if dev.map_age_s is not None and dev.map_age_s >= STALE_DETAIL_S:
+            subtitle = fitting([f"buffers by address, {fmt_duration(dev.map_age_s)} ago", f"{fmt_duration(dev.map_age_s)} ago"],
+                               width - len(self.TITLE) - 3)
+        parts: list[RenderableType] = [panel_title(self.TITLE, subtitle), the_map]
         for buf in dev.top_buffers[: max(0, height - used)]:
             parts.append(Text(f" {fmt_bytes(buf.get('nbytes')):>10}  {buf.get('dtype')}{buf.get('shape')}", no_wrap=True, overflow="ellipsis"))
         return Group(*parts)

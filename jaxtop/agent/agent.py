@@ -34,6 +34,7 @@ import weakref
 from typing import Any, Callable
 
 from jaxtop import labels, paths, protocol
+from jaxtop.agent import cadence
 from jaxtop.agent.clients import Backfill, Clients, CommandError, CommandHandler
 from jaxtop.agent.import_hook import when_imported
 from jaxtop.probes.compile import CompileProbe
@@ -148,6 +149,10 @@ class Agent:
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
         self._log_file: Any = None
+        self._log_gz: protocol.GzipLines | None = None  # a log named *.gz
+        self._log_pending: list[bytes] = []  # samples not written yet (at most LOG_FLUSH_S of them)
+        self._log_flush_t = time.monotonic()
+        self._log_lines_bytes = 0  # bytes of lines logged (before compression)
 
         self.transfers = TransferCounter()
         self._parse_guard_line = CachedParser()
@@ -165,6 +170,22 @@ class Agent:
         self._jax_hooked = False
         self._capture_reason: str | None = None
         self._agent_cpu_s = 0.0
+        self._capture_cache: dict[str, Any] | None = None
+        self._encoder = protocol.StreamEncoder()  # samples: unchanged fields keep their encoding
+        # What the costly details may spend (see jaxtop.agent.cadence).
+        self._scan_allowance = cadence.Allowance(cadence.SCAN_SHARE, start=cadence.START_CPU_S)
+        self._detail_allowance = cadence.Allowance(cadence.DETAIL_SHARE, start=cadence.START_CPU_S)
+        self._map_bytes = cadence.Allowance(cadence.MAP_BYTES_PER_S, start=cadence.MAP_BYTES_PER_S * 10)
+        self._meter = cadence.SelfMeter()
+        self._scan_next = 0.0  # monotonic: the slow interval at most this often
+        self._scan_requested = False
+        self._scan_t: float | None = None
+        self._scan_interval_s: float | None = None  # between the last two scans
+        self._scan_cpu_s: float | None = None
+        self._detail_next = 0.0
+        self._detail_t: float | None = None
+        self._detail_interval_s: float | None = None
+        self._detail_cpu_s: float | None = None
         self.oom: Any = None  # jaxtop.probes.oom.OomMonitor, from start() on
         # Who holds memory (sample field `holders`, commands holders_mark and
         # holders_profile), which lines read arrays on the host (`host_syncs`)
@@ -231,6 +252,10 @@ class Agent:
             # own, so a failed write leaves no buffer behind for a later
             # flush (or the garbage collector) to fail on again.
             self._log_file = open(self.log_path, "wb", buffering=0)
+            if self.log_path.endswith(".gz"):
+                # Compressed as written (about 20 times smaller), readable up
+                # to the last second if the program is killed.
+                self._log_gz = protocol.GzipLines()
             undo.append(self._close_log)
         if self._capture_wanted:
             try:
@@ -299,6 +324,11 @@ class Agent:
     def tick_cpu_s(self) -> float:
         """CPU seconds spent in sampling ticks so far (``agent.cpu_s_total``)."""
         return self._agent_cpu_s
+
+    def request_scan(self) -> None:
+        """Make the next tick scan the live arrays whatever the cadence says
+        (a budget window that ends wants totals read after its end)."""
+        self._scan_requested = True
 
     def transfer_detail(self, sync_timeout_s: float = 0.0) -> dict[str, Any]:
         """Implicit transfers so far, per direction and per shape (resets nothing).
@@ -424,6 +454,7 @@ class Agent:
                 probe.start()
             except Exception as exc:
                 probe.reason = f"could not start: {type(exc).__name__}: {exc}"
+        self._capture_cache = None
         if self.oom is not None:
             self.oom.on_jax_imported()
         # jax registered its own atexit clean-up (which tears the backends
@@ -443,6 +474,7 @@ class Agent:
         """The capture lost its relay (killed, or the terminal went away):
         say so on the stream. Once it has given up for good, the guard goes
         back to the user's setting, so the lines only jaxtop caused stop."""
+        self._capture_cache = None
         self.post_event("error", source="stderr_capture", text=text)
         if self.capture is not None and not self.capture.active and self.guard is not None:
             self.guard.restore()
@@ -545,31 +577,57 @@ class Agent:
             self.post_event("error", text=message)
 
     def _emit(self, record: dict[str, Any], keep: bool = True) -> None:
-        line = protocol.encode(record)
+        line = self._encoder.encode(record) if record["type"] == protocol.SAMPLE else protocol.encode(record)
         if self._prom_state is not None:
             self._prom_state.update(record)
         if keep:
             now = record["t"]
-            self._backfill.append(now, line)
+            self._backfill.add(record, line)  # the fine and coarse levels, the present
             self._backfill.trim(now - self.backfill_s)
+        elif record.get("type") == protocol.HELLO:
+            self._backfill.note_hello(record)
         self._clients.broadcast(line)
-        self._write_log(line)
+        self._write_log(line, urgent=record["type"] != protocol.SAMPLE or bool(record.get("final")))
 
-    def _write_log(self, line: bytes) -> None:
-        log = self._log_file
-        if log is None:
+    def _write_log(self, line: bytes, urgent: bool = False, final: bool = False) -> None:
+        """Log one line. Samples are written together once a second (a write
+        is a system call that lets the GIL go, and takes it back from the
+        user's thread); any other record (an OOM census, the exit) goes out
+        at once, with the samples before it."""
+        if self._log_file is None:
             return
+        if line:
+            self._log_pending.append(line)
+        mono = time.monotonic()
+        if urgent or final or mono - self._log_flush_t >= LOG_FLUSH_S:
+            self._log_flush_t = mono
+            data = b"".join(self._log_pending)
+            self._log_pending.clear()
+            self._write_log_data(data, final)
+
+    def _write_log_data(self, data: bytes, final: bool) -> None:
+        log = self._log_file
+        lines = data
+        if self._log_gz is not None:
+            data = self._log_gz.compress(data) + (self._log_gz.finish() if final else self._log_gz.sync())
+            if final:
+                self._log_gz = None
+        written = 0
         try:
-            view = memoryview(line)
+            view = memoryview(data)
             while view:
                 n = log.write(view)
                 if not n:
                     raise OSError(errno.EIO, "the log file took no bytes")
                 view = view[n:]
+                written += n
         except (OSError, ValueError) as exc:
+            if self._log_gz is None:  # keep the whole lines of a batch cut short
+                self._log_bytes += data.rfind(b"\n", 0, written) + 1
             self._log_failed(exc)
         else:
-            self._log_bytes += len(line)
+            self._log_bytes += len(data)
+            self._log_lines_bytes += len(lines)
 
     def _log_failed(self, exc: BaseException) -> None:
         """Stop recording after a failed write; say so once, never raise."""
@@ -601,10 +659,16 @@ class Agent:
             pass
 
     # -- samples ---------------------------------------------------------------
-    def _greeting(self) -> tuple[bytes, int]:
-        """What a new client receives first: hello, then the backfill from
-        the returned index on (a range of the shared history, not a copy)."""
-        return protocol.encode(self._hello()), self._backfill.since(time.time() - self.backfill_s)
+    def _greeting(self) -> tuple[Any, ...]:
+        """What a new client receives first (a :class:`clients.Greeting`):
+        hello, the present (the newest
+        sample with the last map and sparse fields), the coarse history, then
+        the fine one from ``backfill_s`` ago (ranges of the shared history,
+        not copies), then ``history_end`` (docs/protocol.md, "History")."""
+        hello = self._hello()
+        hello["history"] = self._backfill.describe(self.backfill_s)
+        self._backfill.note_hello(hello)
+        return self._backfill.greeting(protocol.encode(hello), time.time() - self.backfill_s)
 
     def _hello(self) -> dict[str, Any]:
         argv = list(sys.argv) if getattr(sys, "argv", None) else []
@@ -627,6 +691,13 @@ class Agent:
                            if self._prom_server is not None else None),
             "host": platform.node(),
         }
+
+    def _capture_status_cached(self, fresh: bool) -> dict[str, Any]:
+        """:meth:`_capture_status`, worked out again once a second (or when
+        the capture or the guard changed): ticks in between reuse it."""
+        if fresh or self._capture_cache is None:
+            self._capture_cache = self._capture_status()
+        return self._capture_cache
 
     def _capture_status(self) -> dict[str, Any]:
         if self.capture is None:
@@ -671,22 +742,21 @@ class Agent:
         if self.oom is not None:
             for census in self.oom.take_records():
                 self._emit(census)
-        if slow:
-            if self.guard is not None:
-                try:
-                    self.guard.refresh()
-                except Exception:
-                    pass
-            if self.memory is not None:
-                self.memory.scan_live_arrays(now)
+        if slow and self.guard is not None:
+            try:
+                self.guard.refresh()
+            except Exception:
+                pass
+        if self.memory is not None:
+            self._details(now, final)
         self._seq += 1
         record: dict[str, Any] = {
             "type": protocol.SAMPLE,
             "t": now,
             "seq": self._seq,
-            "devices": self.memory.sample(include_map=slow or final) if self.memory else [],
+            "devices": self.memory.sample(include_map=True) if self.memory else [],
             "transfers": self.transfers.take(),
-            "transfer_capture": self._capture_status(),
+            "transfer_capture": self._capture_status_cached(slow or final),
             "process": self.process.sample(slow=slow or final),
             "compile": self.compile.sample(),
             "donation": self.donation.sample(),
@@ -710,19 +780,56 @@ class Agent:
             record["final"] = True
         thread_cpu = time.thread_time()
         self._agent_cpu_s += thread_cpu - started_cpu
-        record["agent"] = {
+        record["agent"] = self._agent_record(thread_cpu)
+        self._emit(record)
+
+    def _details(self, now: float, final: bool) -> None:
+        """The live-array scan and the detail derived from it, each when its
+        allowance has paid for the last one (both at once for the final
+        sample); never more often than ``slow_interval_s``."""
+        memory = self.memory
+        mono = time.monotonic()
+        if final or self._scan_requested or (mono >= self._scan_next and self._scan_allowance.ready(mono)):
+            self._scan_requested = False
+            started = time.thread_time()
+            memory.scan_live_arrays(now, detail=False)
+            cost = self._scan_cpu_s = time.thread_time() - started
+            self._scan_allowance.spend(cost, mono)
+            if self._scan_t is not None:
+                self._scan_interval_s = mono - self._scan_t
+            self._scan_t, self._scan_next = mono, mono + self.slow_interval_s
+        if final or (mono >= self._detail_next and memory.detail_stale()
+                     and self._detail_allowance.ready(mono) and self._map_bytes.ready(mono)):
+            started = time.thread_time()
+            entries = memory.refresh_detail(now)
+            cost = self._detail_cpu_s = time.thread_time() - started
+            self._detail_allowance.spend(cost, mono)
+            self._map_bytes.spend(entries * MAP_ENTRY_BYTES, mono)
+            if self._detail_t is not None:
+                self._detail_interval_s = mono - self._detail_t
+            self._detail_t, self._detail_next = mono, mono + self.slow_interval_s
+
+    def _agent_record(self, thread_cpu: float) -> dict[str, Any]:
+        """The sample's ``agent`` field: what the thread spent, its budget,
+        and how often the costly details ran."""
+        self._meter.update(time.monotonic(), thread_cpu,
+                           (self._scan_allowance, self._detail_allowance, self._map_bytes))
+        return {
             "cpu_s_total": round(self._agent_cpu_s, 6),
             # Everything the thread did so far: ticks, encoding and writing
             # samples, clients. A tick runs on the agent thread only.
             "thread_cpu_s_total": round(thread_cpu, 6),
+            "budget_share": cadence.CPU_BUDGET,
+            "cpu_share": _rounded(self._meter.share),
+            "scan_interval_s": _rounded(self._scan_interval_s, 3),
+            "scan_cpu_s": _rounded(self._scan_cpu_s),
+            "detail_interval_s": _rounded(self._detail_interval_s, 3),
+            "detail_cpu_s": _rounded(self._detail_cpu_s),
         }
-        self._emit(record)
 
     def _final_sample(self) -> None:
         if self.capture is not None:
             self.capture.sync(timeout_s=1.0)
-        if self.memory is not None:
-            self.memory.scan_live_arrays(time.time())
         self._tick(slow=False, final=True)
         self._emit({"type": protocol.EXIT, "t": time.time(), "pid": self.pid}, keep=False)
         self._final_done.set()
@@ -741,7 +848,10 @@ class Agent:
         self.socket_path = None
 
     def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._write_log(b"", final=True)  # samples still held, and a gzip trailer
         log, self._log_file = self._log_file, None
+        self._log_gz = None
         if log is not None:
             try:
                 log.close()
@@ -851,6 +961,18 @@ class Agent:
             atexit.unregister(self._atexit)
         except Exception:
             pass
+
+
+#: Seconds of samples the log holds before writing them (other records go at once).
+LOG_FLUSH_S = 1.0
+
+#: Bytes a buffer of a map (or a top buffer) weighs in a sample, about:
+#: ``[140225514849600,16384],`` (the wire's map allowance counts these).
+MAP_ENTRY_BYTES = 24
+
+
+def _rounded(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _unlink_quietly(path: str) -> None:

@@ -301,6 +301,7 @@ class JaxtopApp(App[None]):
         last_version = -1
         last_post = 0.0
         was_loading = False
+        last_milestone = self.model.milestone
         while not self._pump_stop.is_set():
             self._pump_poke.wait(AGE_REFRESH_S)
             self._pump_poke.clear()
@@ -313,7 +314,9 @@ class JaxtopApp(App[None]):
             loading = self.model.loading()
             # The frame that completes a backlog goes out at once: waiting
             # for the redraw period would show the backfill up to refresh_s late.
-            caught_up = was_loading and loading is None
+            # So does one after a milestone (an agent's coarse history is in,
+            # behind its present: the first complete frame).
+            caught_up = (was_loading and loading is None) or self.model.milestone != last_milestone
             was_loading = loading is not None
             wait = self.refresh_s - (now - last_post)
             if wait > 0 and not caught_up:
@@ -329,6 +332,8 @@ class JaxtopApp(App[None]):
                         break
                     self._pump_poke.wait(min(left, 0.05))
                     self._pump_poke.clear()
+                    if self.model.milestone != last_milestone:
+                        break
                     if self.model.loading() is not None:
                         seen_loading = True
                     elif seen_loading:
@@ -345,6 +350,7 @@ class JaxtopApp(App[None]):
                 was_loading = loading is not None
             self._loading = loading
             last_version = self.model.version
+            last_milestone = self.model.milestone
             last_post = time.monotonic()
             try:
                 snap = self.build_snapshot()

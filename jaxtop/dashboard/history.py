@@ -92,6 +92,9 @@ class History:
         # The bucket being filled at each coarse level: (bucket id, lo, hi).
         self._open: list[tuple[int, np.ndarray, np.ndarray] | None] = [None] * len(levels)
         self.last_t: float | None = None
+        #: The oldest time any row has (history merged in included): a level
+        #: that does not reach back to it is missing part of the run.
+        self.first_t: float | None = None
         #: Given by a replay index being built: every row put into a ring,
         #: level by level, so that the rings at any point of the recording
         #: can be rebuilt from the log (see :meth:`restore`).
@@ -127,6 +130,8 @@ class History:
             ring.extend(t, lo, hi)
         history._open = list(open_buckets)
         history.last_t = last_t
+        # first_t stays None: nothing was merged into a logged history, so a
+        # level that is not full holds the whole run (History.window).
         return history
 
     def append(self, t: float, values: dict[str, float | None]) -> None:
@@ -135,6 +140,8 @@ class History:
 
     def _append_row(self, t: float, row: np.ndarray) -> None:
         self.last_t = t
+        if self.first_t is None:
+            self.first_t = t
         for li, (step, ring) in enumerate(self._levels):
             if step == 0:
                 self._put(li, t, row, row)
@@ -168,6 +175,8 @@ class History:
             self._append_row(float(t[0]), rows[0].copy())
             return
         self.last_t = float(t[-1])
+        if self.first_t is None:
+            self.first_t = float(t[0])
         for li, (step, ring) in enumerate(self._levels):
             if step == 0:
                 self._put_many(li, t, rows, rows)
@@ -203,10 +212,20 @@ class History:
         chosen = len(self._levels) - 1
         for li, (step, ring) in enumerate(self._levels):
             first = ring.first_t()
-            full = ring.size == ring.capacity
-            if first is not None and (first <= start or not full):
+            if first is None:
+                continue
+            if first <= start:
                 chosen = li
                 break
+            if ring.size < ring.capacity:
+                # Not full: the level holds all it was given. That is the
+                # whole run unless older history was merged into coarser
+                # levels only (an agent's coarse history): then it must reach
+                # back to the window's start, give or take 1 %.
+                whole = self.first_t is None or first <= self.first_t + step
+                if whole or (seconds is not None and first <= start + 0.01 * seconds):
+                    chosen = li
+                    break
         step, ring = self._levels[chosen]
         t, lo, hi = ring.ordered()
         cur = self._open[chosen]
@@ -219,6 +238,108 @@ class History:
 
     def nbytes(self) -> int:
         return sum(r.t.nbytes + r.lo.nbytes + r.hi.nbytes for _, r in self._levels)
+
+    # -- history that arrives after the present ----------------------------------
+    def merge(self, other: History, below_s: float | None = None) -> None:
+        """Put the rows of ``other`` (the same series and levels, built from
+        older samples: history received after the present) into this one;
+        with ``below_s``, only into the levels of finer buckets than that
+        (the coarser ones have the same samples from a coarse history).
+
+        Level by level, rows join in time order; a bucket both have becomes
+        one, with the min of the lows and the max of the highs (so merging
+        the same samples twice changes nothing), and raw rows this history
+        has already are not added again. Each level keeps its newest
+        ``capacity`` rows. A history whose rows are logged (a replay index
+        being built) takes nothing: its log must stay in order.
+        """
+        if self.log is not None or other.first_t is None:
+            return
+        for li, (step, ring) in enumerate(other._levels):
+            if below_s is not None and step >= below_s:
+                continue
+            t, lo, hi = ring.ordered()
+            cur = other._open[li]
+            if cur is not None:
+                t = np.append(t, cur[0] * step)
+                lo = np.vstack([lo, cur[1]])
+                hi = np.vstack([hi, cur[2]])
+            self._merge_rows(li, t, lo, hi)
+        self._merged_first(other.first_t)
+
+    def merge_buckets(self, step_s: float, t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Put buckets of ``step_s`` (an agent's coarse history: their start
+        times, lows and highs, any order) into every level whose bucket is a
+        multiple of it; finer levels cannot take them."""
+        if self.log is not None or len(t) == 0 or not step_s > 0:
+            return
+        t = np.asarray(t, dtype=np.float64)
+        lo = np.asarray(lo, dtype=np.float32)
+        hi = np.asarray(hi, dtype=np.float32)
+        for li, (step, _ring) in enumerate(self._levels):
+            ratio = step / step_s
+            if step < step_s or abs(ratio - round(ratio)) > 1e-9:
+                continue
+            self._merge_rows(li, np.floor(t / step) * step, lo, hi)
+        self._merged_first(float(t.min()))
+
+    def _merged_first(self, t: float) -> None:
+        self.first_t = t if self.first_t is None else min(self.first_t, t)
+        if self.last_t is None:
+            self.last_t = t
+
+    def _merge_rows(self, li: int, t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        step, ring = self._levels[li]
+        if len(t) == 0:
+            return
+        cur = self._open[li]
+        if step > 0 and cur is not None:
+            open_t = cur[0] * step
+            into = t >= open_t  # the bucket being filled (never newer: history is older)
+            if into.any():
+                with np.errstate(invalid="ignore"):
+                    np.fmin(cur[1], np.fmin.reduce(lo[into], axis=0), out=cur[1])
+                    np.fmax(cur[2], np.fmax.reduce(hi[into], axis=0), out=cur[2])
+                keep = ~into
+                t, lo, hi = t[keep], lo[keep], hi[keep]
+                if len(t) == 0:
+                    return
+        et, elo, ehi = ring.ordered()
+        if len(t) > 1 and not np.all(t[1:] > t[:-1]):
+            order = np.argsort(t, kind="stable")
+            t, lo, hi = t[order], lo[order], hi[order]
+            if not np.all(t[1:] > t[:-1]):
+                et = None  # equal times among them: the general way
+        if et is not None and (len(et) == 0 or t[-1] < et[0]):
+            # All older than what is here (history arrives newest part
+            # first, or behind the present): no sort.
+            n = min(len(t) + len(et), ring.capacity)
+            all_t = np.concatenate([t, et])[-n:]
+            all_lo = np.concatenate([lo, elo.astype(np.float32, copy=False)])[-n:]
+            all_hi = np.concatenate([hi, ehi.astype(np.float32, copy=False)])[-n:]
+            ring.start, ring.size = 0, 0
+            ring.extend(all_t, all_lo, all_hi)
+            return
+        if et is None:
+            et, elo, ehi = ring.ordered()
+        # Existing rows first: a stable sort keeps them first among equal times.
+        all_t = np.concatenate([et, t])
+        all_lo = np.concatenate([elo.astype(np.float32, copy=False), lo])
+        all_hi = np.concatenate([ehi.astype(np.float32, copy=False), hi])
+        order = np.argsort(all_t, kind="stable")
+        all_t, all_lo, all_hi = all_t[order], all_lo[order], all_hi[order]
+        starts = np.concatenate(([0], np.flatnonzero(all_t[1:] != all_t[:-1]) + 1))
+        if len(starts) < len(all_t):
+            if step > 0:
+                with np.errstate(invalid="ignore"):
+                    all_lo = np.fmin.reduceat(all_lo, starts, axis=0)
+                    all_hi = np.fmax.reduceat(all_hi, starts, axis=0)
+            else:  # a raw sample twice is the same sample: the first copy stays
+                all_lo, all_hi = all_lo[starts], all_hi[starts]
+            all_t = all_t[starts]
+        n = min(len(all_t), ring.capacity)
+        ring.start, ring.size = 0, 0
+        ring.extend(all_t[-n:], all_lo[-n:], all_hi[-n:])
 
 
 class HistoryLog:

@@ -8,6 +8,7 @@ immutable :class:`Snapshot` for the widgets. No Textual, no sockets.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,10 +21,10 @@ from jaxtop.dashboard.history import History, Window, _num
 from jaxtop.dashboard.holders import HoldersFold, HoldersView
 from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.protocol import DIRECTIONS
+from jaxtop.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, nvml_map
 
-DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes", "live_bytes",
-                 "largest_free_block_bytes", "live_holes")
-PROCESS_SERIES = ("h2d_per_s", "d2h_per_s", "d2d_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "d2d_bytes_per_s", "rss_bytes", "cpu_percent", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
+# DEVICE_SERIES and PROCESS_SERIES (jaxtop.timeline) are the timelines'
+# columns: the agent's coarse history sends buckets of the same series.
 STALE_INTERVALS = 3
 MAX_EVENTS = 500
 #: Devices shown per process. Each keeps about 3 MB of history, so a stream
@@ -39,6 +40,15 @@ LOADING_LAG_S = 2.0
 MIN_SPAN_S = 1.0
 #: Why a live buffer has no place in a scan's memory map (``live_arrays.unmapped``).
 UNMAPPED_KINDS = ("not_ready", "last_address", "sharded")
+#: While an agent's fine history loads after the present, what it brought
+#: so far goes into the timelines at most this often (a merge of every
+#: level), and at its end.
+PAST_MERGE_S = 1.0
+#: The same for its coarse history: the first part at once (the first frame
+#: needs it), the rest at most this often, and when it ends.
+COARSE_MERGE_S = 0.25
+#: Sample fields the Holders screen folds (:class:`HoldersFold`).
+HOLDERS_FIELDS = ("holders", "labels", "host_syncs")
 
 #: Connection states shown in the header.
 CONNECTING, LIVE, STALE, DISCONNECTED, EXITED, REPLAY = "connecting", "live", "stale", "disconnected", "exited", "replay"
@@ -86,6 +96,12 @@ class DeviceView:
     #: Holes among live buffers' addresses (0-1), the latest scan's; None
     #: when some buffer has no address or no scan measured it.
     live_holes: float | None = None
+    #: Seconds between the live-array scan behind ``live_bytes`` and this
+    #: view's moment, and the same for the map: the agent scans less often
+    #: when scanning costs more (many arrays), and says when it did. None
+    #: where the stream does not say (older agents).
+    live_age_s: float | None = None
+    map_age_s: float | None = None
 
     @property
     def label(self) -> str:
@@ -174,7 +190,9 @@ class _DeviceState:
     top_buffers: tuple[dict[str, Any], ...] = ()
     map_live_count: int | None = None
     map_live_bytes: int | None = None
+    map_t: float | None = None  # when the agent derived the map (None: not said)
     unmapped: dict[str, int] = field(default_factory=dict)
+    past: History | None = None  # history rows received after the present, not yet merged
 
 
 class ProcessModel:
@@ -200,6 +218,26 @@ class ProcessModel:
         self.started_t: float | None = None  # the process's start (process probe), not the agent's
         self.samples = 0  # samples applied so far (a loading indicator counts them)
         self.devices_refused = False  # a device beyond MAX_DEVICES was left out (said once)
+        # History sent after the present (hello.history.present_first): the
+        # coarse buckets go into the timelines as they come; the fine
+        # samples are gathered in `past` histories and merged now and then.
+        self.history_loading = False  # between a hello that announces it and history_end
+        self.coarse_done = True  # the coarse part of this connection's history is in
+        self.present_t: float | None = None  # this connection's present: history is older
+        self.history_floor: float | None = None  # the newest sample before it (events up to it were seen)
+        self.past: History | None = None
+        self.past_cursor: Cursor | None = None
+        self.past_samples = 0
+        self.past_last_t: float | None = None
+        self.past_merged_at = 0.0  # model clock
+        self.past_holders: list[dict[str, Any]] = []  # history samples' Holders fields, oldest first
+        # Coarse rows not merged yet: (history, bucket) -> (history, times, lows, highs).
+        self.coarse_pending: dict[tuple[int, float], tuple[History, list[Any], list[np.ndarray], list[np.ndarray]]] = {}
+        self.coarse_merges = 0  # merges of this connection's coarse history so far
+        self.coarse_step: float | None = None  # its bucket: coarser levels need no fine rows…
+        self.coarse_first_t: float | None = None  # …from where it starts
+        self.coarse_merged_at = 0.0  # model clock
+        self.present_holders: list[dict[str, Any]] = []  # the same of the present and later samples
 
 
 class Model:
@@ -220,6 +258,11 @@ class Model:
         self.events: collections.deque[Event] = collections.deque(maxlen=MAX_EVENTS)
         self.notices: list[str] = []
         self.version = 0  # bumps on every change
+        #: Bumps when a frame should go out at once, not at the next redraw:
+        #: the first of a present's coarse history is in (its newest part,
+        #: which fills the timelines' recent past), all of it, or the whole
+        #: history.
+        self.milestone = 0
         self.ledgers = LedgerStore()  # each process's jit ledger (the Jit screen reads it)
         # Called by feed_many before each batch, outside the lock. The
         # dashboard sets it so that a thread loading a backlog steps aside
@@ -313,6 +356,8 @@ class Model:
             proc.state = state
             if state in (DISCONNECTED, EXITED):
                 self._event(pid, "disconnect" if state == DISCONNECTED else "exit", why or state)
+                if proc.history_loading:  # the connection ended within its history: keep what came
+                    self._history_end(proc)
             self.version += 1
 
     def feed(self, pid: int, record: dict[str, Any]) -> None:
@@ -353,6 +398,14 @@ class Model:
                     self._event(pid, "error", f"malformed {kind!r} record skipped: {type(exc).__name__}: {exc}", None)
             batch.flush()
             proc.samples += batch.samples
+            now = proc.last_recv or 0.0
+            if proc.coarse_pending and (proc.coarse_done or proc.coarse_merges == 0
+                                        or now - proc.coarse_merged_at >= COARSE_MERGE_S):
+                if proc.coarse_merges == 0:
+                    self.milestone += 1  # its newest part: the timelines' recent past is filled now
+                self._merge_coarse(proc)
+            if batch.past and now - proc.past_merged_at >= PAST_MERGE_S:
+                self._merge_past(proc)
             self.version += 1
         return n
 
@@ -366,6 +419,13 @@ class Model:
             self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(record.get('devices') or [])} device(s)", record.get("t"))
         elif kind == protocol.SAMPLE:
             self._sample(proc, record, batch)
+        elif kind == protocol.BACKFILL:
+            self._past_sample(proc, record, batch)
+        elif kind == protocol.HISTORY:
+            self._coarse(proc, record, batch)
+        elif kind == protocol.HISTORY_END:
+            batch.flush()
+            self._history_end(proc)
         elif kind == protocol.DROPPED:
             self._event(pid, "dropped", f"{record.get('count')} samples dropped ({record.get('reason', 'client too slow')})", record.get("t"))
         elif kind == protocol.ERROR:
@@ -379,6 +439,20 @@ class Model:
             self._reply(proc, record)
 
     def _hello(self, proc: ProcessModel, rec: dict[str, Any]) -> None:
+        if proc.history_loading:
+            self._history_end(proc)  # a new connection: what came of the last one stays
+        history = rec.get("history")
+        proc.history_loading = isinstance(history, dict) and bool(history.get("present_first"))
+        proc.coarse_done = not proc.history_loading
+        proc.present_t = None
+        proc.history_floor = proc.last_t
+        proc.past_cursor = None
+        proc.past_samples = 0
+        proc.past_last_t = None
+        proc.past_merged_at = proc.last_recv or 0.0
+        proc.coarse_merges = 0
+        proc.coarse_step = None
+        proc.coarse_first_t = None
         proc.hello = rec
         proc.backend = rec.get("backend")
         proc.versions = dict(rec.get("versions") or {})
@@ -418,6 +492,10 @@ class Model:
         if dt is not None and dt <= 0:
             dt = None
         interval = (proc.hello.get("interval_s") or 0.1)
+        if rec.get("present") is True and proc.history_loading and proc.present_t is None:
+            proc.present_t = t  # the history that follows is older than this
+        if proc.history_loading and any(k in rec for k in HOLDERS_FIELDS):
+            proc.present_holders.append(_holders_part(rec))
         proc.last_t = t
         proc.latest = rec
         proc.holders.feed(rec)
@@ -435,13 +513,9 @@ class Model:
                 continue
             state = proc.devices.get(dev["id"])
             if state is None:
-                if len(proc.devices) >= MAX_DEVICES:
-                    if not proc.devices_refused:
-                        proc.devices_refused = True
-                        self._event(proc.pid, "error", f"more than {MAX_DEVICES} devices in one process: device "
-                                    f"{repr(dev['id'])[:40]} and any later new one are not shown", t)
+                state = self._new_device(proc, dev["id"], dev.get("platform", "?"), t)
+                if state is None:
                     continue
-                state = proc.devices[dev["id"]] = _DeviceState(dev["id"], str(dev.get("platform", "?")), history=self._new_history(DEVICE_SERIES))
             state.latest = dev
             num_allocs = dev.get("num_allocs")
             if isinstance(num_allocs, (int, float)):
@@ -507,6 +581,180 @@ class Model:
         for kind, text, et in self.ledgers.feed_sample(proc.pid, rec):
             self._event(proc.pid, kind, text, et)
 
+    def _new_device(self, proc: ProcessModel, did: Any, platform: Any, t: Any) -> _DeviceState | None:
+        """A device first seen now, or None past :data:`MAX_DEVICES` (said once)."""
+        if len(proc.devices) >= MAX_DEVICES:
+            if not proc.devices_refused:
+                proc.devices_refused = True
+                self._event(proc.pid, "error", f"more than {MAX_DEVICES} devices in one process: device "
+                            f"{repr(did)[:40]} and any later new one are not shown", t)
+            return None
+        state = proc.devices[did] = _DeviceState(did, str(platform), history=self._new_history(DEVICE_SERIES))
+        return state
+
+    # -- history received after the present -------------------------------------
+    def _device_for_history(self, proc: ProcessModel, did: Any, t: Any) -> _DeviceState | None:
+        state = proc.devices.get(did)
+        if state is None:
+            if not isinstance(did, (int, str)) or isinstance(did, bool):
+                return None
+            platform = next((d.get("platform") for d in proc.hello.get("devices") or ()
+                             if isinstance(d, dict) and d.get("id") == did), None) or "?"
+            state = self._new_device(proc, did, platform, t)
+        return state
+
+    def _coarse(self, proc: ProcessModel, rec: dict[str, Any], batch: _Batch) -> None:
+        """An agent's coarse history: min/max per bucket of the timeline
+        series, older than the present; into every level it can fill."""
+        if proc.history.log is not None:
+            return  # a replay index logs rows in order only
+        step = rec.get("level_s")
+        rows = rec.get("rows")
+        if not isinstance(step, (int, float)) or not step > 0 or not isinstance(rows, list):
+            return
+        pcols = _columns(rec.get("process_columns"), PROCESS_SERIES)
+        dcols = _columns(rec.get("device_columns"), DEVICE_SERIES)
+        ts: list[Any] = []
+        plo: list[Any] = []
+        phi: list[Any] = []
+        per_device: dict[Any, tuple[list[Any], list[Any], list[Any]]] = {}
+        for row in rows:
+            if not isinstance(row, list) or len(row) < 5 or not isinstance(row[0], (int, float)) \
+                    or isinstance(row[0], bool) or not math.isfinite(row[0]):
+                continue
+            t = row[0]
+            ts.append(t)
+            plo.append(row[2])
+            phi.append(row[3])
+            for dev in row[4] if isinstance(row[4], list) else ():
+                if isinstance(dev, list) and len(dev) >= 3:
+                    entry = per_device.get(dev[0])
+                    if entry is None:
+                        entry = per_device[dev[0]] = ([], [], [])
+                    entry[0].append(t)
+                    entry[1].append(dev[1])
+                    entry[2].append(dev[2])
+        if not ts:
+            return
+        proc.coarse_step = float(step) if proc.coarse_step is None else min(proc.coarse_step, float(step))
+        first = float(min(ts))
+        proc.coarse_first_t = first if proc.coarse_first_t is None else min(proc.coarse_first_t, first)
+        pending: list[tuple[History, list[Any], np.ndarray, np.ndarray]] = [
+            (proc.history, ts, _matrix(plo, pcols, len(PROCESS_SERIES)), _matrix(phi, pcols, len(PROCESS_SERIES)))]
+        for did, (dts, lo, hi) in per_device.items():
+            state = self._device_for_history(proc, did, ts[-1])
+            if state is not None:
+                pending.append((state.history, dts, _matrix(lo, dcols, len(DEVICE_SERIES)),
+                                _matrix(hi, dcols, len(DEVICE_SERIES))))
+        for history, times, lo, hi in pending:
+            entry = proc.coarse_pending.get((id(history), float(step)))
+            if entry is None:
+                entry = proc.coarse_pending[(id(history), float(step))] = (history, [], [], [])
+            entry[1].extend(times)
+            entry[2].append(lo)
+            entry[3].append(hi)
+
+    def _merge_coarse(self, proc: ProcessModel) -> None:
+        """The coarse rows received so far into the timelines (one merge
+        per history, however many records brought them)."""
+        for (_, step), (history, ts, los, his) in proc.coarse_pending.items():
+            history.merge_buckets(step, np.asarray(ts, dtype=np.float64), np.concatenate(los), np.concatenate(his))
+        proc.coarse_pending = {}
+        proc.coarse_merges += 1
+        proc.coarse_merged_at = proc.last_recv or 0.0
+
+    def _past_sample(self, proc: ProcessModel, rec: dict[str, Any], batch: _Batch) -> None:
+        """A sample of the agent's fine history, sent after the present: its
+        timeline rows and its events, nothing else (the panels show the
+        present; its totals are the present's)."""
+        if not proc.coarse_done:
+            proc.coarse_done = True
+            self.milestone += 1
+        t = rec.get("t")
+        if proc.history.log is not None or not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+            return
+        if proc.present_t is not None and t >= proc.present_t:
+            return  # the present itself (it is in already), or newer
+        cursor = proc.past_cursor
+        if cursor is None:
+            cursor = proc.past_cursor = Cursor(proc.hello.get("interval_s") or 0.1, nvml_map(proc.hello))
+        rows = cursor.rows(rec)
+        if rows is None:
+            return
+        _, process, devices, _ = rows
+        if proc.past is None:
+            proc.past = History(PROCESS_SERIES, proc.history.levels)
+        batch.add(proc.past, t, process)
+        for did, row in devices:
+            state = self._device_for_history(proc, did, t)
+            if state is None:
+                continue
+            if state.past is None:
+                state.past = History(DEVICE_SERIES, state.history.levels)
+            batch.add(state.past, t, row)
+        batch.past = True
+        proc.past_samples += 1
+        proc.past_last_t = t
+        if proc.history_floor is None or t > proc.history_floor:  # not seen on an earlier connection
+            comp = rec.get("compile") or {}
+            if comp.get("count"):
+                self._past_event(proc.pid, "compile", f"{comp['count']} backend compile(s); {comp.get('count_total')} total, "
+                                 f"{comp.get('seconds_total', 0):.2f} s", t)
+            don = rec.get("donation") or {}
+            if don.get("failed"):
+                self._past_event(proc.pid, "donation", f"{don['failed']} failed donation(s): {don.get('last_message') or ''}", t)
+            for ev in rec.get("events") or []:
+                if isinstance(ev, dict):
+                    text = ev.get("text") or ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("kind", "t"))
+                    self._past_event(proc.pid, str(ev.get("kind", "event")), text, ev.get("t", t))
+        if any(k in rec for k in HOLDERS_FIELDS) and len(proc.past_holders) < 10_000:
+            proc.past_holders.append(_holders_part(rec))
+
+    def _past_event(self, pid: int, kind: str, text: str, t: Any) -> None:
+        """An event of the history: older than those shown, so it never
+        pushes one of them out of the bounded list."""
+        if len(self.events) < MAX_EVENTS:
+            self._event(pid, kind, text, t)
+
+    def _merge_past(self, proc: ProcessModel) -> None:
+        """The fine history gathered so far into the timelines: the levels
+        finer than the coarse history's buckets (those have every sample
+        already, the fine ones included)."""
+        def below(past: History) -> float | None:
+            covered = proc.coarse_first_t is not None and past.first_t is not None and past.first_t >= proc.coarse_first_t
+            return proc.coarse_step if covered else None
+
+        if proc.past is not None:
+            proc.history.merge(proc.past, below(proc.past))
+            proc.past = None
+        for state in proc.devices.values():
+            if state.past is not None:
+                state.history.merge(state.past, below(state.past))
+                state.past = None
+        proc.past_merged_at = proc.last_recv or 0.0
+
+    def _history_end(self, proc: ProcessModel) -> None:
+        """The history is in (or its connection ended): merge what came, and
+        fold the Holders fields in time order, history first."""
+        if proc.coarse_pending:
+            self._merge_coarse(proc)
+        self._merge_past(proc)
+        if proc.past_holders:
+            fold = HoldersFold()
+            seen: set[Any] = set()
+            for part in proc.past_holders + proc.present_holders:
+                holders = part.get("holders")
+                if isinstance(holders, dict) and "seq" in holders:
+                    if holders["seq"] in seen:
+                        part = {k: v for k, v in part.items() if k != "holders"}
+                    seen.add(holders["seq"])
+                fold.feed(part)
+            proc.holders = fold
+        proc.past_holders, proc.present_holders = [], []
+        proc.history_loading = False
+        proc.coarse_done = True
+        self.milestone += 1
+
     # -- reading -----------------------------------------------------------------
     def refresh_states(self) -> None:
         """Mark live processes stale after 3 missed intervals."""
@@ -532,17 +780,26 @@ class Model:
             that are behind, or None when every live stream is current.
         """
         wall = now if now is not None else time.time()
-        samples, behind = 0, 0.0
+        samples, behind, history = 0, 0.0, False
         with self._lock:
             for p in self.processes.values():
                 if p.state not in (LIVE, STALE) or p.last_t is None:
+                    continue
+                if p.history_loading:
+                    # The present is in; its history follows it (older).
+                    history = True
+                    samples += p.past_samples
+                    if p.present_t is not None:
+                        reached = p.past_last_t if p.past_last_t is not None else p.present_t - (
+                            p.hello.get("history") or {}).get("backfill_s", 0.0)
+                        behind = max(behind, p.present_t - reached)
                     continue
                 interval = p.hello.get("interval_s") or 0.1
                 lag = wall - p.last_t
                 if lag > max(LOADING_LAG_S, STALE_INTERVALS * interval):
                     samples += p.samples
                     behind = max(behind, lag)
-        return (samples, behind) if behind else None
+        return (samples, behind) if (behind or history) else None
 
     def device_keys(self) -> list[tuple[int, int]]:
         with self._lock:
@@ -643,6 +900,8 @@ class Model:
             map_live_bytes=s.map_live_bytes,
             unmapped=dict(s.unmapped),
             live_holes=live.get("holes") if isinstance(live.get("holes"), (int, float)) else None,
+            live_age_s=_age(end_t, live.get("scanned_t")),
+            map_age_s=_age(end_t, s.map_t),
         )
 
 
@@ -664,6 +923,7 @@ class _Batch:
         self.rows: dict[int, tuple[History, list[float], list[list[float]]]] = {}
         self.maps: dict[int, tuple[_DeviceState, dict[str, Any]]] = {}
         self.samples = 0
+        self.past = False  # fine history rows went into `past` histories
 
     def add(self, history: History, t: float, values: tuple[Any, ...]) -> None:
         entry = self.rows.get(id(history))
@@ -682,6 +942,13 @@ class _Batch:
         self.maps.clear()
 
 
+def _age(end_t: float | None, t: Any) -> float | None:
+    """Seconds from ``t`` to ``end_t`` (never below 0), None if either is unknown."""
+    if end_t is None or not protocol.is_number(t):
+        return None
+    return max(0.0, float(end_t) - float(t))
+
+
 def _take_map(state: _DeviceState, live: dict[str, Any]) -> None:
     """Keep the buffer map of a map-carrying ``live_arrays``, with the counts
     of its own scan, so that the map's caption never compares it with the
@@ -691,12 +958,50 @@ def _take_map(state: _DeviceState, live: dict[str, Any]) -> None:
     state.top_buffers = tuple(live.get("top") or ())
     count, nbytes = live.get("count"), live.get("bytes")
     state.map_live_count = int(count) if isinstance(count, (int, float)) else None
+    map_t = live.get("map_t")
+    state.map_t = float(map_t) if protocol.is_number(map_t) else None
     state.map_live_bytes = int(nbytes) if isinstance(nbytes, (int, float)) else None
     # Absent means "none skipped" (the agent omits an empty dict) or an
     # older agent that did not say; the caption tells the two apart by count.
     unmapped = live.get("unmapped") if isinstance(live.get("unmapped"), dict) else {}
     # A kind this viewer does not know counts as "without an address".
     state.unmapped = {k: int(v) for k, v in unmapped.items() if k in UNMAPPED_KINDS and isinstance(v, (int, float)) and v > 0}
+
+
+def _columns(names: Any, ours: tuple[str, ...]) -> list[tuple[int, int]] | None:
+    """Where each column of a coarse record goes among ``ours``: None when
+    they are ours, in our order; else ``(theirs, ours)`` index pairs."""
+    if not isinstance(names, list):
+        return None
+    if tuple(names) == ours:
+        return None
+    index = {n: i for i, n in enumerate(ours)}
+    return [(j, index[n]) for j, n in enumerate(names) if isinstance(n, str) and n in index]
+
+
+def _matrix(rows: list[Any], columns: list[tuple[int, int]] | None, k: int) -> np.ndarray:
+    """Rows of a coarse record (numbers or null) as float32, our column order."""
+    if columns is None:
+        out = np.array(rows, dtype=np.float32)
+        if out.ndim != 2 or out.shape[1] != k:
+            raise ValueError(f"expected {k} columns")
+        return out
+    out = np.full((len(rows), k), np.nan, dtype=np.float32)
+    for i, row in enumerate(rows):
+        if isinstance(row, list):
+            for j, ours in columns:
+                if j < len(row):
+                    out[i, ours] = _num(row[j])
+    return out
+
+
+def _holders_part(rec: dict[str, Any]) -> dict[str, Any]:
+    """What :class:`HoldersFold` reads of a sample (or a history sample)."""
+    part: dict[str, Any] = {"type": protocol.SAMPLE, "t": rec.get("t")}
+    for key in HOLDERS_FIELDS:
+        if key in rec:
+            part[key] = rec[key]
+    return part
 
 
 def _started_t(p: ProcessModel) -> float | None:

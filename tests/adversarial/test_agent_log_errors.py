@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 PY = sys.executable
 
 SCRIPT = r"""
@@ -97,9 +99,15 @@ class FillingFile:
         self.raw.close()
 
 
-def test_disk_full_mid_recording_keeps_whole_lines_and_says_so_once(tmp_path):
+@pytest.mark.parametrize("flush_s", [0.0, 3600.0])
+def test_disk_full_mid_recording_keeps_whole_lines_and_says_so_once(tmp_path, monkeypatch, flush_s):
+    """Each line written as it comes, or samples held and written together
+    (the agent writes its log once a second): whole lines either way."""
     from jaxtop import protocol
     from jaxtop.agent import Agent
+    from jaxtop.agent import agent as agent_module
+
+    monkeypatch.setattr(agent_module, "LOG_FLUSH_S", flush_s)
 
     agent = Agent(capture_stderr=False, nvml=False, log_path=str(tmp_path / "run.jsonl"))
     notice_r, notice_w = os.pipe()
@@ -108,6 +116,7 @@ def test_disk_full_mid_recording_keeps_whole_lines_and_says_so_once(tmp_path):
         agent._stderr_fd = notice_w  # where the notice goes: the terminal's stderr
         for seq in range(1, 40):
             agent._emit({"type": "sample", "t": time.time(), "seq": seq, "pad": "x" * 90})
+        agent._close_log()  # what a stop does: the samples held are written
         raw = (tmp_path / "run.jsonl").read_bytes()
         # What was written reads cleanly: whole lines only, none cut short.
         assert raw and raw.endswith(b"\n") and len(raw) <= 1000

@@ -209,6 +209,9 @@ class _Connection:
         self._lines_since_check = 0
         self.saw_exit = False
         self.thread: threading.Thread | None = None
+        # The spool is a recording: the history an agent sends after its
+        # present goes in before it, in time order.
+        self.order = client.RecordingOrder()
 
     def spool_line(self, line: bytes) -> None:
         """Append one line (ending in a newline) to the spool."""
@@ -354,6 +357,9 @@ class LiveSource(Source):
             # Model.feed_many; a live 10 Hz stream is never near this size.
             agent.RECV_BYTES = 1 << 20
             self._read(conn, agent)
+            with conn.spool_lock:
+                for out in conn.order.flush():
+                    conn.spool_line(out)
             conn.agent = None
             agent.close()
             if self._stop.is_set():
@@ -428,7 +434,8 @@ class LiveSource(Source):
         for lines in agent.batches(should_stop=self._stop.is_set, poll_s=0.5, on_oversized=oversized):
             with conn.spool_lock:
                 for line in lines:
-                    conn.spool_line(line)
+                    for out in conn.order.feed(line):
+                        conn.spool_line(out)
             if ingest(model, conn.pid, lines):
                 conn.saw_exit = True
             self.on_update()
@@ -501,6 +508,7 @@ def ingest(model: Model, pid: int, lines: list[bytes]) -> bool:
 #: A buffer map as the agent writes it (compact JSON, pairs of integers).
 _MAP_RE = re.compile(rb'"map":\[(?:\[-?\d+,-?\d+\](?:,\[-?\d+,-?\d+\])*)?\]')
 _MAP_KEY = b'"map":'
+_BACKFILL_PREFIX = b'{"type":"backfill",'
 
 
 def drop_superseded_maps(lines: list[bytes]) -> list[bytes]:
@@ -517,15 +525,31 @@ def drop_superseded_maps(lines: list[bytes]) -> list[bytes]:
     of their maps. A map is emptied
     only when the batch's last map-carrying line has as many maps, so each
     device still gets one. The spool keeps the lines as they came.
+
+    ``backfill`` records (history sent after the present) lose their maps
+    whatever comes after them: the model takes only their timeline rows,
+    and they never replace the present's map.
     """
-    last = next((i for i in range(len(lines) - 1, -1, -1) if _MAP_KEY in lines[i]), None)
-    if not last:
+    last = None
+    history = False
+    for i in range(len(lines) - 1, -1, -1):
+        if _MAP_KEY in lines[i]:
+            if lines[i].startswith(_BACKFILL_PREFIX):
+                history = True
+            elif last is None:
+                last = i
+                if history:
+                    break
+    if not last and not history:
         return lines
-    keep = lines[last].count(_MAP_KEY)
+    keep = lines[last].count(_MAP_KEY) if last is not None else 0
     out = list(lines)
-    for i in range(last):
-        line = out[i]
-        if _MAP_KEY in line and line.count(_MAP_KEY) <= keep:
+    for i, line in enumerate(out):
+        if _MAP_KEY not in line:
+            continue
+        if line.startswith(_BACKFILL_PREFIX):
+            out[i] = _MAP_RE.sub(b'"map":[]', line)
+        elif last is not None and i < last and line.count(_MAP_KEY) <= keep:
             out[i] = _MAP_RE.sub(b'"map":[]', line)
     return out
 

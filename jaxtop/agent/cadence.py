@@ -1,0 +1,106 @@
+"""How often the agent may do its costly work: allowances of CPU and bytes.
+
+The agent runs inside someone's training job, whose steps must not slow down
+however many arrays and executables the job holds. Its cheap totals are read
+every tick; each costly detail (the live-array scan, the buffer map) draws on
+an allowance that fills at a fixed share of one core (or of bytes per second
+for what goes on the wire) and pays for what the last run actually cost:
+
+* In steady state a detail that costs ``c`` runs every ``c / share``
+  seconds, so its average cost is ``share`` whatever the program holds.
+* The allowance holds at most ``window_s`` worth of share: a rare burst (a
+  checkpoint restored, 10,000 new arrays at once) is paid from what quiet
+  seconds saved, not by stretching the cadence after it.
+* The first run is free: the first scan of a program that already holds
+  50,000 arrays reads each of them once (about half a second), a cost paid
+  once, like jax's own warm-up, not out of the next minutes' share. After
+  it the allowance starts with ``start`` in hand (a program still making
+  its arrays is scanned a few more times at the slow interval).
+
+:class:`SelfMeter` measures the agent thread's own CPU share over a window;
+when the thread as a whole is over :data:`CPU_BUDGET` (many devices, many
+clients), every allowance fills proportionally slower.
+"""
+
+from __future__ import annotations
+
+#: Share of one core the whole agent thread aims to stay under.
+CPU_BUDGET = 0.004
+#: Share of one core granted to the live-array scan (the exact totals).
+SCAN_SHARE = 0.0015
+#: Share granted to deriving the detail (top buffers, address map, holes).
+DETAIL_SHARE = 0.0008
+#: Bytes per second the buffer maps may add to the stream (recordings keep
+#: every map: 8 devices x 1,250 buffers are ~140 KB a map).
+MAP_BYTES_PER_S = 1500.0
+#: Seconds of share an allowance can save up.
+WINDOW_S = 60.0
+#: CPU seconds in hand after the first (free) run.
+START_CPU_S = 0.05
+#: Seconds over which the agent measures its own CPU share.
+SELF_WINDOW_S = 10.0
+#: Most the allowances are slowed when the agent is over its budget anyway.
+MAX_PRESSURE = 8.0
+
+
+class Allowance:
+    """A budget that fills at ``share`` per second and pays for each run.
+
+    Args:
+        share: what one second of wall time earns (CPU seconds, or bytes).
+        window_s: the most it saves up, in seconds of share.
+        start: what it holds at first.
+    """
+
+    def __init__(self, share: float, window_s: float = WINDOW_S, start: float = 0.0) -> None:
+        self.share = float(share)
+        self.cap = self.share * window_s
+        self.held = float(start)
+        self._t: float | None = None
+        self.slowdown = 1.0  # set by SelfMeter: fills this much slower
+        self.runs = 0
+
+    def _fill(self, mono: float) -> None:
+        if self._t is not None and self.held < self.cap:
+            self.held = min(self.cap, self.held + (mono - self._t) * self.share / self.slowdown)
+        self._t = mono
+
+    def ready(self, mono: float) -> bool:
+        """True when the last run is paid for."""
+        self._fill(mono)
+        return self.held >= 0.0
+
+    def spend(self, cost: float, mono: float) -> None:
+        self._fill(mono)
+        if self.runs:
+            self.held -= cost
+        self.runs += 1
+
+    def wait_s(self) -> float:
+        """Seconds until :meth:`ready` (0 when it is)."""
+        return max(0.0, -self.held) * self.slowdown / self.share if self.share > 0 else float("inf")
+
+
+class SelfMeter:
+    """The agent thread's CPU share over the last :data:`SELF_WINDOW_S`,
+    and the slowdown it sets on allowances while over :data:`CPU_BUDGET`."""
+
+    def __init__(self, budget: float = CPU_BUDGET, window_s: float = SELF_WINDOW_S) -> None:
+        self.budget = budget
+        self.window_s = window_s
+        self.share: float | None = None
+        self.pressure = 1.0
+        self._start: tuple[float, float] | None = None  # (monotonic, thread CPU)
+
+    def update(self, mono: float, thread_cpu: float, allowances: tuple[Allowance, ...]) -> None:
+        if self._start is None:
+            self._start = (mono, thread_cpu)
+            return
+        t0, cpu0 = self._start
+        if mono - t0 < self.window_s:
+            return
+        self.share = (thread_cpu - cpu0) / (mono - t0)
+        self.pressure = min(MAX_PRESSURE, max(1.0, self.pressure * self.share / self.budget))
+        for allowance in allowances:
+            allowance.slowdown = self.pressure
+        self._start = (mono, thread_cpu)
