@@ -275,7 +275,7 @@ def run_child(arm: str, warmup: int, interval_s: float, workdir: str, feed: str 
             1 for r in samples if any(a <= r["t"] <= b for a, b in windows)
         )
         if samples:
-            last = samples[-1]
+            last = next((r for r in reversed(samples) if "agent" in r), samples[-1])  # `agent`: once a second
             out["last_sample_cpu_s_total"] = last.get("agent", {}).get("cpu_s_total")
             out["last_sample_span_s"] = last["t"] - agent.started_t
             if arm == "agent":

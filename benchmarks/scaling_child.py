@@ -43,7 +43,8 @@ D, BATCH = 512, 128
 
 
 def _tail_sample(path: str, chunk: int = 1 << 20) -> dict[str, Any] | None:
-    """The last ``sample`` record of a JSON-lines log (reads only its tail)."""
+    """The last ``sample`` record that carries the agent's own report
+    (``agent``: once a second) of a JSON-lines log (reads only its tail)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -57,7 +58,7 @@ def _tail_sample(path: str, chunk: int = 1 << 20) -> dict[str, Any] | None:
             rec = json.loads(raw)
         except ValueError:
             continue
-        if isinstance(rec, dict) and rec.get("type") == "sample":
+        if isinstance(rec, dict) and rec.get("type") == "sample" and "agent" in rec:
             return rec
     return None
 

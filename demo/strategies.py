@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtop.probes.jax_memory import hole_ratio
+from jaxtop.probes.live_arrays import hole_ratio
 
 
 @dataclass(frozen=True)

@@ -85,19 +85,7 @@ class Cursor:
                 if state[0] is not None and t > state[0]:
                     state[2] = max(0.0, (num_allocs - state[1]) / (t - state[0]))
                 state[0], state[1] = t, num_allocs
-            live = dev.get("live_arrays") or {}
-            gpu = nvml_by_index.get(jax_to_nvml.get(did))
-            devices.append((did, [
-                dev.get("bytes_in_use"),
-                dev.get("pool_bytes"),
-                dev.get("peak_bytes_in_use"),
-                state[2],
-                dev.get("fragmentation"),
-                gpu.get("memory_used_bytes") if gpu else None,
-                live.get("bytes"),
-                dev.get("largest_free_block_bytes"),
-                live.get("holes"),
-            ]))
+            devices.append((did, device_row(dev, nvml_by_index.get(jax_to_nvml.get(did)), state[2])))
         transfers = rec.get("transfers") or {}
         span = dt if dt is not None else self.interval_s
         rates: list[Any] = []
@@ -119,6 +107,29 @@ class Cursor:
             rx = sum(rxs) if rxs else None
         process = rates + byte_rates + [host.get("rss_bytes"), host.get("cpu_percent"), tx, rx]
         return t, process, devices, sums
+
+
+def device_row(dev: dict[str, Any], gpu: dict[str, Any] | None, allocs_per_s: float | None) -> list[Any]:
+    """One sample's values of a device, in :data:`DEVICE_SERIES` order.
+
+    Args:
+        dev: the sample's record of the device (``devices[]``).
+        gpu: the NVML record of the GPU behind it, if any.
+        allocs_per_s: allocations per second, worked out by the caller
+            (it needs the previous sample).
+    """
+    live = dev.get("live_arrays") or {}
+    return [
+        dev.get("bytes_in_use"),
+        dev.get("pool_bytes"),
+        dev.get("peak_bytes_in_use"),
+        allocs_per_s,
+        dev.get("fragmentation"),
+        gpu.get("memory_used_bytes") if gpu else None,
+        live.get("bytes"),
+        dev.get("largest_free_block_bytes"),
+        live.get("holes"),
+    ]
 
 
 def number(value: Any) -> float | int | None:

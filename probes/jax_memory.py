@@ -1,30 +1,19 @@
 """Device memory: ``Device.memory_stats()`` where the backend has it, live
 arrays where it does not (CPU).
 
-Pure helpers (:func:`normalize_stats`, :func:`fragmentation`,
-:func:`summarize_live_arrays`) take plain dicts and are tested against
+Pure helpers (:func:`normalize_stats`, :func:`fragmentation`; the live-array
+accounting is :mod:`jaxtop.probes.live_arrays`) take plain dicts and are tested against
 recorded GPU dicts; :class:`JaxMemoryProbe` calls into jax.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
 from typing import Any, Iterable
 
-from jaxtop.probes.live_arrays import (  # noqa: F401  (re-exported: tests and the OOM census use them)
-    BUFFER_MAP_MAX,
-    MIN_HOLE_BYTES,
-    REGION_GAP_BYTES,
-    TOP_BUFFERS,
-    LiveArrays,
-    _itemsize,
-    detail_of,
-    hole_ratio,
-    summarize_live_arrays,
-)
+from jaxtop.probes.live_arrays import LiveArrays, detail_of
 
 
 def normalize_stats(raw: dict[str, Any] | None) -> dict[str, Any] | None:

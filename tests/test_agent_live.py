@@ -74,7 +74,9 @@ def test_transfer_counts_exact_and_stderr_untouched(child_env, tmp_path):
     assert seqs == list(range(1, len(seqs) + 1))
     # The agent's own cost, as it records it: the whole thread covers the
     # sampling and more, and neither runs backwards.
-    costs = [(r["agent"]["cpu_s_total"], r["agent"]["thread_cpu_s_total"]) for r in records if r["type"] == "sample"]
+    costs = [(r["agent"]["cpu_s_total"], r["agent"]["thread_cpu_s_total"]) for r in records
+             if r["type"] == "sample" and "agent" in r]  # once a second, and the first and final ones
+    assert len(costs) >= 2 and "agent" in final
     assert all(0 < tick <= thread for tick, thread in costs)
     assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(costs, costs[1:]))
     devices = final["devices"]

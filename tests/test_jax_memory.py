@@ -14,7 +14,8 @@ import pytest
 
 from jaxtop.probes import jax_memory as jm
 from jaxtop.probes import live_arrays as live_arrays_module
-from jaxtop.probes.jax_memory import JaxMemoryProbe, fragmentation, normalize_stats, summarize_live_arrays
+from jaxtop.probes.jax_memory import JaxMemoryProbe, fragmentation, normalize_stats
+from jaxtop.probes.live_arrays import summarize_live_arrays
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -148,8 +149,8 @@ def test_summary_per_device():
 def test_summary_top_is_limited_and_pointerless_buffers_are_not_mapped():
     rows = [(0, n, (None if n % 2 else 0x10000 - n), "uint8", f"[{n}]") for n in range(1, 31)]
     out = summarize_live_arrays(rows)[0]
-    assert len(out["top"]) == jm.TOP_BUFFERS
-    assert [t["nbytes"] for t in out["top"]] == list(range(30, 30 - jm.TOP_BUFFERS, -1))
+    assert len(out["top"]) == live_arrays_module.TOP_BUFFERS
+    assert [t["nbytes"] for t in out["top"]] == list(range(30, 30 - live_arrays_module.TOP_BUFFERS, -1))
     assert out["count"] == 30 and out["bytes"] == sum(range(1, 31))
     assert all(ptr is not None for ptr, _ in out["map"])
     assert len(out["map"]) == 15
@@ -175,11 +176,11 @@ def test_hole_ratio_counts_gaps_between_neighbours_not_between_regions():
     # Three 1 MiB buffers with a 1 MiB hole, then one 64 MiB away (another region).
     spans = [(0x10_0000_0000, mib), (0x10_0000_0000 + 2 * mib, mib), (0x10_0000_0000 + 3 * mib, mib),
              (0x10_0000_0000 + 67 * mib, mib)]
-    assert jm.hole_ratio(spans) == pytest.approx(mib / (mib + 4 * mib))
-    assert jm.hole_ratio(list(reversed(spans))) == jm.hole_ratio(spans)  # any order
+    assert live_arrays_module.hole_ratio(spans) == pytest.approx(mib / (mib + 4 * mib))
+    assert live_arrays_module.hole_ratio(list(reversed(spans))) == live_arrays_module.hole_ratio(spans)  # any order
     # Allocator headers and alignment (under 4 KiB) are not holes.
-    assert jm.hole_ratio([(0, 1000), (1000 + 64, 1000)]) == 0.0
-    assert jm.hole_ratio([(0, 10)]) is None and jm.hole_ratio([]) is None
+    assert live_arrays_module.hole_ratio([(0, 1000), (1000 + 64, 1000)]) == 0.0
+    assert live_arrays_module.hole_ratio([(0, 10)]) is None and live_arrays_module.hole_ratio([]) is None
 
 
 def test_summary_holes_only_when_every_buffer_has_an_address(monkeypatch):
@@ -245,7 +246,7 @@ def test_cpu_probe_falls_back_to_live_arrays(cpu_jax):
     # Every buffer here has an address: the holes among them are measured,
     # by the same rule as from jax.live_arrays()' own pointers (each buffer once).
     spans = {(a.unsafe_buffer_pointer(), a.nbytes) for a in cpu_jax.live_arrays() if len(a.devices()) == 1}
-    oracle = jm.hole_ratio(sorted(spans))
+    oracle = live_arrays_module.hole_ratio(sorted(spans))
     assert live["holes"] == pytest.approx(oracle) and 0.0 <= live["holes"] <= 1.0
 
     # Without the map the record stays small.
@@ -391,8 +392,10 @@ class FakeArray:
     """An Array stand-in that takes weak references, as jax's Arrays do, so
     the scan remembers it by identity (SimpleNamespace takes none)."""
 
-    def __init__(self, device, ptr, nbytes=16, shape=(4,), ready=True):
-        self.dtype, self.shape, self.nbytes = "float32", shape, nbytes
+    def __init__(self, device, ptr, nbytes=16, ready=True):
+        import numpy as np
+
+        self.dtype, self.shape, self.nbytes = np.dtype("float32"), (nbytes // 4,), nbytes
         self.sharding = SimpleNamespace(device_set={device})
         self.ptr, self.ready, self.asked = ptr, ready, 0
 
@@ -444,14 +447,14 @@ def test_arrivals_and_departures_are_read_alone_and_totals_follow(cpu_jax, monke
     probe = _probe_over(monkeypatch, arrays, [d0, d1])
     probe.scan_live_arrays(now=1.0)
     del arrays[3:5]  # two go away (their objects die: CPython may give their ids to the next ones)
-    arrays.append(FakeArray(d1, 0x90000, nbytes=7))
+    arrays.append(FakeArray(d1, 0x90000, nbytes=8))
     arrays.append(FakeArray(d0, 0xA0000, nbytes=1000))
     assert probe.scan_live_arrays(now=2.0) is True
     assert probe.arrays.read_last == 2  # only the newcomers were read
     recs = {r["id"]: r for r in probe.sample(include_map=False)}
     assert recs[0]["bytes_in_use"] == 8 * 100 + 1000 and recs[0]["live_arrays"]["count"] == 9
     assert recs[0]["live_arrays"]["largest_bytes"] == 1000
-    assert recs[1]["bytes_in_use"] == 7 and recs[1]["live_arrays"]["count"] == 1
+    assert recs[1]["bytes_in_use"] == 8 and recs[1]["live_arrays"]["count"] == 1
     del arrays[-1]  # the largest goes: the largest is found again
     probe.scan_live_arrays(now=3.0)
     assert probe.sample(include_map=False)[0]["live_arrays"]["largest_bytes"] == 100

@@ -176,6 +176,7 @@ class Agent:
         self._scan_allowance = cadence.Allowance(cadence.SCAN_SHARE, start=cadence.START_CPU_S)
         self._detail_allowance = cadence.Allowance(cadence.DETAIL_SHARE, start=cadence.START_CPU_S)
         self._map_bytes = cadence.Allowance(cadence.MAP_BYTES_PER_S, start=cadence.MAP_BYTES_PER_S * 10)
+        self._read_credit = cadence.READ_CREDIT_S
         self._meter = cadence.SelfMeter()
         self._scan_next = 0.0  # monotonic: the slow interval at most this often
         self._scan_requested = False
@@ -780,7 +781,10 @@ class Agent:
             record["final"] = True
         thread_cpu = time.thread_time()
         self._agent_cpu_s += thread_cpu - started_cpu
-        record["agent"] = self._agent_record(thread_cpu)
+        if slow or final or self._seq == 1:
+            # Once a second: its totals are cumulative, so nothing is lost,
+            # and each tick spared is work not done in the user's process.
+            record["agent"] = self._agent_record(thread_cpu)
         self._emit(record)
 
     def _details(self, now: float, final: bool) -> None:
@@ -794,7 +798,9 @@ class Agent:
             started = time.thread_time()
             memory.scan_live_arrays(now, detail=False)
             cost = self._scan_cpu_s = time.thread_time() - started
-            self._scan_allowance.spend(cost, mono)
+            covered = min(memory.arrays.read_cpu_s, self._read_credit)  # see jaxtop.agent.cadence
+            self._read_credit -= covered
+            self._scan_allowance.spend(cost - covered, mono)
             if self._scan_t is not None:
                 self._scan_interval_s = mono - self._scan_t
             self._scan_t, self._scan_next = mono, mono + self.slow_interval_s

@@ -8,14 +8,18 @@ for what goes on the wire) and pays for what the last run actually cost:
 
 * In steady state a detail that costs ``c`` runs every ``c / share``
   seconds, so its average cost is ``share`` whatever the program holds.
-* The allowance holds at most ``window_s`` worth of share: a rare burst (a
-  checkpoint restored, 10,000 new arrays at once) is paid from what quiet
-  seconds saved, not by stretching the cadence after it.
-* The first run is free: the first scan of a program that already holds
-  50,000 arrays reads each of them once (about half a second), a cost paid
-  once, like jax's own warm-up, not out of the next minutes' share. After
-  it the allowance starts with ``start`` in hand (a program still making
-  its arrays is scanned a few more times at the slow interval).
+* Quiet seconds are not saved up (``window_s`` is 0 by default): after a
+  long pause, the process stopped by a debugger or SIGSTOP, the detail
+  does not run back to back to spend what the pause earned. A rare burst
+  (a checkpoint restored, 10,000 new arrays at once) is paid by waiting.
+* Reading an array costs once, when a scan first sees it: 10,000 arrays
+  made at start-up cost ~0.15 s, a price paid once, like jax's own warm-up,
+  not out of the next minutes' share. So the first run is free (a program
+  that already holds 50,000 arrays when the agent is injected), and the
+  agent pays for the first :data:`READ_CREDIT_S` of reading arrays from a
+  credit of its own (a program that makes its arrays after the agent
+  started: an early scan finds none). Listing and comparing the arrays is
+  always paid from the allowance: that is the steady cost.
 
 :class:`SelfMeter` measures the agent thread's own CPU share over a window;
 when the thread as a whole is over :data:`CPU_BUDGET` (many devices, many
@@ -34,9 +38,11 @@ DETAIL_SHARE = 0.0008
 #: every map: 8 devices x 1,250 buffers are ~140 KB a map).
 MAP_BYTES_PER_S = 1500.0
 #: Seconds of share an allowance can save up.
-WINDOW_S = 60.0
-#: CPU seconds in hand after the first (free) run.
-START_CPU_S = 0.05
+WINDOW_S = 0.0
+#: CPU seconds of reading arrays paid for apart, once (see above).
+READ_CREDIT_S = 0.5
+#: CPU seconds an allowance holds at start.
+START_CPU_S = 0.0
 #: Seconds over which the agent measures its own CPU share.
 SELF_WINDOW_S = 10.0
 #: Most the allowances are slowed when the agent is over its budget anyway.

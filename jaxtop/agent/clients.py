@@ -196,7 +196,7 @@ _DENSE_FIELDS = frozenset(("type", "t", "seq", "devices", "transfers", "transfer
                            "donation", "nvml", "agent", "events", "final", "present"))
 #: A device's ``live_arrays`` keys that belong to the scan that made its map:
 #: taken together from the last sample that had a map.
-_MAP_GROUP = ("map", "map_complete", "unmapped")
+_MAP_GROUP = ("map", "map_complete", "unmapped", "map_t")
 #: ``jit`` change sets kept after the last whole table (one comes at least
 #: every 10 s): past this the present carries the whole table alone.
 _MAX_JIT_CHANGES = 256

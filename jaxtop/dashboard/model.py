@@ -21,7 +21,7 @@ from jaxtop.dashboard.history import History, Window, _num
 from jaxtop.dashboard.holders import HoldersFold, HoldersView
 from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.protocol import DIRECTIONS
-from jaxtop.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, nvml_map
+from jaxtop.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, device_row, nvml_map
 
 # DEVICE_SERIES and PROCESS_SERIES (jaxtop.timeline) are the timelines'
 # columns: the agent's coarse history sends buckets of the same series.
@@ -526,18 +526,7 @@ class Model:
             if "map" in live:
                 batch.maps[id(state)] = (state, live)  # a later scan in this batch replaces it
             gpu = nvml_by_index.get(jax_to_nvml.get(dev["id"]))
-            # In DEVICE_SERIES order.
-            batch.add(state.history, t, (
-                dev.get("bytes_in_use"),
-                dev.get("pool_bytes"),
-                dev.get("peak_bytes_in_use"),
-                state.allocs_per_s,
-                dev.get("fragmentation"),
-                gpu.get("memory_used_bytes") if gpu else None,
-                live.get("bytes"),
-                dev.get("largest_free_block_bytes"),
-                live.get("holes"),
-            ))
+            batch.add(state.history, t, tuple(device_row(dev, gpu, state.allocs_per_s)))
         transfers = rec.get("transfers") or {}
         row: dict[str, Any] = {}
         rates: dict[str, dict[str, Any]] = {}

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-HoldersProbe(interval_s=0.5).install(h.agent)
+HoldersProbe(interval_s=0.5, budget=0.05).install(h.agent)  # a test: profiles every 0.5 s
 labels.install(h.agent)
 held = {}
 
