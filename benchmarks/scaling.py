@@ -102,7 +102,7 @@ def _row_label(row: dict[str, Any]) -> str:
 
 def _child_args(row: dict[str, Any], args: argparse.Namespace) -> list[str]:
     out = ["--workload", row["workload"], "--n", str(row["n"]), "--interval", str(args.interval),
-           "--block-seconds", str(args.seconds), "--warmup", str(args.warmup)]
+           "--block-seconds", str(args.seconds), "--warmup", str(args.warmup), "--settle", str(args.settle)]
     if row.get("churn"):
         out += ["--churn", str(row["churn"])]
     if row["workload"] == "executables" and args.jit_cache_dir:
@@ -334,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, help=f"seconds of steps per block (default {DEFAULTS['seconds']})")
     p.add_argument("--steps", type=int, default=0, help="a fixed number of steps per block instead of --seconds")
     p.add_argument("--warmup", type=int, default=30, help="untimed steps after compiling (default 30)")
+    p.add_argument("--settle", type=float, default=10.0,
+                   help="untimed seconds of steps before the blocks, while observers do their one-off work "
+                        "(reading every array once); their CPU until then is reported apart (default 10)")
     p.add_argument("--sizes", help=f"live-array counts (default {DEFAULTS['sizes']})")
     p.add_argument("--executables", help=f"live-executable counts (default {DEFAULTS['executables']})")
     p.add_argument("--only", choices=("arrays", "executables"), help="run one kind of workload only")
