@@ -72,7 +72,7 @@ def build(args: argparse.Namespace, pid: int):
     """An agent's history after ``args.hours`` at 10 Hz, ending now: the
     Backfill, the synthetic stream to go on with, and what it holds."""
     from jaxtop import protocol, synthetic
-    from jaxtop.agent.clients import Backfill
+    from jaxtop.agent.history import Backfill
 
     n_total = int(args.hours * 3600 * HZ)
     n_fine = min(n_total, int(args.backfill_s * HZ)) if not args.before else n_total

@@ -46,7 +46,7 @@ import time
 import psutil
 
 from jaxtop import protocol, synthetic
-from jaxtop.agent.clients import Backfill
+from jaxtop.agent.history import Backfill
 
 HZ = 10
 INTERVAL_S = 1.0 / HZ

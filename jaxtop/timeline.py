@@ -2,7 +2,7 @@
 
 One definition for both ends of the wire. The agent folds these values into
 its coarse history (the min and max of each series per 10 s bucket, see
-:class:`jaxtop.agent.clients.Coarse`); the dashboard computes the same rows
+:class:`jaxtop.agent.history.Coarse`); the dashboard computes the same rows
 from the samples it is sent (:mod:`jaxtop.dashboard.model`). So a bucket of
 the agent's coarse history holds exactly what the dashboard would have made
 of every sample in it: a day-long run's timeline is right at coarse zoom

@@ -214,7 +214,7 @@ def test_the_agents_backfill_keeps_only_the_newest_maps_and_shows_the_same():
     """The agent's backfill drops superseded buffer maps (the key goes): a
     dashboard fed that backfill shows the same as one fed every line, and
     the lines stay valid JSON."""
-    from jaxtop.agent.clients import Backfill
+    from jaxtop.agent.history import Backfill
 
     recs = [synthetic.hello(1, 3, 1000.0)] + list(synthetic.samples(1, 3, 1000.0, 700, map_every=7))
     lines = [protocol.encode(r) for r in recs]

@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 from jaxtop import client, protocol, synthetic
-from jaxtop.agent.clients import Backfill, Client, Coarse, Present
+from jaxtop.agent.clients import Client
+from jaxtop.agent.history import Backfill, Coarse, Present
 from jaxtop.dashboard.model import DEVICE_SERIES, PROCESS_SERIES, Model
 from jaxtop.dashboard.sources.live import fast_decode, ingest
 

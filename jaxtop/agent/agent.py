@@ -35,7 +35,8 @@ from typing import Any, Callable
 
 from jaxtop import labels, paths, protocol
 from jaxtop.agent import cadence
-from jaxtop.agent.clients import Backfill, Clients, CommandError, CommandHandler
+from jaxtop.agent.clients import Clients, CommandError, CommandHandler
+from jaxtop.agent.history import Backfill
 from jaxtop.agent.import_hook import when_imported
 from jaxtop.probes.compile import CompileProbe
 from jaxtop.probes.donation import DonationProbe
@@ -661,7 +662,7 @@ class Agent:
 
     # -- samples ---------------------------------------------------------------
     def _greeting(self) -> tuple[Any, ...]:
-        """What a new client receives first (a :class:`clients.Greeting`):
+        """What a new client receives first (a :class:`jaxtop.agent.history.Greeting`):
         hello, the present (the newest
         sample with the last map and sparse fields), the coarse history, then
         the fine one from ``backfill_s`` ago (ranges of the shared history,
