@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run SCRIPT (or -m MODULE) like `python`, with the agent started first. "
         "Same sys.argv, __main__, exit code and exceptions as a plain run.",
     )
-    run.add_argument("--log", metavar="FILE", help="also record the stream to FILE (JSON lines)")
+    run.add_argument("--log", metavar="FILE", help="also record the stream to FILE (JSON lines; gzip-compressed as written when FILE ends in .gz)")
     run.add_argument("--interval", type=_positive_float, default=0.1, metavar="S", help="sample period in seconds (default 0.1)")
     run.add_argument("--no-capture", action="store_true", help="do not capture stderr (no transfer counts)")
     run.add_argument("--budget", metavar="SPEC",

@@ -90,9 +90,11 @@ class Agent:
 
     Args:
         interval_s: sample period for memory, transfers and host stats.
-        slow_interval_s: period of the heavier probes (live-array scan).
+        slow_interval_s: least time between two live-array scans, buffer maps
+            and other slow work (costly scans come less often: jaxtop.agent.cadence).
         backfill_s: how much history a newly connected client receives.
-        log_path: also write the stream to this JSON-lines file.
+        log_path: also write the stream to this JSON-lines file (gzip when
+            it ends in ``.gz``; samples are written once a second).
         capture_stderr: count transfer-guard lines from fd 2 (via the relay).
         nvml: enable the NVML probe.
     """

@@ -71,9 +71,11 @@ def instrument(
 
     Args:
         interval_s: sample period in seconds.
-        log_path: also record the stream to this JSON-lines file.
+        log_path: also record the stream to this JSON-lines file (compressed
+            as written when the name ends in ``.gz``).
         backfill_s: history sent to a client that connects later.
-        slow_interval_s: period of the live-array scan.
+        slow_interval_s: least time between two live-array scans (their cost
+            may space them further: jaxtop.agent.cadence).
         capture_stderr: count implicit transfers from the guard's log lines.
         nvml: read NVIDIA driver metrics when a driver is present.
         prometheus_port: also serve Prometheus metrics on this port
