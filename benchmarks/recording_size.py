@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 
 PROGRAM = textwrap.dedent("""
     import sys, time

@@ -13,8 +13,6 @@ exports.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import socket
 import subprocess
