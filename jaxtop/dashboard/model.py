@@ -557,16 +557,8 @@ class Model:
             row["pcie_tx_bytes_per_s"] = sum(tx) if tx else None
             row["pcie_rx_bytes_per_s"] = sum(rx) if rx else None
         batch.add(proc.history, t, tuple(row.get(name) for name in PROCESS_SERIES))
-        comp = rec.get("compile") or {}
-        if comp.get("count"):
-            self._event(proc.pid, "compile", f"{comp['count']} backend compile(s); {comp.get('count_total')} total, {comp.get('seconds_total', 0):.2f} s", t)
-        don = rec.get("donation") or {}
-        if don.get("failed"):
-            self._event(proc.pid, "donation", f"{don['failed']} failed donation(s): {don.get('last_message') or ''}", t)
-        for ev in rec.get("events") or []:
-            if isinstance(ev, dict):
-                text = ev.get("text") or ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("kind", "t"))
-                self._event(proc.pid, str(ev.get("kind", "event")), text, ev.get("t", t))
+        for kind, text, et in _sample_events(rec, t):
+            self._event(proc.pid, kind, text, et)
         for kind, text, et in self.ledgers.feed_sample(proc.pid, rec):
             self._event(proc.pid, kind, text, et)
 
@@ -685,17 +677,8 @@ class Model:
         proc.past_samples += 1
         proc.past_last_t = t
         if proc.history_floor is None or t > proc.history_floor:  # not seen on an earlier connection
-            comp = rec.get("compile") or {}
-            if comp.get("count"):
-                self._past_event(proc.pid, "compile", f"{comp['count']} backend compile(s); {comp.get('count_total')} total, "
-                                 f"{comp.get('seconds_total', 0):.2f} s", t)
-            don = rec.get("donation") or {}
-            if don.get("failed"):
-                self._past_event(proc.pid, "donation", f"{don['failed']} failed donation(s): {don.get('last_message') or ''}", t)
-            for ev in rec.get("events") or []:
-                if isinstance(ev, dict):
-                    text = ev.get("text") or ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("kind", "t"))
-                    self._past_event(proc.pid, str(ev.get("kind", "event")), text, ev.get("t", t))
+            for kind, text, et in _sample_events(rec, t):
+                self._past_event(proc.pid, kind, text, et)
         if any(k in rec for k in HOLDERS_FIELDS) and len(proc.past_holders) < 10_000:
             proc.past_holders.append(_holders_part(rec))
 
@@ -929,6 +912,25 @@ class _Batch:
             history.extend(np.asarray(ts, dtype=np.float64), np.asarray(rows, dtype=np.float32))
         self.rows.clear()
         self.maps.clear()
+
+
+def _sample_events(rec: dict[str, Any], t: float) -> list[tuple[str, str, Any]]:
+    """The events list's lines a sample brings, ``(kind, text, t)``: its
+    compiles, failed donations and the agent's events. One wording for a
+    live sample and for one of the history."""
+    out = []
+    comp = rec.get("compile") or {}
+    if comp.get("count"):
+        out.append(("compile", f"{comp['count']} backend compile(s); {comp.get('count_total')} total, "
+                               f"{comp.get('seconds_total', 0):.2f} s", t))
+    don = rec.get("donation") or {}
+    if don.get("failed"):
+        out.append(("donation", f"{don['failed']} failed donation(s): {don.get('last_message') or ''}", t))
+    for ev in rec.get("events") or []:
+        if isinstance(ev, dict):
+            text = ev.get("text") or ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("kind", "t"))
+            out.append((str(ev.get("kind", "event")), text, ev.get("t", t)))
+    return out
 
 
 def _age(end_t: float | None, t: Any) -> float | None:
