@@ -71,6 +71,13 @@ _PERSISTENT_PREFIXES = (
     "Writing %s to persistent compilation cache",
 )
 _MISS_PREFIX = "TRACING CACHE MISS"
+#: CPU seconds of analysing executables paid from a credit apart, once: a
+#: ledger started beside 5,000 executables analyses them in ~10 passes of
+#: up to CATCHUP_PASS_S rather than ~4 ms a second for minutes.
+CATCHUP_CREDIT_S = 1.0
+#: The most a pass adds to its budget from that credit (the program's
+#: threads get the GIL back every 5 ms meanwhile: sys.getswitchinterval()).
+CATCHUP_PASS_S = 0.05
 #: Executable rows in the ``jit_ledger`` command's reply (the largest).
 MAX_TABLE_EXECUTABLES = 20_000
 
@@ -428,13 +435,16 @@ class JitLedgerProbe:
             within it).
         verify_every_s: least time between two passes that check every
             executable's identity.
+        catchup_credit_s: CPU seconds of analysis a pass may take beyond
+            ``budget_s`` (up to :data:`CATCHUP_PASS_S` each), once in all.
     """
 
     def __init__(self, interval_s: float = 1.0, full_every_s: float = 10.0, leak_passes: int = 5,
                  leak_min_growth: int = 10, max_reasons: int = 8, budget_s: float = 0.004,
                  max_functions: int = 500, max_full_executables: int = 64, max_delta_executables: int = 100,
                  trend_len: int = 120, explain: bool = True, cpu_share: float = 0.0005,
-                 max_interval_s: float = 10.0, verify_every_s: float = 60.0) -> None:
+                 max_interval_s: float = 10.0, verify_every_s: float = 60.0,
+                 catchup_credit_s: float = CATCHUP_CREDIT_S) -> None:
         self.interval_s = float(interval_s)
         self.full_every_s = float(full_every_s)
         self.leak_passes = int(leak_passes)
@@ -448,6 +458,7 @@ class JitLedgerProbe:
         self.max_interval_s = float(max_interval_s)
         self.verify_every_s = float(verify_every_s)
         self._explain_wanted = explain
+        self._catchup_credit_s = float(catchup_credit_s)
         self.active = False
         self.reason: str | None = None
         self._lock = threading.Lock()
@@ -772,6 +783,17 @@ class JitLedgerProbe:
                 clients.append(client)
         return clients
 
+    def shift_deadlines(self, gap: float) -> None:
+        """The process was stopped for ``gap`` seconds (nothing compiled or
+        was freed meanwhile): every pass, whole table and check falls due
+        that much later."""
+        self._next_pass_mono += gap
+        self._prompt_mono += gap
+        if self._last_verify_mono is not None:
+            self._last_verify_mono += gap
+        if self._last_full_mono is not None:
+            self._last_full_mono += gap
+
     def _pass_due(self, now: float) -> bool:
         """Is a pass due at ``now`` (monotonic)? A few attribute reads."""
         return now >= self._next_pass_mono or (self._hint and now >= self._prompt_mono)
@@ -866,7 +888,13 @@ class JitLedgerProbe:
         analysis_cpu = 0.0
         if fresh:
             a0 = time.thread_time()
-            deadline = t0 + self.budget_s
+            # Analysing an executable is paid once, when a pass first sees
+            # it (~40-90 us each): a program that holds thousands when the
+            # ledger starts, or makes them faster than one pass's budget,
+            # has them analysed from a credit of their own, in larger
+            # passes, rather than at the budget for minutes afterwards.
+            extra = min(self._catchup_credit_s, CATCHUP_PASS_S) if len(fresh) > 1 else 0.0
+            deadline = t0 + self.budget_s + extra
             # live_executables() lists the newest first: analyse the oldest
             # first, so that ids follow the order of compiles.
             for e in reversed(fresh):
@@ -874,6 +902,8 @@ class JitLedgerProbe:
                     break
                 new.append((id(e), self._analyse(e, now)))
             analysis_cpu = time.thread_time() - a0
+            if extra:
+                self._catchup_credit_s = max(0.0, self._catchup_credit_s - max(0.0, analysis_cpu - self.budget_s))
         count, pending = sum(map(len, id_lists)), len(fresh) - len(new)
         del lists, fresh  # never keep an executable past the pass
         with self._lock:

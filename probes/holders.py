@@ -20,9 +20,9 @@ with the same stack and labels into one sample of ``[count, bytes]``, so the
 profile of a program holding 10,000 arrays made by one line is small; its
 cost is mostly jax building and gzipping it.
 
-The cadence adapts so that profiling never takes more than ``budget`` (0.1 %)
+The cadence adapts so that profiling never takes more than ``budget`` (0.04 %)
 of the wall time: after a profile that took 80 ms the next waits at least
-80 s. Stdlib + jax only; jax is never imported here, and no profile is taken
+200 s. Stdlib + jax only; jax is never imported here, and no profile is taken
 before the program has created its backend (creating one would change the
 program's allocator settings).
 """
@@ -59,7 +59,7 @@ __all__ = [
 #: Base period between two profiles (seconds), before the cost backs it off.
 DEFAULT_INTERVAL_S = 5.0
 #: Largest share of wall time profiling may take: interval >= cost / budget.
-DEFAULT_BUDGET = 0.001
+DEFAULT_BUDGET = 0.0004
 #: A site becomes a leak suspect after this many rises with no fall between them.
 LEAK_RISES = 5
 #: Sites listed in each record (largest first); suspects and the largest
@@ -636,6 +636,11 @@ class HoldersProbe:
         except Exception as exc:  # a probe must not break the agent's sample
             self.errors += 1
             return {"error": f"{type(exc).__name__}: {exc}"}
+
+    def shift_deadlines(self, gap: float) -> None:
+        """The process was stopped for ``gap`` seconds (its memory did not
+        change): the next cadence profile falls due that much later."""
+        self._next_t += gap
 
     def _demand_wait(self) -> float:
         """Least time between two profiles taken for commands."""

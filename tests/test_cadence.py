@@ -49,3 +49,16 @@ def test_the_agent_over_its_budget_slows_every_allowance():
     assert a.wait_s() == pytest.approx(20.0)
     meter.update(20.0, 0.09, (a,))  # back under: the slowdown eases off
     assert meter.pressure == 1.0
+
+
+def test_seconds_the_process_was_stopped_earn_nothing_and_are_not_idle():
+    a = Allowance(0.001)
+    a.spend(0.0, 0.0)
+    a.spend(0.010, 0.0)  # owes 10 s of share
+    a.shift(100.0)  # then stopped for 100 s
+    assert not a.ready(100.0) and a.ready(110.0)
+    meter = SelfMeter(budget=0.004, window_s=10.0)
+    meter.update(0.0, 0.0, (a,))
+    meter.shift(100.0)
+    meter.update(110.0, 0.08, (a,))  # 0.08 s of CPU over the 10 s it ran, not over 110 s
+    assert meter.share == pytest.approx(0.008)

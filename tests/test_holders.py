@@ -299,10 +299,10 @@ def test_probe_cadence_backs_off_to_stay_within_its_budget():
     probe, clock, mono = make_probe(leak_profiles(3), cost=0.080, interval_s=5.0)  # a profile takes 80 ms
     rec = probe.sample()
     assert rec["seq"] == 1 and rec["seconds"] == pytest.approx(0.08)
-    assert rec["interval_s"] == pytest.approx(80.0)  # 80 ms is 0.1 % of 80 s, more than the 5 s base
+    assert rec["interval_s"] == pytest.approx(200.0)  # 80 ms is 0.04 % of 200 s, more than the 5 s base
     mono.t += 5.0
     assert probe.sample() is None  # 5 s later: not yet
-    mono.t += 74.0
+    mono.t += 194.0
     assert probe.sample() is None
     mono.t += 1.0
     assert probe.sample()["seq"] == 2

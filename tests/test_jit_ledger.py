@@ -366,10 +366,23 @@ def test_pass_says_na_with_the_reason_and_finds_the_users_line():
     assert all(f["compiles_source"] == "executables" for f in table["functions"])  # no compile events seen
 
 
+def test_a_backlog_is_analysed_from_the_catch_up_credit_once():
+    exes = [FakeExe(f"jit_f{k}", FakeStats(temp=k), {}, FakeTraceback(FakeFrame("/src/a.py", k))) for k in range(5)]
+    probe = fake_probe(FakeClient(*exes), budget_s=0.0)  # the budget alone: one per pass
+    probe.scan()
+    assert probe.table()["pending"] == 0  # the credit paid for the other four in this pass
+    assert 0.0 <= probe._catchup_credit_s < 1.0  # what they cost came out of it
+    probe._catchup_credit_s = 0.0  # spent: back to the budget
+    more = [FakeExe(f"jit_g{k}", FakeStats(temp=k), {}, FakeTraceback(FakeFrame("/src/b.py", k))) for k in range(3)]
+    probe._clients = lambda: [FakeClient(*(more + exes))]
+    probe.scan()
+    assert probe.table()["pending"] == 2
+
+
 def test_cache_by_identity_and_the_budget():
     exes = [FakeExe(f"jit_f{k}", FakeStats(temp=k), {}, FakeTraceback(FakeFrame("/src/a.py", k))) for k in range(5)]
     client = FakeClient(*exes)
-    probe = fake_probe(client, budget_s=0.0)  # one new executable per pass
+    probe = fake_probe(client, budget_s=0.0, catchup_credit_s=0.0)  # one new executable per pass
     probe.scan()
     assert probe.table()["pending"] == 4
     for _ in range(4):

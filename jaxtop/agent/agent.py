@@ -181,6 +181,10 @@ class Agent:
         self._map_bytes = cadence.Allowance(cadence.MAP_BYTES_PER_S, start=cadence.MAP_BYTES_PER_S * 10)
         self._read_credit = cadence.READ_CREDIT_S
         self._meter = cadence.SelfMeter()
+        # (monotonic, process CPU) at the last slow tick: tells a stopped
+        # process from a busy one when a tick comes late (see _resumed_after).
+        self._cpu_mark: tuple[float, float] | None = None
+        self.suspended_s = 0.0  # wall time the process spent stopped, as far as the agent could tell
         self._scan_next = 0.0  # monotonic: the slow interval at most this often
         self._scan_requested = False
         self._scan_t: float | None = None
@@ -536,9 +540,13 @@ class Agent:
                     break
                 now = time.monotonic()
                 if now >= next_tick:
+                    if now - next_tick >= cadence.SUSPEND_MIN_S:
+                        gap = self._resumed_after(now, now - next_tick)
+                        next_slow += gap
                     slow = now >= next_slow
                     if slow:
                         next_slow = now + self.slow_interval_s
+                        self._cpu_mark = (now, time.process_time())
                     try:
                         self._tick(slow=slow)
                     except Exception as exc:  # a probe failed: the next tick may do better
@@ -790,6 +798,43 @@ class Agent:
             record["agent"] = self._agent_record(thread_cpu)
         self._emit(record)
 
+    def _resumed_after(self, now: float, late: float) -> float:
+        """A tick ``late`` seconds late: was the process stopped (SIGSTOP,
+        Ctrl-Z, a debugger, a checkpoint) rather than busy? Then nothing in
+        it changed meanwhile, and every costly detail's next run moves on by
+        the stop, as if those seconds had not passed: what the agent shows is
+        still the present, and a process thawed for a moment does not pay
+        for every pass that fell due while it was frozen. A process whose
+        threads kept running (the agent starved of the GIL) is not moved.
+
+        Returns:
+            The seconds the deadlines moved (0 when the process was busy).
+        """
+        mark = self._cpu_mark
+        if mark is None:
+            return 0.0
+        elapsed = now - mark[0]
+        try:
+            used = time.process_time() - mark[1]
+        except OSError:
+            return 0.0
+        if elapsed <= 0 or used > cadence.SUSPEND_CPU_SHARE * elapsed:
+            return 0.0
+        gap = late
+        self.suspended_s += gap
+        self._scan_next += gap
+        self._detail_next += gap
+        for allowance in (self._scan_allowance, self._detail_allowance, self._map_bytes):
+            allowance.shift(gap)
+        self._meter.shift(gap)
+        for probe in (self.jit, self.holders):
+            try:
+                probe.shift_deadlines(gap)
+            except Exception:
+                pass
+        self._cpu_mark = (mark[0] + gap, mark[1])
+        return gap
+
     def _details(self, now: float, final: bool) -> None:
         """The live-array scan and the detail derived from it, each when its
         allowance has paid for the last one (both at once for the final
@@ -834,6 +879,7 @@ class Agent:
             "scan_cpu_s": _rounded(self._scan_cpu_s),
             "detail_interval_s": _rounded(self._detail_interval_s, 3),
             "detail_cpu_s": _rounded(self._detail_cpu_s),
+            "suspended_s": _rounded(self.suspended_s, 3),
         }
 
     def _final_sample(self) -> None:

@@ -47,6 +47,12 @@ START_CPU_S = 0.0
 SELF_WINDOW_S = 10.0
 #: Most the allowances are slowed when the agent is over its budget anyway.
 MAX_PRESSURE = 8.0
+#: A tick this late (seconds) asks whether the process was stopped...
+SUSPEND_MIN_S = 1.0
+#: ... which it was when all its threads together used less than this share
+#: of one core since the last slow tick (a busy program starving the agent
+#: of the GIL uses one core or more).
+SUSPEND_CPU_SHARE = 0.25
 
 
 class Allowance:
@@ -82,6 +88,11 @@ class Allowance:
             self.held -= cost
         self.runs += 1
 
+    def shift(self, gap: float) -> None:
+        """The process was stopped for ``gap`` seconds: they earn nothing."""
+        if self._t is not None:
+            self._t += gap
+
     def wait_s(self) -> float:
         """Seconds until :meth:`ready` (0 when it is)."""
         return max(0.0, -self.held) * self.slowdown / self.share if self.share > 0 else float("inf")
@@ -97,6 +108,11 @@ class SelfMeter:
         self.share: float | None = None
         self.pressure = 1.0
         self._start: tuple[float, float] | None = None  # (monotonic, thread CPU)
+
+    def shift(self, gap: float) -> None:
+        """The process was stopped for ``gap`` seconds: not idle ones."""
+        if self._start is not None:
+            self._start = (self._start[0] + gap, self._start[1])
 
     def update(self, mono: float, thread_cpu: float, allowances: tuple[Allowance, ...]) -> None:
         if self._start is None:
