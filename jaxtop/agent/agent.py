@@ -154,6 +154,8 @@ class Agent:
         self._log_file: Any = None
         self._log_gz: protocol.GzipLines | None = None  # a log named *.gz
         self._log_pending: list[bytes] = []  # samples not written yet (at most LOG_FLUSH_S of them)
+        self._deferred: list[dict[str, Any]] = []  # samples not encoded yet (no client; see _flush_deferred)
+        self._deferred_t = time.monotonic()
         self._log_flush_t = time.monotonic()
         self._log_lines_bytes = 0  # bytes of lines logged (before compression)
 
@@ -500,8 +502,10 @@ class Agent:
     def recent_lines(self, n: int) -> list[bytes]:
         """The last ``n`` kept records as sent, oldest first (the OOM census
         shows the climb before the failure)."""
+        deferred = list(self._deferred)  # taken by the agent thread meanwhile: a copy, encoded apart
         end = self._backfill.end
-        return self._backfill.lines(end - n, end)
+        kept = self._backfill.lines(end - max(0, n - len(deferred)), end) if n > len(deferred) else []
+        return kept + [protocol.encode(r) for r in deferred[max(0, len(deferred) - n):]]
 
     def _on_guard_lines(self, message: str, n: int) -> None:
         parsed = self._parse_guard_line(message)
@@ -589,7 +593,18 @@ class Agent:
             self.post_event("error", text=message)
 
     def _emit(self, record: dict[str, Any], keep: bool = True) -> None:
-        line = self._encoder.encode(record) if record["type"] == protocol.SAMPLE else protocol.encode(record)
+        sample = record["type"] == protocol.SAMPLE
+        if sample and keep and not self._clients and not record.get("final"):
+            # Nobody watches live: the sample is encoded and kept with the
+            # others of its second, when the log takes them (see _flush_deferred).
+            if self._prom_state is not None:
+                self._prom_state.update(record)
+            self._deferred.append(record)
+            if time.monotonic() - self._deferred_t >= LOG_FLUSH_S:
+                self._flush_deferred()
+            return
+        self._flush_deferred()  # in order, before anything else
+        line = self._encoder.encode(record) if sample else protocol.encode(record)
         if self._prom_state is not None:
             self._prom_state.update(record)
         if keep:
@@ -600,6 +615,30 @@ class Agent:
             self._backfill.note_hello(record)
         self._clients.broadcast(line)
         self._write_log(line, urgent=record["type"] != protocol.SAMPLE or bool(record.get("final")))
+
+    def _flush_deferred(self) -> None:
+        """Encode the samples taken while no client was connected, keep them
+        in the history and hand them to the log, in order.
+
+        Beside a busy program each tick finds the agent's code and data
+        evicted from the CPU's caches; encoding and keeping ten samples
+        together once a second costs a fraction of doing it on each tick
+        (the log writes them once a second anyway). A client that connects
+        gets them in its greeting (flushed first), and from then on each
+        sample is sent as it is taken."""
+        self._deferred_t = time.monotonic()
+        deferred = self._deferred
+        if not deferred:
+            return
+        self._deferred = []
+        encode, add, pending = self._encoder.encode, self._backfill.add, self._log_pending
+        for record in deferred:
+            line = encode(record)
+            add(record, line)
+            if self._log_file is not None:
+                pending.append(line)
+        self._backfill.trim(deferred[-1]["t"] - self.backfill_s)
+        self._write_log(b"")
 
     def _write_log(self, line: bytes, urgent: bool = False, final: bool = False) -> None:
         """Log one line. Samples are written together once a second (a write
@@ -677,6 +716,7 @@ class Agent:
         sample with the last map and sparse fields), the coarse history, then
         the fine one from ``backfill_s`` ago (ranges of the shared history,
         not copies), then ``history_end`` (docs/protocol.md, "History")."""
+        self._flush_deferred()
         hello = self._hello()
         hello["history"] = self._backfill.describe(self.backfill_s)
         self._backfill.note_hello(hello)
@@ -903,6 +943,10 @@ class Agent:
         self.socket_path = None
 
     def _close_log(self) -> None:
+        try:
+            self._flush_deferred()
+        except Exception:
+            self._deferred = []
         if self._log_file is not None:
             self._write_log(b"", final=True)  # samples still held, and a gzip trailer
         log, self._log_file = self._log_file, None
@@ -971,6 +1015,7 @@ class Agent:
                 log.close()  # unbuffered: nothing is flushed, the fd is closed
             except (OSError, ValueError):
                 pass
+        self._deferred = []
         self._close_stderr_fd()
         self._close_wake_pipe()
         try:

@@ -31,9 +31,9 @@ from __future__ import annotations
 #: Share of one core the whole agent thread aims to stay under.
 CPU_BUDGET = 0.004
 #: Share of one core granted to the live-array scan (the exact totals).
-SCAN_SHARE = 0.0015
+SCAN_SHARE = 0.001
 #: Share granted to deriving the detail (top buffers, address map, holes).
-DETAIL_SHARE = 0.0008
+DETAIL_SHARE = 0.0004
 #: Bytes per second the buffer maps may add to the stream (recordings keep
 #: every map: 8 devices x 1,250 buffers are ~140 KB a map).
 MAP_BYTES_PER_S = 1500.0
