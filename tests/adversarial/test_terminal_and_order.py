@@ -234,7 +234,9 @@ def test_a_resize_reaches_the_program(tmp_path, child_env, jaxtop):
         term.resize(132, 43)
         time.sleep(0.3)  # the relay's copy of SIGWINCH, as a person types after resizing
         term.type(b"\n")
-        out = term.read_until(b"winch")
+        # The line may arrive in pieces: wait for all of it (a wrong one is
+        # whole by the time this gives up).
+        out = term.read_until(b"winch True", timeout=15.0)
         assert b"after (132, 43) (132, 43) winch True" in out, out
     finally:
         term.close()
