@@ -158,6 +158,20 @@ class LabelRegistry:
         out.sort(key=lambda r: (-r["bytes"], r["name"]))
         return out
 
+    # -- the probe interface (jaxtop.probes.base.Probe): sample field ``labels``
+    name = "labels"
+    reason: str | None = None
+
+    def start(self) -> None:
+        """Nothing to install: :func:`label` records into the registry."""
+
+    def on_tick(self, tick: Any) -> dict[str, Any] | None:
+        return self.sample()
+
+    def stop(self) -> None:
+        """Stops recording for the agent and forgets every label."""
+        uninstall()
+
     def sample(self) -> dict[str, Any] | None:
         """The ``labels`` sample field: a record when a label's bytes changed
         (at most every ``min_interval_s``) or every ``heartbeat_s``."""
@@ -229,20 +243,26 @@ def label(name: str, tree: T) -> T:
     return tree
 
 
-def install(agent: Any) -> LabelRegistry:
-    """Lets ``label`` record for ``agent``: registers its ``labels`` sample field.
+def attach(agent: Any) -> LabelRegistry:
+    """Lets ``label`` record for ``agent``, which reads the registry as one
+    of its probes (sample field ``labels``; the registry's ``stop`` undoes this).
 
     Args:
-        agent: an object with ``register_sample_field(name, fn)`` and a
-            ``running`` attribute (jaxtop's Agent).
+        agent: an object with a ``running`` attribute (jaxtop's Agent).
 
     Returns:
         The process's registry.
     """
     global _agent_ref
-    agent.register_sample_field("labels", _registry.sample)
     _agent_ref = weakref.ref(agent)
     return _registry
+
+
+def install(agent: Any) -> LabelRegistry:
+    """Like :func:`attach`, for an agent that takes extra sample fields
+    through ``register_sample_field(name, fn)`` rather than probes."""
+    agent.register_sample_field("labels", _registry.sample)
+    return attach(agent)
 
 
 def uninstall() -> None:

@@ -18,7 +18,8 @@ import sys
 import time
 from typing import Any, Iterable, Sequence
 
-from jaxtop.probes.oom import OOM_CENSUS, human_bytes
+from jaxtop.probes.oom import OOM_CENSUS
+from jaxtop.wire.units import fmt_bytes, fmt_bytes_pair
 
 #: Block characters of the timeline's sparklines, lowest first.
 SPARK = "▁▂▃▄▅▆▇█"
@@ -162,11 +163,11 @@ def request_line(census: dict[str, Any]) -> str:
     nbytes = req.get("bytes")
     if nbytes is None:
         if req.get("form") == "tpu_compile":
-            return (f"Failed: compiling needs {human_bytes(req.get('used_bytes'))} of {req.get('memory_space')} "
-                    f"but there is {human_bytes(req.get('capacity_bytes'))} "
-                    f"(over by {human_bytes(req.get('over_bytes'))})")
+            return (f"Failed: compiling needs {fmt_bytes(req.get('used_bytes'))} of {req.get('memory_space')} "
+                    f"but there is {fmt_bytes(req.get('capacity_bytes'))} "
+                    f"(over by {fmt_bytes(req.get('over_bytes'))})")
         return "Failed request: size not given by the error"
-    text = f"Failed request: {human_bytes(nbytes)} ({nbytes} bytes)"
+    text = f"Failed request: {fmt_bytes(nbytes)} ({nbytes} bytes)"
     rounded = req.get("rounded_bytes")
     if rounded and rounded != nbytes:
         text += f", rounded to {rounded}"
@@ -184,19 +185,19 @@ def _device_line(dev: dict[str, Any]) -> str:
     parts = [f"{label:<8}"]
     if dev.get("source") == "memory_stats":
         if dev.get("bytes_limit") is not None:
-            parts.append(f"in use {human_bytes(dev.get('bytes_in_use'), dev.get('bytes_limit'))}")
+            parts.append(f"in use {fmt_bytes_pair(dev.get('bytes_in_use'), dev.get('bytes_limit'))}")
         else:
-            parts.append(f"in use {human_bytes(dev.get('bytes_in_use'))}")
+            parts.append(f"in use {fmt_bytes(dev.get('bytes_in_use'))}")
         if dev.get("pool_bytes") is not None:
-            parts.append(f"pool {human_bytes(dev['pool_bytes'])}")
+            parts.append(f"pool {fmt_bytes(dev['pool_bytes'])}")
         if dev.get("largest_free_block_bytes") is not None:
-            parts.append(f"largest free block {human_bytes(dev['largest_free_block_bytes'])}")
+            parts.append(f"largest free block {fmt_bytes(dev['largest_free_block_bytes'])}")
         if isinstance(dev.get("fragmentation"), (int, float)):
             parts.append(f"fragmentation {dev['fragmentation']:.2f}")
         if dev.get("live_array_bytes") is not None:
-            parts.append(f"live arrays {human_bytes(dev['live_array_bytes'])}")
+            parts.append(f"live arrays {fmt_bytes(dev['live_array_bytes'])}")
     else:
-        parts.append(f"live arrays {human_bytes(dev.get('live_array_bytes'))} (no allocator statistics)")
+        parts.append(f"live arrays {fmt_bytes(dev.get('live_array_bytes'))} (no allocator statistics)")
     if dev.get("failed"):
         parts.append("<- the request failed here")
     return "  ".join(parts)
@@ -204,29 +205,29 @@ def _device_line(dev: dict[str, Any]) -> str:
 
 def host_line(host: dict[str, Any]) -> str:
     """RSS, address space and the limits that apply."""
-    parts = [f"RSS {human_bytes(host.get('rss_bytes'))}"]
+    parts = [f"RSS {fmt_bytes(host.get('rss_bytes'))}"]
     if host.get("peak_rss_bytes") is not None:
-        parts[-1] += f" (peak {human_bytes(host['peak_rss_bytes'])})"
+        parts[-1] += f" (peak {fmt_bytes(host['peak_rss_bytes'])})"
     if host.get("vms_bytes") is not None:
-        parts.append(f"address space {human_bytes(host['vms_bytes'])}")
+        parts.append(f"address space {fmt_bytes(host['vms_bytes'])}")
     for key, name in (("rlimit_as_bytes", "RLIMIT_AS"), ("rlimit_data_bytes", "RLIMIT_DATA"),
                       ("cgroup_limit_bytes", "cgroup memory.max")):
         if host.get(key) is not None:
-            parts.append(f"{name} {human_bytes(host[key])}")
+            parts.append(f"{name} {fmt_bytes(host[key])}")
     if host.get("mem_total_bytes") is not None:
-        parts.append(f"MemTotal {human_bytes(host['mem_total_bytes'])} "
-                     f"({human_bytes(host.get('mem_available_bytes'))} available)")
+        parts.append(f"MemTotal {fmt_bytes(host['mem_total_bytes'])} "
+                     f"({fmt_bytes(host.get('mem_available_bytes'))} available)")
     return " · ".join(parts)
 
 
 def arrays_summary(census: dict[str, Any]) -> str:
     """"11 live arrays, 900 MiB in 5 groups (100 % of what is in use)"."""
     arrays = census.get("arrays") or {}
-    text = (f"{arrays.get('count', 0)} live arrays, {human_bytes(arrays.get('bytes'))} "
+    text = (f"{arrays.get('count', 0)} live arrays, {fmt_bytes(arrays.get('bytes'))} "
             f"in {arrays.get('groups_total', 0)} groups")
     in_use = [d.get("bytes_in_use") for d in census.get("devices") or [] if d.get("source") == "memory_stats"]
     if in_use and all(isinstance(v, int) for v in in_use) and sum(in_use) > 0 and arrays.get("bytes") is not None:
-        text += f" ({100 * arrays['bytes'] / sum(in_use):.0f} % of the {human_bytes(sum(in_use))} in use)"
+        text += f" ({100 * arrays['bytes'] / sum(in_use):.0f} % of the {fmt_bytes(sum(in_use))} in use)"
     if arrays.get("aliases"):
         n = arrays["aliases"]
         text += f"; {n} {'arrays share' if n != 1 else 'array shares'} another's buffer (counted once)"
@@ -236,9 +237,9 @@ def arrays_summary(census: dict[str, Any]) -> str:
 
 
 def site_line(site: dict[str, Any]) -> str:
-    """"train.py:88 in prefetch: 12 arrays, 9.4 GiB"."""
+    """"train.py:88 in prefetch: 12 arrays, 9.40 GiB"."""
     count = site.get("count", 0)
-    text = f"{site.get('site')}: {count} array{'s' if count != 1 else ''}, {human_bytes(site.get('bytes'))}"
+    text = f"{site.get('site')}: {count} array{'s' if count != 1 else ''}, {fmt_bytes(site.get('bytes'))}"
     if site.get("via"):
         text += f" (via {site['via']})"
     if not site.get("user", True):
@@ -258,10 +259,10 @@ def timeline_rows(census: dict[str, Any], width: int = 40) -> list[tuple[str, st
         if not known:
             continue
         rows.append((labels.get(dev_id, f"device {dev_id}"), sparkline(values, width),
-                     f"{human_bytes(known[0])} -> {human_bytes(known[-1])}"))
+                     f"{fmt_bytes(known[0])} -> {fmt_bytes(known[-1])}"))
     rss = [v for v in tl.get("rss_bytes") or [] if isinstance(v, (int, float))]
     if rss:
-        rows.append(("RSS", sparkline(tl["rss_bytes"], width), f"{human_bytes(rss[0])} -> {human_bytes(rss[-1])}"))
+        rows.append(("RSS", sparkline(tl["rss_bytes"], width), f"{fmt_bytes(rss[0])} -> {fmt_bytes(rss[-1])}"))
     return rows
 
 
@@ -320,12 +321,12 @@ def format_report(census: dict[str, Any], width: int = 100) -> str:
         if groups:
             out.append(f"  {'count':>7}  {'bytes':>10}  {'each':>10}  {'array':<32} where")
             for g in groups:
-                out.append(f"  {g.get('count', 0):>7}  {human_bytes(g.get('bytes')):>10}  "
-                           f"{human_bytes(g.get('bytes_each')):>10}  {_dims(g.get('shape'), g.get('dtype')):<32} "
+                out.append(f"  {g.get('count', 0):>7}  {fmt_bytes(g.get('bytes')):>10}  "
+                           f"{fmt_bytes(g.get('bytes_each')):>10}  {_dims(g.get('shape'), g.get('dtype')):<32} "
                            f"{g.get('placement', '')}")
             rest = (arrays.get("bytes") or 0) - (arrays.get("shown_bytes") or 0)
             if arrays.get("groups_total", 0) > len(groups):
-                out.append(f"  … {arrays['groups_total'] - len(groups)} more groups, {human_bytes(rest)}")
+                out.append(f"  … {arrays['groups_total'] - len(groups)} more groups, {fmt_bytes(rest)}")
     else:
         out.append("Largest live arrays: n/a (not scanned)")
     out.append("")
@@ -334,7 +335,7 @@ def format_report(census: dict[str, Any], width: int = 100) -> str:
         out.append("Allocation sites holding the most (innermost frame of your code)")
         for site in sites["top"]:
             out.append("  " + site_line(site))
-        out.append(f"  (device memory profile: {sites.get('count', 0)} buffers, {human_bytes(sites.get('bytes'))})")
+        out.append(f"  (device memory profile: {sites.get('count', 0)} buffers, {fmt_bytes(sites.get('bytes'))})")
     else:
         out.append("Allocation sites: n/a" + (" (skipped)" if any(s.get("part") == "sites" for s in census.get("skipped") or [])
                                                else ""))
@@ -354,7 +355,7 @@ def format_report(census: dict[str, Any], width: int = 100) -> str:
         stats = log.get("stats") or {}
         if stats:
             out.append("  at the failure: " + ", ".join(
-                f"{k} {v if k == 'num_allocs' else human_bytes(v)}" for k, v in stats.items()))
+                f"{k} {v if k == 'num_allocs' else fmt_bytes(v)}" for k, v in stats.items()))
         if log.get("occupancy"):
             out.append(f"  pool: {log['occupancy'][:width - 8]}")
     out.append("")

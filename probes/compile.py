@@ -2,7 +2,9 @@
 
 Recompilation in a loop is a classic memory and speed leak; the count per
 interval makes it visible. The listener runs in the compiling thread, so it
-only bumps counters under a lock.
+only bumps counters under a lock. The events come through
+:mod:`jaxtop.probes.compile_events`, which jax sees as one listener per kind
+whichever probes subscribe.
 """
 
 from __future__ import annotations
@@ -10,33 +12,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from jaxtop.probes import compile_events
+from jaxtop.probes.compile_events import remove_listener  # noqa: F401  (importable from here)
+
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
-def remove_listener(kind: str, fn: Any) -> None:
-    """Unregister a ``jax.monitoring`` listener (``kind`` "duration" or
-    "event") on every jax we support: the public ``unregister_*`` from jax
-    0.8.3, the private ``_unregister_*_by_callback`` of 0.4.30 to 0.7.2.
-    Where neither works the caller's inactive flag leaves it inert."""
-    try:
-        from jax._src import monitoring
-    except Exception:
-        return
-    names = {"duration": ("unregister_event_duration_listener", "_unregister_event_duration_listener_by_callback"),
-             "event": ("unregister_event_listener", "_unregister_event_listener_by_callback")}[kind]
-    for name in names:
-        unregister = getattr(monitoring, name, None)
-        if unregister is None:
-            continue
-        try:
-            unregister(fn)
-        except Exception:
-            pass  # not registered (any more)
-        return
-
-
 class CompileProbe:
+    """Backend compiles (count, seconds) and persistent-cache hits since it started."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._count_total = 0
@@ -60,12 +45,11 @@ class CompileProbe:
     def start(self) -> None:
         """Register the listeners (call once jax is imported)."""
         try:
-            from jax import monitoring
-
-            monitoring.register_event_duration_secs_listener(self._on_duration)
-            monitoring.register_event_listener(self._on_event)
+            compile_events.subscribe(compile_events.DURATION, self._on_duration)
+            compile_events.subscribe(compile_events.EVENT, self._on_event)
             self.active = True
         except Exception as exc:
+            compile_events.unsubscribe(compile_events.DURATION, self._on_duration)
             self.reason = f"jax.monitoring unavailable: {exc}"
 
     def stop(self) -> None:
@@ -76,8 +60,8 @@ class CompileProbe:
             # death by SIGINT).
             return
         self.active = False
-        remove_listener("duration", self._on_duration)
-        remove_listener("event", self._on_event)
+        compile_events.unsubscribe(compile_events.DURATION, self._on_duration)
+        compile_events.unsubscribe(compile_events.EVENT, self._on_event)
 
     def total(self) -> int:
         """Backend compiles since the probe started."""

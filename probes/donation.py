@@ -15,6 +15,8 @@ import threading
 import warnings as _warnings
 from typing import Any
 
+from jaxtop.probes.base import Tick
+
 MESSAGE_PREFIX = "Some donated buffers were not usable"
 # Where jax emits the warning, across the versions we support.
 _EMITTERS = ("jax._src.interpreters.mlir", "jax._src.interpreters.pxla", "jax._src.dispatch")
@@ -42,6 +44,12 @@ class _CountingWarnings:
 
 
 class DonationProbe:
+    """Counts jax's "donated buffers were not usable" warnings (sample field
+    ``donation``), by wrapping the ``warnings`` module of the jax modules that
+    emit them; ``stop`` puts each back."""
+
+    name = "donation"
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._total = 0
@@ -76,6 +84,9 @@ class DonationProbe:
             if isinstance(getattr(module, "warnings", None), _CountingWarnings):
                 module.warnings = real
         self._patched.clear()
+
+    def on_tick(self, tick: Tick) -> dict[str, Any]:
+        return self.sample()
 
     def sample(self) -> dict[str, Any]:
         if self.reason:

@@ -29,48 +29,47 @@ every one of ``leak_passes`` consecutive passes, with nothing freed, by at
 least ``leak_min_growth`` executables is flagged as a leak (typically new
 ``jax.jit`` closures created in a loop and kept alive).
 
+The parts live beside this module, and every name is importable from here:
+the cache-miss records in :mod:`jaxtop.probes.cache_misses`, one
+executable's analysis in :mod:`jaxtop.probes.jit_entries`, the tables and
+rows in :mod:`jaxtop.probes.jit_tables`, the compile events in
+:mod:`jaxtop.probes.compile_events`.
+
 Stdlib and jax only: this runs in the user's job.
 """
 
 from __future__ import annotations
 
 import collections
-import heapq
 import itertools
-import logging
 import os
-import re
-import sys
-import sysconfig
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
+
+from jaxtop.probes import compile_events, jaxstate
+from jaxtop.probes.cache_misses import (  # noqa: F401  (importable from here)
+    _MISS_PREFIX,
+    _PERSISTENT_PREFIXES,
+    EXPLAIN_ENV,
+    EXPLAIN_OPTION,
+    MISS_LOGGERS,
+    PERSISTENT_CACHE_LOGGERS,
+    CacheMissFilter,
+    ExplainSwitch,
+    name_key,
+    parse_cache_miss,
+)
+from jaxtop.probes.jit_entries import _DEVICE_SIZES, _HOST_SIZES, _Exe, _Fn, analyse  # noqa: F401
+from jaxtop.probes.jit_tables import MAX_TABLE_EXECUTABLES, LedgerTables  # noqa: F401
 
 #: The duration event of one XLA compile (``fun_name=`` from jax 0.6.2).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: The duration event of an executable loaded from the persistent compilation
 #: cache (no compile event then): the next pass comes soon too.
 CACHE_LOAD_EVENT = "/jax/compilation_cache/cache_retrieval_time_sec"
-#: The config option, and its environment variable.
-EXPLAIN_OPTION = "jax_explain_cache_misses"
-EXPLAIN_ENV = "JAX_EXPLAIN_CACHE_MISSES"
-#: Loggers that write the tracing-cache-miss explanations: ``jax._src.pjit``
-#: up to jax 0.8.3, ``jax._src.interpreters.partial_eval`` from 0.9.2. Both
-#: are watched on every version: the move happened between those releases,
-#: and a filter on a logger that never writes such a record costs nothing.
-MISS_LOGGERS = ("jax._src.pjit", "jax._src.interpreters.partial_eval")
-#: Loggers whose persistent-cache records go from DEBUG to WARNING while the
-#: option is on (only when the persistent compilation cache is enabled).
-PERSISTENT_CACHE_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
-#: Those records' format strings start so (jax 0.6.2 to 0.10.2).
-_PERSISTENT_PREFIXES = (
-    "PERSISTENT COMPILATION CACHE MISS",
-    "Not writing persistent cache entry",
-    "Writing %s to persistent compilation cache",
-)
-_MISS_PREFIX = "TRACING CACHE MISS"
 #: CPU seconds of analysing executables paid from a credit apart, once: a
 #: ledger started beside 5,000 executables analyses them in ~10 passes of
 #: up to CATCHUP_PASS_S rather than ~4 ms a second for minutes.
@@ -78,283 +77,6 @@ CATCHUP_CREDIT_S = 1.0
 #: The most a pass adds to its budget from that credit (the program's
 #: threads get the GIL back every 5 ms meanwhile: sys.getswitchinterval()).
 CATCHUP_PASS_S = 0.05
-#: Executable rows in the ``jit_ledger`` command's reply (the largest).
-MAX_TABLE_EXECUTABLES = 20_000
-
-#: Size fields of ``CompiledMemoryStats`` → the ledger's names.
-_DEVICE_SIZES = (
-    ("argument_bytes", "argument_size_in_bytes"),
-    ("output_bytes", "output_size_in_bytes"),
-    ("alias_bytes", "alias_size_in_bytes"),
-    ("temp_bytes", "temp_size_in_bytes"),
-    ("code_bytes", "generated_code_size_in_bytes"),
-)
-_HOST_SIZES = tuple((ours, "host_" + theirs) for ours, theirs in _DEVICE_SIZES)
-
-_NAME_CHARS = re.compile(r"[^\w.-]")
-_MISS_HEAD = re.compile(
-    r"^TRACING CACHE MISS at (?P<site>.*) \((?P<fn>[^()]*)\)(?: costing [\d.]+ ms)?(?: because)?:\s*$")
-_SITE = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::\d+)?$")
-_FOR_FN = re.compile(r"^\s*for (?P<name>.+?)(?: defined at (?P<def>\S+))?\s*$")
-_NEW_FN = re.compile(r"^\s*(?P<name>.+?) id=\d+(?: defined at (?P<def>\S+))?\s*$")
-#: One argument's type change: jax 0.6.2+ and jax 0.4.30–0.5.x wording.
-_DIFF_NOW = re.compile(r"\*\s+at (?P<arg>.+?), now (?P<new>.+?) and before (?P<old>.+?)\s*$")
-_DIFF_SEEN = re.compile(r"\*\s+at (?P<arg>.+?), seen (?P<old>.+?), but now given (?P<new>.+?)\s*$")
-
-
-def name_key(name: str) -> str:
-    """One spelling for a jitted function's name, whoever reports it.
-
-    ``jax.monitoring`` says ``jit(step)`` or ``jit(<lambda>)``; the compiled
-    module is ``jit_step`` or ``jit__lambda`` (``jit__lambda_`` before jax
-    0.10): the characters a module name cannot hold become ``_``, and
-    trailing ``_`` are dropped, so all of them meet on ``jit_step`` /
-    ``jit__lambda``.
-    """
-    return _NAME_CHARS.sub("_", name).rstrip("_") or name
-
-
-def parse_cache_miss(message: str) -> dict[str, Any] | None:
-    """Read one tracing-cache-miss explanation (any wording of jax 0.4.30–0.10.2).
-
-    Args:
-        message: the log record's formatted message.
-
-    Returns:
-        None when it is not such a record; else ``kind`` (``types``: an
-        argument's shape or dtype changed; ``new_function``: first trace of
-        this function object; ``redefined``: a new function object defined on
-        a line that was traced before, the mark of jit closures created in a
-        loop; ``other``: any other key difference, in ``text``), ``fn`` (the
-        function's name as jax prints it), ``key`` (:func:`name_key` of its
-        jit), ``call_site`` (``file:line``), ``call_fn``, ``defined_at``,
-        ``arg``/``old``/``new`` of the first changed argument and ``diffs``
-        (every ``[arg, old, new]`` named, at most 4), ``text`` (the
-        explanation without its header, at most 600 characters).
-    """
-    lines = message.splitlines()
-    if not lines or not lines[0].startswith(_MISS_PREFIX):
-        return None
-    out: dict[str, Any] = {"kind": "other", "fn": None, "key": None, "call_site": None,
-                           "call_fn": None, "defined_at": None}
-    head = _MISS_HEAD.match(lines[0])
-    if head:
-        site = _SITE.match(head.group("site"))
-        out["call_site"] = f"{site.group('file')}:{site.group('line')}" if site else head.group("site")
-        out["call_fn"] = head.group("fn")
-    body = lines[1:]
-    for i, line in enumerate(body):
-        stripped = line.strip()
-        if stripped.startswith("never seen function"):
-            out["kind"] = "new_function"
-            m = _NEW_FN.match(body[i + 1]) if i + 1 < len(body) else None
-            if m:
-                out["fn"], out["defined_at"] = m.group("name"), m.group("def")
-            break
-        m = _FOR_FN.match(line)
-        if m:
-            out["fn"], out["defined_at"] = m.group("name"), m.group("def")
-            break
-    if out["kind"] == "new_function" and "re-defined repeatedly" in message:
-        out["kind"] = "redefined"
-    diffs = []
-    for line in body:
-        m = _DIFF_NOW.search(line) or _DIFF_SEEN.search(line)
-        if m and len(diffs) < 4:
-            diff = [m.group("arg"), m.group("old"), m.group("new")]
-            if diff not in diffs:
-                diffs.append(diff)
-    if diffs:
-        out["kind"] = "types" if out["kind"] == "other" else out["kind"]
-        out["arg"], out["old"], out["new"] = diffs[0]
-        out["diffs"] = diffs
-    if out["fn"]:
-        out["key"] = name_key(f"jit({out['fn']})")
-    text = "\n".join(line.rstrip() for line in body).strip()
-    out["text"] = text[:600]
-    return out
-
-
-def _site_checker() -> Callable[[str], bool]:
-    """A predicate: is this file part of jax, jaxlib, jaxtop or Python's stdlib?
-
-    The compile call site is the innermost frame that is not: the program's
-    own line (or a library of its own, such as flax) that called the jitted
-    function.
-    """
-    prefixes: list[str] = []
-    for name in ("jax", "jaxlib", "jaxtop"):
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
-        if path:
-            prefixes.append(os.path.dirname(os.path.abspath(path)) + os.sep)
-    # This module lives in jaxtop.probes, which a development tree keeps
-    # outside the jaxtop package directory.
-    prefixes.append(os.path.dirname(os.path.abspath(__file__)) + os.sep)
-    stdlib: list[str] = []
-    for key in ("stdlib", "platstdlib"):
-        try:
-            path = sysconfig.get_paths()[key]
-        except Exception:
-            continue
-        if path:
-            stdlib.append(os.path.abspath(path) + os.sep)
-    ours = tuple(prefixes)
-    std = tuple(stdlib)
-
-    def internal(file_name: str) -> bool:
-        if not file_name or file_name.startswith("<frozen"):
-            return True
-        if file_name.startswith(ours):
-            return True
-        if file_name.startswith(std):
-            # A system Python keeps site-packages under its stdlib directory:
-            # those are third-party libraries, not the stdlib.
-            return "site-packages" not in file_name and "dist-packages" not in file_name
-        return False
-
-    return internal
-
-
-class _Exe:
-    """What the ledger knows of one live executable (never the executable itself:
-    holding it would keep it loaded)."""
-
-    __slots__ = ("id", "tb", "fingerprint", "key", "row", "weight", "site", "code", "all_code")
-
-    def __init__(self, ident: int, tb: Any, fingerprint: Any, key: str, row: dict[str, Any]) -> None:
-        self.id = ident
-        # The traceback object outlives nothing but itself; while the ledger
-        # holds it, a new executable that reuses a freed one's id() has
-        # another traceback, so the cache never mistakes one for the other.
-        self.tb = tb
-        self.fingerprint = fingerprint
-        self.key = key
-        self.row = row
-        sizes = [row.get(k) for k in ("argument_bytes", "output_bytes", "temp_bytes")]
-        alias = row.get("alias_bytes") or 0
-        self.weight = sum(s for s in sizes if s) - alias
-        self.site = row.get("call_site")
-        self.code = row.get("code_bytes") or 0  # device side
-        self.all_code = self.code + (row.get("host", {}).get("code_bytes") or 0)
-
-    def same(self, e: Any) -> bool:
-        """Is ``e`` (whose id() is this entry's key) the executable analysed here?"""
-        tb = getattr(e, "traceback", None)
-        return self.tb is tb and (tb is not None or self.fingerprint == getattr(e, "fingerprint", None))
-
-
-class _Fn:
-    """One function name's history: compiles, recompile reasons, sightings.
-
-    ``live`` (ledger id → entry), ``code`` (their device code bytes) and
-    ``largest`` follow the live executables incrementally; ``row`` is the
-    function's row as last built, None once anything in it changed.
-    """
-
-    __slots__ = ("key", "compiles", "compile_s", "seen_exes", "reasons", "reasons_total", "first_t", "last_t",
-                 "live", "code", "largest", "call_site", "defined_at", "row")
-
-    def __init__(self, key: str, max_reasons: int) -> None:
-        self.key = key
-        self.compiles = 0  # from jax.monitoring
-        self.compile_s = 0.0
-        self.seen_exes = 0  # distinct executables seen by the passes
-        self.reasons: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_reasons)
-        self.reasons_total = 0
-        self.first_t: float | None = None
-        self.last_t: float | None = None
-        self.live: dict[int, _Exe] = {}
-        self.code = 0
-        self.largest: _Exe | None = None  # None with live executables: to be found again
-        self.call_site: str | None = None
-        self.defined_at: str | None = None
-        self.row: dict[str, Any] | None = None
-
-    def touch(self, t: float) -> None:
-        if self.first_t is None or t < self.first_t:
-            self.first_t = t
-        if self.last_t is None or t > self.last_t:
-            self.last_t = t
-
-    def add(self, entry: _Exe) -> None:
-        had = bool(self.live)
-        self.live[entry.id] = entry
-        self.code += entry.code
-        # Ties go to the newest (as in largest_entry).
-        if not had or (self.largest is not None and entry.weight >= self.largest.weight):
-            self.largest = entry
-
-    def remove(self, entry: _Exe) -> None:
-        if self.live.pop(entry.id, None) is None:
-            return
-        self.code -= entry.code
-        if self.largest is entry:
-            self.largest = None
-
-    def largest_entry(self) -> _Exe | None:
-        if self.largest is None and self.live:
-            self.largest = max(reversed(self.live.values()), key=lambda e: e.weight)
-        return self.largest
-
-
-class CacheMissFilter(logging.Filter):
-    """Reads JAX's cache-miss records; hides the ones jaxtop caused.
-
-    A filter on the exact logger rather than a handler: it sees each record
-    of that logger before any handler, and can drop one without changing
-    what happens to any other. A handler could not: it runs after the
-    logger's other handlers, the ``jax`` logger's own StreamHandler and the
-    root's would print the record anyway, and its mere presence would stop
-    Python's last-resort handler from printing the program's own warnings.
-
-    Args:
-        on_miss: called with the record's message for every tracing-cache-miss
-            record (on the thread that logged it; must not raise).
-        jaxtop_owns: whether the option is on only because jaxtop turned it
-            on (called per record: the program may take it over later).
-        user_local: whether the program turned the option on for this thread
-            only (``with jax.explain_cache_misses(True)``): its records are
-            the program's.
-    """
-
-    def __init__(self, on_miss: Callable[[str, float], None], jaxtop_owns: Callable[[], bool],
-                 user_local: Callable[[], bool]) -> None:
-        super().__init__()
-        self._on_miss = on_miss
-        self._jaxtop_owns = jaxtop_owns
-        self._user_local = user_local
-        self.hidden = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.msg
-        if not isinstance(msg, str):
-            return True
-        if msg.startswith(_MISS_PREFIX):
-            try:
-                self._on_miss(record.getMessage(), record.created)
-            except Exception:
-                pass
-            if self._ours():
-                # Without jaxtop this record would not exist.
-                self.hidden += 1
-                return False
-            return True
-        if record.levelno == logging.WARNING and msg.startswith(_PERSISTENT_PREFIXES) and self._ours():
-            # Without jaxtop jax would have logged it at DEBUG: do so, and
-            # let it through only where the program's logging takes DEBUG.
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            logger = logging.getLogger(record.name)
-            if not logger.isEnabledFor(logging.DEBUG):
-                self.hidden += 1
-                return False
-        return True
-
-    def _ours(self) -> bool:
-        try:
-            return self._jaxtop_owns() and not self._user_local()
-        except Exception:
-            return False
 
 
 # Probes started in this process, for the fork handler below.
@@ -377,7 +99,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class JitLedgerProbe:
+class JitLedgerProbe(LedgerTables):
     """The jit ledger of this process (see the module docstring).
 
     Call :meth:`start` once jax is imported, :meth:`sample` from the agent's
@@ -457,7 +179,6 @@ class JitLedgerProbe:
         self.cpu_share = float(cpu_share)
         self.max_interval_s = float(max_interval_s)
         self.verify_every_s = float(verify_every_s)
-        self._explain_wanted = explain
         self._catchup_credit_s = float(catchup_credit_s)
         self.active = False
         self.reason: str | None = None
@@ -465,7 +186,6 @@ class JitLedgerProbe:
         self._fns: dict[str, _Fn] = {}
         self._cache: dict[int, _Exe] = {}  # id(executable) -> analysis
         self._next_id = 1
-        self._internal: Callable[[str], bool] | None = None
         self._executables_reason: str | None = None
         # compile events
         self._compiles_total = 0
@@ -510,16 +230,7 @@ class JitLedgerProbe:
         self._streak_sites: collections.Counter[str] = collections.Counter()
         self._leak: dict[str, Any] | None = None
         self._leak_reported: dict[str, Any] | None = None
-        # jax_explain_cache_misses
-        self._explain_by: str | None = None  # "user" | "jaxtop" | None (off)
-        self._explain_reason: str | None = None
-        self._we_enabled = False
-        self._config: Any = None
-        self._orig_update: Any = None
-        self._our_update: Any = None
-        self._state: Any = None
-        self._filter: CacheMissFilter | None = None
-        self._filtered: list[logging.Logger] = []
+        self._explain = ExplainSwitch(wanted=explain)
         self._misses_total = 0
         self._listener_registered = False
         self._compile_reason: str | None = None
@@ -540,16 +251,14 @@ class JitLedgerProbe:
         self.active = True
         _probes.add(self)
         try:
-            from jax import monitoring
-
-            monitoring.register_event_duration_secs_listener(self._on_duration)
+            compile_events.subscribe(compile_events.DURATION, self._on_duration)
             self._listener_registered = True
         except Exception as exc:
             self._compile_reason = f"jax.monitoring unavailable: {exc}"
         try:
-            self._start_explain()
+            self._explain.start(self._on_miss, lambda: self.active)
         except Exception as exc:
-            self._explain_by, self._explain_reason = None, f"could not hook cache-miss explanations: {exc}"
+            self._explain.failed(f"could not hook cache-miss explanations: {exc}")
 
     def stop(self) -> None:
         """Undo every change: listener, log filters, the option, ``jax.config.update``."""
@@ -559,29 +268,8 @@ class JitLedgerProbe:
         _probes.discard(self)
         if self._listener_registered:
             self._listener_registered = False
-            from jaxtop.probes.compile import remove_listener
-
-            remove_listener("duration", self._on_duration)  # where it cannot, the inactive flag makes it inert
-        for logger in self._filtered:
-            try:
-                logger.removeFilter(self._filter)
-            except Exception:
-                pass
-        self._filtered = []
-        config, self._config = self._config, None
-        if config is not None and self._our_update is not None:
-            try:
-                if config.__dict__.get("update") is self._our_update:
-                    del config.update  # the class's method again
-            except Exception:
-                pass
-        try:
-            if self._we_enabled and self._explain_by == "jaxtop" and config is not None:
-                if getattr(config, EXPLAIN_OPTION, False):
-                    (self._orig_update or config.update)(EXPLAIN_OPTION, False)
-        except Exception:
-            pass
-        self._we_enabled = False
+            compile_events.unsubscribe(compile_events.DURATION, self._on_duration)
+        self._explain.stop()
         with self._lock:
             # Drop the tracebacks held for identity.
             self._cache.clear()
@@ -648,140 +336,10 @@ class JitLedgerProbe:
             self._dirty.add(key)
             self._news = True
 
-    # -- jax_explain_cache_misses --------------------------------------------------
-    def _start_explain(self) -> None:
-        import jax
-
-        config = jax.config
-        self._config = config
-        try:
-            from jax._src import config as config_module
-
-            self._state = getattr(config_module, "explain_cache_misses", None)
-        except Exception:
-            self._state = None
-        user_value = bool(getattr(config, EXPLAIN_OPTION))
-        if EXPLAIN_ENV in os.environ or user_value:
-            self._explain_by = "user" if user_value else None
-            if not user_value:
-                self._explain_reason = f"the program set {EXPLAIN_ENV}={os.environ.get(EXPLAIN_ENV)!r}"
-        elif self._explain_wanted:
-            self._wrap_config_update(config)
-            (self._orig_update or config.update)(EXPLAIN_OPTION, True)
-            self._we_enabled = True
-            self._explain_by = "jaxtop"
-        else:
-            self._explain_reason = f"{EXPLAIN_OPTION} is off (jaxtop left it alone)"
-        self._filter = CacheMissFilter(self._on_miss, self._jaxtop_owns, self._user_local)
-        for name in MISS_LOGGERS + PERSISTENT_CACHE_LOGGERS:
-            logger = logging.getLogger(name)
-            logger.addFilter(self._filter)
-            self._filtered.append(logger)
-
-    def _wrap_config_update(self, config: Any) -> None:
-        """Notice the program's own ``jax.config.update(EXPLAIN_OPTION, ...)``.
-
-        The option is a plain boolean: once jaxtop has set it, the program
-        setting it too changes nothing visible, yet from then on the records
-        are the program's and must reach it (and stay on after jaxtop
-        stops). The wrapper passes every call through unchanged.
-        """
-        original = config.update
-        probe = self
-
-        def update(name: Any, val: Any) -> Any:
-            if name == EXPLAIN_OPTION and probe.active:
-                probe._user_took_over(val)
-            return original(name, val)
-
-        update.__wrapped__ = original  # type: ignore[attr-defined]
-        update.__doc__ = getattr(original, "__doc__", None)
-        self._orig_update = original
-        self._our_update = update
-        config.update = update
-
-    def _user_took_over(self, value: Any) -> None:
-        self._we_enabled = False
-        self._explain_by = "user" if value else None
-        self._explain_reason = None if value else f"the program set {EXPLAIN_OPTION} to {value!r}"
-
-    def _jaxtop_owns(self) -> bool:
-        return self._we_enabled and self._explain_by == "jaxtop"
-
-    def _user_local(self) -> bool:
-        state = self._state
-        get_local = getattr(state, "get_local", None)
-        if get_local is None:
-            return False
-        return get_local() is True
-
-    def _explain_status(self) -> dict[str, Any]:
-        config = self._config
-        enabled = bool(getattr(config, EXPLAIN_OPTION, False)) if config is not None else False
-        out: dict[str, Any] = {"enabled": enabled, "by": self._explain_by if enabled else None,
-                               "misses_total": self._misses_total}
-        reason = self._explain_reason
-        if enabled and reason is None:
-            for logger in self._filtered[:len(MISS_LOGGERS)]:
-                if logger.disabled:
-                    reason = f"logger {logger.name!r} is disabled (logging configuration): no explanations"
-                elif not logger.isEnabledFor(logging.WARNING):
-                    reason = (f"logger {logger.name!r} is set above WARNING by the program's logging "
-                              "configuration: no explanations")
-                else:
-                    reason = None
-                    break
-        if reason:
-            out["reason"] = reason
-        if self._filter is not None:
-            out["hidden_total"] = self._filter.hidden
-        return out
-
     # -- passes ----------------------------------------------------------------------
-    def _fn(self, key: str) -> _Fn:
-        fn = self._fns.get(key)
-        if fn is None:
-            fn = self._fns[key] = _Fn(key, self.max_reasons)
-            self._fn_version += 1
-            if len(self._fns) > self.max_functions:
-                self._evict_functions(keep=key)
-        return fn
-
-    def _evict_functions(self, keep: str) -> None:
-        # Never the one just added (it has no time yet, and would go first).
-        idle = sorted((f for f in self._fns.values() if not f.live and f.key != keep), key=lambda f: f.last_t or 0.0)
-        for f in idle[: max(1, len(self._fns) - self.max_functions)]:
-            del self._fns[f.key]
-            self._dirty.discard(f.key)
-        self._fn_version += 1
-
-    def _stale(self, fn: _Fn) -> None:
-        """``fn``'s row changed: built again when next sent."""
-        fn.row = None
-        self._fn_version += 1
-
-    def _stale_all(self) -> None:
-        for fn in self._fns.values():
-            fn.row = None
-        self._fn_version += 1
-
     def _clients(self) -> list[Any]:
         """Every initialised backend's client; never creates one."""
-        if "jax" not in sys.modules:
-            return []
-        try:
-            from jax._src import xla_bridge
-        except Exception:
-            return []
-        if hasattr(xla_bridge, "backends_are_initialized") and not xla_bridge.backends_are_initialized():
-            return []
-        backends = getattr(xla_bridge, "_backends", None) or {}
-        clients, seen = [], set()
-        for client in list(backends.values()):
-            if id(client) not in seen:
-                seen.add(id(client))
-                clients.append(client)
-        return clients
+        return jaxstate.clients()
 
     def shift_deadlines(self, gap: float) -> None:
         """The process was stopped for ``gap`` seconds (nothing compiled or
@@ -933,244 +491,11 @@ class JitLedgerProbe:
                 if entry is not None:
                     replaced.append(id(e))
 
-    def _apply_pass(self, now: float, count: int, pending: int, gone_keys: list[int],
-                    new: list[tuple[int, _Exe]]) -> None:
-        cache = self._cache
-        # Forget the freed ones first: a new executable may reuse a freed
-        # one's id() and take its slot in the cache below.
-        gone = [cache.pop(key) for key in gone_keys]
-        for key, entry in new:
-            cache[key] = entry
-        new_entries = [entry for _, entry in new]
-        self._pending = pending
-        if gone:
-            self._gone.extend(g.id for g in gone)
-            for g in gone:
-                self._recent_gone.append(dict(g.row, last_t=round(now, 3)))
-        changed = bool(gone or new_entries)
-        if changed:
-            self._exe_version += 1
-            self._rebuild_functions(now, new_entries, gone)
-            self._code_bytes += sum(e.all_code for e in new_entries) - sum(g.all_code for g in gone)
-        self._track_growth(now, count, freed=len(gone), new_entries=new_entries)
-        if count != self._live_count or changed:
-            self._changed = True
-        if self._changed or self._dirty or self._new_rows or self._gone or self._leak != self._leak_reported:
-            self._news = True
-        self._live_count = count
-        self._pass_t = now
-        self._trend.append((round(now, 3), count))
-
     def _analyse(self, e: Any, now: float) -> _Exe:
-        """Everything the ledger keeps of one executable: called once per executable."""
+        """Everything the ledger keeps of one executable (:func:`analyse`)."""
         ident = self._next_id
         self._next_id += 1
-        row: dict[str, Any] = {"id": ident}
-        try:
-            name = e.hlo_modules()[0].name
-        except Exception:
-            name = "?"
-        row["name"] = name
-        fingerprint = getattr(e, "fingerprint", None)
-        if isinstance(fingerprint, bytes):
-            row["fingerprint"] = fingerprint.decode("ascii", "replace")
-        elif fingerprint is not None:
-            row["fingerprint"] = str(fingerprint)
-        else:
-            row["fingerprint"] = None
-        try:
-            stats = e.get_compiled_memory_stats()
-        except Exception as exc:
-            stats = None
-            row["stats_reason"] = f"get_compiled_memory_stats() failed: {type(exc).__name__}: {exc}"
-        for ours, theirs in _DEVICE_SIZES:
-            value = getattr(stats, theirs, None) if stats is not None else None
-            row[ours] = int(value) if isinstance(value, int) and value >= 0 else None
-        host = {}
-        for ours, theirs in _HOST_SIZES:
-            value = getattr(stats, theirs, None) if stats is not None else None
-            if isinstance(value, int) and value > 0:
-                host[ours] = int(value)
-        if host:
-            row["host"] = host
-        peak = getattr(stats, "peak_memory_in_bytes", None) if stats is not None else None
-        row["peak_bytes"] = int(peak) if isinstance(peak, int) and peak >= 0 else None
-        try:
-            cost = e.cost_analysis()
-            if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per module
-                cost = cost[0] if cost else {}
-            if not isinstance(cost, dict):
-                raise TypeError(f"cost_analysis() returned {type(cost).__name__}")
-            # XLA lists only the properties that are not zero.
-            row["flops"] = float(cost.get("flops", 0.0))
-            row["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
-        except Exception as exc:
-            row["flops"] = row["bytes_accessed"] = None
-            row["cost_reason"] = f"cost_analysis() failed: {type(exc).__name__}: {exc}"
-        tb = getattr(e, "traceback", None)
-        row["call_site"] = row["call_fn"] = None
-        if tb is None:
-            row["call_site_reason"] = "no traceback recorded for this executable"
-        else:
-            if self._internal is None:
-                self._internal = _site_checker()
-            try:
-                for frame in tb.frames:  # innermost first
-                    if not self._internal(frame.file_name):
-                        row["call_site"] = f"{frame.file_name}:{frame.line_num}"
-                        row["call_fn"] = frame.function_name
-                        break
-                else:
-                    row["call_site_reason"] = "compiled from jax, jaxtop or the standard library only"
-            except Exception as exc:
-                row["call_site_reason"] = f"traceback unreadable: {type(exc).__name__}: {exc}"
-        row["first_t"] = round(now, 3)
-        key = name_key(name)
-        return _Exe(ident, tb, fingerprint, key, row)
-
-    def _rebuild_functions(self, now: float, new_entries: list[_Exe], gone: list[_Exe]) -> None:
-        """The functions of the new and freed executables: their live sets, incrementally."""
-        for entry in new_entries:
-            fn = self._fn(entry.key)
-            fn.seen_exes += 1
-            fn.touch(now)
-            if entry.site:
-                fn.call_site = entry.site
-            fn.add(entry)
-            self._stale(fn)
-            self._dirty.add(fn.key)
-            if len(self._new_rows) < self.max_delta_executables:
-                self._new_rows.append(entry.row)
-            else:
-                self._new_rows_dropped += 1
-        for entry in gone:
-            fn = self._fns.get(entry.key)
-            if fn is not None:
-                fn.remove(entry)
-                self._stale(fn)
-                self._dirty.add(fn.key)
-
-    def _track_growth(self, now: float, count: int, freed: int, new_entries: list[_Exe]) -> None:
-        """The leak flag: growth on ``leak_passes`` passes in a row, nothing freed."""
-        prev = self._trend[-1] if self._trend else None
-        if prev is None:
-            return
-        if count > prev[1] and freed == 0:
-            if self._streak == 0:
-                self._streak_start = prev
-                self._streak_sites.clear()
-            self._streak += 1
-            for entry in new_entries:
-                if entry.site:
-                    self._streak_sites[entry.site] += 1
-        else:
-            self._streak = 0
-        start = self._streak_start
-        if self._streak >= self.leak_passes and start is not None and count - start[1] >= self.leak_min_growth:
-            site = self._streak_sites.most_common(1)[0][0] if self._streak_sites else None
-            growth = count - start[1]
-            seconds = now - start[0]
-            where = f" ({os.path.basename(site.rsplit(':', 1)[0])}:{site.rsplit(':', 1)[1]})" if site else ""
-            self._leak = {
-                "since_t": round(start[0], 3),
-                "from_count": start[1],
-                "count": count,
-                "growth": growth,
-                "seconds": round(seconds, 3),
-                "passes": self._streak,
-                "site": site,
-                "message": f"live executables +{growth} in {seconds:.0f} s: jit closures created in a loop?{where}",
-            }
-        elif self._leak is not None and count <= self._leak["from_count"]:
-            self._leak = None  # the executables were released
-
-    # -- what goes out -------------------------------------------------------------------
-    def _row(self, fn: _Fn) -> dict[str, Any]:
-        """``fn``'s row, built again only after it changed (rows are never
-        changed once sent: a whole table may send the same dict again)."""
-        row = fn.row
-        if row is None:
-            row = fn.row = self._fn_row(fn)
-        return row
-
-    def _fn_row(self, fn: _Fn) -> dict[str, Any]:
-        # Executables the passes saw without a compile event (compiled before
-        # jaxtop started, or loaded from the persistent cache) count too: the
-        # count is then a lower bound, and says so.
-        exact = self._fun_names_seen and fn.compiles >= fn.seen_exes
-        row: dict[str, Any] = {
-            "name": fn.key,
-            "compiles": max(fn.compiles, fn.seen_exes),
-            "compiles_source": "monitoring" if exact else "executables",
-            "compile_s": round(fn.compile_s, 6) if self._fun_names_seen else None,
-            "live": len(fn.live),
-            "call_site": fn.call_site,
-            "defined_at": fn.defined_at,
-            "first_t": round(fn.first_t, 6) if fn.first_t is not None else None,
-            "last_t": round(fn.last_t, 6) if fn.last_t is not None else None,
-            "reasons": list(fn.reasons),
-            "reasons_total": fn.reasons_total,
-        }
-        largest = fn.largest_entry()
-        for k in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes", "flops",
-                  "bytes_accessed"):
-            row[k] = largest.row.get(k) if largest is not None else None
-        row["code_bytes"] = fn.code if fn.live else None
-        return row
-
-    def _totals(self) -> dict[str, Any]:
-        out = {
-            "t": round(self._pass_t, 6) if self._pass_t is not None else round(time.time(), 6),
-            "live_count": self._live_count,
-            "code_bytes": self._code_bytes,
-            "pending": self._pending,
-            "pass_s": round(self._pass_s, 6) if self._pass_s is not None else None,
-            "pass_every_s": round(self._gap, 3),
-            "compiles_total": self._compiles_total,
-            "compiles_unattributed": self._compiles_unattributed,
-            "explain": self._explain_status(),
-            "leak": dict(self._leak) if self._leak else None,
-        }
-        if self._executables_reason:
-            out["executables_reason"] = self._executables_reason
-        if not self._listener_registered:
-            out["compiles_reason"] = self._compile_reason or "jax.monitoring not hooked"
-        return out
-
-    def _functions_locked(self) -> list[dict[str, Any]]:
-        """Every function's row, those with live executables first, then the
-        most recent; the same list while nothing in it changed."""
-        cached = self._full_functions
-        if cached is not None and cached[0] == self._fn_version:
-            return cached[1]
-        fns = sorted(self._fns.values(), key=lambda f: (not f.live, -(f.last_t or 0.0)))
-        rows = [self._row(f) for f in fns]
-        self._full_functions = (self._fn_version, rows)
-        return rows
-
-    def _largest_locked(self, limit: int) -> list[dict[str, Any]]:
-        """The rows of the ``limit`` largest analysed executables; the same
-        list while the executables did not change."""
-        cached = self._full_executables.get(limit)
-        if cached is not None and cached[0] == self._exe_version:
-            return cached[1]
-        # As sorted(..., reverse=True)[:limit]: ties stay in analysis order.
-        rows = [e.row for e in heapq.nlargest(limit, self._cache.values(), key=lambda e: e.weight)]
-        self._full_executables[limit] = (self._exe_version, rows)
-        return rows
-
-    def _full_locked(self, all_executables: bool) -> dict[str, Any]:
-        out = self._totals()
-        out["full"] = True
-        out["functions"] = self._functions_locked()
-        # The command's reply is one line: readers skip lines over 16 MiB,
-        # and an executable's row is a few hundred bytes.
-        limit = MAX_TABLE_EXECUTABLES if all_executables else self.max_full_executables
-        out["executables"] = self._largest_locked(limit)
-        if len(self._cache) > limit:
-            out["executables_left_out"] = len(self._cache) - limit
-        out["trend"] = [list(p) for p in self._trend]
-        return out
+        return analyse(e, ident, now)
 
     def sample(self, force: bool = False, full: bool = False) -> dict[str, Any] | None:
         """The sample field ``jit``: changes since the last one, or the whole table.
@@ -1228,25 +553,9 @@ class JitLedgerProbe:
             self._leak_reported = dict(self._leak) if self._leak else None
             return out
 
-    def table(self) -> dict[str, Any]:
-        """The whole ledger: every live executable, recently freed ones, the trend."""
-        with self._lock:
-            out = self._full_locked(all_executables=True)
-            out["gone_recent"] = list(self._recent_gone)
-            return out
-
     def command(self, args: dict[str, Any]) -> dict[str, Any]:
         """The ``jit_ledger`` command: a fresh pass, then :meth:`table`."""
         if not self.active:
             return {"jit_ledger": {"available": False, "reason": self.reason or "not started (jax not imported yet)"}}
         self.scan(verify=True)
         return {"jit_ledger": self.table()}
-
-    def live_count(self) -> int:
-        """Live executables at the last pass."""
-        return self._live_count
-
-    def functions(self) -> Iterable[str]:
-        """Function names in the ledger (tests, benchmarks)."""
-        with self._lock:
-            return list(self._fns)

@@ -49,7 +49,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from jaxtop.probes.holders import COMPREHENSIONS, LIBRARY, LibraryFilter, SiteKey, site_text
+from jaxtop.probes.frames import LIBRARY, NO_STACK, LibraryFilter, SiteKey, site_text, walk
+from jaxtop.probes.jaxstate import backend_ready
 
 __all__ = ["HostSyncProbe", "KINDS", "array_class_state"]
 
@@ -79,7 +80,7 @@ KINDS = {
 #: Numpy's module functions wrapped while the program has a CPU device.
 NUMPY_FUNCTIONS = {"asarray": "asarray", "array": "array", "asanyarray": "asarray"}
 #: Frames walked at most, looking for the user's.
-MAX_DEPTH = 64
+MAX_DEPTH = 64  # as jaxtop.probes.frames.MAX_DEPTH
 #: Call sites kept at most; later new ones are counted under one "other" site.
 MAX_SITES = 2000
 #: Sites listed per record (most reads first).
@@ -282,27 +283,10 @@ class HostSyncProbe:
         """One read: find the user's frame (one walk), count it. Never raises."""
         try:
             filt = self._filt
-            site: SiteKey | None = None
-            fallback: SiteKey | None = None
-            depth = 0
-            while frame is not None and depth < MAX_DEPTH:
-                code = frame.f_code
-                filename = code.co_filename
-                if not filt.is_library(filename):
-                    name = code.co_name
-                    outer = frame.f_back
-                    if name in COMPREHENSIONS and outer is not None and outer.f_code.co_filename == filename:
-                        name = f"{outer.f_code.co_name}.{name}"
-                    site = (filename, frame.f_lineno, name)
-                    break
-                # The outermost library function that names the read says what the user did.
-                kind = KINDS.get(code.co_name, kind)
-                if fallback is None and not filt.is_core(filename):
-                    fallback = (filename, frame.f_lineno, code.co_name)
-                frame = frame.f_back
-                depth += 1
-            if site is None:
-                site = fallback or NO_USER_FRAME
+            # The outermost library function that names the read says what the user did.
+            site, library, kind = walk(frame, filt, MAX_DEPTH, KINDS, kind)
+            if site is NO_STACK or (library and filt.is_core(site[0])):
+                site = NO_USER_FRAME  # jax and numpy only: no line to name
             kind = kind or "other"
             now = time.time()
             with self._lock:
@@ -340,9 +324,7 @@ class HostSyncProbe:
         wrappers only if a CPU device is there to export buffers."""
         if self._backend_checked or self.numpy_hooks != "auto" or not self.started:
             return
-        from jaxtop.probes.holders import _backend_ready
-
-        if not _backend_ready():
+        if not backend_ready():
             return
         self._backend_checked = True
         import jax

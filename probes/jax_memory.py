@@ -9,10 +9,10 @@ recorded GPU dicts; :class:`JaxMemoryProbe` calls into jax.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from typing import Any, Iterable
 
+from jaxtop.probes.jaxstate import backend_ready  # noqa: F401  (the agent asks it from here)
 from jaxtop.probes.live_arrays import LiveArrays, detail_of
 
 
@@ -160,7 +160,6 @@ def ready_address(arr: Any) -> int | None:
         return None
 
 
-
 def _addressable(sharding: Any, devices: Any) -> Iterable[Any]:
     """The devices of this process that hold a shard (``addressable_devices``
     where the sharding has it, else ``device_set`` filtered by process)."""
@@ -173,27 +172,9 @@ def _addressable(sharding: Any, devices: Any) -> Iterable[Any]:
     return [d for d in devices if getattr(d, "process_index", 0) == here]
 
 
-def backend_ready() -> bool:
-    """True once the user's program has imported jax and created a backend.
-
-    The agent must not create the backend itself: allocator settings
-    (``XLA_PYTHON_CLIENT_*``, ``XLA_FLAGS``) are read at that moment, and a
-    program may still be setting them.
-    """
-    if "jax" not in sys.modules:
-        return False
-    try:
-        from jax._src import xla_bridge
-
-        if hasattr(xla_bridge, "backends_are_initialized"):
-            return bool(xla_bridge.backends_are_initialized())
-        return bool(getattr(xla_bridge, "_backends", None))
-    except Exception:
-        return False
-
-
 class JaxMemoryProbe:
-    """Samples every local device. Call only after :func:`backend_ready`.
+    """Samples every local device. Call only after
+    :func:`jaxtop.probes.jaxstate.backend_ready`.
 
     Three cadences, each set by the agent: :meth:`sample` every tick (the
     allocator's ``memory_stats()``, cheap); :meth:`scan_live_arrays` (the

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from jaxtop.probes.base import Tick
+
 FAST_INTERVAL_S = 0.5
 SLOW_INTERVAL_S = 1.0
 
@@ -45,6 +47,8 @@ class NvmlProbe:
         pid: whose GPU memory to report (default: this process).
         nvml: the ``pynvml`` module, or a fake in tests.
     """
+
+    name = "nvml"
 
     def __init__(self, pid: int | None = None, nvml: Any = None) -> None:
         self.pid = pid if pid is not None else os.getpid()
@@ -173,6 +177,11 @@ class NvmlProbe:
                 self.poll(slow)
             except Exception as exc:  # never let the thread die loudly
                 self.errors.setdefault("poll", repr(exc))
+
+    def on_tick(self, tick: Tick) -> dict[str, Any] | None:
+        """The sample field ``nvml``: left out of samples where no driver answered
+        (the ``hello`` and ``backend`` records say why)."""
+        return self.sample() if self.available else None
 
     def sample(self) -> dict[str, Any]:
         """The latest readings (``available: false`` with a reason otherwise)."""

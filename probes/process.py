@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from jaxtop.probes.base import Tick
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -100,6 +102,19 @@ class ProcessProbe:
         (t0, cpu0), self._last_cpu = self._last_cpu, now
         wall = now[0] - t0
         return round(100.0 * (now[1] - cpu0) / wall, 1) if wall > 0 else 0.0
+
+    # -- the probe interface (jaxtop.probes.base.Probe) ------------------------
+    name = "process"
+    reason: str | None = None
+
+    def start(self) -> None:
+        """Nothing to install: the files are opened with the probe."""
+
+    def on_tick(self, tick: Tick) -> dict[str, Any]:
+        return self.sample(slow=tick.slow or tick.final)
+
+    def stop(self) -> None:
+        self.close()
 
     def sample(self, slow: bool = True) -> dict[str, Any]:
         """RSS, VMS, CPU % since the last call, thread count, start time.

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from jaxtop.probes.base import Tick
 from jaxtop.protocol import DIRECTIONS, GUARD_DIRECTIONS as _DIRECTION_TEXT
 # The log header before a message, in both forms jaxlib has written:
 # abseil's "W1202 18:34:30.919532    2146 guard_lib.cc:125] " (jaxlib 0.7 and
@@ -298,6 +299,19 @@ class TransferCounter:
         # take() of an interval with no transfer repeats the last quiet
         # record (a copy: the agent's encoder then reuses its bytes).
         self._quiet: dict[str, Any] | None = None
+
+    # -- the probe interface (jaxtop.probes.base.Probe): sample field ``transfers``
+    name = "transfers"
+    reason: str | None = None  # the capture's state is the field transfer_capture
+
+    def start(self) -> None:
+        """Nothing to install: the stderr capture feeds :meth:`add`."""
+
+    def on_tick(self, tick: Tick) -> dict[str, Any]:
+        return self.take()
+
+    def stop(self) -> None:
+        """Nothing installed."""
 
     def detail(self) -> dict[str, Any]:
         """Totals since start per direction, and every shape kept (resets nothing)."""

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import PY, TARGETS, jaxtop_cmd
-from jaxtop import budget as b
+from jaxtop import budgets as b
 from jaxtop import cli
 
 # -- the grammar ------------------------------------------------------------------
@@ -279,6 +279,32 @@ def test_check_reports_a_missing_measurement_as_na():
     report = b.check(b.parse_spec("h2d=0"), {})
     assert result(report, "h2d").status == "n/a"
     assert result(report, "h2d").measured.na == "not measured by this jaxtop"
+
+
+def test_sizes_read_as_everywhere_in_jaxtop_and_unknowns_as_na():
+    """Three significant digits, and "n/a" (never "?") for what is unknown."""
+    start = sample(100.0, devices=[gpu(0, 0, 0)])
+    end = sample(100.5, devices=[gpu(0, 2**30, 2 * 2**30)])
+    text = fold("peak=1.5GiB", start, [], end).text()
+    assert re.search(r"^  peak  2\.00 GiB > 1\.50 GiB  peak device memory", text, re.M)
+    assert b.fmt_value("bytes", None) == b.fmt_value("count", None) == b.fmt_value("rate", None) == "n/a"
+    assert b.fmt_value("bytes", 3 * 2**29) == "1.50 GiB"
+    # A buffer whose size was not sent.
+    top = [{"dtype": "float32", "shape": "[4]"}]
+    cpu_end = sample(100.4, devices=[cpu(0, 9000, 100.4, top)])
+    peak = result(fold("peak=10", sample(100.0, devices=[cpu(0, 0, 99.9)]), [], cpu_end), "peak")
+    assert "largest live buffers then: float32[4] n/a" in peak.measured.detail
+
+
+def test_compile_sites_skip_every_frame_of_jaxtop():
+    """The compile log lives in a sub-package: the frames it skips are still
+    the whole of jaxtop's, not just its own folder's."""
+    import os
+
+    import jaxtop
+    from jaxtop.budgets import compile_log
+
+    assert compile_log._JAXTOP_DIR == os.path.dirname(os.path.abspath(jaxtop.__file__))
 
 
 # -- the command line ---------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 import jax  # before the plugin's agent starts, as in most suites: it must arm the guard at once
 
-from jaxtop.budget import BudgetExceeded
+from jaxtop.budgets import BudgetExceeded
 
 STEPS = 5
 

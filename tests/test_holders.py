@@ -141,6 +141,91 @@ def test_pick_site_innermost_user_frame_else_first_outside_jax():
     assert site_text((USER, 57, "step")) == "train.py:57"
 
 
+# -- one frame filter: every probe names the same site for the same frames ---------------------------------
+
+STDLIB_FILE = os.path.join(os.path.dirname(os.__file__), "threading.py")
+#: Stacks (innermost first) with the site each must get; each site appears once.
+AGREE_STACKS = [
+    jax_stack(("step", USER, 57), ("main", USER, 99)),  # the user's frame below jax's
+    [("apply", JAX, 11), ("update", OPTAX, 20), ("train", USER, 61)],  # an installed package in between
+    [("apply", JAX, 12), ("run", STDLIB_FILE, 1000), ("loop", DATA, 8)],  # the standard library in between
+    [("apply", JAX, 13), ("<listcomp>", USER, 30), ("make_batch", USER, 30)],  # a comprehension
+    [("apply", JAX, 14), ("init", OPTAX, 21)],  # no user frame: the package's
+    [("apply", JAX, 15), ("asarray", NUMPYF, 3)],  # jax and numpy only: the innermost
+    [],  # no stack
+]
+
+
+class _TbFrame:
+    def __init__(self, function_name, file_name, line_num):
+        self.function_name, self.file_name, self.line_num = function_name, file_name, line_num
+
+
+def test_every_probe_picks_the_same_site_for_the_same_frames():
+    """Holders, the on-demand profile and the jit ledger's call site agree
+    with the frame filter's choice (the OOM census joins them later)."""
+    from types import SimpleNamespace
+
+    from jaxtop.probes import frames, memory_profile
+    from jaxtop.probes.jit_entries import analyse
+
+    data = make_pprof([buf(stack, 1, 1000 * (i + 1)) for i, stack in enumerate(AGREE_STACKS)])
+    held = {s.bytes: (k, s.library) for k, s in aggregate_profile(data).sites.items()}
+    summary = {s["bytes"]: s for s in memory_profile.summarize_profile(data, top=100)["top_sites"]}
+    for i, stack in enumerate(AGREE_STACKS):
+        site, library = frames.pick_site(stack)
+        assert held[1000 * (i + 1)] == (site, library), stack
+        filename, line, name = site
+        want = f"{name} ({os.path.basename(filename)}:{line})" if filename else name
+        assert (summary[1000 * (i + 1)]["site"], summary[1000 * (i + 1)]["file"]) == (want, filename), stack
+        assert frames.user_frame(stack) == (None if library else site)
+        assert frames.user_frame(iter(stack)) == frames.user_frame(stack)  # a generator is read lazily
+        exe = SimpleNamespace(traceback=SimpleNamespace(frames=[_TbFrame(*f) for f in stack]))
+        row = analyse(exe, 1, T0).row
+        assert row["call_site"] == (None if library else f"{filename}:{line}"), stack
+        assert row["call_fn"] == (None if library else name)
+    assert [frames.pick_site(s)[0] for s in AGREE_STACKS] == [
+        (USER, 57, "step"), (USER, 61, "train"), (DATA, 8, "loop"), (USER, 30, "make_batch.<listcomp>"),
+        (OPTAX, 21, "init"), (JAX, 15, "apply"), ("", 0, "<no stack>")]
+
+
+def test_live_frames_and_tracebacks_agree_with_the_frame_filter():
+    """The walk over live frames (host syncs), a traceback and the frame
+    sequence they make pick the same frame: library code calling back into
+    the test, as jax calls ``__float__``."""
+    from jaxtop.probes import frames
+    from jaxtop.probes.host_sync import HostSyncProbe
+
+    lib = {}
+    exec(compile("import sys\ndef call(cb):\n    return cb(sys._getframe())\n"
+                 "def fail():\n    raise ValueError('from the library')\n", JAX, "exec"), lib)
+    seen = []
+
+    def check(frame):
+        site, library, label = frames.walk(frame, names={"call": "called"}, label="none")
+        assert (site, library) == frames.pick_site(frames.python_frames(frame))
+        assert label == "called" and not library
+        assert frames.user_frame_of(frame) == site
+        probe = HostSyncProbe()
+        probe._record(frame, None)
+        assert list(probe.counts()) == [site]
+        seen.append(site)
+
+    line = sys._getframe().f_lineno + 1
+    lib["call"](check)
+    [lib["call"](check) for _ in range(1)]  # in a comprehension's frame before Python 3.12
+    name = sys._getframe().f_code.co_name
+    assert seen[0] == (__file__, line, name)
+    assert seen[1][:2] == (__file__, line + 1) and seen[1][2] in (name, f"{name}.<listcomp>")
+    try:
+        lib["fail"]()
+    except ValueError as exc:
+        tb = exc.__traceback__
+    assert frames.user_frame_of(tb) == (__file__, tb.tb_lineno, name)
+    assert frames.python_frames(tb)[0][:2] == ("fail", JAX)  # innermost first
+    assert frames.user_frame_of(None) is None
+
+
 # -- one profile -> sites ------------------------------------------------------------------------
 
 def test_aggregate_sums_buffers_per_site_and_device_and_totals_executables():

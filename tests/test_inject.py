@@ -193,8 +193,10 @@ def test_target_exiting_during_injection_is_reported(child_env):
 
 def test_python_version_mismatch_is_a_clear_refusal(monkeypatch):
     from jaxtop import inject
+    from jaxtop.inject import target
 
-    monkeypatch.setattr(inject, "_python_version_of", lambda pid: ("/usr/bin/python3.9", (3, 9)))
+    # check_target looks the version up in its own module.
+    monkeypatch.setattr(target, "_python_version_of", lambda pid: ("/usr/bin/python3.9", (3, 9)))
     with pytest.raises(inject.InjectError, match=r"runs Python 3\.9 but this jaxtop runs on"):
         inject.check_target(os.getpid())
 

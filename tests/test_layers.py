@@ -28,17 +28,27 @@ INSTALLED_AS = {"jaxtop": "jaxtop", "probes": "jaxtop/probes", "widgets": "jaxto
 # paths relative to the repository root (a folder covers its modules).
 THIRD_PARTY_AGENT = {"jax", "jaxlib", "numpy", "psutil", "pynvml", "prometheus_client"}
 WIRE = {"jaxtop", "jaxtop.protocol", "jaxtop.paths", "jaxtop.client", "jaxtop.timeline"}
+MODEL = {"numpy", "jaxtop", "jaxtop.protocol", "jaxtop.timeline", "jaxtop.wire", "jaxtop.dashboard.history",
+         "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"} | {f"jaxtop.dashboard.{m}" for m in (
+    "model", "views", "readings", "oom_views", "ledger_views", "snapshot", "backlog", "batch", "events")}
 ALLOWED = {
-    "probes": THIRD_PARTY_AGENT | {"jaxtop", "jaxtop.protocol", "jaxtop.probes"},
-    "jaxtop/agent": THIRD_PARTY_AGENT | WIRE | {"jaxtop.agent", "jaxtop.probes", "jaxtop.prometheus", "jaxtop.labels"},
+    "probes": THIRD_PARTY_AGENT | {"jaxtop", "jaxtop.protocol", "jaxtop.probes", "jaxtop.wire"},
+    "jaxtop/agent": THIRD_PARTY_AGENT | WIRE | {"jaxtop.wire"} | {"jaxtop.agent", "jaxtop.probes", "jaxtop.prometheus", "jaxtop.labels"},
     "jaxtop/labels.py": {"jax", "jaxlib"},
     "jaxtop/protocol.py": set(),
     "jaxtop/timeline.py": {"jaxtop", "jaxtop.protocol"},
     "jaxtop/paths.py": set(),
     "jaxtop/client.py": {"jaxtop", "jaxtop.protocol", "jaxtop.paths"},
     "jaxtop/export": {"orjson", "msgspec", "jaxtop", "jaxtop.protocol", "jaxtop.export"},
-    "jaxtop/dashboard/model.py": {"numpy", "jaxtop", "jaxtop.protocol", "jaxtop.timeline", "jaxtop.dashboard.history",
-                                  "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"},
+    "jaxtop/dashboard/model.py": MODEL,
+    "jaxtop/dashboard/views.py": MODEL,
+    "jaxtop/dashboard/readings.py": MODEL,
+    "jaxtop/dashboard/oom_views.py": MODEL,
+    "jaxtop/dashboard/ledger_views.py": MODEL,
+    "jaxtop/dashboard/snapshot.py": MODEL,
+    "jaxtop/dashboard/backlog.py": MODEL,
+    "jaxtop/dashboard/batch.py": MODEL,
+    "jaxtop/dashboard/events.py": MODEL,
     "jaxtop/dashboard/holders.py": set(),
     "jaxtop/dashboard/ledger.py": set(),
     "jaxtop/dashboard/history.py": {"numpy"},

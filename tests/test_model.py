@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 
 from jaxtop import synthetic
 from jaxtop.dashboard.history import History
 from jaxtop.dashboard.model import DEVICE_SERIES, DISCONNECTED, EXITED, LIVE, STALE, Model
+from jaxtop.dashboard.readings import TransferView
 
 
 def test_history_keeps_spikes_when_downsampling():
@@ -52,14 +56,14 @@ def test_snapshot_from_gpu_shaped_stream():
     assert len(snap.devices) == 2 and snap.device.id == 1
     dev = snap.device
     assert dev.source == "memory_stats"
-    assert dev.nvml is not None and dev.nvml["memory_used_bytes"] >= dev.pool_bytes >= dev.bytes_in_use
+    assert dev.nvml is not None and dev.nvml.memory_used_bytes >= dev.pool_bytes >= dev.bytes_in_use
     assert dev.allocs_per_s is not None and dev.allocs_per_s > 0
     assert dev.cached_unused_bytes == dev.pool_bytes - dev.bytes_in_use
     assert len(dev.timeline.t) == 30
     proc = snap.processes[0]
     assert proc.state == LIVE
-    assert proc.transfers["h2d"]["count_total"] >= 0
-    assert proc.transfers["h2d"]["count_per_s"] is not None
+    assert proc.transfers["h2d"].count_total >= 0
+    assert proc.transfers["h2d"].count_per_s is not None
     assert snap.process_of(dev) is proc
 
 
@@ -79,7 +83,7 @@ def test_cpu_stream_reports_reasons_not_zeros():
     assert dev.allocs_per_s is None and dev.allocs_reason
     assert dev.buffer_map == ((100, 4096),)
     assert any("NVML" in e.text for e in snap.events)
-    assert snap.processes[0].transfers["h2d"]["count_per_s"] == 30.0  # 3 in a 0.1 s interval
+    assert snap.processes[0].transfers["h2d"].count_per_s == 30.0  # 3 in a 0.1 s interval
 
 
 def test_states_stale_disconnected_exited_and_events():
@@ -215,7 +219,7 @@ def test_profile_reply_and_reset():
     _feed_synthetic(model, count=2)
     model.feed(1, {"type": "reply", "t": 5.0, "ok": True, "result": {"path": "/tmp/x.prof", "top_sites": [{"site": "f (a.py:1)", "bytes": 10}]}})
     snap = model.snapshot()
-    assert snap.processes[0].last_profile["path"] == "/tmp/x.prof"
+    assert snap.processes[0].last_profile.path == "/tmp/x.prof"
     assert snap.events[-1].kind == "profile"
     model.reset(1)
     assert model.snapshot().processes == ()
@@ -331,3 +335,157 @@ def test_the_age_of_a_scan_and_of_a_map_reaches_the_view_and_the_panels():
 
     assert span >= 5
     assert f"as of {int(span)}s ago" in text(MemoryPanel()) and f"{int(span)}s ago" in text(MemoryMapPanel())
+
+
+# -- typed views: what the widgets read ---------------------------------------------
+
+def test_views_carry_none_and_the_reason_for_what_was_not_measured():
+    """A recorded-looking stream with figures missing or unavailable: every
+    view says None (never 0) and, where the agent said why, the reason."""
+    model = Model(clock=lambda: 0.0)
+    model.feed(1, {"type": "hello", "t": 10.0, "pid": 1, "argv": ["train.py"], "interval_s": 0.1,
+                   "versions": {"jax": "0.4.30"},
+                   "nvml": {"available": True, "devices": [{"index": 0, "name": "H100", "uuid": "u", "jax_id": 0}]},
+                   "transfer_capture": {"available": False, "reason": "transfer guard unavailable in this jax"}})
+    model.feed(1, {"type": "sample", "t": 10.1, "seq": 1, "devices": [
+        {"id": 0, "platform": "gpu", "source": "memory_stats", "bytes_in_use": 100, "pool_bytes": 200,
+         "fragmentation": None, "fragmentation_reason": "cuda_async reports no pool",
+         "live_arrays": {"bytes": 90, "count": 2, "map": [[4096, 90]],
+                         "top": [{"nbytes": 90, "dtype": "float32", "shape": [3, 30], "ptr": 4096}]}}],
+        "process": {"available": False, "reason": "psutil: access denied"},
+        "donation": {"failed": 0, "failed_total": 2},  # no last_message
+        "nvml": {"available": True, "t": 10.05, "devices": [
+            {"index": 0, "memory_used_bytes": 300, "memory_total_bytes": 1000, "gpu_util_percent": None,
+             "process_memory_bytes": None, "process_memory_reason": "pid namespace: the driver sees other pids"}]}})
+    model.feed(1, {"type": "reply", "t": 10.2, "ok": True, "result": {"path": "/tmp/p.prof", "top_sites": [
+        {"site": "f (a.py:1)", "bytes": 10}]}})
+    model.feed(1, {"type": "oom_census", "t": 10.3, "id": "1-1", "pid": 1, "argv": ["train.py"],
+                   "devices": [{"id": 0, "platform": "gpu", "bytes_in_use": 100, "failed": True}],
+                   "skipped": [{"part": "sites"}]})
+    snap = model.snapshot(replay={"playing": True, "speed": 1.0, "t": 10.1, "t_start": 10.0, "t_end": None,
+                                  "indexing": [1, 4], "index_error": None, "pending_seek": None})
+    proc, dev = snap.processes[0], snap.device
+
+    host = proc.process
+    assert host.available is False and host.na_reason == "psutil: access denied"
+    assert host.rss_bytes is None and host.cpu_percent is None and host.threads is None
+    assert (proc.compile.count_total, proc.compile.seconds_total, proc.compile.cache_hits_total) == (None, None, None)
+    assert proc.donation.failed_total == 2 and proc.donation.last_message is None
+    assert proc.capture.available is False and proc.capture.na_reason == "transfer guard unavailable in this jax"
+    assert proc.nvml_status.available is True and proc.nvml_status.na_reason is None
+    # The sample had no transfers: every direction's figures are None, not 0.
+    assert set(proc.transfers) == {"h2d", "d2h", "d2d"} and proc.top_shapes == ()
+    assert all(v == TransferView() for v in proc.transfers.values())
+    assert proc.jax_version == "0.4.30"
+    assert proc.last_profile.path == "/tmp/p.prof" and proc.last_profile.error is None
+    assert proc.last_profile.top_sites[0].bytes == 10 and proc.last_profile.top_sites[0].allocations is None
+
+    gpu = dev.nvml
+    assert gpu.memory_used_bytes == 300 and gpu.gpu_util_percent is None and gpu.temperature_c is None
+    assert gpu.process_memory_bytes is None and gpu.process_memory_reason.startswith("pid namespace")
+    assert proc.nvml.t == 10.05 and proc.nvml.gpus == (gpu,)
+    assert dev.fragmentation is None and dev.fragmentation_reason == "cuda_async reports no pool"
+    assert dev.num_allocs is None and dev.allocs_per_s is None and dev.allocs_reason == "allocator reports no num_allocs"
+    buf = dev.top_buffers[0]
+    assert (buf.nbytes, buf.dtype, buf.shape, buf.ptr) == (90, "float32", "[3, 30]", 4096)
+
+    census = proc.oom_censuses[0]
+    assert census.arrays is None and census.sites == () and census.skipped_parts == ("sites",)
+    assert census.host is None and census.verdict is None and census.message is None
+    d = census.devices[0]
+    assert d.label == "gpu:0" and d.failed and d.bytes_in_use == 100 and d.pool_bytes is None and d.fragmentation is None
+    assert snap.replay.indexing == (1, 4) and snap.replay.t_end is None and snap.replay.playing
+
+    # A CPU process whose hello says NVML is unavailable, with a sample that
+    # lacks most objects: the reasons reach the views, the figures stay None.
+    model.feed(2, {"type": "hello", "t": 10.0, "pid": 2, "argv": ["x.py"], "interval_s": 0.1,
+                   "nvml": {"available": False, "reason": "NVML unavailable: NVMLError_LibraryNotFound"}})
+    model.feed(2, {"type": "sample", "t": 10.1, "seq": 1, "process": {"rss_bytes": 4096},
+                   "devices": [{"id": 0, "platform": "cpu", "source": "live_arrays", "bytes_in_use": 0}]})
+    cpu = next(p for p in model.snapshot().processes if p.pid == 2)
+    assert cpu.nvml_status.available is False and cpu.nvml_status.na_reason.startswith("NVML unavailable")
+    assert cpu.nvml is None and cpu.capture.available is None and cpu.jax_version is None
+    assert cpu.process.available and cpu.process.rss_bytes == 4096 and cpu.process.vms_bytes is None
+    assert cpu.process.peak_rss_bytes is None and cpu.donation.failed_total is None
+    cpu_dev = next(d for d in model.snapshot().devices if d.pid == 2)
+    assert cpu_dev.nvml is None and cpu_dev.bytes_in_use == 0 and cpu_dev.pool_bytes is None
+
+
+def test_views_answer_callers_written_against_the_old_dicts():
+    """Tests and scripts that read ``proc.process["rss_bytes"]`` or a
+    direction's ``["count_total"]`` keep working; widgets use attributes."""
+    model = Model()
+    _feed_synthetic(model, count=3)
+    proc = model.snapshot().processes[0]
+    assert proc.process["rss_bytes"] == proc.process.rss_bytes > 0 and proc.process.get("no_such_key", 1) == 1
+    assert {d: v["count_total"] for d, v in proc.transfers.items()} == {d: v.count_total for d, v in proc.transfers.items()}
+    assert (proc.transfers.get("h2d") or {}).get("count_total") == proc.transfers["h2d"].count_total
+
+
+# -- widgets read no wire keys --------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Parts of docs/protocol.md that list the fields of the agent's records:
+#: hello, backend and sample (to the dropped record), and the OOM census,
+#: holders and jit ledger sections at its end.
+PROTOCOL_SECTIONS = (("## Records from the agent", "### `dropped`"), ("## OOM census", None))
+#: ``live_arrays.unmapped``'s kinds: the memory map renderable takes the
+#: counts as that dict (``DeviceView.unmapped``), and so reads its keys.
+UNMAPPED_KEYS = frozenset({"not_ready", "sharded", "last_address"})
+
+
+def _wire_keys() -> set[str]:
+    """Every name in backticks in the record sections of docs/protocol.md."""
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    keys: set[str] = set()
+    for start, end in PROTOCOL_SECTIONS:
+        part = text[text.index(start):text.index(end) if end else len(text)]
+        for span in re.findall(r"`([^`]+)`", part):
+            keys.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span))
+    return keys
+
+
+def _key_reads(source: str) -> list[tuple[int, str]]:
+    """``(line, key)`` of each ``x["key"]`` and ``x.get("key", …)`` in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            key = node.args[0].value
+        if isinstance(key, str):
+            found.append((node.lineno, key))
+    return found
+
+
+def _ui_sources() -> list[Path]:
+    """The widgets (every module, a split render package included), the app and its screens."""
+    dashboard = ROOT / "jaxtop" / "dashboard"
+    return sorted((ROOT / "widgets").rglob("*.py")) + [dashboard / "app.py"] + sorted(dashboard.glob("*_screen.py"))
+
+
+def test_the_wire_key_list_comes_from_the_protocol_document():
+    keys = _wire_keys()
+    assert {"rss_bytes", "vms_bytes", "cpu_percent", "threads", "count_total", "seconds_total", "cache_hits_total",
+            "failed_total", "last_message", "memory_used_bytes", "gpu_util_percent", "process_memory_reason",
+            "available", "reason", "bytes_known_total", "top_shapes", "nbytes", "verdict", "groups_total"} <= keys
+
+
+def test_widgets_read_no_wire_keys():
+    keys = _wire_keys()
+    bad = []
+    for path in _ui_sources():
+        source = path.read_text()
+        # The memory map renderable reads the unmapped counts' kinds.
+        allowed = UNMAPPED_KEYS if "class MemoryMap(" in source else set()
+        for line, key in _key_reads(source):
+            if key in keys and key not in allowed:
+                bad.append(f"{path.relative_to(ROOT)}:{line} reads the wire key {key!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_wire_key_scan_catches_a_subscript_and_a_get():
+    source = 'def f(p, g):\n    return p.process["rss_bytes"], g.get("gpu_util_percent", "n/a"), p.get(k), p[0]\n'
+    assert [key for _, key in _key_reads(source)] in (["rss_bytes", "gpu_util_percent"], ["gpu_util_percent", "rss_bytes"])

@@ -26,8 +26,9 @@ from jaxtop import oom_report
 from jaxtop.probes import oom
 from jaxtop.probes.oom import (
     AllocatorLog, OomLineScanner, OomMonitor, build_census, device_verdict, group_live_arrays, host_verdict,
-    human_bytes, parse_allocator_line, parse_oom_message, parse_size,
+    parse_allocator_line, parse_oom_message, parse_size,
 )
+from jaxtop.wire.units import fmt_bytes
 
 TARGETS = Path(__file__).parent / "targets"
 HOLD = TARGETS / "oom_hold.py"
@@ -65,12 +66,15 @@ def test_parse_size_reads_xla_sizes(text, expected):
     assert parse_size(text) == expected
 
 
-def test_human_bytes_shares_one_unit_for_pairs():
-    assert human_bytes(78.2 * GiB, 79.1 * GiB) == "78.2 of 79.1 GiB"
-    assert human_bytes(805306368) == "768 MiB"
-    assert human_bytes(3.1 * GiB) == "3.1 GiB"
-    assert human_bytes(512) == "512 B"
-    assert human_bytes(None) == "n/a"
+def test_the_old_byte_formatter_name_is_the_one_formatter():
+    # human_bytes stays importable for the modules that still use it; it is
+    # jaxtop's one byte formatter, so the census reads as every panel does.
+    from jaxtop.probes.oom import human_bytes
+
+    assert human_bytes is fmt_bytes
+    assert human_bytes(3.1 * GiB) == "3.10 GiB" and human_bytes(None) == "n/a"
+    with pytest.raises(AttributeError):
+        oom.no_such_name
 
 
 @pytest.mark.parametrize("text,form,nbytes,ordinal", [
@@ -281,12 +285,12 @@ def test_scanner_runs_where_the_relay_does():
 def test_device_verdict_tells_fragmentation_from_a_full_pool():
     frag = {"bytes_in_use": int(76 * GiB), "bytes_limit": int(79.1 * GiB), "pool_bytes": int(79.1 * GiB),
             "largest_free_block_bytes": int(0.4 * GiB)}
-    assert device_verdict(frag, GiB) == ("fragmentation: 3.1 GiB free in the pool but the largest free block is "
-                                         "410 MiB; the request was 1.0 GiB")
+    assert device_verdict(frag, GiB) == ("fragmentation: 3.10 GiB free in the pool but the largest free block is "
+                                         "410 MiB; the request was 1.00 GiB")
     full = {"bytes_in_use": int(78.2 * GiB), "bytes_limit": int(79.1 * GiB), "pool_bytes": int(79.1 * GiB),
             "largest_free_block_bytes": int(0.9 * GiB)}
-    assert device_verdict(full, 2 * GiB).startswith("the pool is full: 78.2 of 79.1 GiB in use; the request of 2.0 GiB "
-                                                    "needed 1.1 GiB more")
+    assert device_verdict(full, 2 * GiB).startswith("the pool is full: 78.2 of 79.1 GiB in use; the request of "
+                                                    "2.00 GiB needed 1.10 GiB more")
     # Without a known request, BFC's own fragmentation measure decides.
     assert device_verdict(frag).startswith("fragmentation:")
     assert device_verdict(full).startswith("the pool is full")
@@ -296,10 +300,10 @@ def test_device_verdict_tells_fragmentation_from_a_full_pool():
 def test_host_verdict_names_the_limit_that_applies():
     host = {"rss_bytes": int(1.2 * GiB), "vms_bytes": int(2.9 * GiB), "rlimit_as_bytes": 3 * GiB, "mem_total_bytes": 64 * GiB}
     text = host_verdict(host, 900 * MiB, 2 * GiB)
-    assert text == ("live arrays hold 900 MiB of the process's RSS 1.2 GiB; limit 3.0 GiB (RLIMIT_AS; 2.9 GiB of "
-                    "address space in use); the request was 2.0 GiB")
+    assert text == ("live arrays hold 900 MiB of the process's RSS 1.20 GiB; limit 3.00 GiB (RLIMIT_AS; 2.90 GiB of "
+                    "address space in use); the request was 2.00 GiB")
     text = host_verdict({"rss_bytes": GiB, "mem_total_bytes": 64 * GiB, "mem_available_bytes": GiB}, 0)
-    assert "limit 64.0 GiB (MemTotal; 1.0 GiB available)" in text
+    assert "limit 64.0 GiB (MemTotal; 1.00 GiB available)" in text
 
 
 # ---------------------------------------------------------------------------
@@ -475,7 +479,7 @@ def test_threading_excepthook_takes_the_census_and_chains(tmp_path):
 def test_jax_error_is_seen_when_made_even_if_caught(tmp_path, monkeypatch):
     import jax
 
-    monkeypatch.setattr(oom, "MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(oom.monitor, "MIN_INTERVAL_S", 0.0)
     cls = jax.errors.JaxRuntimeError
     before = cls.__dict__.get("__init__")
     monitor = oom.install(None, directory=str(tmp_path), note=False)
@@ -503,7 +507,7 @@ def test_rate_limit_counts_what_it_skipped(tmp_path, monkeypatch):
     # An uncaught OOM is taken even within the interval: the program ends.
     fatal = monitor.census("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes.", {"how": "uncaught"}, force=True)
     assert fatal is not None and fatal["suppressed_before"] == 2
-    monkeypatch.setattr(oom, "MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(oom.monitor, "MIN_INTERVAL_S", 0.0)
     for _ in range(10):
         monitor.census("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes.", {"how": "raised"})
     assert len(monitor.censuses) == oom.MAX_CENSUSES
@@ -511,7 +515,7 @@ def test_rate_limit_counts_what_it_skipped(tmp_path, monkeypatch):
 
 
 def test_allocator_line_without_an_exception_brings_a_census_on_the_agent_thread(tmp_path, monkeypatch):
-    monkeypatch.setattr(oom, "GRACE_S", 0.0)
+    monkeypatch.setattr(oom.monitor, "GRACE_S", 0.0)
     agent = FakeAgent()
     monitor = OomMonitor(agent, directory=str(tmp_path), note=False, profile=False)
     monitor.installed = True
@@ -559,14 +563,14 @@ def sample_census() -> dict:
             {"id": 0, "platform": "gpu", "source": "memory_stats", "bytes_in_use": int(76 * GiB),
              "bytes_limit": int(79.1 * GiB), "pool_bytes": int(79.1 * GiB), "largest_free_block_bytes": int(0.4 * GiB),
              "fragmentation": 0.87, "live_array_bytes": int(75 * GiB), "failed": True,
-             "verdict": "fragmentation: 3.1 GiB free in the pool but the largest free block is 410 MiB; the request was 1.0 GiB"},
+             "verdict": "fragmentation: 3.10 GiB free in the pool but the largest free block is 410 MiB; the request was 1.00 GiB"},
             {"id": 1, "platform": "gpu", "source": "memory_stats", "bytes_in_use": 10 * GiB, "bytes_limit": int(79.1 * GiB),
              "pool_bytes": 12 * GiB, "largest_free_block_bytes": 2 * GiB, "fragmentation": 0.0,
              "live_array_bytes": 10 * GiB, "failed": False, "verdict": "the pool is full: 10.0 of 79.1 GiB in use"},
         ],
         "host": {"rss_bytes": 8 * GiB, "vms_bytes": 90 * GiB, "rlimit_as_bytes": None, "mem_total_bytes": 512 * GiB,
                  "mem_available_bytes": 400 * GiB},
-        "verdict": "fragmentation: 3.1 GiB free in the pool but the largest free block is 410 MiB; the request was 1.0 GiB",
+        "verdict": "fragmentation: 3.10 GiB free in the pool but the largest free block is 410 MiB; the request was 1.00 GiB",
         "arrays": {"groups": [
             {"shape": [12, 8192, 8192], "dtype": "float32", "placement": "gpu:0", "count": 12, "bytes": 12 * 3 * GiB,
              "bytes_each": 3 * GiB},
@@ -593,12 +597,12 @@ def sample_census() -> dict:
 def test_report_text_names_what_held_the_memory():
     text = oom_report.format_report(sample_census(), width=100)
     assert "Out of memory: uncaught jax.errors.JaxRuntimeError in thread MainThread at train.py:120 in step" in text
-    assert ("Failed request: 1.0 GiB (1073741824 bytes) on gpu:0 (allocator GPU_0_bfc), op jit(step)/dot_general"
+    assert ("Failed request: 1.00 GiB (1073741824 bytes) on gpu:0 (allocator GPU_0_bfc), op jit(step)/dot_general"
             in text)
-    assert "Verdict: fragmentation: 3.1 GiB free in the pool but the largest free block is 410 MiB" in text
-    assert "train.py:88 in prefetch: 12 arrays, 9.4 GiB" in text
-    assert "model.py:40 in init: 300 arrays, 2.0 GiB (via linear.py:12 in param)" in text
-    assert re.search(r"\s12\s+36\.0 GiB\s+3\.0 GiB\s+float32\[12, 8192, 8192\]\s+gpu:0", text)
+    assert "Verdict: fragmentation: 3.10 GiB free in the pool but the largest free block is 410 MiB" in text
+    assert "train.py:88 in prefetch: 12 arrays, 9.40 GiB" in text
+    assert "model.py:40 in init: 300 arrays, 2.00 GiB (via linear.py:12 in param)" in text
+    assert re.search(r"\s12\s+36\.0 GiB\s+3\.00 GiB\s+float32\[12, 8192, 8192\]\s+gpu:0", text)
     assert "… 3 more groups, 48.5 GiB" in text
     assert "gpu:0    ▁▂▃▃▄▅▆▆▇█  40.0 GiB -> 76.0 GiB" in text
     assert "Census took 142.0 ms of a 2.0 s budget; complete" in text
@@ -610,7 +614,7 @@ def test_jaxtop_oom_main_reads_a_census_file_and_a_recording(tmp_path, capsys): 
     path.write_text(json.dumps(census, indent=1))
     assert oom_report.main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "train.py:88 in prefetch: 12 arrays, 9.4 GiB" in out and out == oom_report.format_report(census, width=100)
+    assert "train.py:88 in prefetch: 12 arrays, 9.40 GiB" in out and out == oom_report.format_report(census, width=100)
     # A gzip recording: the census rides in a sample (an older copy) and as a record (the last copy wins).
     older = dict(census, verdict="older copy")
     lines = [{"type": "hello", "t": 1.0, "pid": 4242}, {"type": "sample", "t": 2.0, "seq": 1, "oom_census": older},
@@ -636,7 +640,7 @@ def test_report_and_view_take_a_census_that_failed_half_way(monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("boom")
 
-    monkeypatch.setattr(oom, "_build_census", broken)
+    monkeypatch.setattr(oom.census, "_build_census", broken)
     census = build_census(message="RESOURCE_EXHAUSTED: Out of memory allocating 64 bytes.")
     assert census["errors"] == ["census: ValueError: boom"] and census["request"]["bytes"] == 64
     text = oom_report.format_report(census)
@@ -689,7 +693,7 @@ async def test_oom_screen_shows_a_pushed_census_and_closes():
         await pilot.pause(0.1)
         assert isinstance(app.screen, OomScreen)
         shown = _static_text(app.screen)
-        assert "train.py:88 in prefetch: 12 arrays, 9.4 GiB" in shown and "census 1 of 2" in shown
+        assert "train.py:88 in prefetch: 12 arrays, 9.40 GiB" in shown and "census 1 of 2" in shown
         await pilot.press("n")
         assert "70.0 of 79.1 GiB" in _static_text(app.screen) and "census 2 of 2" in _static_text(app.screen)
         await pilot.press("escape")
@@ -778,7 +782,7 @@ def test_uncaught_oom_census_names_the_arrays_and_sites_and_leaves_the_run_alone
     params = sites[f"oom_hold.py:{marker_line(HOLD, 'PARAMS_LINE')} in params"]
     assert (params["count"], params["bytes"]) == (2, 4 * MiB + 4096)
     assert census["sites"]["top"][0]["site"] == cache["site"]
-    assert census["verdict"].startswith(f"live arrays hold {human_bytes(census['arrays']['bytes'])} of the process's RSS")
+    assert census["verdict"].startswith(f"live arrays hold {fmt_bytes(census['arrays']['bytes'])} of the process's RSS")
     assert "(RLIMIT_AS;" in census["verdict"] and census["complete"]
     assert census["timeline"]["t"] and census["timeline"]["last_is_census"]
     # The stream carries it too, and `jaxtop oom` reads it from the recording.

@@ -216,13 +216,30 @@ def test_cached_call_does_not_count(compile_probe):
 def test_compile_probe_unregisters_on_stop():
     from jax._src import monitoring
 
-    probe = CompileProbe()
+    from jaxtop.probes import compile_events
+    from jaxtop.probes.executables import JitLedgerProbe
+
+    ours = compile_events.listener(compile_events.DURATION), compile_events.listener(compile_events.EVENT)
+    probe, other, ledger = CompileProbe(), CompileProbe(), JitLedgerProbe(explain=False)
     probe.start()
-    assert probe._on_duration in monitoring.get_event_duration_listeners()
-    assert probe._on_event in monitoring.get_event_listeners()
+    other.start()
+    ledger.start()
+    assert ledger._on_duration in compile_events.subscribers(compile_events.DURATION)
+    # Three probes, one jaxtop listener per kind in jax's lists.
+    assert monitoring.get_event_duration_listeners().count(ours[0]) == 1
+    assert monitoring.get_event_listeners().count(ours[1]) == 1
+    assert probe._on_duration in compile_events.subscribers(compile_events.DURATION)
+    assert probe._on_event in compile_events.subscribers(compile_events.EVENT)
+    ledger.stop()
+    other.stop()
     probe.stop()
-    assert probe._on_duration not in monitoring.get_event_duration_listeners()
-    assert probe._on_event not in monitoring.get_event_listeners()
+    assert probe._on_duration not in compile_events.subscribers(compile_events.DURATION)
+    assert probe._on_event not in compile_events.subscribers(compile_events.EVENT)
+    # The last subscriber out takes the listener out of jax.
+    if not compile_events.subscribers(compile_events.DURATION):
+        assert ours[0] not in monitoring.get_event_duration_listeners()
+    if not compile_events.subscribers(compile_events.EVENT):
+        assert ours[1] not in monitoring.get_event_listeners()
     total = probe.sample()["count_total"]
     import jax.numpy as jnp
 

@@ -162,8 +162,17 @@ def section(out: str, test: str) -> str:
     return match.group(1)
 
 
+#: How a session loads the plugin: through jaxtop's pytest11 entry point, or
+#: by the module's own name (what the entry point is to name).
+LOADS = {
+    "entry-point": ("jaxtop", ()),
+    "module": ("jaxtop.budgets.pytest_plugin", ("-p", "no:jaxtop", "-p", "jaxtop.budgets.pytest_plugin")),
+}
+
+
 @pytest.mark.slow
-def test_a_test_that_fails_on_its_own_keeps_its_failure(inner):
+@pytest.mark.parametrize("load", sorted(LOADS))
+def test_a_test_that_fails_on_its_own_keeps_its_failure(inner, load):
     inner.makepyfile(test_own=WORKLOAD + textwrap.dedent("""
 
         @pytest.mark.jaxtop_budget("h2d=0")
@@ -173,7 +182,7 @@ def test_a_test_that_fails_on_its_own_keeps_its_failure(inner):
             feed_numpy(2)
             assert False, "its own failure"
     """))
-    result = run_inner(inner)
+    result = run_inner(inner, *LOADS[load][1])
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "AssertionError: its own failure" in out
@@ -182,7 +191,9 @@ def test_a_test_that_fails_on_its_own_keeps_its_failure(inner):
     assert "the test's own line on fd 2" in section(out, "test_fails_and_transfers")
 
 
-def test_the_plugin_stays_off_in_a_session_that_does_not_use_it(inner):
+@pytest.mark.parametrize("load", sorted(LOADS))
+def test_the_plugin_stays_off_in_a_session_that_does_not_use_it(inner, load):
+    name, args = LOADS[load]
     inner.makepyfile(test_plain="""
         import os
         import sys
@@ -190,17 +201,20 @@ def test_the_plugin_stays_off_in_a_session_that_does_not_use_it(inner):
 
 
         def test_nothing_started(request, capfd):
-            assert request.config.pluginmanager.hasplugin("jaxtop")
+            assert request.config.pluginmanager.hasplugin(PLUGIN)
             from jaxtop.agent.handle import current
 
             assert current() is None
             assert "jax" not in sys.modules  # the plugin imports no jax
             assert "jaxtop.budget" not in sys.modules
+            # Of its package, only the plugin itself is loaded.
+            loaded = sorted(m for m in sys.modules if m.startswith("jaxtop.budgets."))
+            assert loaded == ["jaxtop.budgets.pytest_plugin"], loaded
             assert not [t for t in threading.enumerate() if t.name.startswith("jaxtop")]
             os.write(2, b"plain fd 2\\n")
             assert capfd.readouterr().err == "plain fd 2\\n"  # fd 2 is pytest's
-    """)
-    result = run_inner(inner)
+    """.replace("PLUGIN", repr(name)))
+    result = run_inner(inner, *args)
     result.assert_outcomes(passed=1)
-    markers = inner.runpytest_subprocess("--markers", timeout=120)
+    markers = inner.runpytest_subprocess(*args, "--markers", timeout=120)
     assert "@pytest.mark.jaxtop_budget(spec=None, **limits)" in markers.stdout.str()

@@ -10,24 +10,13 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
+from jaxtop.widgets import fmt
 from jaxtop.widgets.render import (
-    H_EIGHTHS,
-    V_EIGHTHS,
-    Gauge,
-    LayersBar,
-    MemoryMap,
-    MiniBars,
-    Series,
-    Strip,
-    Timeline,
-    TimelineStack,
-    fmt_bytes,
-    fmt_duration,
-    fmt_rate,
+    H_EIGHTHS, V_EIGHTHS, Gauge, LayersBar, MemoryMap, MiniBars, Series, Strip, Timeline, TimelineStack, fmt_bytes, fmt_duration, fmt_rate,
 )
+from jaxtop.wire import units
 
-GiB = 2**30
-MiB = 2**20
+GiB, MiB = 2**30, 2**20
 WIDTHS = (20, 40, 80, 200)
 
 
@@ -48,12 +37,8 @@ def eighths(text: str) -> int:
 
 
 def layers(nvml=60 * GiB, pool=40 * GiB, in_use=12 * GiB, live=11 * GiB):
-    return [
-        ("NVML used", nvml, "magenta", "CPU device" if nvml is None else None),
-        ("pool", pool, "blue"),
-        ("in use", in_use, "green"),
-        ("live arrays", live, "cyan"),
-    ]
+    nvml_layer = ("NVML used", nvml, "magenta", "CPU device" if nvml is None else None)
+    return [nvml_layer, ("pool", pool, "blue"), ("in use", in_use, "green"), ("live arrays", live, "cyan")]
 
 
 def spike_series(n: int = 10_000, at: int = 4321) -> Series:
@@ -69,22 +54,11 @@ def spike_series(n: int = 10_000, at: int = 4321) -> Series:
 @pytest.mark.parametrize(
     ("n", "text"),
     [
-        (0, "0 B"),
-        (512, "512 B"),
-        (1023, "1023 B"),
-        (1024, "1.00 KiB"),
-        (1536, "1.50 KiB"),
-        (12.3 * MiB, "12.3 MiB"),
-        (123 * MiB, "123 MiB"),
-        (1.02 * GiB, "1.02 GiB"),
-        (80 * GiB, "80.0 GiB"),
+        (0, "0 B"), (512, "512 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),
+        (12.3 * MiB, "12.3 MiB"), (123 * MiB, "123 MiB"), (1.02 * GiB, "1.02 GiB"), (80 * GiB, "80.0 GiB"),
         (999.7 * 1024, "0.976 MiB"),  # never "1e+03 KiB" or 4 digits of KiB
-        (2**40, "1.00 TiB"),
-        (-1536, "-1.50 KiB"),
-        (np.int64(2048), "2.00 KiB"),
-        (np.float32(3 * MiB), "3.00 MiB"),
-        (None, "n/a"),
-        (float("nan"), "n/a"),
+        (2**40, "1.00 TiB"), (-1536, "-1.50 KiB"), (np.int64(2048), "2.00 KiB"), (np.float32(3 * MiB), "3.00 MiB"),
+        (None, "n/a"), (float("nan"), "n/a"),
     ],
 )
 def test_fmt_bytes(n, text):
@@ -94,16 +68,8 @@ def test_fmt_bytes(n, text):
 @pytest.mark.parametrize(
     ("x", "unit", "text"),
     [
-        (12.34, "", "12.3/s"),
-        (5, "allocs", "5 allocs/s"),
-        (0, "", "0/s"),
-        (0.25, "", "0.25/s"),
-        (1234, "", "1.23k/s"),
-        (999.9, "", "1k/s"),
-        (2.5e6, "", "2.5M/s"),
-        (1536, "B", "1.50 KiB/s"),
-        (None, "allocs", "n/a"),
-        (float("nan"), "", "n/a"),
+        (12.34, "", "12.3/s"), (5, "allocs", "5 allocs/s"), (0, "", "0/s"), (0.25, "", "0.25/s"), (1234, "", "1.23k/s"),
+        (999.9, "", "1k/s"), (2.5e6, "", "2.5M/s"), (1536, "B", "1.50 KiB/s"), (None, "allocs", "n/a"), (float("nan"), "", "n/a"),
     ],
 )
 def test_fmt_rate(x, unit, text):
@@ -151,11 +117,9 @@ CPU_REASON = "memory_stats() is None on cpu backend: the allocator reports no po
 
 def _three_strips(t, v):
     ratio = np.clip(v / v.max(), 0, 1)
-    return [
-        Strip("memory", [Series("in use", t, v, v, "green", "fill")], unit="bytes", min_rows=3),
-        Strip("", [Series("fragmentation", t, ratio, ratio, "yellow", "fill")], unit="%", y_max=1.0),
-        Strip("transfers/s", [Series("h2d", t, t, t, "cyan", "fill")], unit="/s", min_rows=2),
-    ]
+    return [Strip("memory", [Series("in use", t, v, v, "green", "fill")], unit="bytes", min_rows=3),
+            Strip("", [Series("fragmentation", t, ratio, ratio, "yellow", "fill")], unit="%", y_max=1.0),
+            Strip("transfers/s", [Series("h2d", t, t, t, "cyan", "fill")], unit="/s", min_rows=2)]
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -434,10 +398,9 @@ def test_memory_map_unexplained_missing_buffers_are_counted():
 
 
 @pytest.mark.parametrize(("unmapped", "text"), [
-    ({"not_ready": 3}, "no buffer addresses yet: 3 buffers still computing"),
+    ({"not_ready": 3}, "no buffer addresses yet: 3 buffers still computing"), ({}, "no buffer addresses in this scan (3 buffers live)"),
     ({"sharded": 8}, "no buffer addresses: 8 shards of sharded arrays have no address"),
     ({"not_ready": 1, "sharded": 2}, "no buffer addresses yet: 1 buffer still computing, 2 shards of sharded arrays have no address"),
-    ({}, "no buffer addresses in this scan (3 buffers live)"),
 ])
 def test_memory_map_without_addresses_never_says_no_live_buffers(unmapped, text):
     count = sum(unmapped.values()) or 3
@@ -464,13 +427,11 @@ def _burst(t0: float, t1: float, step: float, at: float, low: float, high: float
 def _strip_rows(lines: list[str]) -> dict[str, list[str]]:
     """Plot rows of each strip of a rendered stack, by the strip's legend line."""
     out: dict[str, list[str]] = {}
-    current = None
     for line in lines[:-1]:
         if "┤" in line or "│" in line:
             out[current].append(line)
         else:
-            current = line
-            out[current] = []
+            current, out[line] = line, []
     return out
 
 
@@ -482,11 +443,9 @@ def test_stack_strips_share_one_time_axis(width):
     tm, mem = _burst(0, 600, 0.1, 300, 1 * GiB, 4 * GiB)
     tf, frag = _burst(0, 600, 1.0, 300, 0.1, 1.0)
     tt, rate = _burst(0, 600, 0.5, 300, 1.0, 20.0)
-    strips = [
-        Strip("memory", [Series("in use", tm, mem, mem, "green", "fill")], min_rows=3),
-        Strip("", [Series("fragmentation", tf, frag, frag, "yellow", "fill")], unit="%", y_max=1.0),
-        Strip("transfers/s", [Series("h2d", tt, rate, rate, "cyan", "fill")], unit="/s", min_rows=2),
-    ]
+    strips = [Strip("memory", [Series("in use", tm, mem, mem, "green", "fill")], min_rows=3),
+              Strip("", [Series("fragmentation", tf, frag, frag, "yellow", "fill")], unit="%", y_max=1.0),
+              Strip("transfers/s", [Series("h2d", tt, rate, rate, "cyan", "fill")], unit="/s", min_rows=2)]
     lines = render(TimelineStack(strips, 0, 600, 12), width)
     assert len(lines) == 12
     rows = _strip_rows(lines)
@@ -507,11 +466,8 @@ def test_stack_strips_share_one_time_axis(width):
 
 def test_stack_na_strip_says_why_instead_of_a_flat_zero():
     t = np.arange(0, 60.0)
-    strips = [
-        Strip("memory", [Series("in use", t, t * MiB, t * MiB, "green", "fill")], min_rows=3),
-        Strip("fragmentation", reason=CPU_REASON),
-        Strip("transfers/s", [Series("h2d", t, t, t, "cyan", "fill")], unit="/s"),
-    ]
+    strips = [Strip("memory", [Series("in use", t, t * MiB, t * MiB, "green", "fill")], min_rows=3), Strip("fragmentation", reason=CPU_REASON),
+              Strip("transfers/s", [Series("h2d", t, t, t, "cyan", "fill")], unit="/s")]
     lines = render(TimelineStack(strips, 0, 60, 12), 120)
     assert f"fragmentation n/a — {CPU_REASON}" in lines
     assert "0%" not in "".join(lines)
@@ -525,13 +481,8 @@ def test_stack_na_strip_says_why_instead_of_a_flat_zero():
 def test_stack_drops_optional_strips_first_then_from_the_bottom():
     t = np.arange(0, 60.0)
     s = Series("x", t, t, t, "green", "fill")
-    strips = [
-        Strip("memory", [s], min_rows=3, weight=4),
-        Strip("fragmentation", [s], unit="%", y_max=100.0),
-        Strip("free", [s], optional=True),
-        Strip("transfers/s", [s], unit="/s", min_rows=2, weight=2),
-        Strip("bytes/s", [s], optional=True),
-    ]
+    strips = [Strip("memory", [s], min_rows=3, weight=4), Strip("fragmentation", [s], unit="%", y_max=100.0), Strip("free", [s], optional=True),
+              Strip("transfers/s", [s], unit="/s", min_rows=2, weight=2), Strip("bytes/s", [s], optional=True)]
 
     def shown(height: int, width: int = 80) -> list[str]:
         lines = render(TimelineStack(strips, 0, 60, height), width)
@@ -598,11 +549,50 @@ def test_minibars_fixed_width_in_a_table():
     assert line.rstrip() == "h2d " + " " * 9 + "▃▅█"
 
 
+# ---------------------------------------------------------------- hostile values
+
+HUGE, NAN, INF = 10**4000, float("nan"), float("inf")  # HUGE: beyond any float, as a hostile recording may hold
+HOSTILE = {"huge": HUGE, "-huge": -HUGE, "huger": 10**5000, "nan": NAN, "inf": INF, "-inf": -INF, "None": None, "-5": -5, "1e308": 1e308}
+
+
+@pytest.mark.parametrize("x", HOSTILE.values(), ids=HOSTILE.keys())
+def test_every_formatter_takes_any_number(x):
+    texts = [fmt_bytes(x), fmt_rate(x), fmt_rate(x, "B"), fmt_rate(x, "allocs"), fmt_duration(x), fmt.ago(x), fmt.si3(x),
+             fmt.fmt_count(x), fmt.pct(x)] + [fmt.axis_value(x, unit) for unit in ("bytes", "%", "/s", "", "GB")]
+    assert all(len(text) <= 16 for text in texts), texts
+    assert set(texts) == {"n/a"} or not (x is None or x != x)
+
+
+@pytest.mark.parametrize("x", [*HOSTILE.values(), 1.0], ids=[*HOSTILE, "1.0"])
+def test_every_renderable_takes_any_number(x):
+    t, v = [0, 1, 2, 3, HUGE], [1, HUGE, NAN, -HUGE, 1e308]
+    series = [Series("a", t, v, v, "green", "fill"), Series("b", np.array(t, dtype=object), v, v, "red", "line")]
+    bufs = [(HUGE, HUGE), (0, 10), (NAN, 5), (5, INF), (None, 3), (-HUGE, 7), (20, -HUGE), (40, 1e308), (2**70, 1)]
+    strips = [Strip("m", series, y_max=x, weight=x), Strip("r", series, unit="%", y_max=x, weight=HUGE), Strip("n", reason="x")]
+    drawn = [
+        (LayersBar([(f"L{i}", y, "red") for i, y in enumerate(HOSTILE.values())], x), len(HOSTILE) + 1), (Gauge(x), 1),
+        (MemoryMap(bufs, count=x, total_hint=x, unmapped={"not_ready": x, "sharded": x, "last_address": x}), 3),
+        (MemoryMap([(0, 10)], count=x, total_hint=x), 3), (MemoryMap([], count=x, total_hint=x, unmapped={"not_ready": x}), 1),
+        (MiniBars([x, 1, None, 0, x] * 3), 1), (TimelineStack(strips, 0, 3, 10), 10),
+    ] + [(Timeline(series, *window, 6, unit="%"), 6) for window in ((0, x), (x, 3), (-HUGE, HUGE))]
+    for renderable, n_lines in drawn:
+        for width in (20, 80):
+            lines = render(renderable, width)
+            assert len(lines) == n_lines and all(cell_len(line) <= width for line in lines), lines
+
+
+def test_a_huge_integer_reads_as_the_largest_value_with_the_one_byte_formatter():
+    assert fmt_bytes is units.fmt_bytes
+    assert [fmt_bytes(-HUGE), fmt_rate(HUGE), fmt_rate(HUGE, "B"), fmt_duration(HUGE)] == ["->999 EiB", ">999T/s", ">999 EiB/s", ">99999d"]
+    assert render(LayersBar([("x", HUGE, "red")], HUGE), 40)[0] == "x " + "█" * 23 + "  >999 EiB 100%"
+    assert render(Gauge(HUGE), 30) == ["fragmentation " + "█" * 10 + " >999%"]
+    assert render(MiniBars([HUGE, 1, 0], 10), 40) == ["       █▁▁"]
+    assert render(MemoryMap([(0, HUGE)], rows=1), 60) == ["█" * 60, "1 buffer, >999 EiB used of >999 EiB span (0% gaps)"]
+
+
 @pytest.mark.parametrize("argv, shown", [
     (["/usr/bin/python3.11", "-m", "jaxtop", "run", "/home/u/train.py", "--lr", "3"], "train.py --lr 3"),
-    (["/venv/bin/jaxtop", "run", "-m", "pkg.train"], "-m pkg.train"),
-    (["/home/u/train.py"], "train.py"),
-    ([], "?"),
+    (["/venv/bin/jaxtop", "run", "-m", "pkg.train"], "-m pkg.train"), (["/home/u/train.py"], "train.py"), ([], "?"),
 ])
 def test_short_command_drops_interpreter_and_wrapper(argv, shown):
     from jaxtop.widgets.panels import short_command

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxtop.dashboard.ledger import JitFunction, LedgerView, describe_reason, short_site
+from jaxtop.dashboard.ledger_views import LedgerNotes, recompile_t
 from jaxtop.widgets.render import V_EIGHTHS, fmt_bytes
 
 #: Sort keys, in the order the ``s`` key cycles through them.
@@ -96,15 +97,15 @@ class JitLedgerTable:
         if not v.available:
             yield Text(f"jit ledger n/a: {v.reason}", style="yellow")
             return
-        yield self._summary(v)
+        notes = LedgerNotes.of(v)
+        yield self._summary(v, notes)
         yield self._trend(v, width)
-        if v.leak:
-            yield Text(f"⚠ {v.leak.get('message')}", style="bold red")
+        if notes.leak_message is not None:
+            yield Text(f"⚠ {notes.leak_message}", style="bold red")
         for note in v.notes:
             yield Text(f"n/a: {note}", style="yellow")
-        explain_reason = v.explain.get("reason")
-        if explain_reason:
-            yield Text(f"recompile reasons n/a: {explain_reason}", style="yellow")
+        if notes.explain_na_reason:
+            yield Text(f"recompile reasons n/a: {notes.explain_na_reason}", style="yellow")
         if not v.complete:
             yield Text("changes since joining only: the whole table comes with the agent's next full ledger",
                        style="dim")
@@ -115,7 +116,7 @@ class JitLedgerTable:
             yield Text("")
             yield reasons
 
-    def _summary(self, v: LedgerView) -> Text:
+    def _summary(self, v: LedgerView, notes: LedgerNotes) -> Text:
         line = Text()
         line.append("live executables ", style="dim")
         line.append(f"{v.live_count if v.live_count is not None else 'n/a'}", style="bold")
@@ -129,11 +130,11 @@ class JitLedgerTable:
         line.append("  ")
         line.append(str(v.compiles_total) if v.compiles_total is not None else "n/a")
         line.append(" compiles", style="dim")
-        ex = v.explain
         line.append("  reasons: ", style="dim")
-        if ex.get("enabled"):
+        if notes.explain_enabled:
             # Whose option it is: the program's, or jaxtop's (then hidden from the program).
-            line.append(f"{'program' if ex.get('by') == 'user' else ex.get('by') or '?'}", style="green")
+            by = notes.explain_by
+            line.append(f"{'program' if by == 'user' else by or '?'}", style="green")
         else:
             line.append("off", style="yellow")
         return line
@@ -199,7 +200,7 @@ class JitLedgerTable:
         with_reasons = [f for f in v.functions if f.reasons]
         if not with_reasons:
             return None
-        with_reasons.sort(key=lambda f: -(f.reasons[0].get("t") or 0.0))
+        with_reasons.sort(key=lambda f: -(recompile_t(f.reasons[0]) or 0.0))
         lines: list[Text] = [Text("Recompile reasons, latest first", style="bold")]
         for f in with_reasons[:REASON_FUNCTIONS]:
             head = Text(f"{f.name}", style="bold")
@@ -208,7 +209,7 @@ class JitLedgerTable:
                 head.append(f"  defined at {short_site(f.defined_at)}", style="dim")
             lines.append(head)
             for r in f.reasons[:REASONS_EACH]:
-                line = Text(f"  {_clock(r.get('t'))}  ", style="dim")
+                line = Text(f"  {_clock(recompile_t(r))}  ", style="dim")
                 line.append(describe_reason(r))
                 line.truncate(width, overflow="ellipsis")
                 lines.append(line)

@@ -1,10 +1,11 @@
-"""The OOM census as a Rich renderable: a census dict and a width in, text out.
+"""The OOM census as a Rich renderable: a census view and a width in, text out.
 
-Nothing here knows about Textual or the model (the pattern of
+Nothing here knows about Textual (the pattern of
 :mod:`jaxtop.widgets.render`): :class:`jaxtop.dashboard.oom_screen.OomScreen`
-shows it, tests render it to a string. The words are those of
-``jaxtop oom`` (:mod:`jaxtop.oom_report`), so the screen and the text
-report never say different things.
+shows it, tests render it to a string. It reads the census through its
+typed view (:class:`~jaxtop.dashboard.oom_views.OomCensus`); the words are
+those of ``jaxtop oom`` (:mod:`jaxtop.oom_report`), so the screen and the
+text report never say different things.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
+from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.oom_report import (
     arrays_summary, host_line, request_line, site_line, timeline_rows, timeline_span, timing_line, trigger_line,
 )
@@ -38,99 +40,97 @@ class OomCensusView:
     """One census, laid out for a screen.
 
     Args:
-        census: the census dict (``type: "oom_census"``), or None.
+        census: the census's view, or the record (``type: "oom_census"``)
+            to build it from, or None.
         position: ``(index, total)`` when the process has several censuses,
             shown in the title ("census 2 of 3").
     """
 
-    def __init__(self, census: dict[str, Any] | None, position: tuple[int, int] | None = None) -> None:
-        self.census = census
+    def __init__(self, census: OomCensus | dict[str, Any] | None, position: tuple[int, int] | None = None) -> None:
+        self.census = OomCensus.from_wire(census) if isinstance(census, dict) else census
         self.position = position
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         census = self.census
         width = options.max_width
-        if not census:
+        if census is None or not census.record:
             yield Text(NO_CENSUS, style="dim")
             return
-        title = Text(f" OUT OF MEMORY · pid {census.get('pid', '?')} ", style="bold reverse red")
-        argv = " ".join(census.get("argv") or [])
+        title = Text(f" OUT OF MEMORY · pid {census.pid if census.pid is not None else '?'} ", style="bold reverse red")
+        argv = " ".join(census.argv)
         if argv:
             title.append(f" {argv}", style="dim")
         if self.position and self.position[1] > 1:
             title.append(f"  census {self.position[0] + 1} of {self.position[1]} (n/N)", style="dim")
         title.truncate(width, overflow="ellipsis")
         yield title
-        yield Text(trigger_line(census), style="bold")
-        message = (census.get("trigger") or {}).get("message") or (census.get("request") or {}).get("text")
-        if message and str(message).strip():
-            yield Text("  " + str(message).strip().splitlines()[0], style="red", overflow="ellipsis", no_wrap=True)
-        yield Text(request_line(census))
+        record = census.record
+        yield Text(trigger_line(record), style="bold")
+        message = census.message
+        if message and message.strip():
+            yield Text("  " + message.strip().splitlines()[0], style="red", overflow="ellipsis", no_wrap=True)
+        yield Text(request_line(record))
         verdict = Text("Verdict: ", style="bold")
-        verdict.append(str(census.get("verdict") or "n/a"), style="bold yellow")
+        verdict.append(census.verdict or "n/a", style="bold yellow")
         yield verdict
         yield Text("")
 
-        devices = census.get("devices") or []
-        if devices:
+        if census.devices:
             table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False, title="Devices", title_justify="left",
                           title_style="bold")
             for name, justify in (("device", "left"), ("in use", "right"), ("limit", "right"), ("pool", "right"),
                                   ("largest free", "right"), ("frag", "right"), ("live arrays", "right"), ("", "left")):
                 table.add_column(name, justify=justify, no_wrap=name != "")  # type: ignore[arg-type]
-            for d in devices:
-                frag = d.get("fragmentation")
+            for d in census.devices:
                 table.add_row(
-                    f"{d.get('platform', '?')}:{d.get('id', '?')}",
-                    human_bytes(d.get("bytes_in_use")),
-                    human_bytes(d.get("bytes_limit")) if d.get("bytes_limit") is not None else "-",
-                    human_bytes(d.get("pool_bytes")) if d.get("pool_bytes") is not None else "-",
-                    human_bytes(d.get("largest_free_block_bytes")) if d.get("largest_free_block_bytes") is not None else "-",
-                    f"{frag:.2f}" if isinstance(frag, (int, float)) else "-",
-                    human_bytes(d.get("live_array_bytes")),
-                    Text("← failed here" if d.get("failed") else "", style="bold red"),
-                    style="bold" if d.get("failed") else None,
+                    d.label,
+                    human_bytes(d.bytes_in_use),
+                    human_bytes(d.bytes_limit) if d.bytes_limit is not None else "-",
+                    human_bytes(d.pool_bytes) if d.pool_bytes is not None else "-",
+                    human_bytes(d.largest_free_block_bytes) if d.largest_free_block_bytes is not None else "-",
+                    f"{d.fragmentation:.2f}" if d.fragmentation is not None else "-",
+                    human_bytes(d.live_array_bytes),
+                    Text("← failed here" if d.failed else "", style="bold red"),
+                    style="bold" if d.failed else None,
                 )
             yield table
-        if census.get("host"):
-            yield Text("Host: " + host_line(census["host"]), style="dim")
+        if census.host:
+            yield Text("Host: " + host_line(census.host), style="dim")
         yield Text("")
 
-        arrays = census.get("arrays")
+        arrays = census.arrays
         if arrays:
             table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False, title_justify="left", title_style="bold",
-                          title="Largest live arrays: " + arrays_summary(census))
+                          title="Largest live arrays: " + arrays_summary(record))
             table.add_column("count", justify="right", no_wrap=True)
             table.add_column("bytes", justify="right", no_wrap=True)
             table.add_column("each", justify="right", no_wrap=True)
             table.add_column("array", overflow="ellipsis", no_wrap=True, max_width=max(16, width // 3))
             table.add_column("where", overflow="ellipsis", no_wrap=True)
-            for g in arrays.get("groups") or []:
-                table.add_row(str(g.get("count", 0)), human_bytes(g.get("bytes")), human_bytes(g.get("bytes_each")),
-                              _dims(g.get("shape"), g.get("dtype")), str(g.get("placement", "")))
-            more = (arrays.get("groups_total") or 0) - len(arrays.get("groups") or [])
+            for g in arrays.groups:
+                table.add_row(str(g.count), human_bytes(g.bytes), human_bytes(g.bytes_each), _dims(g.shape, g.dtype),
+                              g.placement)
+            more = arrays.groups_not_shown
             if more > 0:
-                rest = (arrays.get("bytes") or 0) - (arrays.get("shown_bytes") or 0)
-                table.add_row("", human_bytes(rest), "", Text(f"… {more} more groups", style="dim"), "")
+                table.add_row("", human_bytes(arrays.bytes_not_shown), "", Text(f"… {more} more groups", style="dim"), "")
             yield table
         else:
             yield Text("Largest live arrays: n/a (not scanned)", style="dim")
 
-        sites = census.get("sites")
-        if sites and sites.get("top"):
+        if census.sites:
             yield Text("Allocation sites holding the most (innermost frame of your code)", style="bold")
-            for site in sites["top"]:
+            for site in census.sites:
                 line = Text("  ")
-                line.append(site_line(site), style=None if site.get("user", True) else "dim")
+                line.append(site_line(site.record), style=None if site.user else "dim")
                 line.truncate(width, overflow="ellipsis")
                 yield line
         else:
-            skipped = any(s.get("part") == "sites" for s in census.get("skipped") or [])
+            skipped = "sites" in census.skipped_parts
             yield Text("Allocation sites: n/a" + (" (skipped: time budget)" if skipped else ""), style="dim")
 
-        rows = timeline_rows(census, width=max(10, min(60, width - 40)))
+        rows = timeline_rows(record, width=max(10, min(60, width - 40)))
         if rows:
-            span = timeline_span(census)
+            span = timeline_span(record)
             yield Text("")
             yield Text("Before the OOM (bytes in use" + (f", last {span:.0f} s)" if span else ")"), style="bold")
             for label, spark, change in rows:
@@ -139,18 +139,17 @@ class OomCensusView:
                 line.append(f"  {change}", style="dim")
                 yield line
 
-        log = census.get("allocator_log")
-        if isinstance(log, dict) and (log.get("stats") or log.get("occupancy")):
+        if census.allocator_stats or census.allocator_occupancy:
             yield Text("")
             yield Text("Allocator at the failure", style="bold")
-            stats = log.get("stats") or {}
-            if stats:
-                yield Text("  " + ", ".join(f"{k} {v if k == 'num_allocs' else human_bytes(v)}" for k, v in stats.items()))
-            if log.get("occupancy"):
+            if census.allocator_stats:
+                yield Text("  " + ", ".join(f"{k} {v if k == 'num_allocs' else human_bytes(v)}"
+                                            for k, v in census.allocator_stats))
+            if census.allocator_occupancy:
                 pool = Text("  pool ")
-                pool.append(str(log["occupancy"])[: max(10, width - 8)], style="yellow")
+                pool.append(census.allocator_occupancy[: max(10, width - 8)], style="yellow")
                 yield pool
         yield Text("")
-        yield Text(timing_line(census), style="dim")
-        if census.get("path"):
-            yield Text(f"File: {census['path']}", style="dim", overflow="ellipsis", no_wrap=True)
+        yield Text(timing_line(record), style="dim")
+        if census.path:
+            yield Text(f"File: {census.path}", style="dim", overflow="ellipsis", no_wrap=True)

@@ -20,6 +20,7 @@ from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.model import (
     DEVICE_SERIES, DISCONNECTED, EXITED, LIVE, PROCESS_SERIES, REPLAY, STALE, DeviceView, ProcessView, Snapshot,
 )
+from jaxtop.dashboard.readings import TransferView
 from jaxtop.protocol import D2D, D2H, DIRECTIONS, H2D
 from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, Series, Strip, TimelineStack, fmt_bytes, fmt_duration, fmt_rate
 
@@ -51,6 +52,11 @@ def fitted_title(text: str, extras: list[str], width: int) -> Text:
 
 def _na(reason: str | None) -> Text:
     return Text(f"n/a ({reason})" if reason else "n/a", style="dim")
+
+
+def _or_na(value: object) -> object:
+    """A figure as it is shown in running text: n/a when not measured."""
+    return "n/a" if value is None else value
 
 
 def short_command(argv: list[str]) -> str:
@@ -126,26 +132,26 @@ class HeaderBar(Panel):
         room = max(10, width - 50)
         top.append(cmd if len(cmd) <= room else cmd[: room - 1] + "…")
         backend = proc.backend or ("backend unknown (no agent)" if proc.external else "backend not started")
-        top.append(f"  {backend} · jax {proc.versions.get('jax') or '?'}", style="cyan")
+        top.append(f"  {backend} · jax {proc.jax_version or '?'}", style="cyan")
         if len(snap.processes) > 1:
             top.append(f"  ({len(snap.processes)} processes)", style="dim")
         state = proc.state
         bottom.append(f" ● {state}", style=STATE_STYLE.get(state, "bold"))
         if snap.replay:
             r = snap.replay
-            bottom.append(f" {'▶' if r['playing'] else '❚❚'} {r['speed']:g}× ", style="cyan")
-            t_start = r["t_start"] if r["t_start"] is not None else r["t"]
-            played = fmt_duration(r["t"] - t_start)
-            if r["t_end"] is not None:
-                bottom.append(f"{played}/{fmt_duration(max(1e-9, r['t_end'] - t_start))}")
+            bottom.append(f" {'▶' if r.playing else '❚❚'} {r.speed:g}× ", style="cyan")
+            t_start = r.t_start if r.t_start is not None else r.t
+            played = fmt_duration(r.t - t_start if r.t is not None and t_start is not None else None)
+            if r.t_end is not None and t_start is not None:
+                bottom.append(f"{played}/{fmt_duration(max(1e-9, r.t_end - t_start))}")
             else:  # the length is known once the index is in
                 bottom.append(f"{played}/?")
-            if r.get("indexing"):
-                done, total = r["indexing"]
+            if r.indexing:
+                done, total = r.indexing
                 bottom.append(f"  indexing {min(100, done * 100 // max(total, 1))}%", style="yellow")
-                if r.get("pending_seek") is not None:
-                    bottom.append(f", then seek to {r['pending_seek']}", style="yellow")
-            elif r.get("index_error"):
+                if r.pending_seek is not None:
+                    bottom.append(f", then seek to {r.pending_seek}", style="yellow")
+            elif r.index_error:
                 bottom.append("  seek n/a (see notices)", style="yellow")
         elif proc.sample_age_s is not None:
             bottom.append(f" (sample {proc.sample_age_s:.1f}s ago)", style="dim")
@@ -176,9 +182,9 @@ class MemoryPanel(Panel):
             return Group(panel_title(self.TITLE), Text("no device", style="dim"))
         proc = snap.process_of(dev)
         nvml_reason = None
-        nvml_used = dev.nvml.get("memory_used_bytes") if dev.nvml else None
+        nvml_used = dev.nvml.memory_used_bytes if dev.nvml else None
         if dev.nvml is None:
-            nvml_reason = (proc.nvml_status.get("reason") if proc and proc.nvml_status else None) or "no NVIDIA GPU"
+            nvml_reason = (proc.nvml_status.na_reason if proc else None) or "no NVIDIA GPU"
             if dev.platform == "cpu":
                 nvml_reason = "CPU device"
         narrow = width < 50
@@ -192,7 +198,7 @@ class MemoryPanel(Panel):
             (in_use_label, dev.bytes_in_use, "green", None),
             ("live arrays", dev.live_bytes, "cyan", None),
         ]
-        limit = dev.bytes_limit or (dev.nvml or {}).get("memory_total_bytes")
+        limit = dev.bytes_limit or (dev.nvml.memory_total_bytes if dev.nvml else None)
         extra = []
         if dev.cached_unused_bytes is not None:
             extra.append(f"cached unused {fmt_bytes(dev.cached_unused_bytes)}")
@@ -279,7 +285,7 @@ class MemoryMapPanel(Panel):
                                width - len(self.TITLE) - 3)
         parts: list[RenderableType] = [panel_title(self.TITLE, subtitle), the_map]
         for buf in dev.top_buffers[: max(0, height - used)]:
-            parts.append(Text(f" {fmt_bytes(buf.get('nbytes')):>10}  {buf.get('dtype')}{buf.get('shape')}", no_wrap=True, overflow="ellipsis"))
+            parts.append(Text(f" {fmt_bytes(buf.nbytes):>10}  {buf.dtype}{buf.shape}", no_wrap=True, overflow="ellipsis"))
         return Group(*parts)
 
 
@@ -371,8 +377,8 @@ def fragmentation_strips(dev: DeviceView) -> list[Strip]:
 def transfer_strips(proc: ProcessView) -> list[Strip]:
     """Implicit transfers per second by direction, then their known bytes per second."""
     cap = proc.capture
-    if cap and cap.get("available") is False:
-        return [Strip("implicit transfers", reason=cap.get("reason") or "transfer capture unavailable")]
+    if cap.available is False:
+        return [Strip("implicit transfers", reason=cap.na_reason or "transfer capture unavailable")]
     styles = ((H2D, "cyan", "fill"), (D2H, "yellow", "line"), (D2D, "magenta", "line"))
     counts = _present(*(_series(proc.history, PROCESS_SERIES, f"{d}_per_s", d, style, kind) for d, style, kind in styles))
     known = _present(*(_series(proc.history, PROCESS_SERIES, f"{d}_bytes_per_s", d, style, kind) for d, style, kind in styles))
@@ -397,8 +403,8 @@ class TransfersPanel(Panel):
         if proc is None:
             return Group(panel_title(self.TITLE))
         cap = proc.capture
-        if cap and cap.get("available") is False:
-            return Group(panel_title(self.TITLE), _na(cap.get("reason")))
+        if cap.available is False:
+            return Group(panel_title(self.TITLE), _na(cap.na_reason))
         # Narrow panels drop the byte rate; the direction and the totals are
         # what must stay legible at 80x24. Their history is a strip of the
         # timelines, on the same time axis as memory.
@@ -410,20 +416,20 @@ class TransfersPanel(Panel):
             table.add_column(no_wrap=True, overflow="ellipsis")
         table.add_row(Text("dir", style="dim"), *(Text(h, style="dim") for h in headers))
         for d in DIRECTIONS:
-            r = proc.transfers.get(d) or {}
-            cells: list[RenderableType] = [Text(d, style="bold"), Text(fmt_rate(r.get("count_per_s"), ""))]
+            r = proc.transfers.get(d) or TransferView()
+            cells: list[RenderableType] = [Text(d, style="bold"), Text(fmt_rate(r.count_per_s, ""))]
             if show_rate_bytes:
-                cells.append(Text(fmt_bytes(r.get("bytes_known_per_s"))))
-            cells.append(Text(f"{r.get('count_total', 'n/a')} ({fmt_bytes(r.get('bytes_known_total'))})"))
+                cells.append(Text(fmt_bytes(r.bytes_known_per_s)))
+            cells.append(Text(f"{_or_na(r.count_total)} ({fmt_bytes(r.bytes_known_total)})"))
             table.add_row(*cells)
         parts: list[RenderableType] = [panel_title(self.TITLE, "bytes are a lower bound" if width >= 46 else ""), table]
         if proc.top_shapes and height > 5:
             top = proc.top_shapes[0]
-            parts.append(Text(f" top: {top['direction']} {top['shape']} ×{top['count']}", style="dim", no_wrap=True, overflow="ellipsis"))
+            parts.append(Text(f" top: {top.direction} {top.shape} ×{top.count}", style="dim", no_wrap=True, overflow="ellipsis"))
         dev = snap.device
         if dev is not None and dev.nvml and height > 6:
             parts.append(Text(
-                f" PCIe TX {fmt_bytes(dev.nvml.get('pcie_tx_bytes_per_s'))}/s  RX {fmt_bytes(dev.nvml.get('pcie_rx_bytes_per_s'))}/s",
+                f" PCIe TX {fmt_bytes(dev.nvml.pcie_tx_bytes_per_s)}/s  RX {fmt_bytes(dev.nvml.pcie_rx_bytes_per_s)}/s",
                 no_wrap=True))
         elif height > 6:
             parts.append(Text(" PCIe n/a (no NVML device)", style="dim"))
@@ -439,45 +445,40 @@ class HostPanel(Panel):
         proc = snap.process_of(snap.device)
         if proc is None:
             return Group(panel_title(self.TITLE))
-        p = proc.process
-        if p.get("available") is False:
-            line1 = _na(p.get("reason"))
+        host = proc.process
+        if not host.available:
+            line1 = _na(host.na_reason)
         else:
-            cpu = p.get("cpu_percent")
-            rss = f" RSS {fmt_bytes(p.get('rss_bytes'))} (peak {fmt_bytes(p.get('peak_rss_bytes'))})"
-            cpu_text = f"  CPU {cpu if cpu is not None else 'n/a'}%"
+            rss = f" RSS {fmt_bytes(host.rss_bytes)} (peak {fmt_bytes(host.peak_rss_bytes)})"
+            cpu_text = f"  CPU {_or_na(host.cpu_percent)}%"
             # Narrow panels drop the thread count before anything is cut.
-            choices = [f"{rss}{cpu_text}  threads {p.get('threads', 'n/a')}", f"{rss}{cpu_text}", f"{rss}{cpu_text[1:]}", rss]
+            choices = [f"{rss}{cpu_text}  threads {_or_na(host.threads)}", f"{rss}{cpu_text}", f"{rss}{cpu_text[1:]}", rss]
             line1 = Text(fitting(choices, width), no_wrap=True, overflow="ellipsis")
         dev = snap.device
         if dev is not None and dev.nvml:
             g = dev.nvml
             line2 = Text(
-                f" GPU {g.get('gpu_util_percent', 'n/a')}%  {g.get('temperature_c', 'n/a')}°C  "
-                f"{g.get('power_w') if g.get('power_w') is not None else 'n/a'} W  "
-                f"proc {fmt_bytes(g.get('process_memory_bytes'))}",
+                f" GPU {_or_na(g.gpu_util_percent)}%  {_or_na(g.temperature_c)}°C  {_or_na(g.power_w)} W  "
+                f"proc {fmt_bytes(g.process_memory_bytes)}",
                 no_wrap=True, overflow="ellipsis")
-        elif dev is None and proc.nvml and proc.nvml.get("devices"):
+        elif dev is None and proc.nvml is not None and proc.nvml.gpus:
             # No JAX devices (an external view): this pid's memory on each GPU.
-            parts = [f"gpu{d.get('index')} {fmt_bytes(d.get('process_memory_bytes'))}" for d in proc.nvml["devices"]]
+            parts = [f"gpu{g.index} {fmt_bytes(g.process_memory_bytes)}" for g in proc.nvml.gpus]
             line2 = Text(" GPU memory of this pid: " + ", ".join(parts), no_wrap=True, overflow="ellipsis")
         else:
-            reason = proc.nvml_status.get("reason") if proc.nvml_status else None
-            reason = reason or "no NVML device for this JAX device"
+            reason = proc.nvml_status.na_reason or "no NVML device for this JAX device"
             # A narrow panel keeps the reason's head ("NVML unavailable"),
             # not a word cut in two.
             parts = reason.split(":")
             choices = [f" GPU n/a — {':'.join(parts[:k])}" for k in range(len(parts), 0, -1)]
             line2 = Text(fitting(choices, width), style="dim", no_wrap=True, overflow="ellipsis")
-        comp = proc.compile
-        don = proc.donation
-        total, seconds = comp.get("count_total"), comp.get("seconds_total")
+        total, seconds = proc.compile.count_total, proc.compile.seconds_total
         if total is None:
             compiles = "n/a"
         else:
-            compiles = f"{total} ({seconds:.1f}s)" if isinstance(seconds, (int, float)) else str(total)
+            compiles = f"{total} ({seconds:.1f}s)" if seconds is not None else str(total)
         line3 = Text(
-            f" compiles {compiles}  failed donations {don.get('failed_total', 'n/a')}",
+            f" compiles {compiles}  failed donations {_or_na(proc.donation.failed_total)}",
             no_wrap=True, overflow="ellipsis")
         return Group(panel_title(self.TITLE), line1, line2, line3)
 
@@ -514,7 +515,8 @@ class OverviewPanel(Panel):
         for dev in snap.devices:
             p = procs.get(dev.pid)
             frag = f"{dev.fragmentation:.0%}" if dev.fragmentation is not None else "n/a"
-            h2d = (p.transfers.get("h2d") or {}).get("count_per_s") if p else None
+            h2d_view = p.transfers.get(H2D) if p else None
+            h2d = h2d_view.count_per_s if h2d_view else None
             table.add_row(str(dev.pid), dev.label, fmt_bytes(dev.bytes_in_use), fmt_bytes(dev.pool_bytes),
                           fmt_bytes(dev.bytes_limit), frag, fmt_rate(h2d, ""), p.state if p else "?")
         if not snap.devices:

@@ -27,6 +27,7 @@ from jaxtop.dashboard.jit_screen import JitScreen
 from jaxtop.dashboard.messages import SnapshotReady
 from jaxtop.dashboard.model import Model, Snapshot
 from jaxtop.dashboard.oom_screen import OomScreen
+from jaxtop.dashboard.readings import ProfileView
 from jaxtop.dashboard.sources import LiveSource, ReplaySource, Source
 from jaxtop.widgets.panels import (
     EventsPanel, FragmentationPanel, HeaderBar, HostPanel, LoadingLine, MemoryMapPanel, MemoryPanel,
@@ -115,7 +116,7 @@ class ProfileScreen(ModalScreen[None]):
     ProfileScreen > VerticalScroll { width: 95%; height: 85%; border: round $accent; background: $surface; padding: 0 1; }
     """
 
-    def __init__(self, profile: dict | None) -> None:
+    def __init__(self, profile: ProfileView | None) -> None:
         super().__init__()
         self.profile = profile
 
@@ -127,14 +128,14 @@ class ProfileScreen(ModalScreen[None]):
         p = self.profile
         if not p:
             return Text("No memory profile yet: press s to take one.", style="dim")
-        if p.get("error"):
-            return Text(f"Memory profile failed: {p['error']}", style="red")
-        table = Table(title=f"{p.get('path')}  ·  total {fmt_bytes(p.get('total_bytes'))}", expand=True)
+        if p.error:
+            return Text(f"Memory profile failed: {p.error}", style="red")
+        table = Table(title=f"{p.path}  ·  total {fmt_bytes(p.total_bytes)}", expand=True)
         table.add_column("bytes", justify="right")
         table.add_column("allocs", justify="right")
         table.add_column("allocation site")
-        for site in p.get("top_sites") or []:
-            table.add_row(fmt_bytes(site.get("bytes")), str(site.get("allocations", "")), str(site.get("site")))
+        for site in p.top_sites:
+            table.add_row(fmt_bytes(site.bytes), "" if site.allocations is None else str(site.allocations), site.site)
         return table
 
 

@@ -2,13 +2,18 @@
 
 Fed the same way from a live socket, a recording or a test (``feed(pid,
 record)``); keeps all history (bounded, see :mod:`jaxtop.dashboard.history`); builds an
-immutable :class:`Snapshot` for the widgets. No Textual, no sockets.
+immutable :class:`Snapshot` for the widgets (:mod:`jaxtop.dashboard.views`),
+whose every field is typed: no wire object reaches a widget. No Textual, no
+sockets.
+
+The classes a replay index pickles (:class:`Event`, :class:`ProcessModel`
+and its device states) live here, under the module name its unpickler
+accepts.
 """
 
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,16 +22,29 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from jaxtop import protocol
-from jaxtop.dashboard.history import History, Window, _num
-from jaxtop.dashboard.holders import HoldersFold, HoldersView
+from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, holders_part
+from jaxtop.dashboard.batch import UNMAPPED_KINDS, Batch
+from jaxtop.dashboard.events import MAX_EVENTS, merged_events, sample_events
+from jaxtop.dashboard.history import History
+from jaxtop.dashboard.holders import HoldersFold
 from jaxtop.dashboard.ledger import LedgerStore
+from jaxtop.dashboard.snapshot import MIN_SPAN_S, CensusViews, device_view, process_view
+from jaxtop.dashboard.views import (
+    CONNECTING, DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, ReplayView, Snapshot,
+)
 from jaxtop.protocol import DIRECTIONS
-from jaxtop.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, device_row, nvml_map
+from jaxtop.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, device_row
+
+__all__ = [
+    "COARSE_MERGE_S", "CONNECTING", "DEVICE_SERIES", "DISCONNECTED", "EXITED", "HOLDERS_FIELDS", "LIVE",
+    "LOADING_LAG_S", "MAX_DEVICES", "MAX_EVENTS", "MIN_SPAN_S", "PAST_MERGE_S", "PROCESS_SERIES", "REPLAY", "STALE",
+    "STALE_INTERVALS", "UNMAPPED_KINDS", "DeviceView", "Event", "Model", "ProcessModel", "ProcessView", "ReplayView",
+    "Snapshot",
+]
 
 # DEVICE_SERIES and PROCESS_SERIES (jaxtop.timeline) are the timelines'
 # columns: the agent's coarse history sends buckets of the same series.
 STALE_INTERVALS = 3
-MAX_EVENTS = 500
 #: Devices shown per process. Each keeps about 3 MB of history, so a stream
 #: naming thousands of device ids (a bug, or a hostile peer or recording)
 #: must not make the dashboard allocate gigabytes. A process addresses its
@@ -36,145 +54,16 @@ MAX_DEVICES = 64
 #: A live stream whose newest sample is this much older than the wall clock
 #: (or 3 intervals, if longer) is still loading its backlog.
 LOADING_LAG_S = 2.0
-#: The shortest time axis drawn: a run's first sample alone still gets one.
-MIN_SPAN_S = 1.0
-#: Why a live buffer has no place in a scan's memory map (``live_arrays.unmapped``).
-UNMAPPED_KINDS = ("not_ready", "last_address", "sharded")
-#: While an agent's fine history loads after the present, what it brought
-#: so far goes into the timelines at most this often (a merge of every
-#: level), and at its end.
-PAST_MERGE_S = 1.0
-#: The same for its coarse history: the first part at once (the first frame
-#: needs it), the rest at most this often, and when it ends.
-COARSE_MERGE_S = 0.25
-#: Sample fields the Holders screen folds (:class:`HoldersFold`).
-HOLDERS_FIELDS = ("holders", "labels", "host_syncs")
-
-#: Connection states shown in the header.
-CONNECTING, LIVE, STALE, DISCONNECTED, EXITED, REPLAY = "connecting", "live", "stale", "disconnected", "exited", "replay"
 
 
 @dataclass(frozen=True)
 class Event:
+    """One line of the events list."""
+
     t: float
     pid: int
     kind: str  # compile, donation, dropped, disconnect, error, exit, profile, info, ...
     text: str
-
-
-@dataclass(frozen=True)
-class DeviceView:
-    """Everything the screen shows for one device, at one moment."""
-
-    pid: int
-    id: int
-    platform: str
-    source: str  # memory_stats | live_arrays
-    bytes_in_use: int | None
-    pool_bytes: int | None
-    bytes_limit: int | None
-    peak_bytes_in_use: int | None
-    largest_free_block_bytes: int | None
-    num_allocs: int | None
-    live_bytes: int | None
-    live_count: int | None
-    nvml: dict[str, Any] | None  # the matching NVML GPU, if any
-    fragmentation: float | None
-    fragmentation_reason: str | None
-    allocs_per_s: float | None
-    allocs_reason: str | None
-    buffer_map: tuple[tuple[int, int], ...]
-    map_complete: bool
-    top_buffers: tuple[dict[str, Any], ...]
-    timeline: Window
-    # The scan the map comes from: its buffer count and bytes, and the
-    # buffers it could not place, by kind (see UNMAPPED_KINDS). The latest
-    # live_bytes/live_count may come from a later scan than the map.
-    map_live_count: int | None = None
-    map_live_bytes: int | None = None
-    unmapped: dict[str, int] = field(default_factory=dict)
-    #: Holes among live buffers' addresses (0-1), the latest scan's; None
-    #: when some buffer has no address or no scan measured it.
-    live_holes: float | None = None
-    #: Seconds between the live-array scan behind ``live_bytes`` and this
-    #: view's moment, and the same for the map: the agent scans less often
-    #: when scanning costs more (many arrays), and says when it did. None
-    #: where the stream does not say (older agents).
-    live_age_s: float | None = None
-    map_age_s: float | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.platform}:{self.id}"
-
-    @property
-    def cached_unused_bytes(self) -> int | None:
-        if self.pool_bytes is None or self.bytes_in_use is None:
-            return None
-        return self.pool_bytes - self.bytes_in_use
-
-    @property
-    def headroom_bytes(self) -> int | None:
-        if self.bytes_limit is None or self.pool_bytes is None:
-            return None
-        return self.bytes_limit - self.pool_bytes
-
-
-@dataclass(frozen=True)
-class ProcessView:
-    pid: int
-    argv: tuple[str, ...]
-    backend: str | None
-    versions: dict[str, Any]
-    state: str
-    sample_age_s: float | None
-    uptime_s: float | None
-    interval_s: float
-    seq: int | None
-    transfers: dict[str, dict[str, Any]]  # per direction: count_per_s, bytes_per_s, totals
-    top_shapes: tuple[dict[str, Any], ...]
-    capture: dict[str, Any]
-    process: dict[str, Any]
-    compile: dict[str, Any]
-    donation: dict[str, Any]
-    nvml_status: dict[str, Any]
-    history: Window
-    last_profile: dict[str, Any] | None
-    # The time axis every timeline of this process shares: (start, end),
-    # Unix seconds; None before the first sample.
-    span: tuple[float, float] | None = None
-    demo: dict[str, Any] | None = None  # the demo workload's state, if any
-    external: str | None = None  # set for an external view (no agent): what it can see
-    nvml: dict[str, Any] | None = None  # the latest NVML reading of the process
-    holders: HoldersView | None = None  # memory by allocation site, named pytrees, host syncs
-    oom_censuses: tuple[dict[str, Any], ...] = ()  # out-of-memory censuses, oldest first
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One frozen picture of the model for the widgets."""
-
-    t: float
-    processes: tuple[ProcessView, ...]
-    devices: tuple[DeviceView, ...]
-    selected: int  # index into devices; -1 = overview
-    window_s: float | None
-    events: tuple[Event, ...]
-    notices: tuple[str, ...] = ()
-    replay: dict[str, Any] | None = None
-
-    @property
-    def device(self) -> DeviceView | None:
-        if 0 <= self.selected < len(self.devices):
-            return self.devices[self.selected]
-        return None
-
-    def process_of(self, device: DeviceView | None) -> ProcessView | None:
-        pid = device.pid if device is not None else (self.processes[0].pid if self.processes else None)
-        for p in self.processes:
-            if p.pid == pid:
-                return p
-        return None
 
 
 @dataclass
@@ -240,9 +129,14 @@ class ProcessModel:
         self.present_holders: list[dict[str, Any]] = []  # the same of the present and later samples
 
 
-class Model:
+class Model(HistoryFeed):
     """All processes being watched. Thread-safe: a reader thread feeds it,
-    the UI thread takes snapshots."""
+    the UI thread takes snapshots.
+
+    Feeding and reading live here; the history an agent sends after the
+    present is :class:`~jaxtop.dashboard.backlog.HistoryFeed`'s, and the
+    views a snapshot holds are built by :mod:`jaxtop.dashboard.snapshot`.
+    """
 
     def __init__(self, clock=time.monotonic, new_history: Callable[[tuple[str, ...]], History] = History) -> None:
         """
@@ -264,6 +158,7 @@ class Model:
         #: history.
         self.milestone = 0
         self.ledgers = LedgerStore()  # each process's jit ledger (the Jit screen reads it)
+        self._census_views: CensusViews = {}  # OOM census views built so far (snapshots reuse them)
         # Called by feed_many before each batch, outside the lock. The
         # dashboard sets it so that a thread loading a backlog steps aside
         # (sleeps, the GIL free) while the UI answers a key: two busy threads
@@ -311,7 +206,7 @@ class Model:
             self.processes[pid] = rebuilt.processes[pid]
             self.ledgers.adopt(pid, rebuilt.ledgers)
             ours = [e for e in rebuilt.events if e.pid == pid]
-            self.events = _merged_events(self.events, pid, ours)
+            self.events = merged_events(self.events, pid, ours)
             self.version += 1
 
     def process_state(self, pid: int) -> tuple[ProcessModel | None, list[Event], Any]:
@@ -330,7 +225,7 @@ class Model:
                 proc.last_recv = self._clock()  # receipt times are on this model's clock
                 self.processes[pid] = proc
             self.ledgers.put_table(pid, table)
-            self.events = _merged_events(self.events, pid, list(events))
+            self.events = merged_events(self.events, pid, list(events))
             self.version += 1
 
     def add_event(self, pid: int, kind: str, text: str, t: float | None = None) -> None:
@@ -384,7 +279,7 @@ class Model:
             How many records were applied.
         """
         self.step_aside()
-        batch = _Batch()
+        batch = Batch()
         n = 0
         with self._lock:
             proc = self.process(pid)
@@ -409,7 +304,7 @@ class Model:
             self.version += 1
         return n
 
-    def _apply(self, proc: ProcessModel, kind: Any, record: dict[str, Any], batch: _Batch) -> None:
+    def _apply(self, proc: ProcessModel, kind: Any, record: dict[str, Any], batch: Batch) -> None:
         pid = proc.pid
         if kind == protocol.HELLO:
             self._hello(proc, record)
@@ -483,7 +378,7 @@ class Model:
         elif not rec.get("ok", True):
             self._event(proc.pid, "error", f"command failed: {rec.get('error')}", rec.get("t"))
 
-    def _sample(self, proc: ProcessModel, rec: dict[str, Any], batch: _Batch) -> None:
+    def _sample(self, proc: ProcessModel, rec: dict[str, Any], batch: Batch) -> None:
         t = rec.get("t")
         if not isinstance(t, (int, float)):
             return
@@ -495,7 +390,7 @@ class Model:
         if rec.get("present") is True and proc.history_loading and proc.present_t is None:
             proc.present_t = t  # the history that follows is older than this
         if proc.history_loading and any(k in rec for k in HOLDERS_FIELDS):
-            proc.present_holders.append(_holders_part(rec))
+            proc.present_holders.append(holders_part(rec))
         proc.last_t = t
         proc.latest = rec
         proc.holders.feed(rec)
@@ -557,7 +452,7 @@ class Model:
             row["pcie_tx_bytes_per_s"] = sum(tx) if tx else None
             row["pcie_rx_bytes_per_s"] = sum(rx) if rx else None
         batch.add(proc.history, t, tuple(row.get(name) for name in PROCESS_SERIES))
-        for kind, text, et in _sample_events(rec, t):
+        for kind, text, et in sample_events(rec, t):
             self._event(proc.pid, kind, text, et)
         for kind, text, et in self.ledgers.feed_sample(proc.pid, rec):
             self._event(proc.pid, kind, text, et)
@@ -572,160 +467,6 @@ class Model:
             return None
         state = proc.devices[did] = _DeviceState(did, str(platform), history=self._new_history(DEVICE_SERIES))
         return state
-
-    # -- history received after the present -------------------------------------
-    def _device_for_history(self, proc: ProcessModel, did: Any, t: Any) -> _DeviceState | None:
-        state = proc.devices.get(did)
-        if state is None:
-            if not isinstance(did, (int, str)) or isinstance(did, bool):
-                return None
-            platform = next((d.get("platform") for d in proc.hello.get("devices") or ()
-                             if isinstance(d, dict) and d.get("id") == did), None) or "?"
-            state = self._new_device(proc, did, platform, t)
-        return state
-
-    def _coarse(self, proc: ProcessModel, rec: dict[str, Any], batch: _Batch) -> None:
-        """An agent's coarse history: min/max per bucket of the timeline
-        series, older than the present; into every level it can fill."""
-        if proc.history.log is not None:
-            return  # a replay index logs rows in order only
-        step = rec.get("level_s")
-        rows = rec.get("rows")
-        if not isinstance(step, (int, float)) or not step > 0 or not isinstance(rows, list):
-            return
-        pcols = _columns(rec.get("process_columns"), PROCESS_SERIES)
-        dcols = _columns(rec.get("device_columns"), DEVICE_SERIES)
-        ts: list[Any] = []
-        plo: list[Any] = []
-        phi: list[Any] = []
-        per_device: dict[Any, tuple[list[Any], list[Any], list[Any]]] = {}
-        for row in rows:
-            if not isinstance(row, list) or len(row) < 5 or not isinstance(row[0], (int, float)) \
-                    or isinstance(row[0], bool) or not math.isfinite(row[0]):
-                continue
-            t = row[0]
-            ts.append(t)
-            plo.append(row[2])
-            phi.append(row[3])
-            for dev in row[4] if isinstance(row[4], list) else ():
-                if isinstance(dev, list) and len(dev) >= 3:
-                    entry = per_device.get(dev[0])
-                    if entry is None:
-                        entry = per_device[dev[0]] = ([], [], [])
-                    entry[0].append(t)
-                    entry[1].append(dev[1])
-                    entry[2].append(dev[2])
-        if not ts:
-            return
-        proc.coarse_step = float(step) if proc.coarse_step is None else min(proc.coarse_step, float(step))
-        first = float(min(ts))
-        proc.coarse_first_t = first if proc.coarse_first_t is None else min(proc.coarse_first_t, first)
-        pending: list[tuple[History, list[Any], np.ndarray, np.ndarray]] = [
-            (proc.history, ts, _matrix(plo, pcols, len(PROCESS_SERIES)), _matrix(phi, pcols, len(PROCESS_SERIES)))]
-        for did, (dts, lo, hi) in per_device.items():
-            state = self._device_for_history(proc, did, ts[-1])
-            if state is not None:
-                pending.append((state.history, dts, _matrix(lo, dcols, len(DEVICE_SERIES)),
-                                _matrix(hi, dcols, len(DEVICE_SERIES))))
-        for history, times, lo, hi in pending:
-            entry = proc.coarse_pending.get((id(history), float(step)))
-            if entry is None:
-                entry = proc.coarse_pending[(id(history), float(step))] = (history, [], [], [])
-            entry[1].extend(times)
-            entry[2].append(lo)
-            entry[3].append(hi)
-
-    def _merge_coarse(self, proc: ProcessModel) -> None:
-        """The coarse rows received so far into the timelines (one merge
-        per history, however many records brought them)."""
-        for (_, step), (history, ts, los, his) in proc.coarse_pending.items():
-            history.merge_buckets(step, np.asarray(ts, dtype=np.float64), np.concatenate(los), np.concatenate(his))
-        proc.coarse_pending = {}
-        proc.coarse_merges += 1
-        proc.coarse_merged_at = proc.last_recv or 0.0
-
-    def _past_sample(self, proc: ProcessModel, rec: dict[str, Any], batch: _Batch) -> None:
-        """A sample of the agent's fine history, sent after the present: its
-        timeline rows and its events, nothing else (the panels show the
-        present; its totals are the present's)."""
-        if not proc.coarse_done:
-            proc.coarse_done = True
-            self.milestone += 1
-        t = rec.get("t")
-        if proc.history.log is not None or not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
-            return
-        if proc.present_t is not None and t >= proc.present_t:
-            return  # the present itself (it is in already), or newer
-        cursor = proc.past_cursor
-        if cursor is None:
-            cursor = proc.past_cursor = Cursor(proc.hello.get("interval_s") or 0.1, nvml_map(proc.hello))
-        rows = cursor.rows(rec)
-        if rows is None:
-            return
-        _, process, devices, _ = rows
-        if proc.past is None:
-            proc.past = History(PROCESS_SERIES, proc.history.levels)
-        batch.add(proc.past, t, process)
-        for did, row in devices:
-            state = self._device_for_history(proc, did, t)
-            if state is None:
-                continue
-            if state.past is None:
-                state.past = History(DEVICE_SERIES, state.history.levels)
-            batch.add(state.past, t, row)
-        batch.past = True
-        proc.past_samples += 1
-        proc.past_last_t = t
-        if proc.history_floor is None or t > proc.history_floor:  # not seen on an earlier connection
-            for kind, text, et in _sample_events(rec, t):
-                self._past_event(proc.pid, kind, text, et)
-        if any(k in rec for k in HOLDERS_FIELDS) and len(proc.past_holders) < 10_000:
-            proc.past_holders.append(_holders_part(rec))
-
-    def _past_event(self, pid: int, kind: str, text: str, t: Any) -> None:
-        """An event of the history: older than those shown, so it never
-        pushes one of them out of the bounded list."""
-        if len(self.events) < MAX_EVENTS:
-            self._event(pid, kind, text, t)
-
-    def _merge_past(self, proc: ProcessModel) -> None:
-        """The fine history gathered so far into the timelines: the levels
-        finer than the coarse history's buckets (those have every sample
-        already, the fine ones included)."""
-        def below(past: History) -> float | None:
-            covered = proc.coarse_first_t is not None and past.first_t is not None and past.first_t >= proc.coarse_first_t
-            return proc.coarse_step if covered else None
-
-        if proc.past is not None:
-            proc.history.merge(proc.past, below(proc.past))
-            proc.past = None
-        for state in proc.devices.values():
-            if state.past is not None:
-                state.history.merge(state.past, below(state.past))
-                state.past = None
-        proc.past_merged_at = proc.last_recv or 0.0
-
-    def _history_end(self, proc: ProcessModel) -> None:
-        """The history is in (or its connection ended): merge what came, and
-        fold the Holders fields in time order, history first."""
-        if proc.coarse_pending:
-            self._merge_coarse(proc)
-        self._merge_past(proc)
-        if proc.past_holders:
-            fold = HoldersFold()
-            seen: set[Any] = set()
-            for part in proc.past_holders + proc.present_holders:
-                holders = part.get("holders")
-                if isinstance(holders, dict) and "seq" in holders:
-                    if holders["seq"] in seen:
-                        part = {k: v for k, v in part.items() if k != "holders"}
-                    seen.add(holders["seq"])
-                fold.feed(part)
-            proc.holders = fold
-        proc.past_holders, proc.present_holders = [], []
-        proc.history_loading = False
-        proc.coarse_done = True
-        self.milestone += 1
 
     # -- reading -----------------------------------------------------------------
     def refresh_states(self) -> None:
@@ -777,47 +518,25 @@ class Model:
         with self._lock:
             return [(pid, did) for pid, p in self.processes.items() for did in sorted(p.devices)]
 
-    def snapshot(self, selected: int = 0, window_s: float | None = 600.0, replay: dict[str, Any] | None = None, now: float | None = None) -> Snapshot:
+    def snapshot(self, selected: int = 0, window_s: float | None = 600.0, replay: dict[str, Any] | None = None,
+                 now: float | None = None) -> Snapshot:
+        """One frozen picture of every process and device.
+
+        Args:
+            selected: The device shown (an index, wrapped), -1 for the overview.
+            window_s: The timelines' window; None for the whole run.
+            replay: The playback's state (a source's ``replay_state()``).
+            now: The wall clock (tests freeze it).
+        """
         wall = now if now is not None else time.time()
         mono = self._clock()
         with self._lock:
             devices: list[DeviceView] = []
             procs: list[ProcessView] = []
-            for pid, p in self.processes.items():
-                end_t = p.last_t
+            for p in self.processes.values():
                 for did in sorted(p.devices):
-                    devices.append(self._device_view(p, p.devices[did], window_s, end_t))
-                age = (mono - p.last_recv) if (p.last_recv is not None and p.state in (LIVE, STALE)) else None
-                started = _started_t(p)
-                ref = p.last_t if p.state in (EXITED, DISCONNECTED, REPLAY) or replay else wall
-                latest = p.latest
-                history = p.history.window(window_s, end_t)
-                procs.append(ProcessView(
-                    pid=pid,
-                    argv=tuple(p.hello.get("argv") or ()),
-                    backend=p.backend,
-                    versions=dict(p.versions),
-                    state=p.state,
-                    sample_age_s=age,
-                    uptime_s=(ref - started) if (started and ref) else None,
-                    interval_s=p.hello.get("interval_s") or 0.1,
-                    seq=latest.get("seq"),
-                    transfers=dict(p.rates),
-                    top_shapes=tuple((latest.get("transfers") or {}).get("top_shapes") or ()),
-                    capture=dict(latest.get("transfer_capture") or p.hello.get("transfer_capture") or {}),  # the newest status wins
-                    process=dict(latest.get("process") or {}),
-                    compile=dict(latest.get("compile") or {}),
-                    donation=dict(latest.get("donation") or {}),
-                    nvml_status=dict(p.nvml_status),
-                    history=history,
-                    last_profile=p.last_profile,
-                    span=_span(history, window_s, end_t),
-                    demo=p.demo,
-                    external=p.hello["external"].get("note") if isinstance(p.hello.get("external"), dict) else None,
-                    nvml=dict(latest.get("nvml") or {}) or None,
-                    holders=p.holders.view(),
-                    oom_censuses=tuple(p.oom_censuses),
-                ))
+                    devices.append(device_view(p, p.devices[did], window_s, p.last_t))
+                procs.append(process_view(p, window_s, wall, mono, bool(replay), self._census_views))
             n = len(devices)
             sel = -1 if selected < 0 or n == 0 else selected % n
             return Snapshot(
@@ -830,193 +549,5 @@ class Model:
                 # replay rebuilding one) interleave: show them by time.
                 events=tuple(sorted(self.events, key=lambda e: e.t)),
                 notices=tuple(self.notices),
-                replay=replay,
+                replay=ReplayView.from_state(replay),
             )
-
-    def _device_view(self, p: ProcessModel, s: _DeviceState, window_s: float | None, end_t: float | None) -> DeviceView:
-        d = s.latest
-        live = d.get("live_arrays") or {}
-        jax_to_nvml = {x.get("jax_id"): x.get("index") for x in p.nvml_status.get("devices", []) if isinstance(x, dict)}
-        gpu = None
-        nv = p.latest.get("nvml") if isinstance(p.latest.get("nvml"), dict) else None
-        if nv:
-            for g in nv.get("devices", []):
-                if g.get("index") == jax_to_nvml.get(s.id):
-                    gpu = g
-        allocs_reason = None
-        if d.get("num_allocs") is None:
-            allocs_reason = "allocator reports no num_allocs" if d.get("source") == "memory_stats" else "no allocator statistics on this backend"
-        return DeviceView(
-            pid=p.pid,
-            id=s.id,
-            platform=s.platform,
-            source=str(d.get("source", "?")),
-            bytes_in_use=d.get("bytes_in_use"),
-            pool_bytes=d.get("pool_bytes"),
-            bytes_limit=d.get("bytes_limit"),
-            peak_bytes_in_use=d.get("peak_bytes_in_use"),
-            largest_free_block_bytes=d.get("largest_free_block_bytes"),
-            num_allocs=d.get("num_allocs"),
-            live_bytes=live.get("bytes"),
-            live_count=live.get("count"),
-            nvml=dict(gpu) if gpu else None,
-            fragmentation=d.get("fragmentation"),
-            fragmentation_reason=d.get("fragmentation_reason"),
-            allocs_per_s=s.allocs_per_s if d.get("num_allocs") is not None else None,
-            allocs_reason=allocs_reason,
-            buffer_map=s.buffer_map,
-            map_complete=s.map_complete,
-            top_buffers=s.top_buffers,
-            timeline=s.history.window(window_s, end_t),
-            map_live_count=s.map_live_count,
-            map_live_bytes=s.map_live_bytes,
-            unmapped=dict(s.unmapped),
-            live_holes=live.get("holes") if isinstance(live.get("holes"), (int, float)) else None,
-            live_age_s=_age(end_t, live.get("scanned_t")),
-            map_age_s=_age(end_t, s.map_t),
-        )
-
-
-def _merged_events(events: Iterable[Event], pid: int, ours: list[Event]) -> collections.deque[Event]:
-    """``events`` with ``pid``'s replaced by ``ours``. Alone, ``ours`` keep
-    the order they were fed in (a replay rebuilt by seeking shows what
-    playing gave); among other processes' events, all go in time order."""
-    kept = [e for e in events if e.pid != pid]
-    merged = sorted(kept + ours, key=lambda e: e.t) if kept else ours
-    return collections.deque(merged, maxlen=MAX_EVENTS)
-
-
-class _Batch:
-    """What :meth:`Model.feed_many` defers to the end of a batch: history
-    rows (appended in one numpy write per history) and each device's newest
-    buffer map (the only one a snapshot shows)."""
-
-    def __init__(self) -> None:
-        self.rows: dict[int, tuple[History, list[float], list[list[float]]]] = {}
-        self.maps: dict[int, tuple[_DeviceState, dict[str, Any]]] = {}
-        self.samples = 0
-        self.past = False  # fine history rows went into `past` histories
-
-    def add(self, history: History, t: float, values: tuple[Any, ...]) -> None:
-        entry = self.rows.get(id(history))
-        if entry is None:
-            entry = self.rows[id(history)] = (history, [], [])
-        entry[1].append(t)
-        # Numbers pass as they are; anything else as History.append stores it.
-        entry[2].append([v if (v.__class__ is float or v.__class__ is int) else _num(v) for v in values])
-
-    def flush(self) -> None:
-        for state, live in self.maps.values():
-            _take_map(state, live)
-        for history, ts, rows in self.rows.values():
-            history.extend(np.asarray(ts, dtype=np.float64), np.asarray(rows, dtype=np.float32))
-        self.rows.clear()
-        self.maps.clear()
-
-
-def _sample_events(rec: dict[str, Any], t: float) -> list[tuple[str, str, Any]]:
-    """The events list's lines a sample brings, ``(kind, text, t)``: its
-    compiles, failed donations and the agent's events. One wording for a
-    live sample and for one of the history."""
-    out = []
-    comp = rec.get("compile") or {}
-    if comp.get("count"):
-        out.append(("compile", f"{comp['count']} backend compile(s); {comp.get('count_total')} total, "
-                               f"{comp.get('seconds_total', 0):.2f} s", t))
-    don = rec.get("donation") or {}
-    if don.get("failed"):
-        out.append(("donation", f"{don['failed']} failed donation(s): {don.get('last_message') or ''}", t))
-    for ev in rec.get("events") or []:
-        if isinstance(ev, dict):
-            text = ev.get("text") or ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("kind", "t"))
-            out.append((str(ev.get("kind", "event")), text, ev.get("t", t)))
-    return out
-
-
-def _age(end_t: float | None, t: Any) -> float | None:
-    """Seconds from ``t`` to ``end_t`` (never below 0), None if either is unknown."""
-    if end_t is None or not protocol.is_number(t):
-        return None
-    return max(0.0, float(end_t) - float(t))
-
-
-def _take_map(state: _DeviceState, live: dict[str, Any]) -> None:
-    """Keep the buffer map of a map-carrying ``live_arrays``, with the counts
-    of its own scan, so that the map's caption never compares it with the
-    bytes of another scan."""
-    state.buffer_map = tuple((int(p), int(n)) for p, n in live.get("map") or [] if p is not None)
-    state.map_complete = bool(live.get("map_complete", True))
-    state.top_buffers = tuple(live.get("top") or ())
-    count, nbytes = live.get("count"), live.get("bytes")
-    state.map_live_count = int(count) if isinstance(count, (int, float)) else None
-    map_t = live.get("map_t")
-    state.map_t = float(map_t) if protocol.is_number(map_t) else None
-    state.map_live_bytes = int(nbytes) if isinstance(nbytes, (int, float)) else None
-    # Absent means "none skipped" (the agent omits an empty dict) or an
-    # older agent that did not say; the caption tells the two apart by count.
-    unmapped = live.get("unmapped") if isinstance(live.get("unmapped"), dict) else {}
-    # A kind this viewer does not know counts as "without an address".
-    state.unmapped = {k: int(v) for k, v in unmapped.items() if k in UNMAPPED_KINDS and isinstance(v, (int, float)) and v > 0}
-
-
-def _columns(names: Any, ours: tuple[str, ...]) -> list[tuple[int, int]] | None:
-    """Where each column of a coarse record goes among ``ours``: None when
-    they are ours, in our order; else ``(theirs, ours)`` index pairs."""
-    if not isinstance(names, list):
-        return None
-    if tuple(names) == ours:
-        return None
-    index = {n: i for i, n in enumerate(ours)}
-    return [(j, index[n]) for j, n in enumerate(names) if isinstance(n, str) and n in index]
-
-
-def _matrix(rows: list[Any], columns: list[tuple[int, int]] | None, k: int) -> np.ndarray:
-    """Rows of a coarse record (numbers or null) as float32, our column order."""
-    if columns is None:
-        out = np.array(rows, dtype=np.float32)
-        if out.ndim != 2 or out.shape[1] != k:
-            raise ValueError(f"expected {k} columns")
-        return out
-    out = np.full((len(rows), k), np.nan, dtype=np.float32)
-    for i, row in enumerate(rows):
-        if isinstance(row, list):
-            for j, ours in columns:
-                if j < len(row):
-                    out[i, ours] = _num(row[j])
-    return out
-
-
-def _holders_part(rec: dict[str, Any]) -> dict[str, Any]:
-    """What :class:`HoldersFold` reads of a sample (or a history sample)."""
-    part: dict[str, Any] = {"type": protocol.SAMPLE, "t": rec.get("t")}
-    for key in HOLDERS_FIELDS:
-        if key in rec:
-            part[key] = rec[key]
-    return part
-
-
-def _started_t(p: ProcessModel) -> float | None:
-    """When the program started: the process's own start time when the
-    probe reports it, else the agent's (hello), which is later when the
-    agent was injected into a running program."""
-    if p.started_t is not None:
-        return p.started_t
-    started = p.hello.get("started_t")
-    return float(started) if isinstance(started, (int, float)) else None
-
-
-def _span(history: Window, window_s: float | None, end_t: float | None) -> tuple[float, float] | None:
-    """The time axis all timelines of a process share.
-
-    It ends at the last sample and reaches back ``window_s`` (the whole run
-    for None), but not before the first sample: a run shorter than the
-    window fills the chart instead of a sliver at its right edge. Devices
-    appear after the process's first samples (when the program creates its
-    backend), so their strips start blank at the left: that is when there
-    was no device memory yet.
-    """
-    if end_t is None:
-        return None
-    first = float(history.t[0]) if len(history.t) else end_t
-    start = max(end_t - window_s, first) if window_s else first
-    return (min(start, end_t - MIN_SPAN_S), float(end_t))

@@ -10,17 +10,30 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.widgets.oom import OomCensusView
 
 __all__ = ["OomScreen"]
+
+Census = OomCensus | dict[str, Any]
+Censuses = Census | Iterable[Census] | None
+
+
+def _views(censuses: Censuses) -> list[OomCensus]:
+    """The censuses as views, oldest first; records are turned into views."""
+    if censuses is None:
+        return []
+    items = [censuses] if isinstance(censuses, (dict, OomCensus)) else list(censuses)
+    return [OomCensus.from_wire(c) if isinstance(c, dict) else c for c in items if isinstance(c, (dict, OomCensus))]
 
 
 class OomScreen(Screen[None]):
     """A whole screen for one process's OOM censuses, newest first.
 
     Args:
-        censuses: a census dict, a list of them (oldest first, as they
-            arrived), or None when there is none yet (the screen says so).
+        censuses: a census (its view, or the record), a list of them
+            (oldest first, as they arrived), or None when there is none yet
+            (the screen says so).
     """
 
     BINDINGS = [
@@ -33,14 +46,9 @@ class OomScreen(Screen[None]):
     OomScreen > VerticalScroll { height: 1fr; padding: 0 1; }
     """
 
-    def __init__(self, censuses: dict[str, Any] | Iterable[dict[str, Any]] | None) -> None:
+    def __init__(self, censuses: Censuses) -> None:
         super().__init__()
-        if censuses is None:
-            self.censuses: list[dict[str, Any]] = []
-        elif isinstance(censuses, dict):
-            self.censuses = [censuses]
-        else:
-            self.censuses = [c for c in censuses if isinstance(c, dict)]
+        self.censuses: list[OomCensus] = _views(censuses)
         self.index = 0  # 0: the newest
 
     def compose(self) -> ComposeResult:
@@ -55,9 +63,9 @@ class OomScreen(Screen[None]):
         census = self.censuses[total - 1 - self.index]
         return OomCensusView(census, position=(self.index, total))
 
-    def show(self, censuses: dict[str, Any] | Iterable[dict[str, Any]] | None) -> None:
+    def show(self, censuses: Censuses) -> None:
         """Show these censuses instead (a new one arrived); the newest first."""
-        self.censuses = [censuses] if isinstance(censuses, dict) else [c for c in censuses or [] if isinstance(c, dict)]
+        self.censuses = _views(censuses)
         self.index = 0
         self.query_one("#oom-census", Static).update(self._view())
 

@@ -1,0 +1,83 @@
+"""``jaxtop`` command line: argument checks and wiring, nothing more.
+
+:func:`main` is the console entry point (``jaxtop``, ``python -m jaxtop``):
+it parses with :mod:`.parser` and hands each command to its module
+(:mod:`.run`, :mod:`.attach`, :mod:`.log`, :mod:`.export`, ...). The exit
+statuses are listed once, in :mod:`.exits`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from jaxtop.cli.attach import INJECT_EXPLAINED, cmd_attach, cmd_default
+from jaxtop.cli.demo import cmd_demo
+from jaxtop.cli.detach import cmd_detach
+from jaxtop.cli.exits import EXIT_BROKEN_PIPE, EXIT_BUDGET, EXIT_STATUS_HELP, EXIT_TERMINATED, EXIT_USAGE
+from jaxtop.cli.export import cmd_export
+from jaxtop.cli.log import cmd_log
+from jaxtop.cli.ls import cmd_ls
+from jaxtop.cli.parser import build_parser, split_run_argv
+from jaxtop.cli.replay import cmd_replay
+from jaxtop.cli.run import cmd_run
+from jaxtop.paths import SocketDirError
+
+__all__ = [
+    "EXIT_BROKEN_PIPE", "EXIT_BUDGET", "EXIT_STATUS_HELP", "EXIT_TERMINATED", "EXIT_USAGE", "INJECT_EXPLAINED",
+    "build_parser", "cmd_attach", "cmd_default", "cmd_demo", "cmd_detach", "cmd_export", "cmd_log", "cmd_ls",
+    "cmd_replay", "cmd_run", "main", "split_run_argv",
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``jaxtop`` command.
+
+    Args:
+        argv: the arguments after ``jaxtop``; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit status (:data:`~jaxtop.cli.exits.EXIT_STATUS_HELP`).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except SocketDirError as exc:
+        # An unsafe socket directory, or a socket served by another uid: one
+        # line naming the path and owner, exit 2 (EXIT_STATUS_HELP).
+        command = next((arg for arg in argv if not arg.startswith("-")), "")
+        print(f"jaxtop{' ' + command if command else ''}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _main(argv: list[str]) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "oom":
+        from jaxtop.oom_report import main as oom_main
+
+        return oom_main(argv[1:])
+    if argv and argv[0] == "run":
+        own, program = split_run_argv(argv[1:])
+        args = parser.parse_args(["run", *own])
+        args.target = program
+        return cmd_run(parser, args)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return cmd_run(parser, args)
+    if args.command == "ls":
+        return cmd_ls(args)
+    if args.command == "log":
+        return cmd_log(args)
+    if args.command == "attach":
+        return cmd_attach(args.pids, args.refresh, inject=args.inject, no_inject=args.no_inject,
+                          inject_timeout=args.inject_timeout)
+    if args.command == "detach":
+        return cmd_detach(args.pid)
+    if args.command == "export":
+        return cmd_export(args)
+    if args.command == "replay":
+        return cmd_replay(args)
+    if args.command == "demo":
+        return cmd_demo(args)
+    return cmd_default()

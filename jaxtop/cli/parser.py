@@ -1,0 +1,182 @@
+"""``jaxtop``'s argument parser, and the split of ``run``'s own options
+from the program's."""
+
+from __future__ import annotations
+
+import argparse
+
+from jaxtop.cli.exits import EXIT_STATUS_HELP
+from jaxtop.inject import DEFAULT_TIMEOUT_S as DEFAULT_INJECT_TIMEOUT_S
+from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
+from jaxtop.protocol import JAXTOP_VERSION
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _prometheus_options(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--prometheus", type=_port, metavar="PORT", help=text)
+    parser.add_argument("--prometheus-addr", default=DEFAULT_PROMETHEUS_ADDR, metavar="ADDR",
+                        help="address for --prometheus (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+
+
+def _inject_timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--inject-timeout", type=_positive_float, default=DEFAULT_INJECT_TIMEOUT_S, metavar="S",
+                        help="how long to wait for the target to run the injected agent (default 15)")
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    return value
+
+
+def _pid(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command (``oom`` reads its own arguments)."""
+    parser = argparse.ArgumentParser(
+        prog="jaxtop",
+        description="top for JAX memory: device memory, fragmentation and host<->device transfers.",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"jaxtop {JAXTOP_VERSION}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="run a Python program with the jaxtop agent started first",
+        description="Run SCRIPT (or -m MODULE) like `python`, with the agent started first. "
+        "Same sys.argv, __main__, exit code and exceptions as a plain run.",
+    )
+    run.add_argument("--log", metavar="FILE", help="also record the stream to FILE (JSON lines; gzip-compressed as written when FILE ends in .gz)")
+    run.add_argument("--interval", type=_positive_float, default=0.1, metavar="S", help="sample period in seconds (default 0.1)")
+    run.add_argument("--no-capture", action="store_true", help="do not capture stderr (no transfer counts)")
+    run.add_argument("--budget", metavar="SPEC",
+                     help="limits checked at exit, e.g. h2d=0,recompiles=0,peak=2GiB, or a pyproject.toml with "
+                     "[tool.jaxtop.budget]; over budget: a report on stderr, exit 3 (docs/budgets.md)")
+    run.add_argument("--budget-report", metavar="FILE", help="also write the budget report as JSON to FILE")
+    _prometheus_options(run, "also serve Prometheus metrics on PORT (docs/cluster.md)")
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
+    run.add_argument("target", nargs="*", metavar="SCRIPT [ARGS...]", help="the program and its arguments")
+
+    ls = sub.add_parser("ls", help="list instrumented processes of this user")
+    ls.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+
+    log = sub.add_parser(
+        "log",
+        help="record a running agent's stream as JSON lines",
+        description="Record until the target exits, the duration ends, or SIGINT/SIGTERM; then exit 0.",
+    )
+    log.add_argument("pid", type=_pid)
+    log.add_argument("-o", "--output", metavar="FILE",
+                     help="write here instead of stdout; a FILE ending in .gz is gzip-compressed as it is written "
+                          "(about 20 times smaller: ~5 MB an hour at 10 Hz for 8 devices and 10,000 arrays)")
+    log.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
+    _prometheus_options(log, "re-export the stream as Prometheus metrics on PORT")
+    log.add_argument("--inject", action="store_true", help="no agent in PID: inject one first (docs/attach.md)")
+    _inject_timeout_option(log)
+
+    attach = sub.add_parser(
+        "attach",
+        help="open the dashboard on running agents",
+        description="Open the live dashboard on one or more instrumented processes.",
+    )
+    attach.add_argument("pids", type=_pid, nargs="+", metavar="PID")
+    how = attach.add_mutually_exclusive_group()
+    how.add_argument("--inject", "-y", action="store_true",
+                     help="inject the agent into a PID that has none, without asking (docs/attach.md)")
+    how.add_argument("--no-inject", action="store_true",
+                     help="never inject: a PID without an agent gets the external view (psutil + NVML only)")
+    _inject_timeout_option(attach)
+    attach.add_argument("--refresh", type=_positive_float, default=None, metavar="S",
+                        help="seconds between redraws (default 2; every sample is kept regardless)")
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the built-in workload and flip each memory strategy live",
+        description="Start a jitted workload with the agent and open the dashboard with a Strategies panel. "
+        "--headless runs every strategy off then on and prints what changed.",
+    )
+    demo.add_argument("--headless", action="store_true", help="no dashboard: print the before/after table")
+    demo.add_argument("--steps", type=int, default=30, help="steps per variant in --headless (default 30)")
+    demo.add_argument("--json", action="store_true", help="--headless output as JSON")
+    demo.add_argument("--small", action="store_true", help="smallest workload sizes")
+
+    detach = sub.add_parser(
+        "detach",
+        help="stop the agent in a running process (injected or not); the process keeps running",
+        description="Stop the agent in PID: its socket is removed, stderr and the transfer guard are put back.",
+    )
+    detach.add_argument("pid", type=_pid)
+
+    export = sub.add_parser(
+        "export",
+        help="turn a recording into CSV or a Perfetto trace",
+        description="CSV: one row per sample and device (columns in docs/protocol.md). perfetto: Chrome "
+        "trace-event JSON for ui.perfetto.dev (counter tracks for memory and transfers, instants for compiles "
+        "and failed donations).",
+    )
+    export.add_argument("file", help="a JSON-lines recording (plain or .gz)")
+    export.add_argument("--format", choices=("csv", "perfetto", "holders-csv", "labels-csv", "host-syncs-csv"),
+                        required=True,
+                        help="csv: a row per sample and device; perfetto: a trace; holders-csv, labels-csv, "
+                             "host-syncs-csv: a row per allocation site, labelled tree or reading line of each "
+                             "record that carried one")
+    export.add_argument("-o", "--output", metavar="OUT", help="where to write (default: FILE with .csv / .perfetto.json; - for stdout)")
+    export.add_argument("-j", "--jobs", type=int, metavar="N",
+                        help="processes for a big uncompressed recording (default: the CPUs this process may use, at most 8)")
+
+    oom = sub.add_parser("oom", help="print an out-of-memory census: what held the memory when a program ran out",
+                         add_help=False)
+    oom.add_argument("rest", nargs=argparse.REMAINDER, help="FILE: jaxtop-oom-PID-TIME.json or a recording")
+    replay = sub.add_parser("replay", help="open the dashboard on a recording")
+    replay.add_argument("file", help="a JSON-lines recording, plain or .gz (jaxtop run --log / jaxtop log / w in the dashboard)")
+    replay.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
+    replay.add_argument("--refresh", type=_positive_float, default=0.25, metavar="S",
+                        help="seconds between redraws while playing (default 0.25)")
+    return parser
+
+
+_RUN_OPTIONS_WITH_VALUE = {"--log", "--interval", "--prometheus", "--prometheus-addr", "--budget", "--budget-report"}
+
+
+def split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split ``run``'s own options from the program and its arguments.
+
+    Everything after SCRIPT (or after ``-m MODULE``) belongs to the program,
+    even when it looks like one of jaxtop's options, as with ``python``.
+    """
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[:i], argv[i + 1 :]
+        if arg == "-m":
+            return argv[: i + 2], argv[i + 2 :]
+        if arg.startswith("-m") and len(arg) > 2:
+            return argv[: i + 1], argv[i + 1 :]
+        if arg in _RUN_OPTIONS_WITH_VALUE:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return argv[:i], argv[i:]
+    return argv, []

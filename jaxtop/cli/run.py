@@ -1,0 +1,185 @@
+"""``jaxtop run``: a Python program run as `python` runs it (same
+``sys.argv``, ``__main__``, exit status and traceback), with the agent
+started first and ``--budget`` checked at its end."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+from jaxtop.cli.exits import EXIT_BUDGET, EXIT_USAGE
+
+
+def _trim_traceback(tb):
+    """Drop jaxtop's and runpy's frames so the traceback reads like `python SCRIPT`.
+
+    ``tb`` may start above ``cmd_run`` (the interpreter's top level, through
+    ``python -m jaxtop`` or the ``jaxtop`` script): everything up to
+    ``cmd_run`` goes too.
+    """
+    node = tb
+    while node is not None:
+        if node.tb_frame.f_code is cmd_run.__code__:
+            tb = node
+            break
+        node = node.tb_next
+    ours = {__file__, runpy.__file__, "<frozen runpy>"}
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    return tb
+
+
+def _hook_without_our_frames(exc: BaseException) -> None:
+    """Have the interpreter print ``exc`` (about to leave ``main``) with
+    the program's frames only.
+
+    A KeyboardInterrupt must reach the top level itself: the interpreter
+    then ends the process with SIGINT after the usual clean-up, as for
+    `python SCRIPT`, which no exit status can imitate. Its traceback is
+    printed there through ``sys.excepthook`` (the program's own, if it set
+    one), so that hook is wrapped once to trim it.
+    """
+    hook = sys.excepthook
+
+    def excepthook(etype, value, tb):
+        sys.excepthook = hook
+        if value is exc:
+            tb = _trim_traceback(tb)
+            value = value.with_traceback(tb)  # what the default hook prints
+        hook(etype, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def _script_path(script: str) -> str:
+    """``__file__`` of the script as `python SCRIPT` (3.9+) sets it: the
+    working directory joined with the path as given, not normalized."""
+    return script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+
+
+def _run_script(script: str) -> dict:
+    """Run a script file as `python SCRIPT` does; returns its globals.
+
+    ``__file__`` and the code's file name are absolute while ``sys.argv[0]``
+    stays as given (runpy.run_path would set it to the path it runs), and
+    the new ``__main__`` module stays in ``sys.modules`` until exit, as the
+    interpreter's own does. A directory or zip file with a ``__main__.py``,
+    or a ``.pyc``, goes through runpy as before.
+    """
+    import zipfile
+
+    path = _script_path(script)
+    if os.path.isdir(path) or path.endswith((".pyc", ".pyo")) or zipfile.is_zipfile(path):
+        return runpy.run_path(script, run_name="__main__")
+    import builtins
+    import io
+    import types
+    from importlib.machinery import SourceFileLoader
+
+    with io.open_code(path) as f:
+        source = f.read()
+    # dont_inherit: this module's `from __future__` imports are not the program's.
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=SourceFileLoader("__main__", path),
+                         __package__=None, __spec__=None, __builtins__=builtins)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+    return main.__dict__
+
+
+# The program's globals live until interpreter exit, as a plain `python
+# SCRIPT`'s __main__ does, so the final sample sees the arrays it still holds.
+_program_globals: dict | None = None
+
+
+def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``jaxtop run [OPTIONS] SCRIPT|-m MODULE [ARGS...]``.
+
+    Args:
+        parser: the parser, for its usage errors.
+        args: ``run``'s parsed options, with ``target`` the program's argv
+            (see :func:`jaxtop.cli.parser.split_run_argv`).
+
+    Returns:
+        The program's exit status, or :data:`EXIT_BUDGET` / :data:`EXIT_USAGE`.
+    """
+    if args.module is None and not args.target:
+        parser.error("run: give a SCRIPT to run, or -m MODULE")
+    if args.module is None:
+        script = args.target[0]
+        if not os.path.exists(script):
+            print(f"jaxtop run: can't open file {script!r}: no such file", file=sys.stderr)
+            return EXIT_USAGE
+    budget = _run_budget(parser, args)
+    if isinstance(budget, int):
+        return budget
+    import jaxtop
+
+    try:
+        handle = jaxtop.instrument(interval_s=args.interval, log_path=args.log, capture_stderr=not args.no_capture,
+                                   prometheus_port=args.prometheus, prometheus_addr=args.prometheus_addr)
+    except (OSError, ImportError, ValueError) as exc:
+        print(f"jaxtop run: cannot start the agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if budget is not None:
+        budget.start(handle.agent)
+    global _program_globals
+    # With -P or PYTHONSAFEPATH, python puts no directory first on sys.path,
+    # and jaxtop's own sys.path[0] is then the standard library's.
+    set_path0 = not getattr(sys.flags, "safe_path", False)
+    try:
+        if args.module is not None:
+            sys.argv = [args.module, *args.target]
+            if set_path0:
+                sys.path[0] = os.getcwd()  # as `python -m` does
+            _program_globals = runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args.target)  # argv[0] exactly as given, as python keeps it
+            if set_path0:
+                # The script's real directory (symlinks resolved), as python does.
+                sys.path[0] = os.path.dirname(os.path.realpath(script))
+            _program_globals = _run_script(script)
+    except SystemExit as exc:
+        # `sys.exit(0)` is a success like a return: the budget still counts.
+        if budget is not None and budget.finish(program_ok=exc.code in (None, 0)):
+            return EXIT_BUDGET
+        raise
+    except KeyboardInterrupt as exc:
+        _hook_without_our_frames(exc)
+        raise
+    except BaseException as exc:
+        # Report it as the interpreter would (through the user's own
+        # excepthook, if their program installed one), exit status 1.
+        tb = _trim_traceback(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        if budget is not None:
+            budget.finish(program_ok=False)  # its status and traceback win: only the JSON report
+        return 1
+    if budget is not None and budget.finish(program_ok=True):
+        return EXIT_BUDGET
+    return 0
+
+
+def _run_budget(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """``--budget``, read before the program starts: a RunBudget, None
+    without one, or an exit status (a budget that cannot be read)."""
+    if args.budget is None:
+        if args.budget_report:
+            parser.error("run: --budget-report needs --budget")
+        return None
+    from jaxtop import budget as budgets
+
+    try:
+        limits = budgets.resolve(args.budget)
+    except budgets.BudgetError as exc:
+        print(f"jaxtop run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    counted = limits.names() & budgets.TRANSFER_NAMES
+    if args.no_capture and counted:
+        print(f"jaxtop run: --budget limits {', '.join(sorted(counted))}, but --no-capture turns transfer "
+              "counting off", file=sys.stderr)
+        return EXIT_USAGE
+    return budgets.RunBudget(limits, report_path=args.budget_report)

@@ -1,0 +1,175 @@
+"""The model's state of one process, turned into frozen views.
+
+:meth:`jaxtop.dashboard.model.Model.snapshot` calls these under its lock;
+they read a process's state and its latest sample and build the typed
+views of :mod:`jaxtop.dashboard.views`, so no wire object reaches a widget.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from jaxtop import protocol
+from jaxtop.dashboard.history import Window
+from jaxtop.dashboard.oom_views import OomCensus
+from jaxtop.dashboard.readings import (
+    BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
+    TopShapeView, TransferView,
+)
+from jaxtop.dashboard.views import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView
+
+if TYPE_CHECKING:
+    from jaxtop.dashboard.model import ProcessModel, _DeviceState
+
+#: The shortest time axis drawn: a run's first sample alone still gets one.
+MIN_SPAN_S = 1.0
+#: Census views a model keeps built (a process keeps at most 20 censuses).
+CENSUS_VIEWS_KEPT = 64
+
+#: Census views by the id of their record, each kept with its record so
+#: that the id is not reused meanwhile: a census never changes once in,
+#: and snapshots are taken a few times a second.
+CensusViews = dict[int, tuple[dict[str, Any], OomCensus]]
+
+
+def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: float, replaying: bool,
+                 census_views: CensusViews) -> ProcessView:
+    """The view of one process.
+
+    Args:
+        p: The process's state.
+        window_s: The timelines' window (None: the whole run).
+        wall: The wall clock now (uptime of a live process).
+        mono: The model's clock now (the age of the last sample).
+        replaying: A recording plays: uptime is measured to the last sample.
+        census_views: The model's census views built so far (added to).
+    """
+    end_t = p.last_t
+    age = (mono - p.last_recv) if (p.last_recv is not None and p.state in (LIVE, STALE)) else None
+    started = _started_t(p)
+    ref = p.last_t if p.state in (EXITED, DISCONNECTED, REPLAY) or replaying else wall
+    latest = p.latest
+    history = p.history.window(window_s, end_t)
+    transfers = latest.get("transfers") if isinstance(latest.get("transfers"), dict) else {}
+    shapes = transfers.get("top_shapes")
+    external = p.hello.get("external")
+    jax_version = p.versions.get("jax")
+    return ProcessView(
+        pid=p.pid,
+        argv=tuple(p.hello.get("argv") or ()),
+        backend=p.backend,
+        versions=dict(p.versions),
+        state=p.state,
+        sample_age_s=age,
+        uptime_s=(ref - started) if (started and ref) else None,
+        interval_s=p.hello.get("interval_s") or 0.1,
+        seq=latest.get("seq"),
+        transfers={d: TransferView.from_rates(r) for d, r in p.rates.items()},
+        top_shapes=tuple(TopShapeView.from_wire(s) for s in shapes if isinstance(s, dict)) if isinstance(shapes, list) else (),
+        # The newest status wins: a sample's, else the hello's.
+        capture=CaptureView.from_wire(latest.get("transfer_capture") or p.hello.get("transfer_capture")),
+        process=HostView.from_wire(latest.get("process")),
+        compile=CompileView.from_wire(latest.get("compile")),
+        donation=DonationView.from_wire(latest.get("donation")),
+        nvml_status=NvmlStatusView.from_wire(p.nvml_status),
+        history=history,
+        last_profile=ProfileView.from_wire(p.last_profile),
+        span=_span(history, window_s, end_t),
+        demo=p.demo,
+        external=external.get("note") if isinstance(external, dict) else None,
+        nvml=NvmlView.from_wire(latest.get("nvml")),
+        holders=p.holders.view(),
+        oom_censuses=tuple(census_view(c, census_views) for c in p.oom_censuses),
+        jax_version=str(jax_version) if jax_version else None,
+    )
+
+
+def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t: float | None) -> DeviceView:
+    """The view of one device of ``p``."""
+    d = s.latest
+    live = d.get("live_arrays") or {}
+    jax_to_nvml = {x.get("jax_id"): x.get("index") for x in p.nvml_status.get("devices", []) if isinstance(x, dict)}
+    gpu = None
+    nv = p.latest.get("nvml") if isinstance(p.latest.get("nvml"), dict) else None
+    if nv:
+        for g in nv.get("devices", []):
+            if g.get("index") == jax_to_nvml.get(s.id):
+                gpu = g
+    allocs_reason = None
+    if d.get("num_allocs") is None:
+        allocs_reason = "allocator reports no num_allocs" if d.get("source") == "memory_stats" else "no allocator statistics on this backend"
+    return DeviceView(
+        pid=p.pid,
+        id=s.id,
+        platform=s.platform,
+        source=str(d.get("source", "?")),
+        bytes_in_use=d.get("bytes_in_use"),
+        pool_bytes=d.get("pool_bytes"),
+        bytes_limit=d.get("bytes_limit"),
+        peak_bytes_in_use=d.get("peak_bytes_in_use"),
+        largest_free_block_bytes=d.get("largest_free_block_bytes"),
+        num_allocs=d.get("num_allocs"),
+        live_bytes=live.get("bytes"),
+        live_count=live.get("count"),
+        nvml=GpuView.from_wire(gpu) if gpu else None,
+        fragmentation=d.get("fragmentation"),
+        fragmentation_reason=d.get("fragmentation_reason"),
+        allocs_per_s=s.allocs_per_s if d.get("num_allocs") is not None else None,
+        allocs_reason=allocs_reason,
+        buffer_map=s.buffer_map,
+        map_complete=s.map_complete,
+        top_buffers=tuple(BufferView.from_wire(b) for b in s.top_buffers if isinstance(b, dict)),
+        timeline=s.history.window(window_s, end_t),
+        map_live_count=s.map_live_count,
+        map_live_bytes=s.map_live_bytes,
+        unmapped=dict(s.unmapped),
+        live_holes=live.get("holes") if isinstance(live.get("holes"), (int, float)) else None,
+        live_age_s=_age(end_t, live.get("scanned_t")),
+        map_age_s=_age(end_t, s.map_t),
+    )
+
+
+def census_view(census: dict[str, Any], views: CensusViews) -> OomCensus:
+    """The view of a census record, built once per record and kept in ``views``."""
+    kept = views.get(id(census))
+    if kept is not None and kept[0] is census:
+        return kept[1]
+    view = OomCensus.from_wire(census)
+    if len(views) >= CENSUS_VIEWS_KEPT:
+        views.pop(next(iter(views)))
+    views[id(census)] = (census, view)
+    return view
+
+
+def _age(end_t: float | None, t: Any) -> float | None:
+    """Seconds from ``t`` to ``end_t`` (never below 0), None if either is unknown."""
+    if end_t is None or not protocol.is_number(t):
+        return None
+    return max(0.0, float(end_t) - float(t))
+
+
+def _started_t(p: ProcessModel) -> float | None:
+    """When the program started: the process's own start time when the
+    probe reports it, else the agent's (hello), which is later when the
+    agent was injected into a running program."""
+    if p.started_t is not None:
+        return p.started_t
+    started = p.hello.get("started_t")
+    return float(started) if isinstance(started, (int, float)) else None
+
+
+def _span(history: Window, window_s: float | None, end_t: float | None) -> tuple[float, float] | None:
+    """The time axis all timelines of a process share.
+
+    It ends at the last sample and reaches back ``window_s`` (the whole run
+    for None), but not before the first sample: a run shorter than the
+    window fills the chart instead of a sliver at its right edge. Devices
+    appear after the process's first samples (when the program creates its
+    backend), so their strips start blank at the left: that is when there
+    was no device memory yet.
+    """
+    if end_t is None:
+        return None
+    first = float(history.t[0]) if len(history.t) else end_t
+    start = max(end_t - window_s, first) if window_s else first
+    return (min(start, end_t - MIN_SPAN_S), float(end_t))

@@ -1,0 +1,187 @@
+"""The frozen views the model hands the widgets: one :class:`Snapshot` per
+frame, a :class:`ProcessView` per process and a :class:`DeviceView` per
+device.
+
+Every field is typed (see :mod:`jaxtop.dashboard.readings` for the
+sample's objects): a widget reads attributes, never a wire key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jaxtop import protocol
+from jaxtop.dashboard.history import Window
+from jaxtop.dashboard.holders import HoldersView
+from jaxtop.dashboard.oom_views import OomCensus
+from jaxtop.dashboard.readings import (
+    BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
+    TopShapeView, TransferView,
+)
+
+if TYPE_CHECKING:
+    from jaxtop.dashboard.model import Event
+
+__all__ = [
+    "CONNECTING", "DISCONNECTED", "EXITED", "LIVE", "REPLAY", "STALE", "DeviceView", "ProcessView", "ReplayView",
+    "Snapshot",
+]
+
+#: Connection states shown in the header (``ProcessView.state``).
+CONNECTING, LIVE, STALE, DISCONNECTED, EXITED, REPLAY = "connecting", "live", "stale", "disconnected", "exited", "replay"
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """Everything the screen shows for one device, at one moment."""
+
+    pid: int
+    id: int
+    platform: str
+    source: str  # memory_stats | live_arrays
+    bytes_in_use: int | None
+    pool_bytes: int | None
+    bytes_limit: int | None
+    peak_bytes_in_use: int | None
+    largest_free_block_bytes: int | None
+    num_allocs: int | None
+    live_bytes: int | None
+    live_count: int | None
+    nvml: GpuView | None  # the matching NVML GPU, if any
+    fragmentation: float | None
+    fragmentation_reason: str | None
+    allocs_per_s: float | None
+    allocs_reason: str | None
+    buffer_map: tuple[tuple[int, int], ...]
+    map_complete: bool
+    top_buffers: tuple[BufferView, ...]
+    timeline: Window
+    # The scan the map comes from: its buffer count and bytes, and the
+    # buffers it could not place, by kind (the model's UNMAPPED_KINDS). The
+    # latest live_bytes/live_count may come from a later scan than the map.
+    map_live_count: int | None = None
+    map_live_bytes: int | None = None
+    unmapped: dict[str, int] = field(default_factory=dict)
+    #: Holes among live buffers' addresses (0-1), the latest scan's; None
+    #: when some buffer has no address or no scan measured it.
+    live_holes: float | None = None
+    #: Seconds between the live-array scan behind ``live_bytes`` and this
+    #: view's moment, and the same for the map: the agent scans less often
+    #: when scanning costs more (many arrays), and says when it did. None
+    #: where the stream does not say (older agents).
+    live_age_s: float | None = None
+    map_age_s: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.platform}:{self.id}"
+
+    @property
+    def cached_unused_bytes(self) -> int | None:
+        if self.pool_bytes is None or self.bytes_in_use is None:
+            return None
+        return self.pool_bytes - self.bytes_in_use
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        if self.bytes_limit is None or self.pool_bytes is None:
+            return None
+        return self.bytes_limit - self.pool_bytes
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """Everything the screen shows for one process, at one moment."""
+
+    pid: int
+    argv: tuple[str, ...]
+    backend: str | None
+    versions: dict[str, Any]  # package name -> version (hello's versions)
+    state: str
+    sample_age_s: float | None
+    uptime_s: float | None
+    interval_s: float
+    seq: int | None
+    transfers: dict[str, TransferView]  # by direction (jaxtop.protocol.DIRECTIONS)
+    top_shapes: tuple[TopShapeView, ...]
+    capture: CaptureView
+    process: HostView
+    compile: CompileView
+    donation: DonationView
+    nvml_status: NvmlStatusView
+    history: Window
+    last_profile: ProfileView | None
+    # The time axis every timeline of this process shares: (start, end),
+    # Unix seconds; None before the first sample.
+    span: tuple[float, float] | None = None
+    demo: dict[str, Any] | None = None  # the demo workload's state, if any
+    external: str | None = None  # set for an external view (no agent): what it can see
+    nvml: NvmlView | None = None  # the latest NVML reading of the process
+    holders: HoldersView | None = None  # memory by allocation site, named pytrees, host syncs
+    oom_censuses: tuple[OomCensus, ...] = ()  # out-of-memory censuses, oldest first
+    jax_version: str | None = None  # None until the program imports jax
+
+
+@dataclass(frozen=True)
+class ReplayView:
+    """Where a recording's playback is, for the header."""
+
+    playing: bool
+    speed: float
+    t: float | None  # recording time of the last record played
+    t_start: float | None
+    t_end: float | None  # None until the recording is indexed
+    indexing: tuple[int, int] | None = None  # (done, total) while the index is built
+    index_error: str | None = None  # why seeking is n/a
+    pending_seek: str | None = None  # a seek asked for while indexing
+
+    @classmethod
+    def from_state(cls, state: Any) -> ReplayView | None:
+        """From a source's ``replay_state()``; None when nothing plays."""
+        if not isinstance(state, dict):
+            return None
+        indexing = state.get("indexing")
+
+        def seconds(key: str) -> float | None:
+            v = state.get(key)
+            return float(v) if protocol.is_number(v) else None
+
+        pending = state.get("pending_seek")
+        return cls(
+            playing=bool(state.get("playing")),
+            speed=float(state.get("speed") or 1.0),
+            t=seconds("t"),
+            t_start=seconds("t_start"),
+            t_end=seconds("t_end"),
+            indexing=(int(indexing[0]), int(indexing[1])) if isinstance(indexing, (list, tuple)) and len(indexing) == 2 else None,
+            index_error=str(state.get("index_error")) if state.get("index_error") else None,
+            pending_seek=None if pending is None else str(pending),
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One frozen picture of the model for the widgets."""
+
+    t: float
+    processes: tuple[ProcessView, ...]
+    devices: tuple[DeviceView, ...]
+    selected: int  # index into devices; -1 = overview
+    window_s: float | None
+    events: tuple[Event, ...]
+    notices: tuple[str, ...] = ()
+    replay: ReplayView | None = None
+
+    @property
+    def device(self) -> DeviceView | None:
+        if 0 <= self.selected < len(self.devices):
+            return self.devices[self.selected]
+        return None
+
+    def process_of(self, device: DeviceView | None) -> ProcessView | None:
+        pid = device.pid if device is not None else (self.processes[0].pid if self.processes else None)
+        for p in self.processes:
+            if p.pid == pid:
+                return p
+        return None

@@ -1,0 +1,349 @@
+"""JAX's tracing-cache-miss explanations: turned on, read, and kept quiet.
+
+With ``jax_explain_cache_misses`` on, jax logs why a function was traced and
+compiled again (which argument, old and new type, the call site). The jit
+ledger reads those records for its recompile reasons:
+
+* :func:`parse_cache_miss` reads one record (any wording of jax 0.4.30 to
+  0.10.2), :func:`name_key` spells a jitted function's name one way;
+* :class:`CacheMissFilter` sees each record before any handler and hides
+  the ones that exist only because jaxtop turned the option on;
+* :class:`ExplainSwitch` turns the option on when the program left it
+  alone, notices the program taking it over, and undoes everything.
+
+Stdlib and jax only: this runs in the user's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "CacheMissFilter",
+    "EXPLAIN_ENV",
+    "EXPLAIN_OPTION",
+    "ExplainSwitch",
+    "MISS_LOGGERS",
+    "PERSISTENT_CACHE_LOGGERS",
+    "name_key",
+    "parse_cache_miss",
+]
+
+#: The config option, and its environment variable.
+EXPLAIN_OPTION = "jax_explain_cache_misses"
+EXPLAIN_ENV = "JAX_EXPLAIN_CACHE_MISSES"
+#: Loggers that write the tracing-cache-miss explanations: ``jax._src.pjit``
+#: up to jax 0.8.3, ``jax._src.interpreters.partial_eval`` from 0.9.2. Both
+#: are watched on every version: the move happened between those releases,
+#: and a filter on a logger that never writes such a record costs nothing.
+MISS_LOGGERS = ("jax._src.pjit", "jax._src.interpreters.partial_eval")
+#: Loggers whose persistent-cache records go from DEBUG to WARNING while the
+#: option is on (only when the persistent compilation cache is enabled).
+PERSISTENT_CACHE_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
+#: Those records' format strings start so (jax 0.6.2 to 0.10.2).
+_PERSISTENT_PREFIXES = (
+    "PERSISTENT COMPILATION CACHE MISS",
+    "Not writing persistent cache entry",
+    "Writing %s to persistent compilation cache",
+)
+_MISS_PREFIX = "TRACING CACHE MISS"
+
+_NAME_CHARS = re.compile(r"[^\w.-]")
+_MISS_HEAD = re.compile(
+    r"^TRACING CACHE MISS at (?P<site>.*) \((?P<fn>[^()]*)\)(?: costing [\d.]+ ms)?(?: because)?:\s*$")
+_SITE = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::\d+)?$")
+_FOR_FN = re.compile(r"^\s*for (?P<name>.+?)(?: defined at (?P<def>\S+))?\s*$")
+_NEW_FN = re.compile(r"^\s*(?P<name>.+?) id=\d+(?: defined at (?P<def>\S+))?\s*$")
+#: One argument's type change: jax 0.6.2+ and jax 0.4.30–0.5.x wording.
+_DIFF_NOW = re.compile(r"\*\s+at (?P<arg>.+?), now (?P<new>.+?) and before (?P<old>.+?)\s*$")
+_DIFF_SEEN = re.compile(r"\*\s+at (?P<arg>.+?), seen (?P<old>.+?), but now given (?P<new>.+?)\s*$")
+
+
+def name_key(name: str) -> str:
+    """One spelling for a jitted function's name, whoever reports it.
+
+    ``jax.monitoring`` says ``jit(step)`` or ``jit(<lambda>)``; the compiled
+    module is ``jit_step`` or ``jit__lambda`` (``jit__lambda_`` before jax
+    0.10): the characters a module name cannot hold become ``_``, and
+    trailing ``_`` are dropped, so all of them meet on ``jit_step`` /
+    ``jit__lambda``.
+    """
+    return _NAME_CHARS.sub("_", name).rstrip("_") or name
+
+
+def parse_cache_miss(message: str) -> dict[str, Any] | None:
+    """Read one tracing-cache-miss explanation (any wording of jax 0.4.30–0.10.2).
+
+    Args:
+        message: the log record's formatted message.
+
+    Returns:
+        None when it is not such a record; else ``kind`` (``types``: an
+        argument's shape or dtype changed; ``new_function``: first trace of
+        this function object; ``redefined``: a new function object defined on
+        a line that was traced before, the mark of jit closures created in a
+        loop; ``other``: any other key difference, in ``text``), ``fn`` (the
+        function's name as jax prints it), ``key`` (:func:`name_key` of its
+        jit), ``call_site`` (``file:line``), ``call_fn``, ``defined_at``,
+        ``arg``/``old``/``new`` of the first changed argument and ``diffs``
+        (every ``[arg, old, new]`` named, at most 4), ``text`` (the
+        explanation without its header, at most 600 characters).
+    """
+    lines = message.splitlines()
+    if not lines or not lines[0].startswith(_MISS_PREFIX):
+        return None
+    out: dict[str, Any] = {"kind": "other", "fn": None, "key": None, "call_site": None,
+                           "call_fn": None, "defined_at": None}
+    head = _MISS_HEAD.match(lines[0])
+    if head:
+        site = _SITE.match(head.group("site"))
+        out["call_site"] = f"{site.group('file')}:{site.group('line')}" if site else head.group("site")
+        out["call_fn"] = head.group("fn")
+    body = lines[1:]
+    for i, line in enumerate(body):
+        stripped = line.strip()
+        if stripped.startswith("never seen function"):
+            out["kind"] = "new_function"
+            m = _NEW_FN.match(body[i + 1]) if i + 1 < len(body) else None
+            if m:
+                out["fn"], out["defined_at"] = m.group("name"), m.group("def")
+            break
+        m = _FOR_FN.match(line)
+        if m:
+            out["fn"], out["defined_at"] = m.group("name"), m.group("def")
+            break
+    if out["kind"] == "new_function" and "re-defined repeatedly" in message:
+        out["kind"] = "redefined"
+    diffs = []
+    for line in body:
+        m = _DIFF_NOW.search(line) or _DIFF_SEEN.search(line)
+        if m and len(diffs) < 4:
+            diff = [m.group("arg"), m.group("old"), m.group("new")]
+            if diff not in diffs:
+                diffs.append(diff)
+    if diffs:
+        out["kind"] = "types" if out["kind"] == "other" else out["kind"]
+        out["arg"], out["old"], out["new"] = diffs[0]
+        out["diffs"] = diffs
+    if out["fn"]:
+        out["key"] = name_key(f"jit({out['fn']})")
+    text = "\n".join(line.rstrip() for line in body).strip()
+    out["text"] = text[:600]
+    return out
+
+
+class CacheMissFilter(logging.Filter):
+    """Reads JAX's cache-miss records; hides the ones jaxtop caused.
+
+    A filter on the exact logger rather than a handler: it sees each record
+    of that logger before any handler, and can drop one without changing
+    what happens to any other. A handler could not: it runs after the
+    logger's other handlers, the ``jax`` logger's own StreamHandler and the
+    root's would print the record anyway, and its mere presence would stop
+    Python's last-resort handler from printing the program's own warnings.
+
+    Args:
+        on_miss: called with the record's message for every tracing-cache-miss
+            record (on the thread that logged it; must not raise).
+        jaxtop_owns: whether the option is on only because jaxtop turned it
+            on (called per record: the program may take it over later).
+        user_local: whether the program turned the option on for this thread
+            only (``with jax.explain_cache_misses(True)``): its records are
+            the program's.
+    """
+
+    def __init__(self, on_miss: Callable[[str, float], None], jaxtop_owns: Callable[[], bool],
+                 user_local: Callable[[], bool]) -> None:
+        super().__init__()
+        self._on_miss = on_miss
+        self._jaxtop_owns = jaxtop_owns
+        self._user_local = user_local
+        self.hidden = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        if not isinstance(msg, str):
+            return True
+        if msg.startswith(_MISS_PREFIX):
+            try:
+                self._on_miss(record.getMessage(), record.created)
+            except Exception:
+                pass
+            if self._ours():
+                # Without jaxtop this record would not exist.
+                self.hidden += 1
+                return False
+            return True
+        if record.levelno == logging.WARNING and msg.startswith(_PERSISTENT_PREFIXES) and self._ours():
+            # Without jaxtop jax would have logged it at DEBUG: do so, and
+            # let it through only where the program's logging takes DEBUG.
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            logger = logging.getLogger(record.name)
+            if not logger.isEnabledFor(logging.DEBUG):
+                self.hidden += 1
+                return False
+        return True
+
+    def _ours(self) -> bool:
+        try:
+            return self._jaxtop_owns() and not self._user_local()
+        except Exception:
+            return False
+
+
+class ExplainSwitch:
+    """``jax_explain_cache_misses``: who turned it on, and the log filters.
+
+    jaxtop turns the option on only when the program left it alone (neither
+    the option nor :data:`EXPLAIN_ENV` set) and ``wanted`` is true; it then
+    owns the records, until the program sets the option itself (seen through
+    a pass-through wrapper of ``jax.config.update``). :meth:`stop` removes
+    the filters and the wrapper and turns the option off again if jaxtop
+    still owns it.
+
+    Args:
+        wanted: turn the option on when the program did not set it.
+    """
+
+    def __init__(self, wanted: bool = True) -> None:
+        self.wanted = wanted
+        self.by: str | None = None  # "user" | "jaxtop" | None (off)
+        self.reason: str | None = None
+        self.filter: CacheMissFilter | None = None
+        self.filtered: list[logging.Logger] = []
+        self._we_enabled = False
+        self._config: Any = None
+        self._orig_update: Any = None
+        self._our_update: Any = None
+        self._state: Any = None
+
+    def start(self, on_miss: Callable[[str, float], None], active: Callable[[], bool]) -> None:
+        """Set the option (see the class docstring) and filter the loggers.
+
+        Args:
+            on_miss: called with each tracing-cache-miss record's message
+                and time (:class:`CacheMissFilter`).
+            active: whether the caller still listens (the wrapper of
+                ``jax.config.update`` notices the program only then).
+        """
+        import jax
+
+        config = jax.config
+        self._config = config
+        try:
+            from jax._src import config as config_module
+
+            self._state = getattr(config_module, "explain_cache_misses", None)
+        except Exception:
+            self._state = None
+        user_value = bool(getattr(config, EXPLAIN_OPTION))
+        if EXPLAIN_ENV in os.environ or user_value:
+            self.by = "user" if user_value else None
+            if not user_value:
+                self.reason = f"the program set {EXPLAIN_ENV}={os.environ.get(EXPLAIN_ENV)!r}"
+        elif self.wanted:
+            self._wrap_config_update(config, active)
+            (self._orig_update or config.update)(EXPLAIN_OPTION, True)
+            self._we_enabled = True
+            self.by = "jaxtop"
+        else:
+            self.reason = f"{EXPLAIN_OPTION} is off (jaxtop left it alone)"
+        self.filter = CacheMissFilter(on_miss, self.jaxtop_owns, self.user_local)
+        for name in MISS_LOGGERS + PERSISTENT_CACHE_LOGGERS:
+            logger = logging.getLogger(name)
+            logger.addFilter(self.filter)
+            self.filtered.append(logger)
+
+    def failed(self, reason: str) -> None:
+        """:meth:`start` raised: no explanations, and why."""
+        self.by, self.reason = None, reason
+
+    def _wrap_config_update(self, config: Any, active: Callable[[], bool]) -> None:
+        """Notice the program's own ``jax.config.update(EXPLAIN_OPTION, ...)``.
+
+        The option is a plain boolean: once jaxtop has set it, the program
+        setting it too changes nothing visible, yet from then on the records
+        are the program's and must reach it (and stay on after jaxtop
+        stops). The wrapper passes every call through unchanged.
+        """
+        original = config.update
+        switch = self
+
+        def update(name: Any, val: Any) -> Any:
+            if name == EXPLAIN_OPTION and active():
+                switch._user_took_over(val)
+            return original(name, val)
+
+        update.__wrapped__ = original  # type: ignore[attr-defined]
+        update.__doc__ = getattr(original, "__doc__", None)
+        self._orig_update = original
+        self._our_update = update
+        config.update = update
+
+    def _user_took_over(self, value: Any) -> None:
+        self._we_enabled = False
+        self.by = "user" if value else None
+        self.reason = None if value else f"the program set {EXPLAIN_OPTION} to {value!r}"
+
+    def jaxtop_owns(self) -> bool:
+        """The option is on only because jaxtop turned it on."""
+        return self._we_enabled and self.by == "jaxtop"
+
+    def user_local(self) -> bool:
+        """The program turned the option on for this thread only
+        (``with jax.explain_cache_misses(True)``)."""
+        state = self._state
+        get_local = getattr(state, "get_local", None)
+        if get_local is None:
+            return False
+        return get_local() is True
+
+    def stop(self) -> None:
+        """Undo every change: log filters, ``jax.config.update``, the option."""
+        for logger in self.filtered:
+            try:
+                logger.removeFilter(self.filter)
+            except Exception:
+                pass
+        self.filtered = []
+        config, self._config = self._config, None
+        if config is not None and self._our_update is not None:
+            try:
+                if config.__dict__.get("update") is self._our_update:
+                    del config.update  # the class's method again
+            except Exception:
+                pass
+        try:
+            if self._we_enabled and self.by == "jaxtop" and config is not None:
+                if getattr(config, EXPLAIN_OPTION, False):
+                    (self._orig_update or config.update)(EXPLAIN_OPTION, False)
+        except Exception:
+            pass
+        self._we_enabled = False
+
+    def status(self, misses_total: int) -> dict[str, Any]:
+        """The ledger's ``explain`` field: on or off, by whom, and why not."""
+        config = self._config
+        enabled = bool(getattr(config, EXPLAIN_OPTION, False)) if config is not None else False
+        out: dict[str, Any] = {"enabled": enabled, "by": self.by if enabled else None,
+                               "misses_total": misses_total}
+        reason = self.reason
+        if enabled and reason is None:
+            for logger in self.filtered[:len(MISS_LOGGERS)]:
+                if logger.disabled:
+                    reason = f"logger {logger.name!r} is disabled (logging configuration): no explanations"
+                elif not logger.isEnabledFor(logging.WARNING):
+                    reason = (f"logger {logger.name!r} is set above WARNING by the program's logging "
+                              "configuration: no explanations")
+                else:
+                    reason = None
+                    break
+        if reason:
+            out["reason"] = reason
+        if self.filter is not None:
+            out["hidden_total"] = self.filter.hidden
+        return out

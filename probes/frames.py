@@ -1,0 +1,314 @@
+"""Which frame of a stack is the user's: one rule for every probe.
+
+A stack reaches the user's code through library code: jax's dispatch
+frames, numpy, an installed package, the standard library. Every probe that
+names a line of the program (allocation sites, host reads, compile call
+sites, the OOM census) picks it here, so that they all name the same line
+for the same stack:
+
+* :class:`LibraryFilter` says whether a file is library code (jax, jaxlib,
+  numpy, jaxtop and ml_dtypes wherever installed, the standard library,
+  anything under ``site-packages`` / ``dist-packages``, frozen modules) and
+  whether it is one of the **core** libraries (the first group only).
+* :func:`pick_site` picks from a sequence of ``(function, file, line)``
+  frames, innermost first (a pprof profile's stacks, a jaxlib traceback):
+  the innermost frame of the user's code, else the innermost outside the
+  core libraries, else the innermost; :func:`pick_index` says where it is.
+* :func:`walk` does the same on a live Python frame without building the
+  sequence (it stops at the user's frame);
+  :func:`python_frames` turns a live frame or a traceback into the sequence.
+* :func:`user_frame` (a sequence, read lazily) and :func:`user_frame_of` (a
+  live frame or a traceback) return the user's frame only, or None.
+
+Sites are ``(file, line, function)`` (:data:`SiteKey`); a comprehension of
+the user's is named after the function it is written in
+(``make_batch.<listcomp>``, Python < 3.12).
+
+Stdlib only: this runs inside the user's job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "COMPREHENSIONS",
+    "Frame",
+    "LIBRARY",
+    "LibraryFilter",
+    "MAX_DEPTH",
+    "NO_STACK",
+    "SiteKey",
+    "pick_index",
+    "pick_site",
+    "python_frames",
+    "site_text",
+    "user_frame",
+    "user_frame_of",
+    "walk",
+]
+
+#: (file, line, function): an allocation site or a call site.
+SiteKey = tuple[str, int, str]
+#: (function, file, line): one frame of a stack, as a profile lists it.
+Frame = tuple[str, str, int]
+
+NO_STACK: SiteKey = ("", 0, "<no stack>")
+#: Code objects of comprehensions (Python < 3.12): named after their enclosing function.
+COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
+#: Frames a walk over live Python frames looks at, innermost first.
+MAX_DEPTH = 64
+
+
+class LibraryFilter:
+    """Tells the user's code from library code by a frame's file name.
+
+    Library code is jax, jaxlib, numpy and jaxtop (wherever installed), the
+    standard library, and anything under ``site-packages`` / ``dist-packages``
+    or frozen. Answers are cached per file name: a profile or a stack walk
+    asks about the same few dozen files again and again.
+    """
+
+    _CORE = ("jax", "jaxlib", "numpy", "jaxtop", "ml_dtypes")
+
+    def __init__(self) -> None:
+        self._cache: dict[str, bool] = {}
+        self._core_cache: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def _core_prefixes(self) -> tuple[str, ...]:
+        # Recomputed on a cache miss only: jax may be imported after the
+        # first question, and a miss is one new file name. This module lives
+        # in jaxtop.probes, which a development tree keeps outside the
+        # jaxtop package directory.
+        prefixes = {os.path.dirname(os.path.abspath(__file__)) + os.sep}
+        for name in self._CORE:
+            module = sys.modules.get(name)
+            path = getattr(module, "__file__", None) if module is not None else None
+            if path:
+                prefixes.add(os.path.dirname(os.path.abspath(path)) + os.sep)
+        return tuple(prefixes)
+
+    @staticmethod
+    def _stdlib_prefixes() -> tuple[str, ...]:
+        out = set()
+        paths = sysconfig.get_paths()
+        for key in ("stdlib", "platstdlib"):
+            p = paths.get(key)
+            if p:
+                out.add(os.path.join(p, ""))
+                out.add(os.path.join(os.path.realpath(p), ""))
+        return tuple(out)
+
+    def is_core(self, filename: str) -> bool:
+        """True for jax, jaxlib, numpy, ml_dtypes and jaxtop's own files."""
+        hit = self._core_cache.get(filename)
+        if hit is None:
+            hit = filename.startswith(self._core_prefixes()) or self._installed_core(filename)
+            with self._lock:
+                self._core_cache[filename] = hit
+        return hit
+
+    def _installed_core(self, filename: str) -> bool:
+        """A file of a core library in some installation (a profile may name
+        paths of an environment other than this one's)."""
+        parts = filename.replace("\\", "/").split("/")
+        for marker in ("site-packages", "dist-packages"):
+            if marker in parts:
+                i = parts.index(marker)
+                return i + 1 < len(parts) and parts[i + 1] in self._CORE
+        return False
+
+    def is_library(self, filename: str) -> bool:
+        """True unless ``filename`` is the user's own code."""
+        hit = self._cache.get(filename)
+        if hit is None:
+            hit = self._classify(filename)
+            with self._lock:
+                if len(self._cache) > 100_000:
+                    self._cache.clear()  # bounded: exec'd code can make endless names
+                self._cache[filename] = hit
+        return hit
+
+    def _classify(self, filename: str) -> bool:
+        if not filename:
+            return True
+        if filename.startswith("<frozen") or filename.startswith("<built-in"):
+            return True
+        if filename.startswith("<"):
+            return False  # <string>, <stdin>, notebooks' <ipython-input-…>: the user's
+        parts = filename.replace("\\", "/").split("/")
+        if "site-packages" in parts or "dist-packages" in parts:
+            return True  # before the stdlib test: a system Python keeps them below it
+        if self.is_core(filename):
+            return True
+        return filename.startswith(self._stdlib_prefixes())
+
+
+#: The filter every probe of this process shares (its cache is the point).
+LIBRARY = LibraryFilter()
+
+
+def pick_index(frames: Sequence[Frame], filt: LibraryFilter = LIBRARY) -> tuple[int, bool]:
+    """Where the site of one stack is.
+
+    Args:
+        frames: ``(function, file, line)``, innermost first.
+        filt: what counts as library code.
+
+    Returns:
+        ``(index, library)``: the innermost frame of the user's code and
+        False; else (everything is library code: jax's own constants, a
+        library's buffers) the innermost frame outside the core libraries
+        and True, else 0 and True; ``(-1, True)`` for an empty stack.
+    """
+    for i, frame in enumerate(frames):
+        if not filt.is_library(frame[1]):
+            return i, False
+    for i, frame in enumerate(frames):
+        if not filt.is_core(frame[1]):
+            return i, True
+    return (0 if frames else -1), True
+
+
+def pick_site(frames: Iterable[Frame], filt: LibraryFilter = LIBRARY) -> tuple[SiteKey, bool]:
+    """The site of one stack (:func:`pick_index`) as ``(file, line, function)``.
+
+    Args:
+        frames: ``(function, filename, line)``, innermost first.
+        filt: what counts as library code.
+
+    Returns:
+        ``(site, library)``: library is False when the site is the user's
+        code. A comprehension of the user's is named after the function it
+        is written in (``make_batch.<listcomp>``); :data:`NO_STACK` for an
+        empty stack.
+    """
+    # pick_index's rule, written out rather than called: a profile's fold
+    # runs this once per distinct stack, thousands of times per profile.
+    frames = list(frames)
+    for i, (name, filename, line) in enumerate(frames):
+        if not filt.is_library(filename):
+            if name in COMPREHENSIONS and i + 1 < len(frames) and frames[i + 1][1] == filename:
+                name = f"{frames[i + 1][0]}.{name}"  # "make_tables.<listcomp>" says more than "<listcomp>"
+            return (filename, line, name), False
+    for name, filename, line in frames:
+        if not filt.is_core(filename):
+            return (filename, line, name), True
+    if frames:
+        name, filename, line = frames[0]
+        return (filename, line, name), True
+    return NO_STACK, True
+
+
+def user_frame(frames: Iterable[Frame], filt: LibraryFilter = LIBRARY) -> SiteKey | None:
+    """The innermost frame of the user's code, as ``(file, line, function)``
+    (named as :func:`pick_site` names it); None when every frame is library
+    code. Stops at that frame: ``frames`` may be a generator.
+    """
+    it = iter(frames)
+    for name, filename, line in it:
+        if not filt.is_library(filename):
+            if name in COMPREHENSIONS:
+                outer = next(it, None)
+                if outer is not None and outer[1] == filename:
+                    name = f"{outer[0]}.{name}"
+            return filename, line, name
+    return None
+
+
+def python_frames(obj: Any, limit: int = MAX_DEPTH) -> list[Frame]:
+    """The frames of a live Python frame (it and its callers) or of a
+    traceback, innermost first, at most ``limit`` of them (the innermost).
+
+    Args:
+        obj: a frame object (``sys._getframe()``, ``tb.tb_frame``) or a
+            traceback object (``exc.__traceback__``), or None.
+        limit: frames kept.
+    """
+    out: list[Frame] = []
+    if obj is None:
+        return out
+    if hasattr(obj, "tb_frame"):
+        # A traceback runs from the frame that caught the exception inwards
+        # to the one that raised it: the innermost are its last entries.
+        tb = obj
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            out.append((code.co_name, code.co_filename, tb.tb_lineno))
+            tb = tb.tb_next
+        out.reverse()
+        return out[:max(0, limit)]
+    frame = obj
+    while frame is not None and len(out) < limit:
+        code = frame.f_code
+        out.append((code.co_name, code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    return out
+
+
+def user_frame_of(obj: Any, filt: LibraryFilter = LIBRARY, limit: int = MAX_DEPTH) -> SiteKey | None:
+    """The innermost frame of the user's code in a live frame's stack or a
+    traceback (:func:`python_frames`), as ``(file, line, function)``, or None."""
+    if obj is not None and not hasattr(obj, "tb_frame"):
+        site, library, _ = walk(obj, filt, limit)
+        return None if library else site
+    return user_frame(python_frames(obj, limit), filt)
+
+
+def walk(frame: Any, filt: LibraryFilter = LIBRARY, limit: int = MAX_DEPTH,
+         names: Mapping[str, Any] | None = None, label: Any = None) -> tuple[SiteKey, bool, Any]:
+    """:func:`pick_site` of a live frame and its callers, without building
+    the stack: the walk stops at the user's frame.
+
+    Args:
+        frame: the innermost frame (``sys._getframe(1)``).
+        filt: what counts as library code.
+        limit: frames looked at, innermost first.
+        names: function names to look for in the library frames below the
+            site (e.g. which jax entry point a read went through).
+        label: the answer when no such name is found.
+
+    Returns:
+        ``(site, library, label)``: the site and library flag as
+        :func:`pick_site` gives them for the same ``limit`` frames; ``label``
+        is ``names[function]`` of the outermost library frame walked whose
+        function is in ``names``, else the ``label`` given.
+    """
+    innermost = frame
+    fallback: SiteKey | None = None
+    depth = 0
+    while frame is not None and depth < limit:
+        code = frame.f_code
+        filename = code.co_filename
+        if not filt.is_library(filename):
+            name = code.co_name
+            outer = frame.f_back
+            if (name in COMPREHENSIONS and outer is not None and depth + 1 < limit
+                    and outer.f_code.co_filename == filename):
+                name = f"{outer.f_code.co_name}.{name}"
+            return (filename, frame.f_lineno, name), False, label
+        if names is not None:
+            label = names.get(code.co_name, label)
+        if fallback is None and not filt.is_core(filename):
+            fallback = (filename, frame.f_lineno, code.co_name)
+        frame = frame.f_back
+        depth += 1
+    if fallback is not None:
+        return fallback, True, label
+    if innermost is not None and limit > 0:
+        code = innermost.f_code
+        return (code.co_filename, innermost.f_lineno, code.co_name), True, label
+    return NO_STACK, True, label
+
+
+def site_text(key: SiteKey) -> str:
+    """``train.py:120`` for a site (the function is given separately)."""
+    filename, line, name = key
+    if not filename:
+        return name
+    return f"{os.path.basename(filename)}:{line}"

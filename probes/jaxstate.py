@@ -1,0 +1,92 @@
+"""Where the program stands with jax, asked without changing it.
+
+Every probe asks the same three questions before it touches jax: has the
+program imported jax (all of it), has it created a backend, which clients
+exist. None of them imports jax or creates a backend: a backend created by
+jaxtop would read the allocator settings (``XLA_PYTHON_CLIENT_*``,
+``XLA_FLAGS``) before the program has set them.
+
+Stdlib only; jax is looked up in ``sys.modules``, never imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["backend_initialised", "backend_ready", "clients", "jax_imported"]
+
+
+def jax_imported() -> bool:
+    """True once ``import jax`` has finished in this process.
+
+    The agent thread asks while the program may still be importing jax:
+    importing from jax's package then (``from jax._src import xla_bridge``)
+    races the program's own import and breaks it with a circular-import
+    error. importlib marks a module's spec ``_initializing`` until its code
+    has run.
+    """
+    jax = sys.modules.get("jax")
+    return jax is not None and not getattr(getattr(jax, "__spec__", None), "_initializing", False)
+
+
+def _xla_bridge() -> Any:
+    """jax's backend registry, or None. ``import jax`` imports it, so it is
+    looked up first; importing it is the fallback for a jax that does not."""
+    module = sys.modules.get("jax._src.xla_bridge")
+    if module is not None:
+        return module
+    try:
+        from jax._src import xla_bridge
+    except Exception:
+        return None
+    return xla_bridge
+
+
+def backend_initialised() -> bool | None:
+    """Whether the program has created a jax backend.
+
+    Returns:
+        True or False where jax says; False too while jax is not (fully)
+        imported; None where this jax cannot tell (its registry moved).
+    """
+    if not jax_imported():
+        return False
+    xla_bridge = _xla_bridge()
+    if xla_bridge is None:
+        return None
+    try:
+        if hasattr(xla_bridge, "backends_are_initialized"):
+            return bool(xla_bridge.backends_are_initialized())
+        if hasattr(xla_bridge, "_backends"):
+            return bool(xla_bridge._backends)
+    except Exception:
+        return None
+    return None
+
+
+def backend_ready() -> bool:
+    """True once the program has imported jax and created a backend (never
+    creates one)."""
+    return backend_initialised() is True
+
+
+def clients() -> list[Any]:
+    """Every initialised backend's client, each once; never creates one."""
+    if not jax_imported():
+        return []
+    xla_bridge = _xla_bridge()
+    if xla_bridge is None:
+        return []
+    try:
+        if hasattr(xla_bridge, "backends_are_initialized") and not xla_bridge.backends_are_initialized():
+            return []
+        backends = getattr(xla_bridge, "_backends", None) or {}
+        found, seen = [], set()
+        for client in list(backends.values()):
+            if id(client) not in seen:
+                seen.add(id(client))
+                found.append(client)
+        return found
+    except Exception:
+        return []
