@@ -71,7 +71,8 @@ def rss_bytes() -> int:
 def build(args: argparse.Namespace, pid: int):
     """An agent's history after ``args.hours`` at 10 Hz, ending now: the
     Backfill, the synthetic stream to go on with, and what it holds."""
-    from jaxtop import protocol, synthetic
+    from jaxtop.wire import protocol
+    from jaxtop.testing import synthetic
     from jaxtop.agent.history import Backfill
 
     n_total = int(args.hours * 3600 * HZ)
@@ -119,7 +120,8 @@ def build(args: argparse.Namespace, pid: int):
 
 
 def serve(args: argparse.Namespace) -> int:
-    from jaxtop import protocol, synthetic
+    from jaxtop.wire import protocol
+    from jaxtop.testing import synthetic
     from jaxtop.agent.clients import Clients
 
     pid = os.getpid()
@@ -172,7 +174,7 @@ def attach(pid: int, present_seq: int, n_devices: int, before: bool, typing: boo
     """One attach of the real dashboard, in this (fresh) process; times
     from its reader's connect. ``typing``: press keys while the history
     loads (the reader steps aside for each, so the history takes longer)."""
-    from jaxtop import client
+    from jaxtop.wire import client
     from jaxtop.dashboard.app import JaxtopApp
     from jaxtop.dashboard.collector import tune_gc
     from jaxtop.dashboard.keytiming import KeyNotAnswered, type_keys

@@ -88,7 +88,7 @@ def bench_labels() -> list[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
 
-    from jaxtop import labels
+    from jaxtop.agent import labels
 
     class Agent:
         running = True

@@ -3,7 +3,7 @@
     python benchmarks/replay.py                      # makes a 1 GB recording, then measures
     python benchmarks/replay.py --recording F.jsonl  # measures an existing one
 
-The recording is synthetic (``jaxtop.synthetic``: 8 GPU-shaped devices at
+The recording is synthetic (``jaxtop.testing.synthetic``: 8 GPU-shaped devices at
 10 Hz, a 200-buffer memory map every 10th sample; 11 KB a sample, so 1 GB
 is about 96,000 samples, 2 h 40 min). Side by side in one run:
 
@@ -112,7 +112,8 @@ print(json.dumps(out))
 
 def make_recording(path: str, gib: float) -> tuple[int, float]:
     """A synthetic 8-device recording of about ``gib`` GiB."""
-    from jaxtop import protocol, synthetic
+    from jaxtop.wire import protocol
+    from jaxtop.testing import synthetic
 
     t0 = time.time()
     n = 0
@@ -229,7 +230,8 @@ def main() -> int:
               f"(\"indexing\" on screen: {showed_indexing}), {app_kept:.2f} s with the index kept")
 
         # Invalidation: the recording grows by one sample.
-        from jaxtop import protocol, synthetic
+        from jaxtop.wire import protocol
+        from jaxtop.testing import synthetic
 
         grown = path
         if args.recording is not None:  # never write to the user's file: a copy, indexed first

@@ -1,7 +1,7 @@
 """How much CPU and memory the dashboard costs while it watches a big job.
 
 This process plays the agent: it listens on ``PID.sock`` in a private socket
-directory and streams a synthetic 8-device GPU job (``jaxtop.synthetic``).
+directory and streams a synthetic 8-device GPU job (``jaxtop.testing.synthetic``).
 The dashboard runs as a user runs it, ``python -m jaxtop attach PID``, in a
 real pseudo-terminal of 120x40 whose output this process drains.
 
@@ -45,7 +45,8 @@ import time
 
 import psutil
 
-from jaxtop import protocol, synthetic
+from jaxtop.wire import protocol
+from jaxtop.testing import synthetic
 from jaxtop.agent.history import Backfill
 
 HZ = 10
@@ -80,6 +81,11 @@ def drain(master: int, counter: list[int]) -> None:
         counter[0] += len(data)
 
 
+#: Modules that left the root of ``jaxtop/`` (5 Dec 2026), for older refs.
+ROOT_MOVES = {"protocol": "jaxtop.wire.protocol", "timeline": "jaxtop.wire.timeline", "paths": "jaxtop.wire.paths",
+              "client": "jaxtop.wire.client", "oom_report": "jaxtop.dashboard.oom_report"}
+
+
 def load_head_model(ref: str = "HEAD"):
     """Today's committed model (``git show HEAD``) as a separate package, to
     measure it side by side with the working tree's."""
@@ -88,10 +94,17 @@ def load_head_model(ref: str = "HEAD"):
     pkg = os.path.join(tmp, "jaxtop_head_dashboard")
     os.makedirs(pkg)
     open(os.path.join(pkg, "__init__.py"), "w").close()
-    for name in ("model.py", "history.py"):
-        src = subprocess.run(["git", "-C", root, "show", f"{ref}:jaxtop/dashboard/{name}"], capture_output=True, text=True, check=True).stdout
-        src = src.replace("from jaxtop.dashboard.history import", "from jaxtop_head_dashboard.history import")
-        with open(os.path.join(pkg, name), "w") as f:
+    # Every module of the dashboard's package at ``ref`` (the model is split
+    # over several: views, readings, backlog, batch, events...).
+    listed = subprocess.run(["git", "-C", root, "ls-tree", "--name-only", ref, "jaxtop/dashboard/"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    for path in (p for p in listed if p.endswith(".py") and not p.endswith("__init__.py")):
+        src = subprocess.run(["git", "-C", root, "show", f"{ref}:{path}"], capture_output=True, text=True, check=True).stdout
+        src = src.replace("jaxtop.dashboard.", "jaxtop_head_dashboard.").replace("from jaxtop.dashboard import", "from jaxtop_head_dashboard import")
+        for old, new in ROOT_MOVES.items():  # a ref from before the wire had its folder
+            src = src.replace(f"from jaxtop import {old}", f"from {new.rsplit('.', 1)[0]} import {old}")
+            src = src.replace(f"jaxtop.{old} ", f"{new} ").replace(f"from jaxtop.{old} import", f"from {new} import")
+        with open(os.path.join(pkg, os.path.basename(path)), "w") as f:
             f.write(src)
     sys.path.insert(0, tmp)
     import jaxtop_head_dashboard.model as head_model
@@ -151,7 +164,8 @@ def measure_key_latency(n_devices: int, count: int, as_cli: bool) -> list[float]
     """
     import asyncio
 
-    from jaxtop import protocol, synthetic
+    from jaxtop.wire import protocol
+    from jaxtop.testing import synthetic
     from jaxtop.dashboard.app import JaxtopApp
     from jaxtop.dashboard.collector import tune_gc
     from jaxtop.dashboard.keytiming import KeyNotAnswered, type_keys

@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.events import Resize
 from textual.screen import Screen
 
-from jaxtop import paths
+from jaxtop.wire import paths
 from jaxtop.dashboard.app import JaxtopApp
 from jaxtop.dashboard.model import Snapshot
 from jaxtop.dashboard.sources import LiveSource, Source

@@ -34,7 +34,7 @@ async def _wait(pilot, app, cond, timeout: float) -> None:
 
 
 async def shot_attach() -> None:
-    from jaxtop import paths
+    from jaxtop.wire import paths
     from jaxtop.dashboard.app import live_app
 
     proc = subprocess.Popen(

@@ -6,29 +6,31 @@ imports neither jax nor Textual.
 
 The package follows the data, one way: ``jaxtop.probes`` read jax, stderr,
 psutil and NVML inside the user's process; ``jaxtop.agent`` samples them and
-serves the stream; ``jaxtop.protocol`` (the wire) and ``jaxtop.client`` (the
-one socket client) carry it; ``jaxtop.dashboard`` turns it into a model and
+serves the stream; ``jaxtop.wire`` (the record format, the socket client,
+the Prometheus exposition) carries it; ``jaxtop.dashboard`` turns it into a model and
 the Textual app with ``jaxtop.widgets``; ``jaxtop.export`` converts
 recordings offline. ``jaxtop.cli`` wires them to commands, ``jaxtop.inject``
-starts an agent in a running process, ``jaxtop.demo`` is the demo workload.
+starts an agent in a running process, ``jaxtop.budgets`` checks a program or
+a test against limits (with the pytest plugin), ``jaxtop.testing`` makes
+synthetic streams, ``jaxtop.demo`` is the demo workload.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from jaxtop.protocol import JAXTOP_VERSION as __version__
+from jaxtop.wire.protocol import JAXTOP_VERSION as __version__
 
 if TYPE_CHECKING:
     from jaxtop.agent.handle import Handle, instrument
-    from jaxtop.labels import label
+    from jaxtop.agent.labels import label
 
 __all__ = ["instrument", "label", "Handle", "__version__"]
 
 # The agent is imported when first asked for, not with the package: the
 # commands that read recordings (`jaxtop export`, `jaxtop replay`) start
 # 80 ms sooner without it.
-_LAZY = {"instrument": "jaxtop.agent.handle", "Handle": "jaxtop.agent.handle", "label": "jaxtop.labels"}
+_LAZY = {"instrument": "jaxtop.agent.handle", "Handle": "jaxtop.agent.handle", "label": "jaxtop.agent.labels"}
 
 
 def __getattr__(name: str) -> Any:

@@ -53,7 +53,6 @@ from jaxtop.probes.holders_growth import (  # noqa: F401  (importable from here)
     MAX_TRACKED_SITES,
     GrowthTracker,
     describe_growth,
-    fmt_count_rate,
 )
 from jaxtop.probes.jaxstate import backend_ready as _backend_ready
 from jaxtop.probes.jaxstate import jax_imported
@@ -69,7 +68,6 @@ __all__ = [
     "HoldersProbe",
     "site_text",
     "describe_growth",
-    "fmt_count_rate",
     "jax_imported",
     "DEFAULT_INTERVAL_S",
     "DEFAULT_BUDGET",

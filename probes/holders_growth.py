@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from jaxtop.probes.frames import SiteKey, site_text
-from jaxtop.wire.units import fmt_bytes
+from jaxtop.wire.units import fmt_bytes, fmt_count_rate
 
-__all__ = ["FORGET_AFTER", "GrowthTracker", "LEAK_RISES", "MAX_TRACKED_SITES", "describe_growth", "fmt_count_rate"]
+__all__ = ["FORGET_AFTER", "GrowthTracker", "LEAK_RISES", "MAX_TRACKED_SITES", "describe_growth"]
 
 #: A site becomes a leak suspect after this many rises with no fall between them.
 LEAK_RISES = 5
@@ -151,11 +151,6 @@ class GrowthTracker:
 def _signed_bytes(n: float) -> str:
     """``+2.00 MiB``, ``-512 B``: a change, signed."""
     return fmt_bytes(n) if n < 0 else "+" + fmt_bytes(n)
-
-
-def fmt_count_rate(rate: float) -> str:
-    """``+1,200``, ``+64``, ``+0.5``: whole numbers from 10 on."""
-    return f"{rate:+,.0f}" if abs(rate) >= 10 else f"{rate:+.2g}"
 
 
 def _fmt_span(s: float) -> str:

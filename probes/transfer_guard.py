@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from jaxtop.probes.base import Tick
-from jaxtop.protocol import DIRECTIONS, GUARD_DIRECTIONS as _DIRECTION_TEXT
+from jaxtop.wire.protocol import DIRECTIONS, GUARD_DIRECTIONS as _DIRECTION_TEXT
 # The log header before a message, in both forms jaxlib has written:
 # abseil's "W1202 18:34:30.919532    2146 guard_lib.cc:125] " (jaxlib 0.7 and
 # later) and TSL's "2026-12-03 19:09:21.852989: W external/xla/xla/python/

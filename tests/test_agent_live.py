@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, TARGETS, jaxtop_cmd, wait_for
-from jaxtop import protocol
+from jaxtop.wire import protocol
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,8 @@ from textual.binding import Binding
 from textual.command import CommandList
 from textual.widgets import Static
 
-from jaxtop import protocol, synthetic
+from jaxtop.wire import protocol
+from jaxtop.testing import synthetic
 from jaxtop.dashboard.app import (
     LIVE_ACTIONS, NOT_IN_PALETTE, REPLAY_ACTIONS, HelpScreen, JaxtopApp, ProfileScreen, make_app,
 )

@@ -13,7 +13,7 @@ import tracemalloc
 
 import pytest
 
-from jaxtop import client, protocol
+from jaxtop.wire import client, protocol
 
 
 @pytest.fixture

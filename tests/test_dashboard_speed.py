@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from textual import events
 
-from jaxtop import protocol, synthetic
+from jaxtop.wire import protocol
+from jaxtop.testing import synthetic
 from jaxtop.dashboard.app import INPUT_YIELD_S, JaxtopApp
 from jaxtop.dashboard.keytiming import KeyNotAnswered, type_keys
 from jaxtop.dashboard.model import Model

@@ -234,7 +234,7 @@ def test_demo_in_a_terminal_cleans_up_however_it_ends(child_env, sockdir, tmp_pa
     import termios
     import threading
 
-    from jaxtop.client import pid_alive
+    from jaxtop.wire.client import pid_alive
 
     env = dict(child_env, TMPDIR=str(tmp_path), TERM="xterm-256color", JAXTOP_PROFILE_DIR=str(tmp_path))
     master, slave = os.openpty()

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 from textual.containers import VerticalScroll
 
-from jaxtop import synthetic
+from jaxtop.testing import synthetic
 from jaxtop.dashboard.app import HelpScreen
 from jaxtop.dashboard.sources import PushSource
 from jaxtop.demo.app import BOTH_FIT_ROWS, DemoApp, Worker

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.export import convert, formats as export
 
 FIXTURES = Path(__file__).parent / "fixtures"

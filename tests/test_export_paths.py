@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.export import convert, formats as export, typed
 
 FIXTURES = Path(__file__).parent / "fixtures"

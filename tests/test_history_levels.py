@@ -23,7 +23,8 @@ import zlib
 import numpy as np
 import pytest
 
-from jaxtop import client, protocol, synthetic
+from jaxtop.wire import client, protocol
+from jaxtop.testing import synthetic
 from jaxtop.agent.clients import Client
 from jaxtop.agent.history import Backfill, Coarse, Present
 from jaxtop.dashboard.model import DEVICE_SERIES, PROCESS_SERIES, Model
@@ -228,7 +229,7 @@ def test_an_attached_dashboard_shows_what_every_sample_shows(three_hours):
     # The panels: the present, its map, its totals (counted once).
     pa, pb = a.processes[0], b.processes[0]
     assert pa.seq == pb.seq == records[-1]["seq"]
-    assert {d: v["count_total"] for d, v in pa.transfers.items()} == {d: v["count_total"] for d, v in pb.transfers.items()}
+    assert {d: v.count_total for d, v in pa.transfers.items()} == {d: v.count_total for d, v in pb.transfers.items()}
     for da, db in zip(a.devices, b.devices):
         assert da.buffer_map and da.buffer_map == db.buffer_map and da.top_buffers == db.top_buffers
         assert da.bytes_in_use == db.bytes_in_use

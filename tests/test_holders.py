@@ -1,5 +1,5 @@
 """Holders: memory by allocation site and leak suspects (probes/holders.py),
-named pytrees (jaxtop/labels.py), host syncs (probes/host_sync.py), their
+named pytrees (jaxtop/agent/labels.py), host syncs (probes/host_sync.py), their
 fold (jaxtop/dashboard/holders.py) and the Holders screen.
 
 Pure layers run on synthetic pprof profiles; the probes also run in this
@@ -497,7 +497,7 @@ def jax_cpu():
 
 @pytest.fixture
 def labels_installed():
-    from jaxtop import labels
+    from jaxtop.agent import labels
 
     agent = FakeAgent()
     registry = labels.install(agent)
@@ -557,7 +557,7 @@ def test_label_replaces_by_name_and_skips_deleted_and_traced_leaves(jax_cpu, lab
 def test_label_falls_back_to_ids_for_leaves_without_weak_references(jax_cpu, labels_installed, monkeypatch):
     import jax.numpy as jnp
 
-    import jaxtop.labels as mod
+    import jaxtop.agent.labels as mod
 
     def no_weakref(obj):
         raise TypeError(f"cannot create weak reference to {type(obj).__name__!r} object")
@@ -576,7 +576,7 @@ def test_label_without_an_agent_does_nothing(jax_cpu, monkeypatch):
     import jax
     import jax.numpy as jnp
 
-    from jaxtop import labels
+    from jaxtop.agent import labels
 
     labels.uninstall()
     monkeypatch.setattr(jax.tree_util, "tree_leaves", lambda *a, **k: pytest.fail("walked the tree"))
@@ -593,7 +593,7 @@ def test_label_without_an_agent_does_nothing(jax_cpu, monkeypatch):
 def test_labels_field_sends_changes_and_a_heartbeat(jax_cpu, labels_installed, monkeypatch):
     import jax.numpy as jnp
 
-    import jaxtop.labels as mod
+    import jaxtop.agent.labels as mod
 
     labels, agent = labels_installed
     now = Clock(1000.0)
@@ -932,7 +932,7 @@ def read_line(proc, prefix: str, timeout=30.0) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_leaking_program_is_flagged_at_the_leaking_line_with_its_rate(child_env, tmp_path):
-    from jaxtop.client import AgentConnection
+    from jaxtop.wire.client import AgentConnection
 
     log = tmp_path / "leak.jsonl"
     period = 0.05  # one float32[256] every 50 ms: 1200 arrays/min, 1200 KiB/min

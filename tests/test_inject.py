@@ -226,7 +226,7 @@ def test_external_view_shows_host_stats_labelled(child_env):
                 while time.monotonic() < deadline:
                     await pilot.pause(0.3)
                     snap = app.snapshot
-                    if snap and snap.processes and snap.processes[0].process.get("rss_bytes"):
+                    if snap and snap.processes and snap.processes[0].process.rss_bytes:
                         break
                 snap = app.snapshot
                 view = snap.processes[0]

@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from conftest import PY, TARGETS, jaxtop_cmd
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard.app import make_app
 from jaxtop.dashboard.jit_screen import JitScreen
 from jaxtop.dashboard.ledger import LedgerStore, describe_reason, short_site

@@ -27,19 +27,23 @@ INSTALLED_AS = {"jaxtop": "jaxtop", "probes": "jaxtop/probes", "widgets": "jaxto
 # What each layer may import besides the standard library. Keys are source
 # paths relative to the repository root (a folder covers its modules).
 THIRD_PARTY_AGENT = {"jax", "jaxlib", "numpy", "psutil", "pynvml", "prometheus_client"}
-WIRE = {"jaxtop", "jaxtop.protocol", "jaxtop.paths", "jaxtop.client", "jaxtop.timeline"}
-MODEL = {"numpy", "jaxtop", "jaxtop.protocol", "jaxtop.timeline", "jaxtop.wire", "jaxtop.dashboard.history",
+WIRE = {"jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.paths", "jaxtop.wire.client", "jaxtop.wire.timeline"}
+MODEL = {"numpy", "jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.timeline", "jaxtop.wire", "jaxtop.dashboard.history",
          "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"} | {f"jaxtop.dashboard.{m}" for m in (
     "model", "views", "readings", "oom_views", "ledger_views", "snapshot", "backlog", "batch", "events")}
 ALLOWED = {
-    "probes": THIRD_PARTY_AGENT | {"jaxtop", "jaxtop.protocol", "jaxtop.probes", "jaxtop.wire"},
-    "jaxtop/agent": THIRD_PARTY_AGENT | WIRE | {"jaxtop.wire"} | {"jaxtop.agent", "jaxtop.probes", "jaxtop.prometheus", "jaxtop.labels"},
-    "jaxtop/labels.py": {"jax", "jaxlib"},
-    "jaxtop/protocol.py": set(),
-    "jaxtop/timeline.py": {"jaxtop", "jaxtop.protocol"},
-    "jaxtop/paths.py": set(),
-    "jaxtop/client.py": {"jaxtop", "jaxtop.protocol", "jaxtop.paths"},
-    "jaxtop/export": {"orjson", "msgspec", "jaxtop", "jaxtop.protocol", "jaxtop.export"},
+    "probes": THIRD_PARTY_AGENT | {"jaxtop", "jaxtop.wire.protocol", "jaxtop.probes", "jaxtop.wire"},
+    "jaxtop/agent": THIRD_PARTY_AGENT | WIRE | {"jaxtop.wire"} | {"jaxtop.agent", "jaxtop.probes", "jaxtop.wire.prometheus", "jaxtop.agent.labels"},
+    "jaxtop/agent/labels.py": {"jax", "jaxlib"},
+    "jaxtop/wire/protocol.py": set(),
+    "jaxtop/wire/timeline.py": {"jaxtop", "jaxtop.wire.protocol"},
+    "jaxtop/wire/paths.py": set(),
+    "jaxtop/wire/client.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.wire.paths"},
+    "jaxtop/export": {"orjson", "msgspec", "jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.export"},
+    # Widgets draw typed views: never a wire record, a probe or the agent.
+    "widgets": {"numpy", "rich", "textual", "jaxtop", "jaxtop.widgets", "jaxtop.wire.units"}
+    | {f"jaxtop.dashboard.{m}" for m in ("model", "views", "readings", "oom_views", "ledger_views", "oom_report",
+                                          "history", "holders", "ledger")},
     "jaxtop/dashboard/model.py": MODEL,
     "jaxtop/dashboard/views.py": MODEL,
     "jaxtop/dashboard/readings.py": MODEL,
@@ -69,10 +73,22 @@ def _imports(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
-            # `from jaxtop import protocol` imports the submodule jaxtop.protocol
-            if node.module == "jaxtop":
-                names.update(f"jaxtop.{alias.name}" for alias in node.names)
+            # `from jaxtop.wire import protocol` imports the submodule
+            # jaxtop.wire.protocol: a name that is a module of ours counts as one.
+            if node.module.split(".")[0] == "jaxtop":
+                names.update(f"{node.module}.{alias.name}" for alias in node.names
+                             if _is_our_module(f"{node.module}.{alias.name}"))
     return names
+
+
+def _is_our_module(dotted: str) -> bool:
+    """A module or package of this repository, by its installed dotted name."""
+    parts = dotted.split(".")
+    if parts[0] != "jaxtop":
+        return False
+    source = {"probes": "probes", "widgets": "widgets", "demo": "demo"}.get(parts[1] if len(parts) > 1 else "")
+    path = ROOT.joinpath(source, *parts[2:]) if source else ROOT.joinpath("jaxtop", *parts[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def _allowed(name: str, allowed: set[str]) -> bool:
@@ -111,7 +127,7 @@ def test_agent_side_runs_without_importing_textual_or_rich(tmp_path):
         import jaxtop
         handle = jaxtop.instrument(interval_s=0.05)
         import jax, jax.numpy as jnp
-        import jaxtop.agent, jaxtop.probes, jaxtop.protocol, jaxtop.client
+        import jaxtop.agent, jaxtop.probes, jaxtop.wire.protocol, jaxtop.wire.client
         for pkg in (jaxtop.agent, jaxtop.probes):
             for info in pkgutil.iter_modules(pkg.__path__):
                 if info.name != "_relay":

@@ -8,8 +8,9 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from jaxtop import synthetic
+from jaxtop.testing import synthetic
 from jaxtop.dashboard.history import History
 from jaxtop.dashboard.model import DEVICE_SERIES, DISCONNECTED, EXITED, LIVE, STALE, Model
 from jaxtop.dashboard.readings import TransferView
@@ -245,7 +246,7 @@ def test_session_spool_is_capped_and_a_save_still_opens_with_hello(tmp_path, mon
     import json
     import os
 
-    from jaxtop import protocol
+    from jaxtop.wire import protocol
     from jaxtop.dashboard.sources.live import _Connection
 
     monkeypatch.setenv("JAXTOP_SPOOL_MAX_BYTES", str(64 * 1024))
@@ -411,15 +412,17 @@ def test_views_carry_none_and_the_reason_for_what_was_not_measured():
     assert cpu_dev.nvml is None and cpu_dev.bytes_in_use == 0 and cpu_dev.pool_bytes is None
 
 
-def test_views_answer_callers_written_against_the_old_dicts():
-    """Tests and scripts that read ``proc.process["rss_bytes"]`` or a
-    direction's ``["count_total"]`` keep working; widgets use attributes."""
+def test_views_are_read_by_attribute_only():
+    """The views are typed: a wire key name (``["rss_bytes"]``) does not
+    answer, so nothing reads the sample's layout through them."""
     model = Model()
     _feed_synthetic(model, count=3)
     proc = model.snapshot().processes[0]
-    assert proc.process["rss_bytes"] == proc.process.rss_bytes > 0 and proc.process.get("no_such_key", 1) == 1
-    assert {d: v["count_total"] for d, v in proc.transfers.items()} == {d: v.count_total for d, v in proc.transfers.items()}
-    assert (proc.transfers.get("h2d") or {}).get("count_total") == proc.transfers["h2d"].count_total
+    assert proc.process.rss_bytes > 0 and proc.transfers["h2d"].count_total >= 0
+    with pytest.raises(TypeError):
+        proc.process["rss_bytes"]
+    with pytest.raises(TypeError):
+        proc.transfers["h2d"]["count_total"]
 
 
 # -- widgets read no wire keys --------------------------------------------------------

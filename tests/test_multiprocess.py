@@ -33,7 +33,7 @@ async def test_attach_two_targets_shows_both_side_by_side(targets, tmp_path):
             await pilot.pause(0.3)
             snap = app.snapshot
             if snap and {d.pid for d in snap.devices} == {a.pid, b.pid} and all(
-                    (p.transfers.get("h2d") or {}).get("count_total") for p in snap.processes):
+                    (p.transfers["h2d"].count_total if "h2d" in p.transfers else 0) for p in snap.processes):
                 break
         snap = app.snapshot
         assert {d.pid for d in snap.devices} == {a.pid, b.pid}

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from jaxtop import oom_report
+from jaxtop.dashboard import oom_report
 from jaxtop.probes import oom
 from jaxtop.probes.oom import (
     AllocatorLog, OomLineScanner, OomMonitor, build_census, device_verdict, group_live_arrays, host_verdict,
@@ -66,15 +66,10 @@ def test_parse_size_reads_xla_sizes(text, expected):
     assert parse_size(text) == expected
 
 
-def test_the_old_byte_formatter_name_is_the_one_formatter():
-    # human_bytes stays importable for the modules that still use it; it is
-    # jaxtop's one byte formatter, so the census reads as every panel does.
-    from jaxtop.probes.oom import human_bytes
-
-    assert human_bytes is fmt_bytes
-    assert human_bytes(3.1 * GiB) == "3.10 GiB" and human_bytes(None) == "n/a"
-    with pytest.raises(AttributeError):
-        oom.no_such_name
+def test_the_census_reads_sizes_with_the_one_formatter():
+    # One formatter, so the census reads as every panel does ("3.10 GiB").
+    assert fmt_bytes(3.1 * GiB) == "3.10 GiB" and fmt_bytes(None) == "n/a"
+    assert not hasattr(oom, "human_bytes")  # the old second name is gone
 
 
 @pytest.mark.parametrize("text,form,nbytes,ordinal", [
@@ -788,7 +783,7 @@ def test_uncaught_oom_census_names_the_arrays_and_sites_and_leaves_the_run_alone
     # The stream carries it too, and `jaxtop oom` reads it from the recording.
     recorded = oom_report.load_censuses(str(log))
     assert [c["id"] for c in recorded] == [census["id"]] and recorded[0]["trigger"]["uncaught"]
-    code = "import sys; from jaxtop.oom_report import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from jaxtop.dashboard.oom_report import main; sys.exit(main(sys.argv[1:]))"
     report = subprocess.run([sys.executable, "-c", code, census["path"]], capture_output=True, text=True, timeout=60)
     assert report.returncode == 0 and f"{cache['site']}: 6 arrays, 768 MiB" in report.stdout
 

@@ -15,7 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import PY, TARGETS, wait_for
-from jaxtop import prometheus, synthetic
+from jaxtop.wire import prometheus
+from jaxtop.testing import synthetic
 
 
 def free_port() -> int:

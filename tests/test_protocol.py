@@ -1,4 +1,4 @@
-"""Pure layer: the wire format (jaxtop/protocol.py)."""
+"""Pure layer: the wire format (jaxtop/wire/protocol.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from jaxtop import protocol
-from jaxtop.protocol import ProtocolError, ReadStats, decode, encode, iter_records
+from jaxtop.wire import protocol
+from jaxtop.wire.protocol import ProtocolError, ReadStats, decode, encode, iter_records
 
 
 def read_all(data: bytes, stats: ReadStats | None = None) -> list[dict]:

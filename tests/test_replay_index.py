@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtop import protocol, synthetic
+from jaxtop.wire import protocol
+from jaxtop.testing import synthetic
 from jaxtop.dashboard.model import REPLAY, Model
 from jaxtop.dashboard.sources import ReplaySource, replay_cache, replay_index
 from jaxtop.export.convert import decode

@@ -9,7 +9,8 @@ import tempfile
 
 import pytest
 
-from jaxtop import protocol, synthetic
+from jaxtop.wire import protocol
+from jaxtop.testing import synthetic
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import LiveSource, PushSource, ReplaySource
 

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxtop.dashboard.holders import HoldersView, LabelView, SiteView
-from jaxtop.probes.holders import fmt_count_rate
+from jaxtop.wire.units import fmt_count_rate
 from jaxtop.widgets.render import V_EIGHTHS, fmt_bytes, fmt_duration
 
 SUSPECT_STYLE = "bold red"

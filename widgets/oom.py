@@ -4,7 +4,7 @@ Nothing here knows about Textual (the pattern of
 :mod:`jaxtop.widgets.render`): :class:`jaxtop.dashboard.oom_screen.OomScreen`
 shows it, tests render it to a string. It reads the census through its
 typed view (:class:`~jaxtop.dashboard.oom_views.OomCensus`); the words are
-those of ``jaxtop oom`` (:mod:`jaxtop.oom_report`), so the screen and the
+those of ``jaxtop oom`` (:mod:`jaxtop.dashboard.oom_report`), so the screen and the
 text report never say different things.
 """
 
@@ -17,11 +17,11 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from jaxtop.dashboard.oom_views import OomCensus
-from jaxtop.oom_report import (
+from jaxtop.dashboard.oom_report import (
     arrays_summary, host_line, request_line, site_line, timeline_rows, timeline_span, timing_line, trigger_line,
 )
-from jaxtop.probes.oom import human_bytes
+from jaxtop.dashboard.oom_views import OomCensus
+from jaxtop.wire.units import fmt_bytes
 
 __all__ = ["NO_CENSUS", "OomCensusView"]
 
@@ -84,12 +84,12 @@ class OomCensusView:
             for d in census.devices:
                 table.add_row(
                     d.label,
-                    human_bytes(d.bytes_in_use),
-                    human_bytes(d.bytes_limit) if d.bytes_limit is not None else "-",
-                    human_bytes(d.pool_bytes) if d.pool_bytes is not None else "-",
-                    human_bytes(d.largest_free_block_bytes) if d.largest_free_block_bytes is not None else "-",
+                    fmt_bytes(d.bytes_in_use),
+                    fmt_bytes(d.bytes_limit) if d.bytes_limit is not None else "-",
+                    fmt_bytes(d.pool_bytes) if d.pool_bytes is not None else "-",
+                    fmt_bytes(d.largest_free_block_bytes) if d.largest_free_block_bytes is not None else "-",
                     f"{d.fragmentation:.2f}" if d.fragmentation is not None else "-",
-                    human_bytes(d.live_array_bytes),
+                    fmt_bytes(d.live_array_bytes),
                     Text("← failed here" if d.failed else "", style="bold red"),
                     style="bold" if d.failed else None,
                 )
@@ -108,11 +108,11 @@ class OomCensusView:
             table.add_column("array", overflow="ellipsis", no_wrap=True, max_width=max(16, width // 3))
             table.add_column("where", overflow="ellipsis", no_wrap=True)
             for g in arrays.groups:
-                table.add_row(str(g.count), human_bytes(g.bytes), human_bytes(g.bytes_each), _dims(g.shape, g.dtype),
+                table.add_row(str(g.count), fmt_bytes(g.bytes), fmt_bytes(g.bytes_each), _dims(g.shape, g.dtype),
                               g.placement)
             more = arrays.groups_not_shown
             if more > 0:
-                table.add_row("", human_bytes(arrays.bytes_not_shown), "", Text(f"… {more} more groups", style="dim"), "")
+                table.add_row("", fmt_bytes(arrays.bytes_not_shown), "", Text(f"… {more} more groups", style="dim"), "")
             yield table
         else:
             yield Text("Largest live arrays: n/a (not scanned)", style="dim")
@@ -143,7 +143,7 @@ class OomCensusView:
             yield Text("")
             yield Text("Allocator at the failure", style="bold")
             if census.allocator_stats:
-                yield Text("  " + ", ".join(f"{k} {v if k == 'num_allocs' else human_bytes(v)}"
+                yield Text("  " + ", ".join(f"{k} {v if k == 'num_allocs' else fmt_bytes(v)}"
                                             for k, v in census.allocator_stats))
             if census.allocator_occupancy:
                 pool = Text("  pool ")

@@ -21,7 +21,7 @@ from jaxtop.dashboard.model import (
     DEVICE_SERIES, DISCONNECTED, EXITED, LIVE, PROCESS_SERIES, REPLAY, STALE, DeviceView, ProcessView, Snapshot,
 )
 from jaxtop.dashboard.readings import TransferView
-from jaxtop.protocol import D2D, D2H, DIRECTIONS, H2D
+from jaxtop.dashboard.views import D2D, D2H, DIRECTIONS, H2D
 from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, Series, Strip, TimelineStack, fmt_bytes, fmt_duration, fmt_rate
 
 #: Seconds after which the memory and map panels say how old their live-array

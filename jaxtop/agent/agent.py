@@ -33,7 +33,8 @@ import traceback
 import weakref
 from typing import Any, Callable
 
-from jaxtop import labels, paths, protocol
+from jaxtop.agent import labels
+from jaxtop.wire import paths, protocol
 from jaxtop.agent import cadence
 from jaxtop.agent.clients import Clients, CommandError, CommandHandler
 from jaxtop.agent.history import Backfill
@@ -49,7 +50,7 @@ from jaxtop.probes.oom import install as install_oom, uninstall as uninstall_oom
 from jaxtop.probes.process import ProcessProbe
 from jaxtop.probes.stderr_capture import CaptureError, StderrCapture
 from jaxtop.probes.transfer_guard import CachedParser, GuardController, TransferCounter, untested_jax_reason
-from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
+from jaxtop.wire.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 
 #: Least time between two memory profiles of this process, whoever asks:
 #: taking one stalls the program for milliseconds and writes a file.
@@ -120,7 +121,7 @@ class Agent:
         self.socket_path: str | None = None
         self.prometheus_port = prometheus_port
         self.prometheus_addr = prometheus_addr or DEFAULT_PROMETHEUS_ADDR
-        self._prom_state: Any = None  # jaxtop.prometheus.StreamState when serving
+        self._prom_state: Any = None  # jaxtop.wire.prometheus.StreamState when serving
         self._prom_server: Any = None
         self.started_t = time.time()
         self.events: list[dict[str, Any]] = []  # notices for the next sample
@@ -238,7 +239,7 @@ class Agent:
     def _start(self, undo: list[Callable[[], None]]) -> None:
         """The steps of :meth:`start`, each pushing its own undoing to ``undo``."""
         if self.prometheus_port is not None:  # first: fail before changing anything
-            from jaxtop.prometheus import StreamState, serve
+            from jaxtop.wire.prometheus import StreamState, serve
 
             state = StreamState()
             self._prom_server = serve(state, self.prometheus_port, self.prometheus_addr)

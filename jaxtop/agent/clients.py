@@ -17,7 +17,7 @@ import socket
 import time
 from typing import Any, Callable
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.agent.connection import Client, peer_uid, refuse
 from jaxtop.agent.history import Backfill, Greeting
 from jaxtop.agent.limits import (

@@ -15,7 +15,7 @@ import time
 import zlib
 from typing import Any
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.agent.history import (
     _SAMPLE_PREFIX,
     _BACKFILL_PREFIX,

@@ -90,7 +90,7 @@ def instrument(
         OSError: the socket or the metrics port could not be bound, or the
             log file could not be opened. Nothing is left behind (all or
             nothing: no socket file, no bound port, no open file), so a
-            later call can succeed. In particular ``jaxtop.paths.SocketDirError`` (an
+            later call can succeed. In particular ``jaxtop.wire.paths.SocketDirError`` (an
             OSError) when the socket directory is not safe to use: not a
             directory, a symbolic link, another user's, or open to group or
             others. jaxtop creates that directory with mode 0700 but never

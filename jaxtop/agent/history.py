@@ -22,7 +22,7 @@ import time
 import zlib
 from typing import Any, NamedTuple
 
-from jaxtop import protocol, timeline
+from jaxtop.wire import protocol, timeline
 
 
 #: A device's buffer map in an encoded sample, with the comma before it
@@ -68,7 +68,7 @@ def _extremes(column: tuple[Any, ...]) -> tuple[Any, Any]:
 
 class Coarse:
     """The agent's coarse history: per bucket of ``step_s``, the min and max
-    of every timeline series (:mod:`jaxtop.timeline`: what the dashboard's
+    of every timeline series (:mod:`jaxtop.wire.timeline`: what the dashboard's
     timelines draw) and the sums of the transfer counters, over the last
     ``horizon_s``.
 

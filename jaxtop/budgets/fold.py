@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 from jaxtop.budgets.reading import WIRE_FIELDS, Reading, wire_value
 from jaxtop.budgets.report import NOT_MEASURED, Measured
 from jaxtop.budgets.spec import Budget
-from jaxtop.protocol import DIRECTIONS
+from jaxtop.wire.protocol import DIRECTIONS
 from jaxtop.wire.units import fmt_bytes
 
 

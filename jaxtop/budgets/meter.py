@@ -20,7 +20,7 @@ from jaxtop.budgets.fold import CompileSite, WindowState
 from jaxtop.budgets.reading import Reading
 from jaxtop.budgets.report import Measured, Report, check
 from jaxtop.budgets.spec import METRICS, Budget
-from jaxtop.protocol import DIRECTIONS
+from jaxtop.wire.protocol import DIRECTIONS
 
 
 class _Stream:
@@ -30,7 +30,7 @@ class _Stream:
     """
 
     def __init__(self, agent: Any) -> None:
-        from jaxtop.client import AgentConnection
+        from jaxtop.wire.client import AgentConnection
 
         self.conn = AgentConnection.open(agent.pid)
         self.cond = threading.Condition()
@@ -44,7 +44,7 @@ class _Stream:
         self.thread.start()
 
     def _read(self) -> None:
-        from jaxtop import protocol
+        from jaxtop.wire import protocol
 
         try:
             for line in self.conn.lines(should_stop=lambda: self.closed, poll_s=0.2):

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from jaxtop.protocol import DIRECTIONS
+from jaxtop.wire.protocol import DIRECTIONS
 
 #: Sample fields a budget reads as they are when present, for probes that
 #: add their own field to the stream: name -> (field, key, kind). ``total``

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from jaxtop.protocol import DIRECTIONS
+from jaxtop.wire.protocol import DIRECTIONS
 
 _DIRECTION_WORDS = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-to-device"}
 

@@ -21,7 +21,7 @@ from jaxtop.cli.ls import cmd_ls
 from jaxtop.cli.parser import build_parser, split_run_argv
 from jaxtop.cli.replay import cmd_replay
 from jaxtop.cli.run import cmd_run
-from jaxtop.paths import SocketDirError
+from jaxtop.wire.paths import SocketDirError
 
 __all__ = [
     "EXIT_BROKEN_PIPE", "EXIT_BUDGET", "EXIT_STATUS_HELP", "EXIT_TERMINATED", "EXIT_USAGE", "INJECT_EXPLAINED",
@@ -54,7 +54,7 @@ def _main(argv: list[str]) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "oom":
-        from jaxtop.oom_report import main as oom_main
+        from jaxtop.dashboard.oom_report import main as oom_main
 
         return oom_main(argv[1:])
     if argv and argv[0] == "run":

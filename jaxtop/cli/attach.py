@@ -46,7 +46,8 @@ def inject_agent(pid: int, timeout_s: float, prog: str) -> bool:
 def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: float) -> list[int] | int:
     """Make sure each pid has an agent; returns the pids to watch from
     outside (no agent, by choice), or an exit code."""
-    from jaxtop import client, inject as injector
+    from jaxtop import inject as injector
+    from jaxtop.wire import client
 
     external = []
     for pid in pids:
@@ -92,7 +93,7 @@ def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: fl
 def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = False, no_inject: bool = False,
                inject_timeout: float = DEFAULT_INJECT_TIMEOUT_S) -> int:
     """``jaxtop attach PID...``: the live dashboard on ``pids``; returns the exit status."""
-    from jaxtop import paths
+    from jaxtop.wire import paths
 
     paths.check_socket_dir()  # SocketDirError: main() says so, exit 2
     external = _ensure_agents(pids, inject, no_inject, inject_timeout)
@@ -106,7 +107,7 @@ def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = F
 
 def cmd_default() -> int:
     """Bare `jaxtop`: attach to the only agent, pick among several, or explain."""
-    from jaxtop import client, paths
+    from jaxtop.wire import client, paths
 
     agents = client.list_agents(on_refused=lambda why: print(f"jaxtop: {why}", file=sys.stderr))
     if not agents:

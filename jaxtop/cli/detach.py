@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 
 from jaxtop.cli.exits import EXIT_USAGE
-from jaxtop.paths import SocketDirError
+from jaxtop.wire.paths import SocketDirError
 
 
 def cmd_detach(pid: int) -> int:
     """``jaxtop detach PID``; returns the exit status."""
-    from jaxtop import client, inject as injector
+    from jaxtop import inject as injector
+    from jaxtop.wire import client
 
     try:
         injector.detach(pid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 EXIT_USAGE = 2
-EXIT_BUDGET = 3  # jaxtop.budget.EXIT_BUDGET: `run --budget`, over budget
+EXIT_BUDGET = 3  # jaxtop.budgets.EXIT_BUDGET: `run --budget`, over budget
 #: Exit status when the reader of the output went away (``| head``): what a
 #: shell reports for a tool that SIGPIPE ended (128 + 13), reached quietly.
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE

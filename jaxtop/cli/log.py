@@ -12,13 +12,13 @@ import time
 from jaxtop.cli.attach import inject_agent
 from jaxtop.cli.exits import EXIT_BROKEN_PIPE, EXIT_USAGE
 from jaxtop.cli.output import STDOUT_NAMES, stdout_gone
-from jaxtop.paths import SocketDirError
+from jaxtop.wire.paths import SocketDirError
 
 
 def cmd_log(args: argparse.Namespace) -> int:
     """``jaxtop log PID``: record until the target exits, the duration ends, or SIGINT/SIGTERM;
     returns the exit status."""
-    from jaxtop import client
+    from jaxtop.wire import client
 
     stop = {"flag": False}
 
@@ -31,7 +31,7 @@ def cmd_log(args: argparse.Namespace) -> int:
             return 1
     on_record = None
     if args.prometheus is not None:
-        from jaxtop import prometheus
+        from jaxtop.wire import prometheus
 
         state = prometheus.StreamState()
         try:
@@ -77,7 +77,7 @@ class _GzipOutput:
     leaves a file that reads to within a second of its end."""
 
     def __init__(self, raw) -> None:
-        from jaxtop import protocol
+        from jaxtop.wire import protocol
 
         self._protocol = protocol
         self._raw = raw

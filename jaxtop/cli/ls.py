@@ -19,7 +19,7 @@ def uptime(started_t: float | None) -> str:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """``jaxtop ls``: a table, or JSON lines with ``--json``; returns the exit status."""
-    from jaxtop import client, paths
+    from jaxtop.wire import client, paths
 
     agents = client.list_agents(on_refused=lambda why: print(f"jaxtop ls: {why}", file=sys.stderr))
     if args.json:

@@ -7,8 +7,8 @@ import argparse
 
 from jaxtop.cli.exits import EXIT_STATUS_HELP
 from jaxtop.inject import DEFAULT_TIMEOUT_S as DEFAULT_INJECT_TIMEOUT_S
-from jaxtop.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
-from jaxtop.protocol import JAXTOP_VERSION
+from jaxtop.wire.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
+from jaxtop.wire.protocol import JAXTOP_VERSION
 
 
 def _positive_float(text: str) -> float:

@@ -170,7 +170,7 @@ def _run_budget(parser: argparse.ArgumentParser, args: argparse.Namespace):
         if args.budget_report:
             parser.error("run: --budget-report needs --budget")
         return None
-    from jaxtop import budget as budgets
+    from jaxtop import budgets
 
     try:
         limits = budgets.resolve(args.budget)

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard.batch import Batch
 from jaxtop.dashboard.events import MAX_EVENTS, sample_events
 from jaxtop.dashboard.history import History, _num
 from jaxtop.dashboard.holders import HoldersFold
-from jaxtop.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, nvml_map
+from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, nvml_map
 
 if TYPE_CHECKING:
     from jaxtop.dashboard.model import Event, ProcessModel, _DeviceState

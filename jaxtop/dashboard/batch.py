@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard.history import History, _num
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard.ledger import LedgerView
 
 __all__ = ["LedgerNotes", "recompile_t"]

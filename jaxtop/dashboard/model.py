@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, holders_part
 from jaxtop.dashboard.batch import UNMAPPED_KINDS, Batch
 from jaxtop.dashboard.events import MAX_EVENTS, merged_events, sample_events
@@ -32,8 +32,8 @@ from jaxtop.dashboard.snapshot import MIN_SPAN_S, CensusViews, device_view, proc
 from jaxtop.dashboard.views import (
     CONNECTING, DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, ReplayView, Snapshot,
 )
-from jaxtop.protocol import DIRECTIONS
-from jaxtop.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, device_row
+from jaxtop.wire.protocol import DIRECTIONS
+from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, device_row
 
 __all__ = [
     "COARSE_MERGE_S", "CONNECTING", "DEVICE_SERIES", "DISCONNECTED", "EXITED", "HOLDERS_FIELDS", "LIVE",
@@ -42,7 +42,7 @@ __all__ = [
     "Snapshot",
 ]
 
-# DEVICE_SERIES and PROCESS_SERIES (jaxtop.timeline) are the timelines'
+# DEVICE_SERIES and PROCESS_SERIES (jaxtop.wire.timeline) are the timelines'
 # columns: the agent's coarse history sends buckets of the same series.
 STALE_INTERVALS = 3
 #: Devices shown per process. Each keeps about 3 MB of history, so a stream

@@ -1,7 +1,7 @@
 """Typed views of an out-of-memory census (an ``oom_census`` record).
 
 The OOM screen reads these, never the record's keys. The sentences that
-``jaxtop oom`` prints (:mod:`jaxtop.oom_report`) are worded from the record
+``jaxtop oom`` prints (:mod:`jaxtop.dashboard.oom_report`) are worded from the record
 itself, so the view keeps it (``record``, and each site's and the host's
 object) to hand to that wording: the screen and the text report then never
 say different things.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 
 __all__ = ["OomArrayGroup", "OomArrays", "OomCensus", "OomDevice", "OomSite"]
 
@@ -116,7 +116,7 @@ class OomSite:
     """An allocation site holding memory at the failure."""
 
     user: bool  # a frame of the user's code is in its stack
-    record: dict[str, Any]  # for jaxtop.oom_report.site_line's words
+    record: dict[str, Any]  # for jaxtop.dashboard.oom_report.site_line's words
 
 
 @dataclass(frozen=True)
@@ -128,14 +128,14 @@ class OomCensus:
     message: str | None  # the error's text (its first line is shown)
     verdict: str | None
     devices: tuple[OomDevice, ...]
-    host: dict[str, Any] | None  # for jaxtop.oom_report.host_line's words
+    host: dict[str, Any] | None  # for jaxtop.dashboard.oom_report.host_line's words
     arrays: OomArrays | None
     sites: tuple[OomSite, ...]
     skipped_parts: tuple[str, ...]  # parts left out for the time budget ("sites", …)
     allocator_stats: tuple[tuple[str, Any], ...]  # (name, value) at the failure
     allocator_occupancy: str | None  # the pool's occupancy string
     path: str | None  # the file the census was written to
-    record: dict[str, Any]  # the census, for jaxtop.oom_report's shared wording
+    record: dict[str, Any]  # the census, for jaxtop.dashboard.oom_report's shared wording
 
     @classmethod
     def from_wire(cls, value: Any) -> OomCensus:

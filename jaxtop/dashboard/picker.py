@@ -8,7 +8,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, SelectionList, Static
 
-from jaxtop.client import AgentInfo
+from jaxtop.wire.client import AgentInfo
 
 
 class PickerApp(App[list[int]]):

@@ -13,11 +13,10 @@ raises.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 
 __all__ = [
     "BufferView", "CaptureView", "CompileView", "DonationView", "GpuView", "HostView", "NvmlStatusView",
@@ -58,28 +57,8 @@ def _reason(obj: Mapping[str, Any]) -> str | None:
     return str(reason) if reason else None
 
 
-class WireKeys:
-    """Read access by the wire's key name, for callers written against the
-    dicts these views replaced (``view["rss_bytes"]``, ``view.get(...)``).
-
-    Only a dataclass field answers; widgets read the attributes.
-    """
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in _field_names(self):
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in _field_names(self) else default
-
-
-def _field_names(view: Any) -> set[str]:
-    return {f.name for f in dataclasses.fields(view)}
-
-
 @dataclass(frozen=True)
-class HostView(WireKeys):
+class HostView:
     """The host's view of the process (the sample's ``process``).
 
     ``available`` is False when the probe failed as a whole; ``na_reason``
@@ -238,7 +217,7 @@ class CaptureView:
 
 
 @dataclass(frozen=True)
-class TransferView(WireKeys):
+class TransferView:
     """Implicit transfers of one direction: this interval's rates, and
     totals since the agent started. Bytes are a lower bound (a cached jit
     call logs no shapes)."""

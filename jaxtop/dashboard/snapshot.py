@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.dashboard.readings import (

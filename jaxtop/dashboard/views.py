@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.holders import HoldersView
 from jaxtop.dashboard.oom_views import OomCensus
@@ -24,9 +24,12 @@ if TYPE_CHECKING:
     from jaxtop.dashboard.model import Event
 
 __all__ = [
-    "CONNECTING", "DISCONNECTED", "EXITED", "LIVE", "REPLAY", "STALE", "DeviceView", "ProcessView", "ReplayView",
+    "D2D", "D2H", "DIRECTIONS", "H2D", "CONNECTING", "DISCONNECTED", "EXITED", "LIVE", "REPLAY", "STALE", "DeviceView", "ProcessView", "ReplayView",
     "Snapshot",
 ]
+
+#: The directions of a transfer, keys of ``ProcessView.transfers``.
+H2D, D2H, D2D, DIRECTIONS = protocol.H2D, protocol.D2H, protocol.D2D, protocol.DIRECTIONS
 
 #: Connection states shown in the header (``ProcessView.state``).
 CONNECTING, LIVE, STALE, DISCONNECTED, EXITED, REPLAY = "connecting", "live", "stale", "disconnected", "exited", "replay"
@@ -103,7 +106,7 @@ class ProcessView:
     uptime_s: float | None
     interval_s: float
     seq: int | None
-    transfers: dict[str, TransferView]  # by direction (jaxtop.protocol.DIRECTIONS)
+    transfers: dict[str, TransferView]  # by direction (jaxtop.wire.protocol.DIRECTIONS)
     top_shapes: tuple[TopShapeView, ...]
     capture: CaptureView
     process: HostView

@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import orjson
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.export.typed import ERRORS as _TYPED_ERRORS
 
 # orjson reads an integer beyond 64 bits as a float, without an error, where

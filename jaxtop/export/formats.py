@@ -20,10 +20,10 @@ import json
 import math
 from typing import IO, Any, Callable
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.export import convert, typed
 from jaxtop.export.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
-from jaxtop.protocol import D2D, D2H, DIRECTIONS, H2D
+from jaxtop.wire.protocol import D2D, D2H, DIRECTIONS, H2D
 
 # One row per (sample, device). Process-wide columns (transfers, host,
 # compiles) repeat on each device row of the same sample.

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jaxtop import client, paths
+from jaxtop.wire import client, paths
 from jaxtop.inject.bootstrap import BOOTSTRAP, one_line, package_locations
 from jaxtop.inject.gdb import run_gdb
 from jaxtop.inject.remote import remote_exec

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from jaxtop import client, paths
+from jaxtop.wire import client, paths
 from jaxtop.inject.target import InjectError
 
 
 def detach(pid: int, timeout_s: float = 5.0) -> dict[str, Any]:
     """Ask the agent in ``pid`` to stop; returns its reply."""
-    from jaxtop import protocol
+    from jaxtop.wire import protocol
 
     deadline = time.monotonic() + timeout_s
     rec: dict[str, Any] | None = None

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxtop import paths
+from jaxtop.wire import paths
 
 
 class InjectError(RuntimeError):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["NA", "UNITS", "fmt_bytes", "fmt_bytes_pair", "is_missing", "na", "sig3"]
+__all__ = ["NA", "UNITS", "fmt_bytes", "fmt_bytes_pair", "fmt_count_rate", "is_missing", "na", "sig3"]
 
 #: What an unmeasured value reads.
 NA = "n/a"
@@ -104,3 +104,8 @@ def fmt_bytes_pair(used: Any, total: Any) -> str:
         return f"{fmt_bytes(used)} of {fmt_bytes(total)}"
     factor = 1024 ** UNITS.index(unit)
     return f"{sig3(min(abs(_as_float(used)) / factor, 999.0))} of {sig3(min(abs(_as_float(total)) / factor, 999.0))} {unit}"
+
+
+def fmt_count_rate(rate: float) -> str:
+    """A signed rate of counts: ``+1,200``, ``+64``, ``+0.5`` (whole numbers from 10 on)."""
+    return f"{rate:+,.0f}" if abs(rate) >= 10 else f"{rate:+.2g}"

@@ -70,11 +70,6 @@ from .sites import SITE_STACK, TOP_SITES, allocation_sites, is_library_file, is_
 from .verdict import device_verdict, host_verdict
 from .write import FILE_NAME, census_directory, write_census
 
-# The relay imports this package without ``site``: no ``typing`` at run time.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
 __all__ = [
     "ALLOCATOR_MATCH_S",
     "CENSUS_VERSION",
@@ -115,16 +110,3 @@ __all__ = [
     "write_census",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """``human_bytes``, the old name of jaxtop's byte formatter, for the
-    modules that still import it from here.
-
-    Looked up on first use: the relay imports this package where ``jaxtop``
-    is not importable.
-    """
-    if name == "human_bytes":
-        from jaxtop.wire.units import fmt_bytes
-
-        return fmt_bytes
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

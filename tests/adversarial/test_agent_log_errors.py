@@ -103,7 +103,7 @@ class FillingFile:
 def test_disk_full_mid_recording_keeps_whole_lines_and_says_so_once(tmp_path, monkeypatch, flush_s):
     """Each line written as it comes, or samples held and written together
     (the agent writes its log once a second): whole lines either way."""
-    from jaxtop import protocol
+    from jaxtop.wire import protocol
     from jaxtop.agent import Agent
     from jaxtop.agent import agent as agent_module
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import wait_for
-from jaxtop import protocol
+from jaxtop.wire import protocol
 
 PY = sys.executable
 
@@ -26,7 +26,7 @@ patch = sys.argv[2] == "patch"
 if patch:
     # A failure the agent cannot foresee: decoding one client's line raises
     # something that is not a ProtocolError.
-    from jaxtop import protocol
+    from jaxtop.wire import protocol
     real = protocol.decode
     def decode(line):
         if b"boom" in bytes(line):

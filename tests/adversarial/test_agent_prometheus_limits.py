@@ -16,7 +16,8 @@ import urllib.request
 
 import pytest
 
-from jaxtop import prometheus, synthetic
+from jaxtop.wire import prometheus
+from jaxtop.testing import synthetic
 
 pytest.importorskip("prometheus_client")
 

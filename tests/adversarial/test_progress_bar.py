@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, TARGETS, jaxtop_cmd
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.probes import transfer_guard as tg
 from jaxtop.probes._relay import Relay
 

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxtop import cli, protocol
+from jaxtop import cli
+from jaxtop.wire import protocol
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import ReplaySource
 

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from conftest import PY, TARGETS, wait_for
-from jaxtop import protocol
+from jaxtop.wire import protocol
 
 psutil = pytest.importorskip("psutil")
 

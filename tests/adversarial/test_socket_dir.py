@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, wait_for
-from jaxtop import cli, client, paths, protocol
+from jaxtop import cli
+from jaxtop.wire import client, paths, protocol
 
 NOBODY = 65534
 SYSTEM_PY = "/usr/bin/python3"  # reachable by another user, unlike a venv under /root

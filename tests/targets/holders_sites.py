@@ -10,7 +10,7 @@ import sys
 import time
 
 import jaxtop
-from jaxtop import labels
+from jaxtop.agent import labels
 from jaxtop.probes.holders import HoldersProbe
 
 p = argparse.ArgumentParser()

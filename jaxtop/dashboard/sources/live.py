@@ -18,7 +18,7 @@ from typing import IO, Any, Iterable
 
 import orjson
 
-from jaxtop import client, paths, protocol
+from jaxtop.wire import client, paths, protocol
 from jaxtop.dashboard.model import DISCONNECTED, EXITED, Model
 from jaxtop.dashboard.sources.base import OnUpdate, Source
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard.sources.base import Source
 
 

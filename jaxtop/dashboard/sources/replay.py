@@ -14,7 +14,7 @@ from typing import IO, Any, Iterator
 
 import numpy as np
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard.model import REPLAY, Model
 from jaxtop.dashboard.sources import replay_cache, replay_index
 from jaxtop.dashboard.sources.base import OnUpdate, Source

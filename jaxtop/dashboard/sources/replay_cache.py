@@ -34,10 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtop import protocol
-from jaxtop.dashboard import history as history_module
-from jaxtop.dashboard import holders as holders_module
-from jaxtop.dashboard import ledger as ledger_module
+from jaxtop.wire import protocol
 from jaxtop.dashboard import model as model_module
 from jaxtop.dashboard.sources import replay_index
 from jaxtop.dashboard.sources.replay_index import INDEX_FORMAT, Index, build
@@ -104,12 +101,23 @@ def code_fingerprint() -> str:
     """A hash of the code whose objects the checkpoints hold: an index built
     by other code is built again rather than misread."""
     h = hashlib.sha256(f"{INDEX_FORMAT}:{protocol.JAXTOP_VERSION}".encode())
-    for module in (history_module, model_module, holders_module, ledger_module, replay_index, sys.modules[__name__]):
+    # Every module of the model's package and of the wire (the model is
+    # split over views, readings, backlog, batch, events...: a change to any
+    # of them may change what a checkpoint holds), and the indexer itself.
+    files: list[str] = []
+    for module in (model_module, protocol):
+        folder = os.path.dirname(module.__file__ or "")
         try:
-            with open(module.__file__ or "", "rb") as f:
-                h.update(f.read())
+            files += sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".py"))
         except OSError:
             h.update(module.__name__.encode())
+    files += [replay_index.__file__ or "", __file__]
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        except OSError:
+            h.update(path.encode())
     return h.hexdigest()
 
 

@@ -35,7 +35,7 @@ from typing import IO, Any, Callable, Iterator
 
 import numpy as np
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 from jaxtop.dashboard import history as history_module
 from jaxtop.dashboard import holders as holders_module
 from jaxtop.dashboard import ledger as ledger_module

@@ -84,7 +84,7 @@ def load_censuses(path: str) -> list[dict[str, Any]]:
             found = censuses_in([whole])
             if found:
                 return found
-    from jaxtop.protocol import ReadStats, iter_records
+    from jaxtop.wire.protocol import ReadStats, iter_records
 
     stats = ReadStats()
     found = censuses_in(iter_records(io.BytesIO(data), stats))

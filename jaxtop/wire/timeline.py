@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from jaxtop.protocol import DIRECTIONS
+from jaxtop.wire.protocol import DIRECTIONS
 
 #: A device's series, in column order.
 DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes",

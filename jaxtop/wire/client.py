@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
-from jaxtop import paths, protocol
+from jaxtop.wire import paths, protocol
 
 
 class AgentNotFound(RuntimeError):

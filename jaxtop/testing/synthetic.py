@@ -8,8 +8,8 @@ import math
 import random
 from typing import Any, Iterator
 
-from jaxtop import protocol
-from jaxtop.protocol import D2D, D2H, H2D
+from jaxtop.wire import protocol
+from jaxtop.wire.protocol import D2D, D2H, H2D
 
 GIB = 1 << 30
 

@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-from jaxtop import protocol
+from jaxtop.wire import protocol
 
 INSTALL_HINT = "prometheus-client is not installed: pip install 'jaxtop[prometheus]' (or prometheus-client)"
 DEFAULT_ADDR = "127.0.0.1"
