@@ -1,25 +1,41 @@
 """The one interface every probe implements, and what a tick hands it.
 
-The agent keeps its probes in a list, in the order their fields appear in a
-sample, and drives each the same way:
+The agent keeps its probes in one list, in the order their fields appear in
+a sample, and drives each the same way (``jaxtop.agent.probe_list``):
 
-* ``start()`` once jax is imported (a probe that needs nothing from jax may
-  have started earlier: ``start`` is then a no-op). A probe that cannot
-  start sets ``reason`` and its samples say ``available: false`` with it.
+* ``start()`` once: when the agent starts for a probe that needs nothing
+  from jax (``needs_jax`` False), right after ``import jax`` finishes for
+  the others. A probe that cannot start sets ``reason`` (or raises: the
+  agent keeps the exception as the reason) and its samples say
+  ``available: false`` with it.
 * ``on_tick(tick)`` on every tick of the agent thread: the value of the
   sample field ``name``, or None to leave the field out of this sample
-  (a sparse field with no news).
+  (a sparse field with no news). Records that travel apart from the sample
+  (an out-of-memory census, the backend's description) go to
+  ``tick.emit`` before the sample is sent.
 * ``stop()`` at shutdown: idempotent, and leaves nothing of the probe
-  installed in the program (listeners, filters, wrapped functions).
+  installed in the program (listeners, filters, wrapped functions, hooks).
+
+Optional members, used where a probe has them:
+
+* ``commands``: ``{name: handler}`` requests the probe serves on the socket.
+* ``on_jax_imported()``: a probe started early that has more to do once jax
+  is imported (the transfer guard, the OOM monitor's patch).
+* ``shift_deadlines(gap)``: the process was stopped (SIGSTOP, a debugger)
+  for ``gap`` seconds; costly passes move on by as much.
 
 Standard library only (the agent imports it inside the user's job).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 __all__ = ["Probe", "Tick"]
+
+
+def _drop(record: dict[str, Any]) -> None:
+    """A tick's ``emit`` when nobody takes records (a probe driven by hand)."""
 
 
 class Tick(NamedTuple):
@@ -29,11 +45,13 @@ class Tick(NamedTuple):
         now: the sample's time (Unix seconds).
         slow: the once-a-second tick (slow readings are refreshed on it).
         final: the last sample, at exit: every counter read in full.
+        emit: sends a record of its own (not a sample field) on the stream.
     """
 
     now: float
     slow: bool = False
     final: bool = False
+    emit: Callable[[dict[str, Any]], None] = _drop
 
 
 @runtime_checkable
@@ -44,6 +62,8 @@ class Probe(Protocol):
     name: str
     #: Why the probe is not available (None while it is, or not started yet).
     reason: str | None
+    #: Started once jax is imported (True), or with the agent (False).
+    needs_jax: bool
 
     def start(self) -> None:
         """Install what the probe needs; may raise (the agent keeps the reason)."""

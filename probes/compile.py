@@ -20,7 +20,11 @@ CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class CompileProbe:
-    """Backend compiles (count, seconds) and persistent-cache hits since it started."""
+    """Backend compiles (count, seconds) and persistent-cache hits since it
+    started (sample field ``compile``; the interface of ``jaxtop.probes.base``)."""
+
+    name = "compile"
+    needs_jax = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -67,6 +71,9 @@ class CompileProbe:
         """Backend compiles since the probe started."""
         with self._lock:
             return self._count_total
+
+    def on_tick(self, tick: Any) -> dict[str, Any]:
+        return self.sample()
 
     def sample(self) -> dict[str, Any]:
         if not self.active and self.reason:

@@ -49,6 +49,7 @@ class DonationProbe:
     emit them; ``stop`` puts each back."""
 
     name = "donation"
+    needs_jax = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -235,6 +235,18 @@ class JitLedgerProbe(LedgerTables):
         self._listener_registered = False
         self._compile_reason: str | None = None
 
+    # -- the probe interface (jaxtop.probes.base): sample field ``jit`` ----------
+    name = "jit"
+    needs_jax = True
+
+    @property
+    def commands(self) -> dict[str, Any]:
+        return {"jit_ledger": self.command}
+
+    def on_tick(self, tick: Any) -> dict[str, Any] | None:
+        # The last sample carries the whole ledger, every executable verified.
+        return self.sample(force=tick.final, full=tick.final)
+
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
         """Hook compile events and cache-miss records (call once jax is imported).

@@ -134,6 +134,13 @@ class LibraryFilter:
                 self._cache[filename] = hit
         return hit
 
+    def is_installed(self, filename: str) -> bool:
+        """Library code other than the core libraries and the standard
+        library: an installed package (flax, optax) that made a buffer on
+        the user's behalf."""
+        return (self.is_library(filename) and not self.is_core(filename) and not filename.startswith("<")
+                and not filename.startswith(self._stdlib_prefixes()))
+
     def _classify(self, filename: str) -> bool:
         if not filename:
             return True

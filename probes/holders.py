@@ -197,17 +197,33 @@ class HoldersProbe:
         self.wall_s_total = 0.0
 
     # -- wiring ---------------------------------------------------------------
-    def install(self, agent: Any) -> "HoldersProbe":
-        """Registers the sample field and the commands on an agent.
+    # -- the probe interface (jaxtop.probes.base): sample field ``holders`` -----
+    name = "holders"
+    needs_jax = False  # nothing to install: each profile waits for a backend itself
+    reason: str | None = None
 
-        Uses only the agent's public hooks (``register_sample_field``,
-        ``register_command``, ``post_event``).
-        """
-        agent.register_sample_field("holders", self.sample)
-        agent.register_command("holders_mark", self.cmd_mark)
-        agent.register_command("holders_profile", self.cmd_profile)
+    @property
+    def commands(self) -> dict[str, Any]:
+        return {"holders_mark": self.cmd_mark, "holders_profile": self.cmd_profile}
+
+    def start(self) -> None:
+        """Nothing to install (profiles are taken on the agent's ticks)."""
+
+    def stop(self) -> None:
+        """Nothing installed; the kept mark and pending record are dropped."""
+        with self._lock:
+            self._pending = None
+            self._want = None
+
+    def on_tick(self, tick: Any) -> dict[str, Any] | None:
+        return self.sample()
+
+    def install(self, agent: Any) -> "HoldersProbe":
+        """Make this the agent's holders probe (in place of the one it has):
+        its leak suspicions go to the agent as ``leak_suspect`` events."""
         if self._on_suspect is None and hasattr(agent, "post_event"):
             self._on_suspect = lambda text: agent.post_event("leak_suspect", text=text)
+        agent.add_probe(self)
         return self
 
     # -- the agent thread -------------------------------------------------------

@@ -156,11 +156,17 @@ class HostSyncProbe:
         self.reason: str | None = None  # why the probe is not counting
         self.started = False
 
-    # -- wiring ------------------------------------------------------------------
+    # -- the probe interface (jaxtop.probes.base): sample field ``host_syncs`` --
+    name = "host_syncs"
+    needs_jax = True
+
+    def on_tick(self, tick: Any) -> dict[str, Any] | None:
+        return self.sample()
+
     def install(self, agent: Any) -> "HostSyncProbe":
-        """Registers the ``host_syncs`` sample field (call :meth:`start` once
-        jax is imported, :meth:`stop` when the agent stops)."""
-        agent.register_sample_field("host_syncs", self.sample)
+        """Make this the agent's host-read probe, in place of the one it has
+        (the agent starts it once jax is imported, stops it when it stops)."""
+        agent.add_probe(self)
         return self
 
     def start(self) -> None:

@@ -49,6 +49,7 @@ class NvmlProbe:
     """
 
     name = "nvml"
+    needs_jax = False
 
     def __init__(self, pid: int | None = None, nvml: Any = None) -> None:
         self.pid = pid if pid is not None else os.getpid()

@@ -105,6 +105,7 @@ class ProcessProbe:
 
     # -- the probe interface (jaxtop.probes.base.Probe) ------------------------
     name = "process"
+    needs_jax = False
     reason: str | None = None
 
     def start(self) -> None:

@@ -302,6 +302,7 @@ class TransferCounter:
 
     # -- the probe interface (jaxtop.probes.base.Probe): sample field ``transfers``
     name = "transfers"
+    needs_jax = False
     reason: str | None = None  # the capture's state is the field transfer_capture
 
     def start(self) -> None:

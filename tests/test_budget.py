@@ -297,14 +297,22 @@ def test_sizes_read_as_everywhere_in_jaxtop_and_unknowns_as_na():
 
 
 def test_compile_sites_skip_every_frame_of_jaxtop():
-    """The compile log lives in a sub-package: the frames it skips are still
-    the whole of jaxtop's, not just its own folder's."""
-    import os
-
+    """The compile log lives in a sub-package: the frames it skips (the one
+    frame filter's core libraries) are still the whole of jaxtop's, not just
+    its own folder's, and a call from jaxtop alone has no call site."""
     import jaxtop
+    from jaxtop.agent import agent
     from jaxtop.budgets import compile_log
+    from jaxtop.probes.frames import LIBRARY
 
-    assert compile_log._JAXTOP_DIR == os.path.dirname(os.path.abspath(jaxtop.__file__))
+    assert all(LIBRARY.is_core(m.__file__) for m in (jaxtop, agent, compile_log))
+    log = compile_log.CompileLog()
+
+    def listener():  # where jax.monitoring's listener would be
+        return log._site()
+
+    assert listener().endswith("(test_compile_sites_skip_every_frame_of_jaxtop)")
+
 
 
 # -- the command line ---------------------------------------------------------------

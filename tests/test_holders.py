@@ -162,22 +162,27 @@ class _TbFrame:
 
 
 def test_every_probe_picks_the_same_site_for_the_same_frames():
-    """Holders, the on-demand profile and the jit ledger's call site agree
-    with the frame filter's choice (the OOM census joins them later)."""
+    """Holders, the on-demand profile, the OOM census and the jit ledger's
+    call site agree with the frame filter's choice."""
     from types import SimpleNamespace
 
     from jaxtop.probes import frames, memory_profile
     from jaxtop.probes.jit_entries import analyse
+    from jaxtop.probes.oom import allocation_sites
 
     data = make_pprof([buf(stack, 1, 1000 * (i + 1)) for i, stack in enumerate(AGREE_STACKS)])
     held = {s.bytes: (k, s.library) for k, s in aggregate_profile(data).sites.items()}
     summary = {s["bytes"]: s for s in memory_profile.summarize_profile(data, top=100)["top_sites"]}
+    census = {s["bytes"]: s for s in allocation_sites(data, top=100)["top"]}
     for i, stack in enumerate(AGREE_STACKS):
         site, library = frames.pick_site(stack)
         assert held[1000 * (i + 1)] == (site, library), stack
         filename, line, name = site
         want = f"{name} ({os.path.basename(filename)}:{line})" if filename else name
         assert (summary[1000 * (i + 1)]["site"], summary[1000 * (i + 1)]["file"]) == (want, filename), stack
+        in_census = census[1000 * (i + 1)]
+        assert (in_census["file"], in_census["line"], in_census["function"]) == site, stack
+        assert in_census["user"] == (not library), stack
         assert frames.user_frame(stack) == (None if library else site)
         assert frames.user_frame(iter(stack)) == frames.user_frame(stack)  # a generator is read lazily
         exe = SimpleNamespace(traceback=SimpleNamespace(frames=[_TbFrame(*f) for f in stack]))
@@ -222,6 +227,14 @@ def test_live_frames_and_tracebacks_agree_with_the_frame_filter():
     except ValueError as exc:
         tb = exc.__traceback__
     assert frames.user_frame_of(tb) == (__file__, tb.tb_lineno, name)
+    # The OOM census names where an error was raised by the same rule.
+    from jaxtop.probes.oom.sites import user_frame_of_stack, user_frame_of_traceback
+
+    where = user_frame_of_traceback(tb)
+    assert (where["file"], where["line"], where["function"]) == frames.user_frame_of(tb)
+    here = sys._getframe()
+    where, expected = user_frame_of_stack(here), frames.user_frame_of(here)  # one line: one f_lineno
+    assert (where["file"], where["line"], where["function"]) == expected
     assert frames.python_frames(tb)[0][:2] == ("fail", JAX)  # innermost first
     assert frames.user_frame_of(None) is None
 
@@ -348,6 +361,13 @@ class FakeAgent:
 
     def register_command(self, name, handler):
         self.commands[name] = handler
+
+    def add_probe(self, probe):
+        """What the agent does with a probe: its field each tick, its commands."""
+        from jaxtop.probes.base import Tick
+
+        self.fields[probe.name] = lambda: probe.on_tick(Tick(0.0))
+        self.commands.update(getattr(probe, "commands", None) or {})
 
     def post_event(self, kind, **fields):
         self.events.append({"kind": kind, **fields})

@@ -231,7 +231,7 @@ def test_external_view_shows_host_stats_labelled(child_env):
                 snap = app.snapshot
                 view = snap.processes[0]
                 assert view.external and "no agent" in view.external
-                assert view.process["rss_bytes"] > 10 << 20
+                assert view.process.rss_bytes > 10 << 20
                 assert "plain_loop.py" in " ".join(view.argv)
                 from jaxtop.widgets.panels import HeaderBar
 

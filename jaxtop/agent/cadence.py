@@ -28,6 +28,8 @@ clients), every allowance fills proportionally slower.
 
 from __future__ import annotations
 
+import time
+
 #: Share of one core the whole agent thread aims to stay under.
 CPU_BUDGET = 0.004
 #: Share of one core granted to the live-array scan (the exact totals).
@@ -126,3 +128,42 @@ class SelfMeter:
         for allowance in allowances:
             allowance.slowdown = self.pressure
         self._start = (mono, thread_cpu)
+
+
+class StopDetector:
+    """Was the process stopped (SIGSTOP, Ctrl-Z, a debugger, a checkpoint)
+    when a tick comes late, rather than busy?
+
+    A stopped process changed nothing meanwhile: every costly detail's next
+    run then moves on by the stop, as if those seconds had not passed, so
+    what the agent shows is still the present and a process thawed for a
+    moment does not pay for every pass that fell due while it was frozen.
+    A process whose threads kept running (the agent starved of the GIL by a
+    busy program) used :data:`SUSPEND_CPU_SHARE` of a core or more since the
+    last slow tick, and is not moved.
+    """
+
+    def __init__(self) -> None:
+        self._mark: tuple[float, float] | None = None  # (monotonic, process CPU) at the last slow tick
+        self.suspended_s = 0.0  # wall time the process spent stopped, as far as could be told
+
+    def slow_tick(self, mono: float) -> None:
+        """Note the process's CPU clock at a slow tick."""
+        self._mark = (mono, time.process_time())
+
+    def stopped_for(self, now: float, late: float) -> float:
+        """A tick ``late`` seconds late at ``now`` (monotonic): the seconds
+        the process was stopped (``late``), or 0 when it was busy."""
+        mark = self._mark
+        if mark is None:
+            return 0.0
+        elapsed = now - mark[0]
+        try:
+            used = time.process_time() - mark[1]
+        except OSError:
+            return 0.0
+        if elapsed <= 0 or used > SUSPEND_CPU_SHARE * elapsed:
+            return 0.0
+        self.suspended_s += late
+        self._mark = (mark[0] + late, mark[1])
+        return late

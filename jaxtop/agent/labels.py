@@ -160,6 +160,7 @@ class LabelRegistry:
 
     # -- the probe interface (jaxtop.probes.base.Probe): sample field ``labels``
     name = "labels"
+    needs_jax = False
     reason: str | None = None
 
     def start(self) -> None:
@@ -259,10 +260,10 @@ def attach(agent: Any) -> LabelRegistry:
 
 
 def install(agent: Any) -> LabelRegistry:
-    """Like :func:`attach`, for an agent that takes extra sample fields
-    through ``register_sample_field(name, fn)`` rather than probes."""
-    agent.register_sample_field("labels", _registry.sample)
-    return attach(agent)
+    """:func:`attach`, and list the registry among the agent's probes."""
+    registry = attach(agent)
+    agent.add_probe(registry)
+    return registry
 
 
 def uninstall() -> None:

@@ -15,19 +15,17 @@ from jaxtop.budgets.fold import CompileSite
 
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
-# The whole jaxtop package, not just this folder: the plugin, the agent and
-# the meter are never the program's call site.
-_JAXTOP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 class CompileLog:
     """Backend compiles, each with jax's function name and the program's
     call site, for the windows open at the time.
 
     jax names the compiled function (``fun_name``) from 0.6.2 on; the call
-    site is the innermost frame outside jax, jaxlib, jaxtop and the standard
-    library. One listener per process (jax.monitoring keeps them for good on
-    older versions), idle while no window is open.
+    site is picked by the one frame filter every probe uses
+    (``jaxtop.probes.frames``: the innermost frame of the user's code, else
+    of an installed package). Compile events come through the one
+    listener jaxtop keeps with jax.monitoring (``jaxtop.probes.compile_events``),
+    idle while no window is open.
     """
 
     _instance: "CompileLog | None" = None
@@ -38,7 +36,6 @@ class CompileLog:
         self.names_seen: bool | None = None  # None until the first compile
         self.registered = False
         self.reason: str | None = "jax not imported yet"
-        self._skip: tuple[str, ...] = ()
         self._mu = threading.Lock()
 
     @classmethod
@@ -54,39 +51,27 @@ class CompileLog:
 
     def _register(self, _module: Any = None) -> None:
         try:
-            import sysconfig
+            from jaxtop.probes import compile_events
 
-            import jax
-            import jaxlib
-            from jax import monitoring
-
-            skip = {os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__),
-                    _JAXTOP_DIR}
-            for key in ("stdlib", "platstdlib"):
-                path = sysconfig.get_paths().get(key)
-                if path:
-                    skip.add(path)
-            self._skip = tuple(os.path.join(p, "") for p in skip) + ("<frozen",)
-            monitoring.register_event_duration_secs_listener(self._on_duration)
+            compile_events.subscribe(compile_events.DURATION, self._on_duration)
             self.registered = True
             self.reason = None
         except Exception as exc:
             self.reason = f"jax.monitoring unavailable: {type(exc).__name__}: {exc}"
 
     def _site(self) -> str:
-        frame = sys._getframe(2)
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            if not filename.startswith(self._skip):
-                try:
-                    shown = os.path.relpath(filename)
-                except ValueError:
-                    shown = filename
-                if shown.startswith(".."):
-                    shown = filename
-                return f"{shown}:{frame.f_lineno} ({frame.f_code.co_name})"
-            frame = frame.f_back
-        return "<no call site outside jax>"
+        from jaxtop.probes.frames import LIBRARY, NO_STACK, walk
+
+        (filename, line, name), _library, _ = walk(sys._getframe(2))
+        if (filename, line, name) == NO_STACK or LIBRARY.is_core(filename):
+            return "<no call site outside jax>"
+        try:
+            shown = os.path.relpath(filename)
+        except ValueError:
+            shown = filename
+        if shown.startswith(".."):
+            shown = filename
+        return f"{shown}:{line} ({name})"
 
     def _on_duration(self, event: str, duration: float, *args: Any, **kwargs: Any) -> None:
         # Runs on the compiling thread: quick, and never raises into jax.

@@ -64,7 +64,7 @@ from .lines import (
     ALLOCATOR_MATCH_S, MESSAGE_CHARS, AllocatorLog, OomLineScanner, is_oom_text, parse_allocator_line,
     parse_oom_message, parse_size,
 )
-from .monitor import GRACE_S, MAX_CENSUSES, MIN_INTERVAL_S, SYNC_S, OomMonitor, current, install, uninstall
+from .monitor import GRACE_S, MAX_CENSUSES, MIN_INTERVAL_S, SYNC_S, OomMonitor, OomProbe, current, install, uninstall
 from .parts import TIMELINE_POINTS, TIMELINE_SPAN_S, TOP_GROUPS, group_live_arrays, host_memory, timeline_from_records
 from .sites import SITE_STACK, TOP_SITES, allocation_sites, is_library_file, is_user_file
 from .verdict import device_verdict, host_verdict
@@ -89,6 +89,7 @@ __all__ = [
     "AllocatorLog",
     "OomLineScanner",
     "OomMonitor",
+    "OomProbe",
     "allocation_sites",
     "build_census",
     "census_directory",

@@ -29,7 +29,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["GRACE_S", "MAX_CENSUSES", "MIN_INTERVAL_S", "SYNC_S", "OomMonitor", "current", "install", "uninstall"]
+__all__ = ["GRACE_S", "MAX_CENSUSES", "MIN_INTERVAL_S", "SYNC_S", "OomMonitor", "OomProbe", "current", "install", "uninstall"]
 
 #: Censuses one process writes at most: a program that catches the OOM and
 #: retries smaller batches must not fill the disk.
@@ -78,8 +78,6 @@ class OomMonitor:
         self._last_t = 0.0  # monotonic time of the last census
         self._by_exc: dict[int, dict[str, Any]] = {}  # id(exception) -> census taken when it was made
         self._pending: list[dict[str, Any]] = []  # records for the agent's stream
-        self._for_sample: list[dict[str, Any]] = []  # the same, while the agent does not take records
-        self._agent_takes = False  # the agent calls take_records()
         self._pending_line_t: float | None = None  # a failure line awaiting its exception
         self._prev_excepthook: Any = None
         self._prev_threading_hook: Any = None
@@ -95,11 +93,6 @@ class OomMonitor:
         threading.excepthook = self._threading_excepthook
         self.installed = True
         self.on_jax_imported()
-        if self.agent is not None:
-            try:
-                self.agent.register_sample_field(OOM_CENSUS, self._sample_field)
-            except Exception:
-                pass
 
     def on_jax_imported(self, _module: Any = None) -> None:
         """Patch jax's runtime error class once jax is imported (idempotent;
@@ -385,9 +378,8 @@ class OomMonitor:
             except Exception:
                 pass
         with self._lock:
-            for queue in (self._pending, self._for_sample):
-                if not any(c is census for c in queue):
-                    queue.append(census)
+            if not any(c is census for c in self._pending):
+                self._pending.append(census)
         agent = self.agent
         if agent is not None and not update:
             try:
@@ -403,7 +395,6 @@ class OomMonitor:
         the agent's thread once per tick. Also does the monitor's deferred
         work: the patch once jax is imported, the census of an allocator
         failure no exception followed."""
-        self._agent_takes = True
         if not self._patched and self.installed and jax_imported():
             self.on_jax_imported()
         if self._pending_line_t is not None:
@@ -412,23 +403,50 @@ class OomMonitor:
             return []
         with self._lock:
             out, self._pending = self._pending, []
-            self._for_sample = []
         return [dict(c) for c in out]
 
-    def _sample_field(self) -> dict[str, Any] | None:
-        """Until the agent takes records itself, each census rides in the
-        next sample as its ``oom_census`` field (a public hook of the agent)."""
-        if self._agent_takes:
-            return None
-        if not self._patched and self.installed and jax_imported():
-            self.on_jax_imported()
-        if self._pending_line_t is not None:
-            self._maybe_census_from_line()
-        with self._lock:
-            if not self._for_sample:
-                return None
-            census = self._for_sample.pop(0)
-        return dict(census)
+
+class OomProbe:
+    """The monitor as one of the agent's probes: installed when the agent
+    starts (the hooks must be in before the program can run out of memory,
+    jax imported or not), its census records sent on the agent's ticks,
+    every hook taken out when the agent stops. It fills no sample field:
+    a census is a record of its own (``oom_census``).
+
+    Args:
+        agent: the agent the censuses are posted to.
+    """
+
+    name = OOM_CENSUS
+    needs_jax = False
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.monitor: OomMonitor | None = None
+        self.reason: str | None = None
+
+    def start(self) -> None:
+        self.monitor = install(self.agent)
+
+    def on_jax_imported(self) -> None:
+        if self.monitor is not None:
+            self.monitor.on_jax_imported()
+
+    def on_allocator_line(self, text: str) -> None:
+        monitor = self.monitor
+        if monitor is not None:
+            monitor.on_allocator_line(text)
+
+    def on_tick(self, tick: Any) -> None:
+        if self.monitor is not None:
+            for census in self.monitor.take_records():
+                tick.emit(census)
+        return None
+
+    def stop(self) -> None:
+        monitor, self.monitor = self.monitor, None
+        if monitor is not None and current() is monitor:
+            uninstall()
 
 
 _monitor: OomMonitor | None = None
@@ -442,7 +460,8 @@ def install(agent: Any = None, *, directory: str | None = None, budget_s: float 
     Installs the exception hooks (chained to the ones in place), patches
     jax's runtime error class now or, if jax is not imported yet, on
     :meth:`OomMonitor.on_jax_imported` / the agent's next tick, and, with
-    an agent, registers the ``oom_census`` sample field.
+    an agent, posts an ``oom`` event to it for each census (the agent's
+:class:`OomProbe` sends the census records).
 
     Args:
         agent: the running agent (``jaxtop.instrument().agent``), or None to
@@ -466,10 +485,6 @@ def install(agent: Any = None, *, directory: str | None = None, budget_s: float 
                 _monitor.agent = agent
                 if note is None:
                     _monitor.note = True
-                try:
-                    agent.register_sample_field(OOM_CENSUS, _monitor._sample_field)
-                except Exception:
-                    pass
             return _monitor
         monitor = OomMonitor(agent, directory=directory, budget_s=budget_s,
                              note=(agent is not None) if note is None else note, profile=profile)

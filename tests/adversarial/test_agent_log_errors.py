@@ -105,14 +105,17 @@ def test_disk_full_mid_recording_keeps_whole_lines_and_says_so_once(tmp_path, mo
     (the agent writes its log once a second): whole lines either way."""
     from jaxtop.wire import protocol
     from jaxtop.agent import Agent
-    from jaxtop.agent import agent as agent_module
+    from jaxtop.agent import log as log_module
+    from jaxtop.agent.log import RecordLog
 
-    monkeypatch.setattr(agent_module, "LOG_FLUSH_S", flush_s)
+    monkeypatch.setattr(log_module, "LOG_FLUSH_S", flush_s)
 
     agent = Agent(capture_stderr=False, nvml=False, log_path=str(tmp_path / "run.jsonl"))
     notice_r, notice_w = os.pipe()
     try:
-        agent._log_file = FillingFile(tmp_path / "run.jsonl", room=1000)
+        log = agent.stream.log = RecordLog(str(tmp_path / "run.jsonl"), agent._log_failed)
+        log.file.close()
+        log.file = FillingFile(tmp_path / "run.jsonl", room=1000)
         agent._stderr_fd = notice_w  # where the notice goes: the terminal's stderr
         for seq in range(1, 40):
             agent._emit({"type": "sample", "t": time.time(), "seq": seq, "pad": "x" * 90})

@@ -305,7 +305,7 @@ def test_run_with_a_hostile_socket_dir_prints_one_line_and_exits_2(kind, tmp_pat
 def test_instrument_raises_the_documented_socket_dir_error(kind, tmp_path, child_env):
     path = _make_hostile(kind, tmp_path)
     code = (
-        "import jaxtop\nfrom jaxtop import paths\n"
+        "import jaxtop\nfrom jaxtop.wire import paths\n"
         "try:\n    jaxtop.instrument(capture_stderr=False, nvml=False)\n"
         "except OSError as exc:\n    print('raised', type(exc).__name__, isinstance(exc, paths.SocketDirError))\n"
         "else:\n    print('started')\n"
