@@ -37,6 +37,7 @@ ALLOWED = {
     "jaxtop/agent/labels.py": {"jax", "jaxlib"},
     "jaxtop/wire/protocol.py": set(),
     "jaxtop/wire/timeline.py": {"jaxtop", "jaxtop.wire.protocol"},
+    "jaxtop/wire/schema.py": set(),
     "jaxtop/wire/paths.py": set(),
     "jaxtop/wire/client.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.wire.paths"},
     "jaxtop/export": {"orjson", "msgspec", "jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.export"},
@@ -178,3 +179,23 @@ def test_wheel_contains_every_module(tmp_path):
     # Nothing lands outside the jaxtop namespace (no top-level `widgets`).
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"jaxtop"}, tops
+
+
+#: The most lines a source module may have: past it, a module does two jobs.
+MAX_MODULE_LINES = 600
+
+
+def test_no_source_module_is_over_the_limit():
+    too_long = []
+    for folder in INSTALLED_AS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            n = len(path.read_text().splitlines())
+            if n > MAX_MODULE_LINES:
+                too_long.append(f"{path.relative_to(ROOT)}: {n} lines")
+    assert not too_long, "\n".join(too_long)
+
+
+def test_the_package_root_holds_only_the_entry_points():
+    """Everything else lives in a folder of its concern (wire, agent, CLI,
+    budgets, dashboard, export, inject, testing)."""
+    assert sorted(p.name for p in (ROOT / "jaxtop").glob("*.py")) == ["__init__.py", "__main__.py"]

@@ -20,7 +20,7 @@ import json
 import math
 from typing import IO, Any, Callable
 
-from jaxtop.wire import protocol
+from jaxtop.wire import protocol, schema
 from jaxtop.export import convert, typed
 from jaxtop.export.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
 from jaxtop.wire.protocol import D2D, D2H, DIRECTIONS, H2D
@@ -36,9 +36,9 @@ CSV_COLUMNS = (
     "rss_bytes", "cpu_percent", "compiles_total", "compile_seconds_total", "donation_failed_total",
 )
 
-_DEVICE_KEYS = ("id", "platform", "source", "bytes_in_use", "peak_bytes_in_use", "peak_rise_bytes", "pool_bytes",
-                "bytes_limit", "largest_free_block_bytes", "fragmentation", "num_allocs")
-_LIVE_KEYS = ("bytes", "count", "largest_bytes")
+# The sample's figures each column reads (jaxtop.wire.schema), in column order.
+_DEVICE_KEYS = schema.keys(schema.DEVICE)[:11]  # id ... num_allocs: what every allocator reports
+_LIVE_KEYS = schema.keys(schema.LIVE_ARRAYS)[:3]
 _TRANSFER_KEYS = ("count", "bytes_known", "count_total", "bytes_known_total")
 _MEMORY_KEYS = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "bytes_limit")
 _EMPTY: dict[str, Any] = {}

@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-from jaxtop.wire import protocol
+from jaxtop.wire import protocol, schema
 
 INSTALL_HINT = "prometheus-client is not installed: pip install 'jaxtop[prometheus]' (or prometheus-client)"
 DEFAULT_ADDR = "127.0.0.1"
@@ -57,15 +57,16 @@ SOCKET_TIMEOUT_S = 5.0
 SCRAPES_PER_S = 10.0
 SCRAPE_BURST = 20
 
-_DEVICE_GAUGES = (
-    # (metric, sample key, help)
-    ("jaxtop_device_bytes_in_use", "bytes_in_use", "Bytes held by live buffers on the device (allocator's bytes_in_use; live arrays on CPU)."),
-    ("jaxtop_device_peak_bytes_in_use", "peak_bytes_in_use", "Allocator's peak bytes in use since start."),
-    ("jaxtop_device_pool_bytes", "pool_bytes", "Bytes the allocator reserved from the device (its pool)."),
-    ("jaxtop_device_limit_bytes", "bytes_limit", "Allocator's limit on the device."),
-    ("jaxtop_device_largest_free_block_bytes", "largest_free_block_bytes", "Largest free block in the allocator's pool."),
-    ("jaxtop_device_fragmentation_ratio", "fragmentation", "1 - largest free block / free bytes in the pool (BFC allocator)."),
-)
+_DEVICE_GAUGES = tuple(
+    # (metric, sample key, help): the help is the sample's own (jaxtop.wire.schema)
+    (metric, key, schema.figure(schema.DEVICE, key).help) for metric, key in (
+        ("jaxtop_device_bytes_in_use", "bytes_in_use"),
+        ("jaxtop_device_peak_bytes_in_use", "peak_bytes_in_use"),
+        ("jaxtop_device_pool_bytes", "pool_bytes"),
+        ("jaxtop_device_limit_bytes", "bytes_limit"),
+        ("jaxtop_device_largest_free_block_bytes", "largest_free_block_bytes"),
+        ("jaxtop_device_fragmentation_ratio", "fragmentation"),
+    ))
 
 
 class StreamState:
