@@ -32,7 +32,7 @@ def profile_command(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("JAXTOP_PROFILE_DIR", raising=False)
     agent = Agent(capture_stderr=False, nvml=False)
-    agent.memory = object()  # as if the program had a JAX backend
+    agent.devices.memory = object()  # as if the program had a JAX backend
     handler = agent._commands["memory_profile"]
 
     def call(args):
@@ -86,6 +86,8 @@ def test_only_an_existing_absolute_directory_is_used(profile_command, tmp_path):
 
 
 def test_the_rules_are_in_the_commands_docstring():
-    doc = Agent._cmd_memory_profile.__doc__
+    from jaxtop.agent.commands import MemoryProfileCommand
+
+    doc = MemoryProfileCommand.__call__.__doc__
     for word in ("directory", "absolute", "exist", "never created"):
         assert word in doc, word
