@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["backend_initialised", "backend_ready", "clients", "jax_imported"]
+__all__ = ["backend_initialised", "backend_ready", "clients", "distributed", "jax_imported"]
 
 
 def jax_imported() -> bool:
@@ -90,3 +90,26 @@ def clients() -> list[Any]:
         return found
     except Exception:
         return []
+
+
+def distributed() -> dict[str, Any]:
+    """Where this process stands in a multi-process job, once a backend
+    exists: ``process_index`` and ``process_count`` (jax's), and the
+    ``coordinator`` address given to ``jax.distributed.initialize`` (None
+    for a single-process program). Never creates a backend: before one
+    exists, an empty dict.
+    """
+    if not backend_ready():
+        return {}
+    jax = sys.modules["jax"]
+    out: dict[str, Any] = {}
+    try:
+        out["process_index"] = int(jax.process_index())
+        out["process_count"] = int(jax.process_count())
+    except Exception:
+        return {}
+    module = sys.modules.get("jax._src.distributed")
+    state = getattr(module, "global_state", None) if module is not None else None
+    coordinator = getattr(state, "coordinator_address", None)
+    out["coordinator"] = str(coordinator) if coordinator else None
+    return out

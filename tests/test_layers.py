@@ -37,6 +37,7 @@ ALLOWED = {
     "jaxtop/agent/labels.py": {"jax", "jaxlib"},
     "jaxtop/wire/protocol.py": set(),
     "jaxtop/wire/timeline.py": {"jaxtop", "jaxtop.wire.protocol"},
+    "jaxtop/wire/prometheus.py": {"jaxtop", "jaxtop.wire", "prometheus_client"},
     "jaxtop/wire/schema.py": set(),
     "jaxtop/wire/paths.py": set(),
     "jaxtop/wire/client.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.wire.paths"},

@@ -140,11 +140,34 @@ def test_gpu_sample_gives_every_device_metric_with_labels():
     frag = {s.labels["device"]: s for s in metrics["jaxtop_device_fragmentation_ratio"]}
     assert set(frag) == {"0", "1"}
     assert frag["1"].value == pytest.approx(sample["devices"][1]["fragmentation"])
-    assert frag["0"].labels == {"device": "0", "platform": "gpu", "host": "node-7", "pid": "4242", "process_index": "0"}
+    # host: the agent's own (its hello), never the serving machine's; job: the
+    # program's name when none was given and there is no coordinator.
+    assert frag["0"].labels == {"device": "0", "platform": "gpu", "host": hello["host"], "pid": "4242",
+                                "process_index": "0", "process_count": "1", "job": "synthetic-train"}
     pool = {s.labels["device"]: s.value for s in metrics["jaxtop_device_pool_bytes"]}
     assert pool["0"] == sample["devices"][0]["pool_bytes"]
     mine = {s.labels["gpu"]: s.value for s in metrics["jaxtop_gpu_process_memory_bytes"]}
     assert mine["1"] == sample["nvml"]["devices"][1]["process_memory_bytes"]
+    # The NVML <-> jax device join is exported.
+    joined = {s.labels["device"]: s.labels["gpu"] for s in metrics["jaxtop_device_info"]}
+    assert joined == {str(d["jax_id"]): str(d["index"]) for d in hello["nvml"]["devices"]}
+
+
+def test_the_labels_name_the_job_and_the_agents_host():
+    state = prometheus.StreamState()
+    hello = dict(synthetic.hello(7, 1, 1000.0), host="worker-3", job=None)
+    state.update(hello)
+    assert state.identity("reexporter")[:2] == ["synthetic-train", "worker-3"]
+    state.update({"type": "backend", "t": 1.0, "devices": [],
+                  "distributed": {"process_index": 2, "process_count": 4, "coordinator": "10.0.0.1:1234"}})
+    assert state.identity() == ["jax-10.0.0.1:1234", "worker-3", "7", "2", "4"]
+    state.update(dict(hello, job="run-42"))
+    assert state.identity()[0] == "run-42"
+    del hello["host"]
+    state.update(hello)
+    assert state.identity("reexporter")[1] == "reexporter"  # an agent too old to name its host
+    assert prometheus.job_name("a\nb") == "a_b" and prometheus.job_name("") is None
+    assert len(prometheus.job_name("x" * 1000)) == 200
 
 
 def test_grafana_dashboard_queries_only_metrics_the_exporter_has():

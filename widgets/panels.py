@@ -128,7 +128,7 @@ class HeaderBar(Panel):
             top.append(" no process", style="dim")
             return Group(top, bottom)
         cmd = short_command(proc.argv)
-        top.append(f" pid {proc.pid} ", style="bold")
+        top.append(f" {proc.who} ", style="bold")
         room = max(10, width - 50)
         top.append(cmd if len(cmd) <= room else cmd[: room - 1] + "…")
         backend = proc.backend or ("backend unknown (no agent)" if proc.external else "backend not started")
@@ -509,7 +509,7 @@ class OverviewPanel(Panel):
 
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         table = Table(expand=True, box=None, padding=(0, 1), header_style="dim")
-        for col in ("pid", "device", "in use", "pool", "limit", "frag", "h2d/s", "state"):
+        for col in ("process", "device", "in use", "pool", "limit", "frag", "h2d/s", "state"):
             table.add_column(col, no_wrap=True)
         procs = {p.pid: p for p in snap.processes}
         for dev in snap.devices:
@@ -517,7 +517,7 @@ class OverviewPanel(Panel):
             frag = f"{dev.fragmentation:.0%}" if dev.fragmentation is not None else "n/a"
             h2d_view = p.transfers.get(H2D) if p else None
             h2d = h2d_view.count_per_s if h2d_view else None
-            table.add_row(str(dev.pid), dev.label, fmt_bytes(dev.bytes_in_use), fmt_bytes(dev.pool_bytes),
+            table.add_row(p.who if p else str(dev.pid), dev.label, fmt_bytes(dev.bytes_in_use), fmt_bytes(dev.pool_bytes),
                           fmt_bytes(dev.bytes_limit), frag, fmt_rate(h2d, ""), p.state if p else "?")
         if not snap.devices:
             return Group(panel_title(self.TITLE), Text("no devices yet", style="dim"))

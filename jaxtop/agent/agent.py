@@ -54,7 +54,7 @@ from jaxtop.probes.oom import OomProbe
 from jaxtop.probes.process import ProcessProbe
 from jaxtop.probes.transfer_guard import TransferCounter
 from jaxtop.wire import paths
-from jaxtop.wire.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
+from jaxtop.wire.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR, job_name
 
 # Agents started in this process, for the fork handler below.
 _agents: "weakref.WeakSet[Agent]" = weakref.WeakSet()
@@ -85,6 +85,12 @@ class Agent(AgentLoop):
             it ends in ``.gz``; samples are written once a second).
         capture_stderr: count transfer-guard lines from fd 2 (via the relay).
         nvml: enable the NVML probe.
+        prometheus_port, prometheus_addr: serve Prometheus metrics there.
+        job: the run this process belongs to, the ``job`` label of its
+            metrics (default ``$JAXTOP_JOB``, else the jax.distributed
+            coordinator's address, else the program's name).
+        prometheus_push: a Pushgateway URL the last metrics are pushed to at
+            exit (default ``$JAXTOP_PROMETHEUS_PUSH``).
     """
 
     def __init__(
@@ -97,6 +103,8 @@ class Agent(AgentLoop):
         nvml: bool = True,
         prometheus_port: int | None = None,
         prometheus_addr: str | None = None,
+        job: str | None = None,
+        prometheus_push: str | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError("interval_s must be positive")
@@ -108,6 +116,12 @@ class Agent(AgentLoop):
         self.socket_path: str | None = None
         self.prometheus_port = prometheus_port
         self.prometheus_addr = prometheus_addr or DEFAULT_PROMETHEUS_ADDR
+        # The run this process belongs to (the `job` label of its metrics);
+        # None: named from the jax.distributed coordinator or the program.
+        self.job = job_name(job if job is not None else os.environ.get("JAXTOP_JOB"))
+        # A Pushgateway to push the last metrics to at exit (a process that
+        # lives shorter than a scrape interval is seen all the same).
+        self.prometheus_push = prometheus_push or os.environ.get("JAXTOP_PROMETHEUS_PUSH") or None
         self._prom_server: Any = None
         self.started_t = time.time()
         self.events: list[dict[str, Any]] = []  # notices for the next sample
@@ -207,6 +221,17 @@ class Agent(AgentLoop):
             self._prom_server = serve(state, self.prometheus_port, self.prometheus_addr)
             self.stream.prometheus = state
             undo.append(self._stop_prometheus)
+        if self.prometheus_push and self.stream.prometheus is None:
+            try:
+                import prometheus_client  # noqa: F401  (fail now, not at exit)
+            except ImportError:
+                from jaxtop.wire.prometheus import INSTALL_HINT
+
+                raise ImportError(INSTALL_HINT) from None
+            from jaxtop.wire.prometheus import StreamState
+
+            self.stream.prometheus = StreamState()
+            undo.append(lambda: setattr(self.stream, "prometheus", None))
         directory = paths.ensure_socket_dir()
         path = str(directory / f"{self.pid}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from jaxtop.agent import cadence
 from jaxtop.probes.base import Tick
 from jaxtop.probes.jax_memory import JaxMemoryProbe, backend_ready
+from jaxtop.probes.jaxstate import distributed
 from jaxtop.wire import protocol
 
 __all__ = ["DevicesProbe", "MAP_ENTRY_BYTES"]
@@ -99,6 +100,8 @@ class DevicesProbe:
                 "backend": self.memory.backend,
                 "devices": self.memory.describe(),
                 "versions": self._versions(),
+                # jax.distributed.initialize comes before the backend: known now.
+                "distributed": distributed(),
             })
         self._details(tick.now, tick.final)
         return self.memory.sample(include_map=True)

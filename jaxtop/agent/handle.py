@@ -63,6 +63,8 @@ def instrument(
     nvml: bool = True,
     prometheus_port: int | None = None,
     prometheus_addr: str | None = None,
+    job: str | None = None,
+    prometheus_push: str | None = None,
 ) -> Handle:
     """Start the jaxtop agent in this process (idempotent).
 
@@ -82,6 +84,11 @@ def instrument(
             (default: ``$JAXTOP_PROMETHEUS_PORT`` if set; needs
             prometheus-client). Binds ``prometheus_addr``, loopback
             (127.0.0.1) when None.
+        job: the run this process belongs to: the ``job`` label of its
+            metrics (default ``$JAXTOP_JOB``, else ``jax-COORDINATOR`` in a
+            jax.distributed job, else the program's name).
+        prometheus_push: push the last metrics to this Pushgateway URL at
+            exit (default ``$JAXTOP_PROMETHEUS_PUSH``; needs prometheus-client).
 
     Returns:
         The handle of the (already) running agent; ``.stop()`` stops it.
@@ -96,7 +103,7 @@ def instrument(
             others. jaxtop creates that directory with mode 0700 but never
             changes one it did not create; the message names the path and
             its owner.
-        ImportError: a Prometheus port was asked for without prometheus-client.
+        ImportError: a Prometheus port or push was asked for without prometheus-client.
         ValueError: ``$JAXTOP_PROMETHEUS_PORT`` is not a port number.
     """
     global _handle
@@ -119,6 +126,8 @@ def instrument(
             nvml=nvml,
             prometheus_port=prometheus_port,
             prometheus_addr=prometheus_addr,
+            job=job,
+            prometheus_push=prometheus_push,
         )
         agent.start()
         _handle = Handle(agent)

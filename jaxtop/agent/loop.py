@@ -23,6 +23,7 @@ from typing import Any
 
 from jaxtop.agent import cadence
 from jaxtop.probes.base import Tick
+from jaxtop.probes.jaxstate import distributed
 from jaxtop.wire import protocol
 
 __all__ = ["AgentLoop", "versions"]
@@ -43,6 +44,8 @@ class AgentLoop:
     interval_s: float
     slow_interval_s: float
     pid: int
+    job: str | None
+    prometheus_push: str | None
     probes: Any
     stream: Any
     events: list[dict[str, Any]]
@@ -161,6 +164,8 @@ class AgentLoop:
             "prometheus": ({"addr": self.prometheus_addr, "port": self.prometheus_port}
                            if self._prom_server is not None else None),
             "host": platform.node(),
+            "job": self.job,  # --job / JAXTOP_JOB; None: the exposition names one (jaxtop.wire.prometheus)
+            "distributed": distributed() if self.memory else {},
         }
 
     def _tick(self, slow: bool, final: bool = False) -> None:
@@ -225,6 +230,13 @@ class AgentLoop:
         self.capture_probe.sync(timeout_s=1.0)
         self._tick(slow=False, final=True)
         self._emit({"type": protocol.EXIT, "t": time.time(), "pid": self.pid}, keep=False)
+        if self.prometheus_push and self.stream.prometheus is not None:
+            from jaxtop.wire.prometheus import push
+
+            try:
+                push(self.stream.prometheus, self.prometheus_push)
+            except Exception as exc:  # (ImportError was checked at start)
+                self._notice(f"jaxtop: could not push the last metrics to {self.prometheus_push}: {exc}")
         self._final_done.set()
 
 

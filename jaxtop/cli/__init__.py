@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from jaxtop.cli.attach import INJECT_EXPLAINED, cmd_attach, cmd_default
+from jaxtop.cli.attach import INJECT_EXPLAINED, cmd_attach, cmd_attach_prometheus, cmd_default
 from jaxtop.cli.demo import cmd_demo
 from jaxtop.cli.detach import cmd_detach
 from jaxtop.cli.exits import EXIT_BROKEN_PIPE, EXIT_BUDGET, EXIT_STATUS_HELP, EXIT_TERMINATED, EXIT_USAGE
@@ -25,7 +25,7 @@ from jaxtop.wire.paths import SocketDirError
 
 __all__ = [
     "EXIT_BROKEN_PIPE", "EXIT_BUDGET", "EXIT_STATUS_HELP", "EXIT_TERMINATED", "EXIT_USAGE", "INJECT_EXPLAINED",
-    "build_parser", "cmd_attach", "cmd_default", "cmd_demo", "cmd_detach", "cmd_export", "cmd_log", "cmd_ls",
+    "build_parser", "cmd_attach", "cmd_attach_prometheus", "cmd_default", "cmd_demo", "cmd_detach", "cmd_export", "cmd_log", "cmd_ls",
     "cmd_replay", "cmd_run", "main", "split_run_argv",
 ]
 
@@ -70,6 +70,12 @@ def _main(argv: list[str]) -> int:
     if args.command == "log":
         return cmd_log(args)
     if args.command == "attach":
+        if args.prometheus is not None:
+            if args.pids:
+                parser.error("attach: give PIDs or --prometheus URL, not both")
+            return cmd_attach_prometheus(args.prometheus, args.job, args.refresh)
+        if not args.pids:
+            parser.error("attach: give one or more PIDs (or --prometheus URL)")
         return cmd_attach(args.pids, args.refresh, inject=args.inject, no_inject=args.no_inject,
                           inject_timeout=args.inject_timeout)
     if args.command == "detach":

@@ -105,6 +105,28 @@ def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = F
     return 0
 
 
+def cmd_attach_prometheus(url: str, job: str | None, refresh_s: float | None = None) -> int:
+    """``jaxtop attach --prometheus URL [--job NAME]``: the dashboard on every
+    process of the job, read from Prometheus; returns the exit status."""
+    from jaxtop.dashboard.sources.prometheus import PrometheusError, PrometheusSource
+
+    source = PrometheusSource(url, job=job)
+    try:
+        found = source.check()
+    except PrometheusError as exc:
+        print(f"jaxtop attach: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not found:
+        which = f"job ~ {job!r}" if job else "any job"
+        print(f"jaxtop attach: {url} has no jaxtop metrics for {which} (is the job's /metrics in its scrape "
+              "config? docs/cluster.md)", file=sys.stderr)
+        return 1
+    from jaxtop.dashboard.app import DEFAULT_REFRESH_S, make_app
+
+    make_app(source, refresh_s=refresh_s or DEFAULT_REFRESH_S).run_as_main()
+    return 0
+
+
 def cmd_default() -> int:
     """Bare `jaxtop`: attach to the only agent, pick among several, or explain."""
     from jaxtop.wire import client, paths

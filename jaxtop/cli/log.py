@@ -33,7 +33,7 @@ def cmd_log(args: argparse.Namespace) -> int:
     if args.prometheus is not None:
         from jaxtop.wire import prometheus
 
-        state = prometheus.StreamState()
+        state = prometheus.StreamState(job=args.job)
         try:
             prometheus.serve(state, args.prometheus, args.prometheus_addr)
         except (ImportError, OSError) as exc:

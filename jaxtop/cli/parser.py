@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "[tool.jaxtop.budget]; over budget: a report on stderr, exit 3 (docs/budgets.md)")
     run.add_argument("--budget-report", metavar="FILE", help="also write the budget report as JSON to FILE")
     _prometheus_options(run, "also serve Prometheus metrics on PORT (docs/cluster.md)")
+    run.add_argument("--prometheus-push", metavar="URL",
+                     help="push the last metrics to this Prometheus Pushgateway at exit (a run shorter than a scrape "
+                          "interval is seen too; env JAXTOP_PROMETHEUS_PUSH)")
+    run.add_argument("--job", metavar="NAME",
+                     help="the run's name: the `job` label of its metrics (env JAXTOP_JOB; default: the "
+                          "jax.distributed coordinator's address, else the program's name)")
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     run.add_argument("target", nargs="*", metavar="SCRIPT [ARGS...]", help="the program and its arguments")
 
@@ -90,15 +96,21 @@ def build_parser() -> argparse.ArgumentParser:
                           "(about 20 times smaller: ~5 MB an hour at 10 Hz for 8 devices and 10,000 arrays)")
     log.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
     _prometheus_options(log, "re-export the stream as Prometheus metrics on PORT")
+    log.add_argument("--job", metavar="NAME", help="with --prometheus: the `job` label (default: the agent's)")
     log.add_argument("--inject", action="store_true", help="no agent in PID: inject one first (docs/attach.md)")
     _inject_timeout_option(log)
 
     attach = sub.add_parser(
         "attach",
         help="open the dashboard on running agents",
-        description="Open the live dashboard on one or more instrumented processes.",
+        description="Open the live dashboard on one or more instrumented processes, or with --prometheus on "
+        "every process of a job on every host, read from a Prometheus server (docs/cluster.md).",
     )
-    attach.add_argument("pids", type=_pid, nargs="+", metavar="PID")
+    attach.add_argument("pids", type=_pid, nargs="*", metavar="PID", help="processes on this machine")
+    attach.add_argument("--prometheus", metavar="URL",
+                        help="read every process of the job from this Prometheus server (http://host:9090) instead")
+    attach.add_argument("--job", metavar="NAME",
+                        help="with --prometheus: the job's name, a regular expression (default: every job)")
     how = attach.add_mutually_exclusive_group()
     how.add_argument("--inject", "-y", action="store_true",
                      help="inject the agent into a PID that has none, without asking (docs/attach.md)")
@@ -154,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_RUN_OPTIONS_WITH_VALUE = {"--log", "--interval", "--prometheus", "--prometheus-addr", "--budget", "--budget-report"}
+_RUN_OPTIONS_WITH_VALUE = {"--log", "--interval", "--prometheus", "--prometheus-addr", "--budget", "--budget-report",
+                           "--prometheus-push", "--job"}
 
 
 def split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:

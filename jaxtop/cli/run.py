@@ -120,7 +120,8 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     try:
         handle = jaxtop.instrument(interval_s=args.interval, log_path=args.log, capture_stderr=not args.no_capture,
-                                   prometheus_port=args.prometheus, prometheus_addr=args.prometheus_addr)
+                                   prometheus_port=args.prometheus, prometheus_addr=args.prometheus_addr,
+                                   job=args.job, prometheus_push=args.prometheus_push)
     except (OSError, ImportError, ValueError) as exc:
         print(f"jaxtop run: cannot start the agent: {exc}", file=sys.stderr)
         return EXIT_USAGE

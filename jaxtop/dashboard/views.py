@@ -8,6 +8,7 @@ sample's objects): a widget reads attributes, never a wire key.
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ __all__ = [
     "D2D", "D2H", "DIRECTIONS", "H2D", "CONNECTING", "DISCONNECTED", "EXITED", "LIVE", "REPLAY", "STALE", "DeviceView", "ProcessView", "ReplayView",
     "Snapshot",
 ]
+
+_THIS_HOST = platform.node()
 
 #: The directions of a transfer, keys of ``ProcessView.transfers``.
 H2D, D2H, D2D, DIRECTIONS = protocol.H2D, protocol.D2H, protocol.D2D, protocol.DIRECTIONS
@@ -124,6 +127,17 @@ class ProcessView:
     holders: HoldersView | None = None  # memory by allocation site, named pytrees, host syncs
     oom_censuses: tuple[OomCensus, ...] = ()  # out-of-memory censuses, oldest first
     jax_version: str | None = None  # None until the program imports jax
+    host: str | None = None  # the machine the process runs on (its hello's)
+    own_pid: int | None = None  # its pid there (``pid`` is the model's key, the same for a local agent)
+    job: str | None = None  # the run it belongs to (over Prometheus)
+
+    @property
+    def who(self) -> str:
+        """``pid 4101``, or ``node-7 pid 1`` for a process on another machine."""
+        pid = self.own_pid if self.own_pid is not None else self.pid
+        if self.host and self.host != _THIS_HOST:
+            return f"{self.host} pid {pid}"
+        return f"pid {pid}"
 
 
 @dataclass(frozen=True)

@@ -98,5 +98,5 @@ def samples(pid: int, n_devices: int, t0: float, count: int, interval_s: float =
                  "gpu_util_percent": 87, "mem_util_percent": 40, "temperature_c": 61, "power_w": 310.5,
                  "pcie_tx_bytes_per_s": 1.2e9, "pcie_rx_bytes_per_s": 3.4e8, "process_memory_bytes": int(limit * 0.8)}
                 for i in range(n_devices)]},
-            "agent": {"cpu_s_total": 0.0},
+            "agent": {"cpu_s_total": 0.0, "thread_cpu_s_total": 0.0},
         }

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import http.server
+import os
 import socket
 import socketserver
 import threading
@@ -44,6 +45,7 @@ import time
 from typing import Any, Iterator
 
 from jaxtop.wire import protocol, schema
+from jaxtop.wire.timeline import nvml_map
 
 INSTALL_HINT = "prometheus-client is not installed: pip install 'jaxtop[prometheus]' (or prometheus-client)"
 DEFAULT_ADDR = "127.0.0.1"
@@ -69,120 +71,191 @@ _DEVICE_GAUGES = tuple(
     ))
 
 
+#: Labels every metric carries: which run, which machine, which process.
+PROCESS_LABELS = ["job", "host", "pid", "process_index", "process_count"]
+
+
+def job_name(text: str | None) -> str | None:
+    """A ``job`` label value as given (``--job``, ``$JAXTOP_JOB``), kept
+    printable and at most 200 characters; None when empty."""
+    if not text:
+        return None
+    clean = "".join(c if c.isprintable() else "_" for c in str(text)).strip()[:200]
+    return clean or None
+
+
 class StreamState:
     """The latest records of one agent stream. Written by one thread, read
     by the scraping thread; each field is replaced whole, never mutated."""
 
-    def __init__(self) -> None:
+    def __init__(self, job: str | None = None) -> None:
+        self.job = job_name(job)  # a re-exporter's --job, over the agent's
         self.hello: dict[str, Any] = {}
         self.devices: dict[int, dict[str, Any]] = {}  # id -> description (process_index, platform)
+        self.distributed: dict[str, Any] = {}  # process_index, process_count, coordinator
         self.sample: dict[str, Any] | None = None
+        self.agent: dict[str, Any] = {}  # the agent's own counters (in a sample once a second)
 
     def update(self, record: dict[str, Any]) -> None:
         kind = record.get("type")
         if kind == protocol.SAMPLE:
             self.sample = record
+            if isinstance(record.get("agent"), dict):
+                self.agent = record["agent"]
         elif kind in (protocol.HELLO, protocol.BACKEND):
             if kind == protocol.HELLO:
                 self.hello = record
             described = {d.get("id"): d for d in record.get("devices") or [] if isinstance(d, dict)}
             if described:
                 self.devices = described
+            if isinstance(record.get("distributed"), dict) and record["distributed"]:
+                self.distributed = record["distributed"]
+
+    def identity(self, host: str | None = None) -> list[str]:
+        """The values of :data:`PROCESS_LABELS` for this stream.
+
+        ``host`` is the agent's own (its hello), whoever serves the metrics:
+        a re-exporter on another machine does not move the process. ``job``
+        is the one the agent was given, else ``jax-COORDINATOR`` for a
+        jax.distributed job (every process of it names the same coordinator),
+        else the program's name. ``pid`` is the agent's pid: inside a
+        container, the pid in the container's namespace (the host and the
+        start time tell two such processes apart).
+        """
+        hello = self.hello
+        dist = self.distributed
+        job = self.job or job_name(hello.get("job"))
+        if job is None and dist.get("coordinator"):
+            job = f"jax-{dist['coordinator']}"
+        if job is None:
+            argv = hello.get("argv") if isinstance(hello.get("argv"), list) else []
+            name = os.path.basename(str(argv[0])) if argv else ""
+            job = (name[:-3] if name.endswith(".py") else name) or "python"
+        index = dist.get("process_index")
+        if index is None:
+            index = next((d["process_index"] for d in self.devices.values() if "process_index" in d), 0)
+        return [job, str(hello.get("host") or host or socket.gethostname()), str(hello.get("pid", "")), str(index),
+                str(dist.get("process_count", 1))]
 
 
 def make_registry(state: StreamState, host: str | None = None) -> Any:
-    """A prometheus-client registry whose only collector reads ``state``."""
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    """A prometheus-client registry whose only collector reads ``state``.
 
-    host = host or socket.gethostname()
+    Args:
+        state: the stream's latest records.
+        host: the ``host`` label when the stream's hello names none (an old agent).
+    """
+    from prometheus_client import CollectorRegistry
 
     class Collector:
         def collect(self) -> Iterator[Any]:
-            sample = state.sample
-            pid = str(state.hello.get("pid", ""))
-            if sample is None:
-                return
-            proc_labels = ["host", "pid", "process_index"]
-            index = _process_index(state)
-            base = [host, pid, index]
-
-            info = GaugeMetricFamily("jaxtop_sample_seq", "Sequence number of the sample these values come from.",
-                                     labels=proc_labels)
-            info.add_metric(base, sample.get("seq") or 0)
-            yield info
-            ts = GaugeMetricFamily("jaxtop_sample_timestamp_seconds", "Unix time of that sample.", labels=proc_labels)
-            ts.add_metric(base, sample.get("t") or 0)
-            yield ts
-
-            dev_labels = ["device", "platform", "host", "pid", "process_index"]
-            families = {name: GaugeMetricFamily(name, text, labels=dev_labels) for name, _, text in _DEVICE_GAUGES}
-            live = GaugeMetricFamily("jaxtop_device_live_array_bytes", "Bytes of live jax.Arrays on the device (slow-cadence scan).",
-                                     labels=dev_labels)
-            for dev in sample.get("devices") or []:
-                described = state.devices.get(dev.get("id"), {})
-                labels = [str(dev.get("id")), str(dev.get("platform") or described.get("platform") or ""), host, pid,
-                          str(described.get("process_index", index))]
-                for name, key, _ in _DEVICE_GAUGES:
-                    value = dev.get(key)
-                    if isinstance(value, (int, float)):
-                        families[name].add_metric(labels, value)
-                la = (dev.get("live_arrays") or {}).get("bytes")
-                if isinstance(la, (int, float)):
-                    live.add_metric(labels, la)
-            yield from families.values()
-            yield live
-
-            tr = sample.get("transfers") or {}
-            dir_labels = ["direction", "host", "pid", "process_index"]
-            count = CounterMetricFamily("jaxtop_transfers", "Implicit transfers seen by the transfer guard.", labels=dir_labels)
-            known = CounterMetricFamily("jaxtop_transfer_known_bytes",
-                                        "Bytes of implicit transfers whose size was logged (a lower bound).", labels=dir_labels)
-            for d in protocol.DIRECTIONS:
-                x = tr.get(d)
-                if isinstance(x, dict) and isinstance(x.get("count_total"), int):
-                    count.add_metric([d] + base, x["count_total"])
-                    known.add_metric([d] + base, x.get("bytes_known_total") or 0)
-            yield count
-            yield known
-
-            comp = sample.get("compile") or {}
-            don = sample.get("donation") or {}
-            proc = sample.get("process") or {}
-            cpu = proc.get("cpu_percent")
-            for family in (
-                _one(CounterMetricFamily, "jaxtop_compiles", "XLA compilations (jax.monitoring).",
-                     proc_labels, base, comp.get("count_total")),
-                _one(CounterMetricFamily, "jaxtop_compile_seconds", "Seconds spent compiling.",
-                     proc_labels, base, comp.get("seconds_total")),
-                _one(CounterMetricFamily, "jaxtop_donation_failures", "'Some donated buffers were not usable' warnings.",
-                     proc_labels, base, don.get("failed_total")),
-                _one(GaugeMetricFamily, "jaxtop_process_resident_memory_bytes", "Resident set size of the process.",
-                     proc_labels, base, proc.get("rss_bytes")),
-                _one(GaugeMetricFamily, "jaxtop_process_cpu_ratio", "CPU use of the process (1 = one full core).",
-                     proc_labels, base, cpu / 100.0 if protocol.is_number(cpu) else None),
-            ):
-                if family is not None:
-                    yield family
-            nvml = sample.get("nvml") or {}
-            if nvml.get("available"):
-                gpu_labels = ["gpu", "host", "pid", "process_index"]
-                used = GaugeMetricFamily("jaxtop_gpu_memory_used_bytes", "NVML: memory used on the GPU (all processes).",
-                                         labels=gpu_labels)
-                mine = GaugeMetricFamily("jaxtop_gpu_process_memory_bytes", "NVML: this process's memory on the GPU.",
-                                         labels=gpu_labels)
-                for g in nvml.get("devices") or []:
-                    labels = [str(g.get("index")), host, pid, index]
-                    if isinstance(g.get("memory_used_bytes"), (int, float)):
-                        used.add_metric(labels, g["memory_used_bytes"])
-                    if isinstance(g.get("process_memory_bytes"), (int, float)):
-                        mine.add_metric(labels, g["process_memory_bytes"])
-                yield used
-                yield mine
+            yield from collect(state, host)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())
     return registry
+
+
+def collect(state: StreamState, host: str | None = None) -> Iterator[Any]:
+    """The metric families of ``state``'s latest sample (none before one)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    sample = state.sample
+    if sample is None:
+        return
+    proc_labels = list(PROCESS_LABELS)
+    base = state.identity(host)
+
+    info = GaugeMetricFamily("jaxtop_sample_seq", "Sequence number of the sample these values come from.",
+                             labels=proc_labels)
+    info.add_metric(base, sample.get("seq") or 0)
+    yield info
+    ts = GaugeMetricFamily("jaxtop_sample_timestamp_seconds", "Unix time of that sample.", labels=proc_labels)
+    ts.add_metric(base, sample.get("t") or 0)
+    yield ts
+
+    dev_labels = ["device", "platform"] + proc_labels
+    families = {name: GaugeMetricFamily(name, text, labels=dev_labels) for name, _, text in _DEVICE_GAUGES}
+    live = GaugeMetricFamily("jaxtop_device_live_array_bytes", schema.figure(schema.LIVE_ARRAYS, "bytes").help,
+                             labels=dev_labels)
+    # The join between jax's devices and NVML's GPUs (and the device kind):
+    # jaxtop_gpu_* * on(job, host, pid, gpu) group_left(device) jaxtop_device_info
+    dinfo = GaugeMetricFamily("jaxtop_device_info", "1 for each device: its kind and NVML index (gpu; empty without NVML).",
+                              labels=dev_labels + ["kind", "gpu"])
+    nvml_of = nvml_map(state.hello)
+    for dev in sample.get("devices") or []:
+        if not isinstance(dev, dict):
+            continue
+        described = state.devices.get(dev.get("id"), {})
+        labels = [str(dev.get("id")), str(dev.get("platform") or described.get("platform") or "")] + base
+        for name, key, _ in _DEVICE_GAUGES:
+            value = dev.get(key)
+            if protocol.is_number(value):
+                families[name].add_metric(labels, value)
+        la = (dev.get("live_arrays") or {}).get("bytes")
+        if protocol.is_number(la):
+            live.add_metric(labels, la)
+        gpu = nvml_of.get(dev.get("id"))
+        dinfo.add_metric(labels + [str(described.get("kind") or ""), "" if gpu is None else str(gpu)], 1)
+    yield from families.values()
+    yield live
+    yield dinfo
+
+    tr = sample.get("transfers") or {}
+    dir_labels = ["direction"] + proc_labels
+    count = CounterMetricFamily("jaxtop_transfers", schema.figure(schema.TRANSFER, "count_total").help,
+                                labels=dir_labels)
+    known = CounterMetricFamily("jaxtop_transfer_known_bytes",
+                                "Bytes of implicit transfers whose size was logged (a lower bound).", labels=dir_labels)
+    for d in protocol.DIRECTIONS:
+        x = tr.get(d)
+        if isinstance(x, dict) and isinstance(x.get("count_total"), int):
+            count.add_metric([d] + base, x["count_total"])
+            known.add_metric([d] + base, x.get("bytes_known_total") or 0)
+    yield count
+    yield known
+
+    comp = sample.get("compile") or {}
+    don = sample.get("donation") or {}
+    proc = sample.get("process") or {}
+    agent = state.agent
+    cpu = proc.get("cpu_percent")
+    for family in (
+        _one(CounterMetricFamily, "jaxtop_compiles", "XLA compilations (jax.monitoring).",
+             proc_labels, base, comp.get("count_total")),
+        _one(CounterMetricFamily, "jaxtop_compile_seconds", "Seconds spent compiling.",
+             proc_labels, base, comp.get("seconds_total")),
+        _one(CounterMetricFamily, "jaxtop_donation_failures", "'Some donated buffers were not usable' warnings.",
+             proc_labels, base, don.get("failed_total")),
+        _one(GaugeMetricFamily, "jaxtop_process_resident_memory_bytes", "Resident set size of the process.",
+             proc_labels, base, proc.get("rss_bytes")),
+        _one(GaugeMetricFamily, "jaxtop_process_cpu_ratio", "CPU use of the process (1 = one full core).",
+             proc_labels, base, cpu / 100.0 if protocol.is_number(cpu) else None),
+        _one(GaugeMetricFamily, "jaxtop_process_start_time_seconds", "Unix time the process started.",
+             proc_labels, base, proc.get("started_t") if protocol.is_number(proc.get("started_t"))
+             else state.hello.get("started_t")),
+        _one(CounterMetricFamily, "jaxtop_agent_cpu_seconds", "CPU seconds jaxtop's agent thread used.",
+             proc_labels, base, agent.get("thread_cpu_s_total")),
+    ):
+        if family is not None:
+            yield family
+    nvml = sample.get("nvml") or {}
+    if nvml.get("available"):
+        gpu_labels = ["gpu"] + proc_labels
+        used = GaugeMetricFamily("jaxtop_gpu_memory_used_bytes", "NVML: memory used on the GPU (all processes).",
+                                 labels=gpu_labels)
+        mine = GaugeMetricFamily("jaxtop_gpu_process_memory_bytes", "NVML: this process's memory on the GPU.",
+                                 labels=gpu_labels)
+        for g in nvml.get("devices") or []:
+            if not isinstance(g, dict):
+                continue
+            labels = [str(g.get("index"))] + base
+            if protocol.is_number(g.get("memory_used_bytes")):
+                used.add_metric(labels, g["memory_used_bytes"])
+            if protocol.is_number(g.get("process_memory_bytes")):
+                mine.add_metric(labels, g["process_memory_bytes"])
+        yield used
+        yield mine
 
 
 def _one(cls: Any, name: str, text: str, labels: list[str], values: list[str], value: Any) -> Any:
@@ -192,13 +265,6 @@ def _one(cls: Any, name: str, text: str, labels: list[str], values: list[str], v
     family = cls(name, text, labels=labels)
     family.add_metric(values, value)
     return family
-
-
-def _process_index(state: StreamState) -> str:
-    for d in state.devices.values():
-        if "process_index" in d:
-            return str(d["process_index"])
-    return "0"
 
 
 class MetricsServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
@@ -281,3 +347,32 @@ def serve(state: StreamState, port: int, addr: str = DEFAULT_ADDR) -> MetricsSer
     thread = threading.Thread(target=server.serve_forever, name="jaxtop-prometheus", daemon=True)
     thread.start()
     return server
+
+
+#: Seconds a push at exit may take (the program is exiting: it waits that long at most).
+PUSH_TIMEOUT_S = 2.0
+
+
+def push(state: StreamState, url: str, timeout_s: float = PUSH_TIMEOUT_S) -> None:
+    """Push ``state``'s metrics to a Prometheus Pushgateway (or anything that
+    takes its API: ``PUT URL/metrics/job/JOB/host/HOST/pid/PID``), replacing
+    what this process pushed before. A process that ends before a scrape
+    (a CI job) is seen all the same: Prometheus scrapes the gateway, with
+    ``honor_labels: true`` (docs/cluster.md).
+
+    Raises:
+        ImportError: prometheus-client is missing.
+        OSError: the gateway cannot be reached or refused the metrics.
+    """
+    try:
+        from prometheus_client.exposition import push_to_gateway
+    except ImportError:
+        raise ImportError(INSTALL_HINT) from None
+    job, host, pid = state.identity()[:3]
+    try:
+        push_to_gateway(url, job=job, registry=make_registry(state), grouping_key={"host": host, "pid": pid},
+                        timeout=timeout_s)
+    except OSError:
+        raise
+    except Exception as exc:  # urllib's HTTPError is an OSError; anything else: a bad URL
+        raise OSError(f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,349 @@
+"""The dashboard over Prometheus: every process of a job, on every host,
+read from Prometheus's HTTP query API (``jaxtop attach --prometheus URL``).
+
+Each agent exports its latest sample's figures (``jaxtop.wire.prometheus``);
+this source asks Prometheus for all of them in one instant query per poll
+(``{__name__=~"jaxtop_.+", job=~"JOB"}``) and turns the series of each
+process back into the records the dashboard reads from a live agent: a
+``hello`` naming its host, pid, devices and NVML join, then one ``sample``
+per scrape that Prometheus took (a new ``jaxtop_sample_seq``). On start,
+the last minutes come from one range query, so the timelines are drawn at
+once. Nothing is invented: a figure Prometheus does not have (the shape
+table, buffer maps, holders, the jit ledger are never exported; pool,
+limit and fragmentation not on CPU) is absent from the record and reads
+n/a, with the reason where the panel has one.
+
+Processes are told apart by ``(job, host, pid)``: two processes in two
+containers may both be pid 1. The model keys them by a number of its own;
+the screen shows their host and pid from their hello.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable, Iterable
+
+from jaxtop.dashboard.sources.base import Source
+from jaxtop.wire import protocol
+
+__all__ = ["PrometheusError", "PrometheusSource", "Series", "group", "records_for"]
+
+#: How often Prometheus is asked (its scrapes come every few seconds at most).
+DEFAULT_POLL_S = 2.0
+#: History fetched on start (one range query).
+DEFAULT_BACKFILL_S = 600.0
+#: Seconds one HTTP request may take.
+TIMEOUT_S = 10.0
+#: Series one answer may hold (64 hosts x 8 devices x ~15 metrics is ~8,000).
+MAX_SERIES = 200_000
+#: Keys of the model for processes over Prometheus (kept apart from real pids).
+KEY_BASE = 1_000_000_000
+
+Series = tuple[dict[str, str], list[tuple[float, float]]]  # labels, [(t, value)]
+PROCESS = ("job", "host", "pid")
+
+_DEVICE = {
+    "jaxtop_device_bytes_in_use": "bytes_in_use", "jaxtop_device_peak_bytes_in_use": "peak_bytes_in_use",
+    "jaxtop_device_pool_bytes": "pool_bytes", "jaxtop_device_limit_bytes": "bytes_limit",
+    "jaxtop_device_largest_free_block_bytes": "largest_free_block_bytes",
+    "jaxtop_device_fragmentation_ratio": "fragmentation",
+}
+NOT_EXPORTED = "not exported to Prometheus"
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus could not be asked, or answered with an error."""
+
+
+def selector(job: str | None) -> str:
+    """The series of ``job`` (a regular expression; every job when None)."""
+    job_part = "" if job is None else f', job=~"{_escape(job)}"'
+    return f'{{__name__=~"jaxtop_.+"{job_part}}}'
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def parse_answer(payload: bytes) -> list[Series]:
+    """The series of a query API answer (vector or matrix).
+
+    Raises:
+        PrometheusError: not a successful answer of the query API.
+    """
+    try:
+        answer = json.loads(payload)
+    except ValueError as exc:
+        raise PrometheusError(f"not a Prometheus answer: {exc}") from None
+    if not isinstance(answer, dict) or answer.get("status") != "success":
+        error = answer.get("error") if isinstance(answer, dict) else None
+        raise PrometheusError(f"Prometheus answered: {error or 'not a success'}")
+    data = answer.get("data") or {}
+    out: list[Series] = []
+    for item in (data.get("result") or [])[:MAX_SERIES]:
+        if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
+            continue
+        labels = {str(k): str(v) for k, v in item["metric"].items()}
+        points = item.get("values") or ([item["value"]] if "value" in item else [])
+        values = []
+        for point in points:
+            try:
+                values.append((float(point[0]), float(point[1])))
+            except (TypeError, ValueError, IndexError):
+                continue
+        out.append((labels, values))
+    return out
+
+
+def group(series: Iterable[Series]) -> dict[tuple[str, str, str], list[Series]]:
+    """Series by process: ``(job, host, pid)``."""
+    out: dict[tuple[str, str, str], list[Series]] = {}
+    for labels, values in series:
+        out.setdefault(tuple(labels.get(k, "") for k in PROCESS), []).append((labels, values))
+    return out
+
+
+def hello_for(process: tuple[str, str, str], series: list[Series], interval_s: float) -> dict[str, Any]:
+    """A hello for one process, from its labels (devices, NVML join, started)."""
+    job, host, pid = process
+    devices: dict[str, dict[str, Any]] = {}
+    gpus = []
+    index, count, started = "0", "1", None
+    for labels, values in series:
+        index, count = labels.get("process_index", index), labels.get("process_count", count)
+        name = labels.get("__name__")
+        if "device" in labels and name in _DEVICE or name in ("jaxtop_device_info", "jaxtop_device_live_array_bytes"):
+            d = devices.setdefault(labels["device"], {"id": _int(labels["device"]), "platform": labels.get("platform", "")})
+            if name == "jaxtop_device_info":
+                d["kind"] = labels.get("kind") or d["platform"]
+                if labels.get("gpu"):
+                    gpus.append({"index": _int(labels["gpu"]), "jax_id": d["id"]})
+        elif name == "jaxtop_process_start_time_seconds" and values:
+            started = values[-1][1]
+    described = [dict(d, process_index=_int(index)) for d in sorted(devices.values(), key=lambda d: str(d["id"]))]
+    return {
+        "type": protocol.HELLO, "t": time.time(), "protocol": protocol.PROTOCOL_VERSION, "pid": _int(pid),
+        "host": host, "job": job, "argv": [], "started_t": started, "versions": {},
+        "backend": described[0]["platform"] if described else None, "devices": described,
+        "interval_s": interval_s, "source": "prometheus",
+        "distributed": {"process_index": _int(index), "process_count": _int(count)},
+        "nvml": {"available": True, "devices": gpus} if gpus else {"available": False, "reason": NOT_EXPORTED},
+        "transfer_capture": {"available": True},
+    }
+
+
+def records_for(series: list[Series], previous: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The samples of one process, one per distinct ``jaxtop_sample_seq``
+    value in ``series`` (a range query gives many, an instant query one).
+
+    Args:
+        series: the process's series.
+        previous: the counters of the last sample made before (for the
+            per-interval counts), updated in place.
+    """
+    previous = previous if previous is not None else {}
+    seqs = next((v for labels, v in series if labels.get("__name__") == "jaxtop_sample_seq"), [])
+    if not seqs:
+        return []
+    by_t: dict[float, dict[tuple, float]] = {}
+    for labels, values in series:
+        key = (labels.get("__name__", ""), labels.get("device", ""), labels.get("direction", ""), labels.get("gpu", ""))
+        for t, v in values:
+            by_t.setdefault(t, {})[key] = v
+    out = []
+    last_seq = None
+    for t, seq in seqs:
+        if seq == last_seq:
+            continue  # the same sample scraped again
+        last_seq = seq
+        out.append(_sample(by_t.get(t, {}), int(seq), previous))
+    return out
+
+
+def _sample(at: dict[tuple, float], seq: int, previous: dict[str, float]) -> dict[str, Any]:
+    def get(name: str, device: str = "", direction: str = "", gpu: str = "") -> float | None:
+        return at.get((name, device, direction, gpu))
+
+    t = get("jaxtop_sample_timestamp_seconds") or time.time()
+    devices = sorted({k[1] for k in at if k[1] and (k[0] in _DEVICE or k[0] == "jaxtop_device_live_array_bytes")},
+                     key=lambda s: (len(s), s))
+    devs = []
+    for device in devices:
+        d: dict[str, Any] = {"id": _int(device)}
+        for name, key in _DEVICE.items():
+            value = get(name, device)
+            if value is not None:
+                d[key] = _num(value)
+        if "fragmentation" not in d:
+            d["fragmentation"] = None
+            d["fragmentation_reason"] = f"{NOT_EXPORTED} (the allocator reports no pool, e.g. on CPU)"
+        live = get("jaxtop_device_live_array_bytes", device)
+        if live is not None:
+            d["live_arrays"] = {"bytes": _num(live)}
+        d["source"] = "memory_stats" if "pool_bytes" in d or "bytes_limit" in d else "live_arrays"
+        devs.append(d)
+    rec: dict[str, Any] = {"type": protocol.SAMPLE, "t": t, "seq": seq, "devices": devs}
+    transfers: dict[str, Any] = {}
+    for direction in protocol.DIRECTIONS:
+        total = get("jaxtop_transfers_total", direction=direction)
+        if total is None:
+            continue
+        known = get("jaxtop_transfer_known_bytes_total", direction=direction) or 0.0
+        transfers[direction] = {
+            "count_total": int(total), "bytes_known_total": int(known),
+            "count": _delta(previous, f"t:{direction}", total), "bytes_known": _delta(previous, f"b:{direction}", known),
+        }
+    if transfers:
+        rec["transfers"] = transfers
+    else:
+        rec["transfer_capture"] = {"available": False, "reason": f"transfers {NOT_EXPORTED} by this process"}
+    rss, cpu = get("jaxtop_process_resident_memory_bytes"), get("jaxtop_process_cpu_ratio")
+    rec["process"] = {"rss_bytes": _num(rss), "cpu_percent": None if cpu is None else cpu * 100.0}
+    compiles = get("jaxtop_compiles_total")
+    if compiles is not None:
+        rec["compile"] = {"count_total": int(compiles), "count": _delta(previous, "c", compiles),
+                          "seconds_total": get("jaxtop_compile_seconds_total")}
+    failed = get("jaxtop_donation_failures_total")
+    if failed is not None:
+        rec["donation"] = {"failed_total": int(failed), "failed": _delta(previous, "d", failed)}
+    gpus = sorted({k[3] for k in at if k[3] and k[0].startswith("jaxtop_gpu_")})
+    if gpus:
+        rec["nvml"] = {"available": True, "t": t, "devices": [
+            {"index": _int(g), "memory_used_bytes": _num(get("jaxtop_gpu_memory_used_bytes", gpu=g)),
+             "process_memory_bytes": _num(get("jaxtop_gpu_process_memory_bytes", gpu=g))} for g in gpus]}
+    return rec
+
+
+def _delta(previous: dict[str, float], key: str, total: float) -> int:
+    """The increase of a counter since the last sample (0 for the first, or after a restart)."""
+    last = previous.get(key)
+    previous[key] = total
+    return int(total - last) if last is not None and total >= last else 0
+
+
+def _num(value: float | None) -> int | float | None:
+    if value is None:
+        return None
+    return int(value) if float(value).is_integer() else value
+
+
+def _int(text: Any) -> Any:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return text
+
+
+class PrometheusSource(Source):
+    """Every process of a job, read from a Prometheus server.
+
+    Args:
+        url: the server (``http://host:9090``).
+        job: the job's name, a regular expression (every job when None).
+        poll_s: seconds between two queries.
+        backfill_s: history fetched on start.
+        fetch: ``fetch(url) -> bytes`` (tests stand in for HTTP here).
+    """
+
+    kind = "prometheus"
+
+    def __init__(self, url: str, job: str | None = None, poll_s: float = DEFAULT_POLL_S,
+                 backfill_s: float = DEFAULT_BACKFILL_S, fetch: Callable[[str], bytes] | None = None) -> None:
+        super().__init__()
+        self.url = url.rstrip("/")
+        self.job = job
+        self.poll_s = poll_s
+        self.backfill_s = backfill_s
+        self._fetch = fetch or _http_get
+        self._keys: dict[tuple[str, str, str], int] = {}
+        self._previous: dict[int, dict[str, float]] = {}
+        self._last_seq: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None  # the last failure, for the screen
+
+    @property
+    def pids(self) -> list[int]:
+        return sorted(self._keys.values())
+
+    def query(self, path: str, **params: Any) -> list[Series]:
+        """One query API call; raises PrometheusError."""
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            return parse_answer(self._fetch(url))
+        except PrometheusError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise PrometheusError(f"cannot query {self.url}: {exc}") from None
+
+    def check(self) -> int:
+        """Ask once: how many processes the job has (raises PrometheusError)."""
+        return len(group(self.query("query", query=selector(self.job))))
+
+    def start(self, model: Any, on_update: Callable[[], None]) -> None:
+        super().start(model, on_update)
+        self._thread = threading.Thread(target=self._run, name="jaxtop-prometheus-source", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def poll(self, backfill: bool = False) -> int:
+        """Ask Prometheus once and feed what is new; returns the samples fed."""
+        now = time.time()
+        if backfill and self.backfill_s > 0:
+            step = max(1.0, self.poll_s)
+            series = self.query("query_range", query=selector(self.job), start=f"{now - self.backfill_s:.3f}",
+                                end=f"{now:.3f}", step=f"{step:g}")
+        else:
+            series = self.query("query", query=selector(self.job), time=f"{now:.3f}")
+        fed = 0
+        for process, items in sorted(group(series).items()):
+            key = self._keys.get(process)
+            if key is None:
+                key = self._keys[process] = KEY_BASE + len(self._keys)
+                self.model.feed(key, hello_for(process, items, self.poll_s))
+            records = [r for r in records_for(items, self._previous.setdefault(key, {}))
+                       if r["seq"] != self._last_seq.get(key)]
+            if records:
+                self._last_seq[key] = records[-1]["seq"]
+                fed += self.model.feed_many(key, records)
+        return fed
+
+    def _run(self) -> None:
+        first = True
+        while not self._stop.is_set():
+            try:
+                if self.poll(backfill=first):
+                    self.on_update()
+                first = False
+                self.error = None
+            except PrometheusError as exc:
+                self.error = str(exc)
+            except Exception as exc:  # the reader thread must not die quietly
+                self.error = f"{type(exc).__name__}: {exc}"
+            self._stop.wait(self.poll_s)
+
+    def send_command(self, pid: int, name: str, args: dict[str, Any] | None = None) -> str | None:
+        return "not over Prometheus: commands need the agent's socket (jaxtop attach PID on its host)"
+
+    def save(self, path: str) -> list[str]:
+        return []
+
+
+def _http_get(url: str) -> bytes:
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310 (the user's URL)
+            return response.read(64 << 20)
+    except urllib.error.HTTPError as exc:
+        body = exc.read(4096)
+        try:
+            return body if json.loads(body).get("status") == "error" else b""
+        except ValueError:
+            raise PrometheusError(f"HTTP {exc.code} from {url.split('?')[0]}") from None
