@@ -50,8 +50,26 @@ def get_json(url: str, timeout: float = 10.0) -> dict:
         return json.loads(response.read())
 
 
+#: One evaluation time for every query of a test (set by ``freeze``): two
+#: queries then see the same scrape, so their figures come from one sample.
+AT: list[float] = []
+
+
+def freeze() -> None:
+    """Evaluate every following query at one moment, just past (scrapes up to it are stored)."""
+    AT[:] = [time.time() - 1.5]
+
+
+@pytest.fixture(autouse=True)
+def _now():
+    AT.clear()
+    yield
+    AT.clear()
+
+
 def query(base: str, expr: str) -> list[dict]:
-    answer = get_json(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    params = {"query": expr, **({"time": f"{AT[0]:.3f}"} if AT else {})}
+    answer = get_json(f"{base}/api/v1/query?{urllib.parse.urlencode(params)}")
     assert answer["status"] == "success", (expr, answer)
     return answer["data"]["result"]
 
@@ -172,6 +190,7 @@ def test_every_process_is_labelled_with_the_job_host_and_its_place(cluster):
 
 def test_prometheus_holds_the_processes_own_figures(cluster):
     base, job, procs = cluster
+    freeze()
     own = figures_at(base, procs)
     in_use = query(base, f'jaxtop_device_bytes_in_use{{job="{job}"}}')
     assert len(in_use) == 2 * PROCESSES
@@ -224,6 +243,7 @@ def test_every_grafana_expression_runs_and_gives_the_job_or_says_why_not(cluster
         else:
             assert result, f"{title}: {expr} gives nothing on CPU"
     assert seen >= 15
+    freeze()
     for title, has_data in panels.items():
         no_value = next(nv for t, _, nv in dashboard_expressions() if t == title)
         assert any(has_data) or (no_value or "").startswith("n/a: "), f"{title}: blank on CPU, with no reason"
@@ -249,10 +269,11 @@ def test_attach_over_prometheus_shows_every_process_and_device_of_the_job(cluste
     assert {p.own_pid for p in snap.processes} == {pid for pid, _ in procs}
     assert {p.host for p in snap.processes} == {os.uname().nodename} and {p.job for p in snap.processes} == {job}
     assert len(snap.devices) == 2 * PROCESSES
-    own = figures_at(base, procs)
+    logs = {pid: log for pid, log in procs}
+    own = {str(p.own_pid): wait_for(lambda p=p: samples_of(logs[p.own_pid]).get(p.seq), 10, "the sample shown")
+           for p in snap.processes}  # each process's own sample with the seq the dashboard shows
     for p in snap.processes:
         sample = own[str(p.own_pid)]
-        assert p.seq == sample["seq"]
         assert p.transfers["h2d"].count_total == sample["transfers"]["h2d"]["count_total"]
         assert p.process.rss_bytes == sample["process"]["rss_bytes"]
         assert p.compile.count_total == sample["compile"]["count_total"]

@@ -122,7 +122,9 @@ class HeaderBar(Panel):
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         dev = snap.device
         proc = snap.process_of(dev)
-        top = Text(" jaxtop ", style="bold white on dark_green")
+        # One line each, cut with an ellipsis: a long command must not push
+        # the state line off the header.
+        top = Text(" jaxtop ", style="bold white on dark_green", no_wrap=True, overflow="ellipsis")
         bottom = Text()
         if proc is None:
             top.append(" no process", style="dim")
@@ -264,6 +266,9 @@ class MemoryMapPanel(Panel):
         dev = snap.device
         if dev is None:
             return Group(panel_title(self.TITLE))
+        proc = snap.process_of(dev)
+        if proc is not None and proc.detail_na:
+            return Group(panel_title(self.TITLE), Text(f"n/a — {proc.detail_na}", style="dim"))
         rows = 1 if height < 6 else 2
         # The map and its counts come from the same scan: the latest
         # live_bytes may be from a later one.
@@ -495,9 +500,10 @@ class EventsPanel(Panel):
             lines.append(Text(f" ! {note}", style="bold yellow", no_wrap=True, overflow="ellipsis"))
         room = max(0, height - len(lines))
         multi = len(snap.processes) > 1
+        names = {p.pid: p.who for p in snap.processes}
         for ev in list(snap.events)[-room:] if room else []:
             stamp = time.strftime("%H:%M:%S", time.localtime(ev.t))
-            who = f"[{ev.pid}] " if multi else ""
+            who = f"[{names.get(ev.pid, ev.pid)}] " if multi else ""
             lines.append(Text(f" {stamp} {who}{ev.kind:<9} {ev.text}", style=self.STYLE.get(ev.kind, ""), no_wrap=True, overflow="ellipsis"))
         return Group(*lines)
 

@@ -76,6 +76,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         host=p.hello.get("host") if isinstance(p.hello.get("host"), str) else None,
         own_pid=p.hello["pid"] if isinstance(p.hello.get("pid"), int) else None,
         job=p.hello.get("job") if isinstance(p.hello.get("job"), str) else None,
+        detail_na=p.hello.get("detail_na") if isinstance(p.hello.get("detail_na"), str) else None,
         last_profile=ProfileView.from_wire(p.last_profile),
         span=_span(history, window_s, end_t),
         demo=p.demo,

@@ -130,6 +130,9 @@ class ProcessView:
     host: str | None = None  # the machine the process runs on (its hello's)
     own_pid: int | None = None  # its pid there (``pid`` is the model's key, the same for a local agent)
     job: str | None = None  # the run it belongs to (over Prometheus)
+    # Why the per-buffer detail (maps, top buffers, shapes) is n/a for the
+    # whole process: read from Prometheus, which carries totals only.
+    detail_na: str | None = None
 
     @property
     def who(self) -> str:

@@ -95,6 +95,7 @@ class StreamState:
         self.distributed: dict[str, Any] = {}  # process_index, process_count, coordinator
         self.sample: dict[str, Any] | None = None
         self.agent: dict[str, Any] = {}  # the agent's own counters (in a sample once a second)
+        self.backend: dict[str, Any] = {}  # the backend record (jax is imported by then)
 
     def update(self, record: dict[str, Any]) -> None:
         kind = record.get("type")
@@ -105,11 +106,21 @@ class StreamState:
         elif kind in (protocol.HELLO, protocol.BACKEND):
             if kind == protocol.HELLO:
                 self.hello = record
+            else:
+                self.backend = record
             described = {d.get("id"): d for d in record.get("devices") or [] if isinstance(d, dict)}
             if described:
                 self.devices = described
             if isinstance(record.get("distributed"), dict) and record["distributed"]:
                 self.distributed = record["distributed"]
+
+    def versions(self) -> dict[str, str]:
+        """jax, jaxlib, jaxtop and Python versions (the newest record's that names them)."""
+        out = {}
+        for record in (self.hello, self.backend):
+            got = record.get("versions") if isinstance(record.get("versions"), dict) else {}
+            out.update({k: str(v) for k, v in got.items() if k in ("jax", "jaxlib", "jaxtop", "python") and v})
+        return out
 
     def identity(self, host: str | None = None) -> list[str]:
         """The values of :data:`PROCESS_LABELS` for this stream.
@@ -173,6 +184,12 @@ def collect(state: StreamState, host: str | None = None) -> Iterator[Any]:
     ts = GaugeMetricFamily("jaxtop_sample_timestamp_seconds", "Unix time of that sample.", labels=proc_labels)
     ts.add_metric(base, sample.get("t") or 0)
     yield ts
+    versions = state.versions()
+    names = sorted(versions)
+    vinfo = GaugeMetricFamily("jaxtop_versions_info", "1, labelled with the versions of jax, jaxlib, jaxtop and Python.",
+                              labels=proc_labels + names)
+    vinfo.add_metric(base + [versions[n] for n in names], 1)
+    yield vinfo
 
     dev_labels = ["device", "platform"] + proc_labels
     families = {name: GaugeMetricFamily(name, text, labels=dev_labels) for name, _, text in _DEVICE_GAUGES}

@@ -21,6 +21,7 @@ the screen shows their host and pid from their hello.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import urllib.error
@@ -114,6 +115,7 @@ def hello_for(process: tuple[str, str, str], series: list[Series], interval_s: f
     devices: dict[str, dict[str, Any]] = {}
     gpus = []
     index, count, started = "0", "1", None
+    versions: dict[str, Any] = {}
     for labels, values in series:
         index, count = labels.get("process_index", index), labels.get("process_count", count)
         name = labels.get("__name__")
@@ -125,10 +127,15 @@ def hello_for(process: tuple[str, str, str], series: list[Series], interval_s: f
                     gpus.append({"index": _int(labels["gpu"]), "jax_id": d["id"]})
         elif name == "jaxtop_process_start_time_seconds" and values:
             started = values[-1][1]
+        elif name == "jaxtop_versions_info":
+            versions = {k: labels[k] for k in ("jax", "jaxlib", "jaxtop", "python") if labels.get(k)}
     described = [dict(d, process_index=_int(index)) for d in sorted(devices.values(), key=lambda d: str(d["id"]))]
     return {
         "type": protocol.HELLO, "t": time.time(), "protocol": protocol.PROTOCOL_VERSION, "pid": _int(pid),
-        "host": host, "job": job, "argv": [], "started_t": started, "versions": {},
+        "host": host, "job": job, "argv": [f"[{job}: process {index} of {count}]"], "started_t": started,
+        "versions": versions,
+        "detail_na": "buffer maps, shapes, holders and the jit ledger are not exported to Prometheus "
+                     "(jaxtop attach PID on the process's host has them)",
         "backend": described[0]["platform"] if described else None, "devices": described,
         "interval_s": interval_s, "source": "prometheus",
         "distributed": {"process_index": _int(index), "process_count": _int(count)},
@@ -151,21 +158,24 @@ def records_for(series: list[Series], previous: dict[str, float] | None = None) 
     if not seqs:
         return []
     by_t: dict[float, dict[tuple, float]] = {}
+    platforms: dict[str, str] = {}  # device -> platform, from the labels
     for labels, values in series:
+        if labels.get("device") and labels.get("platform"):
+            platforms[labels["device"]] = labels["platform"]
         key = (labels.get("__name__", ""), labels.get("device", ""), labels.get("direction", ""), labels.get("gpu", ""))
         for t, v in values:
             by_t.setdefault(t, {})[key] = v
     out = []
     last_seq = None
     for t, seq in seqs:
-        if seq == last_seq:
-            continue  # the same sample scraped again
+        if seq == last_seq or not math.isfinite(seq):
+            continue  # the same sample scraped again (or not a sequence number)
         last_seq = seq
-        out.append(_sample(by_t.get(t, {}), int(seq), previous))
+        out.append(_sample(by_t.get(t, {}), int(seq), previous, platforms))
     return out
 
 
-def _sample(at: dict[tuple, float], seq: int, previous: dict[str, float]) -> dict[str, Any]:
+def _sample(at: dict[tuple, float], seq: int, previous: dict[str, float], platforms: dict[str, str]) -> dict[str, Any]:
     def get(name: str, device: str = "", direction: str = "", gpu: str = "") -> float | None:
         return at.get((name, device, direction, gpu))
 
@@ -174,7 +184,7 @@ def _sample(at: dict[tuple, float], seq: int, previous: dict[str, float]) -> dic
                      key=lambda s: (len(s), s))
     devs = []
     for device in devices:
-        d: dict[str, Any] = {"id": _int(device)}
+        d: dict[str, Any] = {"id": _int(device), "platform": platforms.get(device, "")}
         for name, key in _DEVICE.items():
             value = get(name, device)
             if value is not None:
@@ -195,7 +205,7 @@ def _sample(at: dict[tuple, float], seq: int, previous: dict[str, float]) -> dic
             continue
         known = get("jaxtop_transfer_known_bytes_total", direction=direction) or 0.0
         transfers[direction] = {
-            "count_total": int(total), "bytes_known_total": int(known),
+            "count_total": _num(total), "bytes_known_total": _num(known),
             "count": _delta(previous, f"t:{direction}", total), "bytes_known": _delta(previous, f"b:{direction}", known),
         }
     if transfers:
@@ -206,11 +216,11 @@ def _sample(at: dict[tuple, float], seq: int, previous: dict[str, float]) -> dic
     rec["process"] = {"rss_bytes": _num(rss), "cpu_percent": None if cpu is None else cpu * 100.0}
     compiles = get("jaxtop_compiles_total")
     if compiles is not None:
-        rec["compile"] = {"count_total": int(compiles), "count": _delta(previous, "c", compiles),
+        rec["compile"] = {"count_total": _num(compiles), "count": _delta(previous, "c", compiles),
                           "seconds_total": get("jaxtop_compile_seconds_total")}
     failed = get("jaxtop_donation_failures_total")
     if failed is not None:
-        rec["donation"] = {"failed_total": int(failed), "failed": _delta(previous, "d", failed)}
+        rec["donation"] = {"failed_total": _num(failed), "failed": _delta(previous, "d", failed)}
     gpus = sorted({k[3] for k in at if k[3] and k[0].startswith("jaxtop_gpu_")})
     if gpus:
         rec["nvml"] = {"available": True, "t": t, "devices": [
@@ -223,11 +233,15 @@ def _delta(previous: dict[str, float], key: str, total: float) -> int:
     """The increase of a counter since the last sample (0 for the first, or after a restart)."""
     last = previous.get(key)
     previous[key] = total
-    return int(total - last) if last is not None and total >= last else 0
+    if last is None or not math.isfinite(total - last) or total < last:
+        return 0
+    return int(total - last)
 
 
 def _num(value: float | None) -> int | float | None:
-    if value is None:
+    """A figure as the agent wrote it (whole numbers as int); None for a
+    value that is no figure (NaN, infinity)."""
+    if value is None or not math.isfinite(value):
         return None
     return int(value) if float(value).is_integer() else value
 
