@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,8 +26,9 @@ pytestmark = [
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
 
 
-def jaxtop(*args, env, timeout=120, **kw):
-    return subprocess.run([PY, "-m", "jaxtop", *map(str, args)], env=env, capture_output=True, timeout=timeout, **kw)
+def jaxtop(*args, env, timeout=120, capture_output=True, **kw):
+    return subprocess.run([PY, "-m", "jaxtop", *map(str, args)], env=env, capture_output=capture_output,
+                          timeout=timeout, **kw)
 
 
 class Lines:
@@ -149,12 +151,22 @@ def test_not_a_python_process_is_refused(child_env):
 
 
 def test_attach_without_agent_and_without_a_terminal_explains(child_env):
+    import pty
+
     proc, out, err = start_plain(child_env, 3000)
+    screen, terminal = pty.openpty()  # stdout a terminal, stdin not: no one to answer the prompt
     try:
-        res = jaxtop("attach", proc.pid, env=child_env, stdin=subprocess.DEVNULL)
+        res = jaxtop("attach", proc.pid, env=child_env, stdin=subprocess.DEVNULL, stdout=terminal, stderr=subprocess.PIPE,
+                     capture_output=False)
         assert res.returncode == 2
         assert b"--inject" in res.stderr and b"--no-inject" in res.stderr
+        # Without a terminal at all: refused before anything, pointing to what works there.
+        res = jaxtop("attach", proc.pid, "--inject", env=child_env)
+        assert res.returncode == 2 and b"stdout is not a terminal" in res.stderr and b"jaxtop snapshot" in res.stderr
+        assert not (Path(child_env["JAXTOP_SOCKET_DIR"]) / f"{proc.pid}.sock").exists()  # nothing injected
     finally:
+        os.close(screen)
+        os.close(terminal)
         proc.kill()
         proc.wait()
 

@@ -217,3 +217,63 @@ def test_the_plugin_stays_off_in_a_session_that_does_not_use_it(inner, load):
     result.assert_outcomes(passed=1)
     markers = inner.runpytest_subprocess(*args, "--markers", timeout=120)
     assert "@pytest.mark.jaxtop_budget(spec=None, **limits)" in markers.stdout.str()
+
+
+@pytest.mark.slow
+def test_the_command_line_budget_covers_every_test_and_the_summary_ranks_them(inner):
+    inner.makepyfile(test_cli=WORKLOAD + textwrap.dedent("""
+
+        def test_transfers_three():
+            feed_numpy(3)
+
+
+        def test_clean():
+            step(W, PLACED).block_until_ready()
+
+
+        @pytest.mark.jaxtop_budget("h2d=5")
+        def test_own_marker_wins():
+            feed_numpy(2)
+
+
+        def test_recompiles():
+            double = jax.jit(lambda x: x * 2)
+            for shape in ((4096,), (32, 128), (128, 32)):  # a new shape each call: compiled three times
+                double(W.reshape(shape)).block_until_ready()
+    """))
+    result = run_inner(inner, "--jaxtop-budget", "h2d=0,recompiles=1,peak=1GiB", "--jaxtop-summary", "2")
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    assert re.search(r"FAILED test_cli.py::test_transfers_three - Failed: jaxtop_budget exceeded: h2", out), out
+    assert re.search(r"FAILED test_cli.py::test_recompiles - Failed: jaxtop_budget exceeded: recompi", out), out
+    summary = out.split("jaxtop budget summary", 1)[1]
+    h2d = summary.split("h2d:", 1)[1].split("recompiles:", 1)[0]
+    # The worst two by implicit transfers, largest first; a test with none is not listed.
+    assert re.search(r"^\s+3\s+test_cli.py::test_transfers_three\n\s+2\s+test_cli.py::test_own_marker_wins\s*$",
+                     h2d.split("\n", 1)[1], re.M), h2d
+    assert "test_cli.py::test_recompiles" in summary.split("recompiles:", 1)[1].split("peak:", 1)[0]
+    assert "peak: the worst" in summary
+    quiet = run_inner(inner, "--jaxtop-budget", "h2d=100", "--jaxtop-summary", "0")
+    assert "jaxtop budget summary" not in quiet.stdout.str()
+
+
+def test_a_bad_command_line_budget_is_a_usage_error(inner):
+    inner.makepyfile(test_x="def test_x():\n    pass\n")
+    result = run_inner(inner, "--jaxtop-budget", "h2d=lots")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--jaxtop-budget:" in result.stderr.str() and "h2d" in result.stderr.str()
+
+
+@pytest.mark.slow
+def test_a_budget_failure_points_at_the_test_not_at_the_plugin(inner):
+    inner.makepyfile(test_tb=WORKLOAD + textwrap.dedent("""
+
+        def test_block(jaxtop_budget):
+            with jaxtop_budget("h2d=0"):
+                feed_numpy(1)
+    """))
+    result = run_inner(inner)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert 'with jaxtop_budget("h2d=0"):' in out
+    assert "pytest_plugin.py" not in out and "def __exit__" not in out, out

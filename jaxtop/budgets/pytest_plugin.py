@@ -18,6 +18,10 @@ starts no agent and touches neither fd 2 nor the transfer guard.
               step(state, batch)
 
   and ``jaxtop_budget.measure()`` gives every value without limits.
+* ``pytest --jaxtop-budget SPEC`` puts every test under SPEC (a test's own
+  marker replaces it), as ``pytest --memray`` does for memory; the session
+  ends with a table of the worst tests by implicit transfers, recompiles
+  and peak memory (``--jaxtop-summary N`` rows each; 0: none).
 
 One agent (``jaxtop.instrument()``) serves the whole session: it starts at
 the first test that uses a budget and stops after the last one, so the
@@ -65,7 +69,15 @@ def _state(config: pytest.Config) -> "_Session | None":
 
 
 def _uses_budget(item: pytest.Item) -> bool:
-    return item.get_closest_marker(MARKER) is not None or FIXTURE in getattr(item, "fixturenames", ())
+    return (item.get_closest_marker(MARKER) is not None or FIXTURE in getattr(item, "fixturenames", ())
+            or bool(item.config.getoption(OPTION_DEST, None)))
+
+
+OPTION_DEST = "jaxtop_budget_spec"
+#: Rows per metric in the session summary (``--jaxtop-summary``).
+SUMMARY_ROWS = 5
+#: The metrics the session summary ranks tests by.
+SUMMARY_METRICS = ("h2d", "recompiles", "peak")
 
 
 class _Session:
@@ -80,6 +92,7 @@ class _Session:
         self.error: str | None = None
         self.last_item: str | None = None
         self._pyproject: Any = ...
+        self.measured: dict[str, dict[str, float]] = {}  # test id -> metric -> value (the session summary)
 
     # -- the agent --------------------------------------------------------------------
     def ensure(self) -> Any:
@@ -255,14 +268,17 @@ class BudgetBlock:
         self.report: Any = None
 
     def __enter__(self) -> "BudgetBlock":
+        __tracebackhide__ = True
         meter = self._session.ensure()
         self._window = meter.window(self._budget, f"a block of {self._item.nodeid}").begin()
         return self
 
     def __exit__(self, etype: Any, exc: Any, tb: Any) -> None:
+        __tracebackhide__ = True  # a budget failure points at the test's block, not at this method
         from jaxtop.budgets.report import BudgetExceeded
 
         self.report = self._window.end()
+        _note(self._session, self._item.nodeid, self.report)
         if not self._raise:
             return
         if etype is None and self.report.exceeded:
@@ -293,6 +309,7 @@ class BudgetFixture:
         """A block measured against a budget; over it, the block raises
         :class:`jaxtop.budgets.report.BudgetExceeded` (a failed assertion) with the
         report. Arguments as the marker's."""
+        __tracebackhide__ = True
         from jaxtop.budgets.spec import BudgetError
 
         error = None
@@ -316,9 +333,37 @@ class BudgetFixture:
 
 _KEY = pytest.StashKey[_Session]()
 _BUDGET_KEY = pytest.StashKey[Any]()
+_OPTION_BUDGET_KEY = pytest.StashKey[Any]()
+
+
+def _note(state: _Session, nodeid: str, report: Any) -> None:
+    """Keep what a window measured for the session summary (largest per test)."""
+    got = state.measured.setdefault(nodeid, {})
+    for r in report.results:
+        value = r.measured.value
+        if r.limit.name in SUMMARY_METRICS and value is not None:
+            got[r.limit.name] = max(value, got.get(r.limit.name, value))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("jaxtop", "jaxtop: memory, transfer and compile budgets")
+    group.addoption("--jaxtop-budget", dest=OPTION_DEST, metavar="SPEC", default=None,
+                    help="check every test against SPEC, e.g. h2d=0,recompiles=0,peak=2GiB (or a pyproject.toml "
+                         "with [tool.jaxtop.budget]); a test's own jaxtop_budget marker replaces it")
+    group.addoption("--jaxtop-summary", dest="jaxtop_summary", type=int, metavar="N", default=SUMMARY_ROWS,
+                    help=f"the session summary's rows per metric: the worst tests by h2d, recompiles and peak "
+                         f"(default {SUMMARY_ROWS}; 0: no summary)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    spec = config.getoption(OPTION_DEST, None)
+    if spec:
+        from jaxtop.budgets import BudgetError, resolve
+
+        try:
+            config.stash[_OPTION_BUDGET_KEY] = resolve(spec)
+        except BudgetError as exc:
+            raise pytest.UsageError(f"--jaxtop-budget: {exc}") from None
     config.addinivalue_line(
         "markers",
         f"{MARKER}(spec=None, **limits): fail the test when its body goes over the budget, e.g. "
@@ -372,6 +417,8 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
             error = str(exc)
         if error is not None:  # outside the except: one message, no chained traceback
             pytest.fail(error, pytrace=False)
+    elif _OPTION_BUDGET_KEY in item.config.stash:
+        item.stash[_BUDGET_KEY] = item.config.stash[_OPTION_BUDGET_KEY]
     state.ensure()
     with state.routed():
         return (yield)
@@ -391,9 +438,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
             result = yield
         except BaseException:
             report = window.end()
+            _note(state, item.nodeid, report)
             item.add_report_section("call", "jaxtop budget", report.text())
             raise  # the test's own failure wins
         report = window.end()
+        _note(state, item.nodeid, report)
         if report.exceeded:
             pytest.fail(report.text("jaxtop_budget"), pytrace=False)
         item.add_report_section("call", "jaxtop budget", report.text())  # shown with -rA
@@ -414,6 +463,28 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if item.nodeid == state.last_item:
             state.stop()  # the rest of the session runs as without jaxtop
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The worst tests by implicit transfers, recompiles and peak memory."""
+    state = _state(config)
+    rows = config.getoption("jaxtop_summary", SUMMARY_ROWS)
+    if state is None or not state.measured or not rows or rows < 0:
+        return
+    from jaxtop.wire.units import fmt_bytes
+
+    terminalreporter.write_sep("=", "jaxtop budget summary")
+    for metric in SUMMARY_METRICS:
+        ranked = sorted(((values[metric], nodeid) for nodeid, values in state.measured.items() if metric in values),
+                        key=lambda vn: (-vn[0], vn[1]))
+        ranked = [(v, n) for v, n in ranked if v > 0][:rows]
+        if not ranked:
+            terminalreporter.write_line(f"{metric}: none in {len(state.measured)} measured tests")
+            continue
+        terminalreporter.write_line(f"{metric}: the worst {len(ranked)} of {len(state.measured)} measured tests")
+        for value, nodeid in ranked:
+            shown = fmt_bytes(value) if metric == "peak" else f"{value:,.0f}"
+            terminalreporter.write_line(f"  {shown:>12}  {nodeid}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -18,7 +18,7 @@ from jaxtop.cli.exits import EXIT_BROKEN_PIPE, EXIT_BUDGET, EXIT_STATUS_HELP, EX
 from jaxtop.cli.export import cmd_export
 from jaxtop.cli.log import cmd_log
 from jaxtop.cli.ls import cmd_ls
-from jaxtop.cli.parser import build_parser, split_run_argv
+from jaxtop.cli.parser import build_parser, is_python, split_python_argv, split_run_argv
 from jaxtop.cli.replay import cmd_replay
 from jaxtop.cli.run import cmd_run
 from jaxtop.wire.paths import SocketDirError
@@ -59,10 +59,17 @@ def _main(argv: list[str]) -> int:
         return oom_main(argv[1:])
     if argv and argv[0] == "run":
         own, program = split_run_argv(argv[1:])
-        args = parser.parse_args(["run", *own])
-        args.target = program
-        return cmd_run(parser, args)
-    args = parser.parse_args(argv)
+        if program and is_python(program[0]):
+            # `jaxtop run python train.py`, as py-spy and nsys users type it.
+            more, program = split_python_argv(parser.commands["run"], program[1:])
+            own += more
+        args = parser.commands["run"].parse_args(own)
+        args.command, args.target = "run", program
+        return cmd_run(parser.commands["run"], args)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # The command's own usage, not the top level's, and a suggestion.
+        (parser.commands.get(args.command) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "run":
         return cmd_run(parser, args)
     if args.command == "ls":
@@ -78,6 +85,15 @@ def _main(argv: list[str]) -> int:
             parser.error("attach: give one or more PIDs (or --prometheus URL)")
         return cmd_attach(args.pids, args.refresh, inject=args.inject, no_inject=args.no_inject,
                           inject_timeout=args.inject_timeout)
+    if args.command == "completions":
+        from jaxtop.cli.completions import script
+
+        sys.stdout.write(script(parser, args.shell))
+        return 0
+    if args.command == "snapshot":
+        from jaxtop.cli.snapshot import cmd_snapshot
+
+        return cmd_snapshot(args)
     if args.command == "detach":
         return cmd_detach(args.pid)
     if args.command == "export":

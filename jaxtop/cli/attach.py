@@ -18,6 +18,19 @@ the transfer guard to `log` and relays stderr (your output is unchanged);
 details and the risks."""
 
 
+def no_terminal(prog: str) -> str | None:
+    """Why the dashboard cannot be drawn here (stdout is not a terminal:
+    a pipe, a file, a CI log), or None. Full-screen escape codes written to
+    a file are of no use to anyone."""
+    try:
+        if sys.stdout.isatty():
+            return None
+    except (AttributeError, ValueError):
+        pass
+    return (f"jaxtop {prog}: stdout is not a terminal, and the dashboard needs one. For scripts and logs: "
+            "jaxtop snapshot PID [--json] (the figures once), jaxtop log PID (the stream as JSON lines)")
+
+
 def inject_agent(pid: int, timeout_s: float, prog: str) -> bool:
     """Inject the agent into ``pid``, saying what happened on stderr.
 
@@ -96,6 +109,10 @@ def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = F
     from jaxtop.wire import paths
 
     paths.check_socket_dir()  # SocketDirError: main() says so, exit 2
+    refused = no_terminal("attach")  # first: nothing is injected for a dashboard that cannot be drawn
+    if refused:
+        print(refused, file=sys.stderr)
+        return EXIT_USAGE
     external = _ensure_agents(pids, inject, no_inject, inject_timeout)
     if isinstance(external, int):
         return external
@@ -121,6 +138,10 @@ def cmd_attach_prometheus(url: str, job: str | None, refresh_s: float | None = N
         print(f"jaxtop attach: {url} has no jaxtop metrics for {which} (is the job's /metrics in its scrape "
               "config? docs/cluster.md)", file=sys.stderr)
         return 1
+    refused = no_terminal("attach")
+    if refused:
+        print(refused, file=sys.stderr)
+        return EXIT_USAGE
     from jaxtop.dashboard.app import DEFAULT_REFRESH_S, make_app
 
     make_app(source, refresh_s=refresh_s or DEFAULT_REFRESH_S).run_as_main()
@@ -135,7 +156,7 @@ def cmd_default() -> int:
     if not agents:
         print(f"No instrumented JAX processes for this user (looked in {paths.socket_dir()}).")
         print("Start one with:  jaxtop run your_script.py   or try:  jaxtop demo")
-        return 0
+        return EXIT_USAGE  # nothing to attach to (a script can tell)
     if len(agents) == 1:
         return cmd_attach([agents[0].pid])
     if not sys.stdin.isatty():

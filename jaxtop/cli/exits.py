@@ -27,3 +27,30 @@ exit status:
   130  interrupted (export)
   141  the reader of the output went away (`log` or `export -o -` into `| head`), quietly
   143  terminated by SIGTERM (export; its temporary file removed)"""
+
+# Shown by `jaxtop --help`: every variable jaxtop reads.
+ENVIRONMENT_HELP = """\
+environment:
+  JAXTOP_SOCKET_DIR          where agents' sockets are ($XDG_RUNTIME_DIR/jaxtop, else /tmp/jaxtop-UID)
+  JAXTOP_PROMETHEUS_PORT     instrument(): also serve Prometheus metrics on this port
+  JAXTOP_PROMETHEUS_PUSH     push the last metrics to this Pushgateway URL at exit
+  JAXTOP_JOB                 the run's name: the `job` label of its metrics
+  JAXTOP_OOM_DIR             where out-of-memory censuses are written (default: the working directory)
+  JAXTOP_PROFILE_DIR         where memory profiles (`s`) are written (default: the working directory)
+  JAXTOP_CACHE_DIR           where replay indexes are kept (default $XDG_CACHE_HOME/jaxtop)
+  JAXTOP_SPOOL_MAX_BYTES     a dashboard's on-disk history per process (compressed; default 256 MiB)
+  JAXTOP_MAX_CLIENTS         connections an agent serves at once (default 64)
+  JAXTOP_CLIENT_BUFFER_BYTES bytes an agent queues per slow client before dropping samples (default 16 MiB)
+  JAXTOP_FD_RESERVE          file descriptors an agent always leaves to the program (default 128)"""
+
+# Shown by `jaxtop --help`.
+EXAMPLES_HELP = """\
+examples:
+  jaxtop demo                                   the built-in workload and the dashboard
+  jaxtop run train.py --lr 3e-4                 run a program with the agent (also: jaxtop run python train.py)
+  jaxtop run --budget h2d=0,recompiles=0 -m pytest tests/   fail (exit 3) on implicit transfers or recompiles
+  jaxtop attach 4101                            the dashboard on a running process (--inject if it has no agent)
+  jaxtop snapshot 4101 --json > state.json      every panel's figures once, for scripts and bug reports
+  jaxtop log 4101 -o run.jsonl.gz               record it; jaxtop replay run.jsonl.gz to watch it again
+  jaxtop attach --prometheus http://prom:9090 --job run-42    every process of a multi-host job
+  eval "$(jaxtop completions bash)"             tab completion (also zsh, fish)"""

@@ -21,6 +21,17 @@ def cmd_ls(args: argparse.Namespace) -> int:
     """``jaxtop ls``: a table, or JSON lines with ``--json``; returns the exit status."""
     from jaxtop.wire import client, paths
 
+    if args.pids:
+        # No connection: quick enough for shell completion on every tab.
+        try:
+            names = sorted(p.name for p in paths.socket_dir().glob("*.sock"))
+        except OSError:
+            names = []
+        for name in names:
+            pid = name[: -len(".sock")]
+            if pid.isdigit() and client.pid_alive(int(pid)):
+                print(pid)
+        return 0
     agents = client.list_agents(on_refused=lambda why: print(f"jaxtop ls: {why}", file=sys.stderr))
     if args.json:
         import json

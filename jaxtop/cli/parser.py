@@ -4,8 +4,12 @@ from the program's."""
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
+import sys
+from typing import NoReturn
 
-from jaxtop.cli.exits import EXIT_STATUS_HELP
+from jaxtop.cli.exits import ENVIRONMENT_HELP, EXAMPLES_HELP, EXIT_STATUS_HELP
 from jaxtop.inject import DEFAULT_TIMEOUT_S as DEFAULT_INJECT_TIMEOUT_S
 from jaxtop.wire.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR
 from jaxtop.wire.protocol import JAXTOP_VERSION
@@ -48,16 +52,44 @@ def _pid(text: str) -> int:
     return int(text)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with "did you mean" on a mistyped command or option."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = self._did_you_mean(message)
+        super().error(message + (f"\n  did you mean {hint}?" if hint else ""))
+
+    def _did_you_mean(self, message: str) -> str | None:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            options = re.findall(r"'([^']*)'", choice.group(2)) or [c.strip() for c in choice.group(2).split(",")]
+            found = difflib.get_close_matches(choice.group(1), options, n=1, cutoff=0.5)
+            return f"'{found[0]}'" if found else None
+        unknown = re.search(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            known = [o for o in self._option_string_actions if o.startswith("--")]
+            for word in unknown.group(1).split():
+                if word.startswith("--"):
+                    found = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.6)
+                    if found:
+                        return found[0]
+        return None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every command (``oom`` reads its own arguments)."""
-    parser = argparse.ArgumentParser(
+    """The parser of every command (``oom`` reads its own arguments).
+
+    Its ``commands`` attribute maps each command to its own parser, whose
+    usage a mistake in that command's arguments prints.
+    """
+    parser = Parser(
         prog="jaxtop",
         description="top for JAX memory: device memory, fragmentation and host<->device transfers.",
-        epilog=EXIT_STATUS_HELP,
+        epilog="\n\n".join((EXAMPLES_HELP, ENVIRONMENT_HELP, EXIT_STATUS_HELP)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"jaxtop {JAXTOP_VERSION}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("-V", "--version", action="version", version=f"jaxtop {JAXTOP_VERSION}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     run = sub.add_parser(
         "run",
@@ -71,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--budget", metavar="SPEC",
                      help="limits checked at exit, e.g. h2d=0,recompiles=0,peak=2GiB, or a pyproject.toml with "
                      "[tool.jaxtop.budget]; over budget: a report on stderr, exit 3 (docs/budgets.md)")
-    run.add_argument("--budget-report", metavar="FILE", help="also write the budget report as JSON to FILE")
+    run.add_argument("--budget-report", metavar="FILE", help="also write the budget report as JSON to FILE (- for stdout)")
     _prometheus_options(run, "also serve Prometheus metrics on PORT (docs/cluster.md)")
     run.add_argument("--prometheus-push", metavar="URL",
                      help="push the last metrics to this Prometheus Pushgateway at exit (a run shorter than a scrape "
@@ -80,17 +112,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the run's name: the `job` label of its metrics (env JAXTOP_JOB; default: the "
                           "jax.distributed coordinator's address, else the program's name)")
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
-    run.add_argument("target", nargs="*", metavar="SCRIPT [ARGS...]", help="the program and its arguments")
+    run.add_argument("-c", dest="code", metavar="CODE", help="run the program passed as a string (as python -c)")
+    run.add_argument("target", nargs="*", metavar="SCRIPT [ARGS...]",
+                     help="the program and its arguments (`python SCRIPT`, `python -m MODULE` and "
+                          "`python -c CODE` are read the same way)")
 
-    ls = sub.add_parser("ls", help="list instrumented processes of this user")
+    ls = sub.add_parser("ls", help="list instrumented processes of this user",
+                        description="One line per process with a jaxtop agent: pid, uptime, command. "
+                                    "Sockets of processes that are gone are removed.")
     ls.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    ls.add_argument("--pids", action="store_true", help="print the pids only, one per line (for scripts, completion)")
 
     log = sub.add_parser(
         "log",
         help="record a running agent's stream as JSON lines",
         description="Record until the target exits, the duration ends, or SIGINT/SIGTERM; then exit 0.",
     )
-    log.add_argument("pid", type=_pid)
+    log.add_argument("pid", type=_pid, help="the process to record (jaxtop ls lists them)")
     log.add_argument("-o", "--output", metavar="FILE",
                      help="write here instead of stdout; a FILE ending in .gz is gzip-compressed as it is written "
                           "(about 20 times smaller: ~5 MB an hour at 10 Hz for 8 devices and 10,000 arrays)")
@@ -136,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop the agent in a running process (injected or not); the process keeps running",
         description="Stop the agent in PID: its socket is removed, stderr and the transfer guard are put back.",
     )
-    detach.add_argument("pid", type=_pid)
+    detach.add_argument("pid", type=_pid, help="the process whose agent stops")
 
     export = sub.add_parser(
         "export",
@@ -158,11 +196,29 @@ def build_parser() -> argparse.ArgumentParser:
     oom = sub.add_parser("oom", help="print an out-of-memory census: what held the memory when a program ran out",
                          add_help=False)
     oom.add_argument("rest", nargs=argparse.REMAINDER, help="FILE: jaxtop-oom-PID-TIME.json or a recording")
-    replay = sub.add_parser("replay", help="open the dashboard on a recording")
+    replay = sub.add_parser("replay", help="open the dashboard on a recording",
+                            description="The dashboard on a recording (jaxtop run --log, jaxtop log, w in the "
+                                        "dashboard): space play/pause, . step, left/right seek 10 s, +/- speed.")
     replay.add_argument("file", help="a JSON-lines recording, plain or .gz (jaxtop run --log / jaxtop log / w in the dashboard)")
     replay.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
     replay.add_argument("--refresh", type=_positive_float, default=0.25, metavar="S",
                         help="seconds between redraws while playing (default 0.25)")
+    snapshot = sub.add_parser(
+        "snapshot", help="print every panel's figures once, for scripts and bug reports",
+        description="Connect to the agent in PID, read its present state (the latest sample, with the latest "
+                    "buffer map, holders and jit ledger) and print it: a summary, or with --json one JSON document.")
+    snapshot.add_argument("pid", type=_pid, help="the process (jaxtop ls lists them)")
+    snapshot.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    snapshot.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
+                          help="how long to wait for the agent (default 10)")
+
+    completions = sub.add_parser(
+        "completions", help="print a shell completion script (bash, zsh or fish)",
+        description='Print a completion script: eval "$(jaxtop completions bash)" in ~/.bashrc, '
+                    'eval "$(jaxtop completions zsh)" in ~/.zshrc, '
+                    "jaxtop completions fish > ~/.config/fish/completions/jaxtop.fish.")
+    completions.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell")
+    parser.commands = dict(sub.choices)  # type: ignore[attr-defined]
     return parser
 
 
@@ -185,6 +241,8 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
             return argv[: i + 2], argv[i + 2 :]
         if arg.startswith("-m") and len(arg) > 2:
             return argv[: i + 1], argv[i + 1 :]
+        if arg == "-c" and i + 1 < len(argv):
+            return argv[: i + 2], argv[i + 2 :]
         if arg in _RUN_OPTIONS_WITH_VALUE:
             i += 2
             continue
@@ -193,3 +251,30 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
             continue
         return argv[:i], argv[i:]
     return argv, []
+
+
+def is_python(word: str) -> bool:
+    """``python``, ``python3``, ``python3.11``, or this interpreter's path:
+    the interpreter named before the program, as ``py-spy record -- python
+    train.py`` users type it."""
+    name = word.rsplit("/", 1)[-1]
+    return bool(re.fullmatch(r"python(\d+(\.\d+)*)?", name)) or word == sys.executable
+
+
+def split_python_argv(run: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """What follows ``python`` in ``jaxtop run python ...``: ``-m MODULE``,
+    ``-c CODE`` (as jaxtop run's own options) or a script; the program's
+    arguments. Python's other options are refused with what to do instead."""
+    if not argv:
+        run.error("run python: give a script, -m MODULE or -c CODE")
+    first = argv[0]
+    if first in ("-m", "-c"):
+        if len(argv) < 2:
+            run.error(f"run python {first}: argument expected")
+        return argv[:2], argv[2:]
+    if first.startswith(("-m", "-c")) and len(first) > 2:
+        return [first[:2], first[2:]], argv[1:]
+    if first.startswith("-") and first != "-":
+        run.error(f"run python {first}: python's own options are not jaxtop run's; start the interpreter "
+                  f"yourself: python {first} -m jaxtop run SCRIPT")
+    return [], argv

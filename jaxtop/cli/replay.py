@@ -17,6 +17,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.file):
         print(f"jaxtop replay: no such file: {args.file}", file=sys.stderr)
         return EXIT_USAGE
+    if not sys.stdout.isatty():
+        print("jaxtop replay: stdout is not a terminal, and the dashboard needs one; for scripts: "
+              "jaxtop export FILE --format csv|perfetto", file=sys.stderr)
+        return EXIT_USAGE
     try:
         # A big recording opens at once; its index is built in the background
         # and the header says how far it is.

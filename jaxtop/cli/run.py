@@ -90,6 +90,20 @@ def _run_script(script: str) -> dict:
     return main.__dict__
 
 
+def _run_code(code_text: str) -> dict:
+    """Run a program given as a string, as ``python -c CODE`` does: in a new
+    ``__main__`` without ``__file__``, its code named ``<string>``."""
+    import builtins
+    import types
+
+    code = compile(code_text, "<string>", "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__cached__=None, __loader__=None, __package__=None, __spec__=None, __builtins__=builtins)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+    return main.__dict__
+
+
 # The program's globals live until interpreter exit, as a plain `python
 # SCRIPT`'s __main__ does, so the final sample sees the arrays it still holds.
 _program_globals: dict | None = None
@@ -106,9 +120,11 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     Returns:
         The program's exit status, or :data:`EXIT_BUDGET` / :data:`EXIT_USAGE`.
     """
-    if args.module is None and not args.target:
-        parser.error("run: give a SCRIPT to run, or -m MODULE")
-    if args.module is None:
+    if args.module is None and args.code is None and not args.target:
+        parser.error("run: give a SCRIPT to run, -m MODULE or -c CODE")
+    if args.module is not None and args.code is not None:
+        parser.error("run: -m MODULE and -c CODE are two programs: give one")
+    if args.module is None and args.code is None:
         script = args.target[0]
         if not os.path.exists(script):
             print(f"jaxtop run: can't open file {script!r}: no such file", file=sys.stderr)
@@ -132,7 +148,12 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     # and jaxtop's own sys.path[0] is then the standard library's.
     set_path0 = not getattr(sys.flags, "safe_path", False)
     try:
-        if args.module is not None:
+        if args.code is not None:
+            sys.argv = ["-c", *args.target]  # as python -c sets it
+            if set_path0:
+                sys.path[0] = ""  # as python -c does: the working directory, looked up at each import
+            _program_globals = _run_code(args.code)
+        elif args.module is not None:
             sys.argv = [args.module, *args.target]
             if set_path0:
                 sys.path[0] = os.getcwd()  # as `python -m` does
