@@ -41,7 +41,9 @@ ALLOWED = {
     "jaxtop/wire/schema.py": set(),
     "jaxtop/wire/paths.py": set(),
     "jaxtop/wire/client.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.wire.paths"},
-    "jaxtop/export": {"orjson", "msgspec", "jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.export"},
+    # The profile merge reads protobuf with the probes' stdlib-only wire reader (jaxtop.probes.pprof).
+    "jaxtop/export": {"orjson", "msgspec", "jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.export",
+                      "jaxtop.probes.pprof"},
     # Widgets draw typed views: never a wire record, a probe or the agent.
     "widgets": {"numpy", "rich", "textual", "jaxtop", "jaxtop.widgets", "jaxtop.wire.units"}
     | {f"jaxtop.dashboard.{m}" for m in ("model", "views", "readings", "oom_views", "ledger_views", "oom_report",

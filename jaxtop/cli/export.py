@@ -24,6 +24,26 @@ def cmd_export(args: argparse.Namespace) -> int:
             return export.write_sparse_csv(kind, path, out, jobs=jobs)
     else:
         write = export.write_csv if args.format == "csv" else export.write_perfetto
+    if args.with_jax_profile:
+        if args.format != "perfetto":
+            print("jaxtop export: --with-jax-profile goes with --format perfetto", file=sys.stderr)
+            return EXIT_USAGE
+        from jaxtop.export import jax_profile
+
+        try:
+            profile = jax_profile.load(args.with_jax_profile)
+        except (jax_profile.JaxProfileError, OSError) as exc:
+            print(f"jaxtop export: --with-jax-profile: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        plain = write
+
+        def write(path, out, jobs=1):  # the whole trace in memory, then the profile's events added
+            import io
+
+            buffer = io.StringIO()
+            stats = plain(path, buffer, jobs=jobs)
+            out.write(jax_profile.merge(buffer.getvalue(), profile))
+            return stats
     jobs = args.jobs if args.jobs is not None else export.default_jobs()
     if jobs < 1:
         print("jaxtop export: --jobs must be at least 1", file=sys.stderr)

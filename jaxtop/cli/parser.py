@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "host-syncs-csv: a row per allocation site, labelled tree or reading line of each "
                              "record that carried one")
     export.add_argument("-o", "--output", metavar="OUT", help="where to write (default: FILE with .csv / .perfetto.json; - for stdout)")
+    export.add_argument("--with-jax-profile", metavar="DIR",
+                        help="perfetto: merge the newest jax.profiler trace under DIR (jax.profiler.trace(DIR)) on "
+                             "jaxtop's clock")
     export.add_argument("-j", "--jobs", type=int, metavar="N",
                         help="processes for a big uncompressed recording (default: the CPUs this process may use, at most 8)")
 

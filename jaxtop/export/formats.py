@@ -385,12 +385,15 @@ class _PerfettoWriter:
         self._write(text)
 
     def _events(self, rec: dict[str, Any], ts: int) -> str:
-        """The agent's events of a sample, as instants."""
+        """The agent's events of a sample, as instants at their own time (the
+        sample's when they have none): the profiler's trace merged beside
+        them (``--with-jax-profile``) lines up to the microsecond."""
         text = ""
         events = rec.get("events")
         for ev in events if events and isinstance(events, list) else ():
             if isinstance(ev, dict):
-                text += self._instant(str(ev.get("kind", "event")), ts,
+                own = _ts(ev.get("t"))
+                text += self._instant(str(ev.get("kind", "event")), ts if own is None else own,
                                       {k: v for k, v in ev.items() if k not in ("kind", "t")})
         return text
 
