@@ -90,6 +90,10 @@ def _main(argv: list[str]) -> int:
 
         sys.stdout.write(script(parser, args.shell))
         return 0
+    if args.command == "serve":
+        from jaxtop.cli.serve import cmd_serve
+
+        return cmd_serve(args)
     if args.command == "snapshot":
         from jaxtop.cli.snapshot import cmd_snapshot
 

@@ -3,6 +3,7 @@ injecting one first where asked."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from jaxtop.cli.exits import EXIT_USAGE
@@ -22,6 +23,8 @@ def no_terminal(prog: str) -> str | None:
     """Why the dashboard cannot be drawn here (stdout is not a terminal:
     a pipe, a file, a CI log), or None. Full-screen escape codes written to
     a file are of no use to anyone."""
+    if "web_driver" in os.environ.get("TEXTUAL_DRIVER", ""):
+        return None  # jaxtop serve: the browser is the terminal
     try:
         if sys.stdout.isatty():
             return None

@@ -215,6 +215,17 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
                           help="how long to wait for the agent (default 10)")
 
+    serve = sub.add_parser(
+        "serve", help="the dashboard in a browser (textual-serve): replay FILE or attach PID",
+        description="Serve the dashboard over HTTP on 127.0.0.1 (by default) with a token in its URL: one "
+                    "dashboard at a time; w and s download their files to the browser. Needs textual-serve "
+                    "(pip install 'jaxtop[serve]').")
+    serve.add_argument("what", choices=("replay", "attach"), help="replay a recording, or attach to processes")
+    serve.add_argument("targets", nargs="+", metavar="FILE|PID", help="the recording, or the pids")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    serve.add_argument("--token", help="the URL's token (default: a random one, printed)")
+
     completions = sub.add_parser(
         "completions", help="print a shell completion script (bash, zsh or fish)",
         description='Print a completion script: eval "$(jaxtop completions bash)" in ~/.bashrc, '

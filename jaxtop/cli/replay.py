@@ -17,7 +17,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.file):
         print(f"jaxtop replay: no such file: {args.file}", file=sys.stderr)
         return EXIT_USAGE
-    if not sys.stdout.isatty():
+    if not sys.stdout.isatty() and "web_driver" not in os.environ.get("TEXTUAL_DRIVER", ""):
         print("jaxtop replay: stdout is not a terminal, and the dashboard needs one; for scripts: "
               "jaxtop export FILE --format csv|perfetto", file=sys.stderr)
         return EXIT_USAGE

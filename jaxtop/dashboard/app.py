@@ -29,6 +29,7 @@ from jaxtop.dashboard.model import Model, Snapshot
 from jaxtop.dashboard.oom_screen import OomScreen
 from jaxtop.dashboard.readings import ProfileView
 from jaxtop.dashboard.sources import LiveSource, ReplaySource, Source
+from jaxtop.dashboard.web import WebDeliveries
 from jaxtop.widgets.panels import (
     EventsPanel, FragmentationPanel, HeaderBar, HostPanel, LoadingLine, MemoryMapPanel, MemoryPanel,
     OverviewPanel, Panel, TimelinePanel, TransfersPanel,
@@ -231,6 +232,7 @@ class JaxtopApp(App[None]):
         self._ui_idle.set()
         self._ui_thread: int | None = None
         self._tune_gc = False  # run_as_main: freeze the mounted widgets too
+        self.web = WebDeliveries(self)  # in a browser (jaxtop serve): files go to it as downloads
 
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -379,6 +381,8 @@ class JaxtopApp(App[None]):
 
     def show(self, snap: Snapshot) -> None:
         self.snapshot = snap
+        if self.web.active:
+            self.web.on_snapshot(snap)  # a memory profile goes to the browser
         indicator = self.query_one("#loading", LoadingLine)
         loading = self._loading
         indicator.display = loading is not None
@@ -540,9 +544,11 @@ class JaxtopApp(App[None]):
     def action_write(self) -> None:
         pid = self._target_pid() or 0
         name = f"jaxtop-{pid}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-        path = os.path.join(self.save_dir, name)
+        path = os.path.join(self.web.session_dir() if self.web.active else self.save_dir, name)
         try:
             written = self.source.save(path)
+            if self.web.active:
+                self.web.deliver(written)  # to the browser, not a file on the server
         except OSError as exc:
             self.model.add_event(pid, "error", f"could not write session: {exc}")
             self.notify(f"could not write session: {exc}", severity="error")
