@@ -13,24 +13,8 @@ import textwrap
 import pytest
 
 from conftest import PY
+from test_holders import _field as field  # the tests' one protobuf writer
 from jaxtop.export.jax_profile import PID_OFFSET, JaxProfileError, load, merge, parse_xspace
-
-
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def field(number: int, value: int | bytes) -> bytes:
-    if isinstance(value, int):
-        return varint(number << 3) + varint(value)
-    return varint(number << 3 | 2) + varint(len(value)) + value
 
 
 def metadata(key: int, name: str) -> bytes:
