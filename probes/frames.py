@@ -50,6 +50,8 @@ __all__ = [
     "user_frame",
     "user_frame_of",
     "walk",
+    "without_hooks",
+    "HOOK_CODES",
 ]
 
 #: (file, line, function): an allocation site or a call site.
@@ -319,3 +321,30 @@ def site_text(key: SiteKey) -> str:
     if not filename:
         return name
     return f"{os.path.basename(filename)}:{line}"
+
+
+#: Code objects of the hooks jaxtop puts between the program and jax on the
+#: program's own thread (the host-read counter inside ``jax.Array._value``,
+#: the guard around ``delete``): an error jax raises through one of them
+#: passes its frame. :func:`without_hooks` takes those frames out of a
+#: traceback before it is printed, so it reads as it would without jaxtop.
+HOOK_CODES: set[Any] = set()
+
+
+def without_hooks(tb: Any) -> Any:
+    """``tb`` without the entries of jaxtop's hook frames (:data:`HOOK_CODES`):
+    a new chain where there were any, else ``tb`` itself."""
+    import types
+
+    entries = []
+    node = tb
+    while node is not None:
+        entries.append(node)
+        node = node.tb_next
+    if not any(e.tb_frame.f_code in HOOK_CODES for e in entries):
+        return tb
+    rebuilt = None
+    for e in reversed(entries):
+        if e.tb_frame.f_code not in HOOK_CODES:
+            rebuilt = types.TracebackType(rebuilt, e.tb_frame, e.tb_lasti, e.tb_lineno)
+    return rebuilt

@@ -49,7 +49,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from jaxtop.probes.frames import LIBRARY, NO_STACK, LibraryFilter, SiteKey, site_text, walk
+from jaxtop.probes.frames import HOOK_CODES, LIBRARY, NO_STACK, LibraryFilter, SiteKey, site_text, walk
 from jaxtop.probes.jaxstate import backend_ready
 
 __all__ = ["HostSyncProbe", "KINDS", "array_class_state"]
@@ -261,6 +261,7 @@ class HostSyncProbe:
             record(sys._getframe(1), None)
             return value
 
+        HOOK_CODES.add(_value.__code__)  # hidden from the program's tracebacks (frames.without_hooks)
         return _value
 
     def _numpy_hook(self, original: Callable[..., Any], kind: str) -> Callable[..., Any]:

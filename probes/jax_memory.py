@@ -115,6 +115,9 @@ def _install_guard() -> bool:
                 return original(self)
 
         delete.__qualname__ = "ArrayImpl.delete"
+        from jaxtop.probes.frames import HOOK_CODES
+
+        HOOK_CODES.add(delete.__code__)  # hidden from the program's tracebacks
         doc = getattr(original, "__doc__", None)
         delete.__doc__ = doc if isinstance(doc, str) else None
         delete.__wrapped__ = original  # type: ignore[attr-defined]
@@ -140,14 +143,28 @@ def unguard_deletes() -> None:
             pass
 
 
+#: What :func:`ready_address` gives for an array whose computation failed:
+#: it has no buffer (and holds no memory). Addresses are never negative.
+FAILED = -1
+
+
 def ready_address(arr: Any) -> int | None:
-    """The buffer's device address, or None: still being computed, deleted,
-    or no safe way to ask (see above).
+    """The buffer's device address; None: still being computed, deleted, or
+    no safe way to ask (see above); :data:`FAILED`: its computation failed.
 
     ``unsafe_buffer_pointer()`` on a buffer that an in-flight step is still
     producing waits for it while holding the GIL: one forced host-device sync
     per scan, stalling the user's threads for up to a step (measured 50-150
     ms). A pending buffer simply has no place in this scan's memory map.
+
+    A computation that failed asynchronously (an output that could not be
+    allocated: ``RESOURCE_EXHAUSTED`` on CPU under ``ulimit -v``) leaves an
+    array that says ``is_ready()`` and holds an error instead of a buffer;
+    ``unsafe_buffer_pointer()`` on it aborts the process in jaxlib
+    (``Check failed: buffer_.IsConcrete()``, jaxlib 0.10.2, SIGABRT): a
+    program that never reads that array would exit 0 on its own and 134
+    under jaxtop. ``block_until_ready()`` on a ready array returns at once,
+    or raises the stored error: asked first, it tells the two apart.
     """
     if _guard is None:
         return None
@@ -155,6 +172,10 @@ def ready_address(arr: Any) -> int | None:
         with _delete_lock:
             if arr.is_deleted() or not arr.is_ready():
                 return None
+            try:
+                arr.block_until_ready()
+            except Exception:
+                return FAILED
             return arr.unsafe_buffer_pointer()
     except Exception:
         return None

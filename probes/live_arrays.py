@@ -350,6 +350,12 @@ class LiveArrays:
                 (dev,) = devs
                 nbytes, dtype_name, shape_text = self._kind(shape, dtype)
                 ptr = self._address(arr)
+                if ptr is not None and ptr < 0:
+                    # Its computation failed (jax_memory.FAILED): no buffer, no
+                    # memory held. Counted as nothing, and never asked again.
+                    self._refs[key] = ref
+                    self._entries[key] = ()
+                    return
                 entry: tuple = (dev.id, nbytes, ptr, dtype_name, shape_text, None if ptr is not None else NOT_READY)
                 if ptr is None:
                     self._retry.add(key)

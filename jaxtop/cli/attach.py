@@ -88,6 +88,10 @@ def _ensure_agents(pids: list[int], inject: bool, no_inject: bool, timeout_s: fl
         except injector.InjectError as exc:
             print(f"jaxtop attach: {exc}", file=sys.stderr)
             return 1
+        refused = no_terminal("attach")  # nothing is injected for a dashboard that cannot be drawn
+        if refused:
+            print(refused, file=sys.stderr)
+            return EXIT_USAGE
         if not inject:
             if not sys.stdin.isatty():
                 print(f"jaxtop attach: {client.no_agent_message(pid)}\n"
@@ -112,13 +116,13 @@ def cmd_attach(pids: list[int], refresh_s: float | None = None, inject: bool = F
     from jaxtop.wire import paths
 
     paths.check_socket_dir()  # SocketDirError: main() says so, exit 2
-    refused = no_terminal("attach")  # first: nothing is injected for a dashboard that cannot be drawn
-    if refused:
-        print(refused, file=sys.stderr)
-        return EXIT_USAGE
     external = _ensure_agents(pids, inject, no_inject, inject_timeout)
     if isinstance(external, int):
         return external
+    refused = no_terminal("attach")
+    if refused:
+        print(refused, file=sys.stderr)
+        return EXIT_USAGE
     from jaxtop.dashboard.app import DEFAULT_REFRESH_S, live_app
 
     live_app(pids, refresh_s=refresh_s or DEFAULT_REFRESH_S, external=external).run_as_main()

@@ -175,7 +175,9 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except BaseException as exc:
         # Report it as the interpreter would (through the user's own
         # excepthook, if their program installed one), exit status 1.
-        tb = _trim_traceback(exc.__traceback__)
+        from jaxtop.probes.frames import without_hooks
+
+        tb = without_hooks(_trim_traceback(exc.__traceback__))
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         if budget is not None:
             budget.finish(program_ok=False)  # its status and traceback win: only the JSON report

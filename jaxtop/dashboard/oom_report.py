@@ -147,6 +147,9 @@ def trigger_line(census: dict[str, Any]) -> str:
             text += f" (reported as {trig['reported_as']})"
     elif how == "raised":
         text = f"{exc} raised (caught by the program, or not yet handled)"
+    elif how == "failed_array":
+        text = (f"a computation failed asynchronously ({exc} held by an array the program has not read yet; "
+                "reading it raises)")
     else:
         text = f"{how or 'census'}"
     if trig.get("thread"):

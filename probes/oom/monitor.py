@@ -151,11 +151,18 @@ class OomMonitor:
             text = exception_text(exc)
             if not is_oom_text(text):
                 return
+            thread = threading.current_thread().name
             trigger = {"how": "raised", "exception": type_name(exc), "message": text[:MESSAGE_CHARS],
-                       "thread": threading.current_thread().name, "uncaught": False}
-            where = user_frame_of_stack(sys._getframe(1))
-            if where is not None:
-                trigger["raised_at"] = where
+                       "thread": thread, "uncaught": False}
+            if thread.startswith("jaxtop"):
+                # Made by jaxtop's own look at an array (its scan asking whether
+                # it is ready): a computation that failed asynchronously, which
+                # the program has not read (yet). Its read raises the same error.
+                trigger["how"] = "failed_array"
+            else:
+                where = user_frame_of_stack(sys._getframe(1))
+                if where is not None:
+                    trigger["raised_at"] = where
             census = self.census(text, trigger)
             if census is not None:
                 with self._lock:
@@ -200,6 +207,12 @@ class OomMonitor:
             pass
         prev = self._prev_excepthook or sys.__excepthook__
         try:
+            tb = _without_hooks(tb)
+            if value is not None and tb is not value.__traceback__:
+                value = value.with_traceback(tb)
+        except Exception:
+            pass
+        try:
             prev(etype, value, tb)
         finally:
             self._say_where(census)
@@ -212,6 +225,13 @@ class OomMonitor:
         except Exception:
             pass
         prev = self._prev_threading_hook or threading.__excepthook__
+        try:
+            tb = _without_hooks(args.exc_traceback)
+            if tb is not args.exc_traceback:
+                args = threading.ExceptHookArgs((args.exc_type, args.exc_value.with_traceback(tb)
+                                                 if args.exc_value is not None else None, tb, args.thread))
+        except Exception:
+            pass
         try:
             prev(args)
         finally:
@@ -505,3 +525,12 @@ def uninstall() -> None:
 def current() -> OomMonitor | None:
     """The installed monitor, or None."""
     return _monitor if _monitor is not None and _monitor.installed else None
+
+
+def _without_hooks(tb: Any) -> Any:
+    """jaxtop's hook frames out of a traceback (``jaxtop.probes.frames.without_hooks``).
+
+    Imported when used: the stderr relay imports this package without jaxtop."""
+    from jaxtop.probes.frames import without_hooks
+
+    return without_hooks(tb)

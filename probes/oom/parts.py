@@ -168,7 +168,7 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
     # numpy's str(dtype) is Python code (~8 us): once per dtype, not per array.
     dtype_names: dict[Any, str] = {}
     device_names: dict[Any, str] = {}
-    aliases = errors = count = total = 0
+    aliases = errors = count = total = failed = 0
     not_scanned = 0
     arrays = list(arrays)
     for i, arr in enumerate(arrays):
@@ -183,6 +183,9 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
             if len(devices) == 1:
                 (dev,) = devices
                 ptr = ready_address(arr)  # never is_ready() on an array deleted meanwhile
+                if ptr is not None and ptr < 0:
+                    failed += 1  # its computation failed: no buffer, no memory held
+                    continue
                 if ptr is not None:
                     if (dev.id, ptr) in seen:
                         aliases += 1
@@ -230,6 +233,7 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
         "per_device": per_device,
         "aliases": aliases,
         "errors": errors,
+        "failed": failed,  # arrays whose computation failed (an allocation that failed asynchronously): no memory
         "not_scanned": not_scanned,
         "complete": not_scanned == 0,
     }
