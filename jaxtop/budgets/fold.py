@@ -281,6 +281,8 @@ class WindowState:
                 else:
                     out[name] = Measured(at_most=now, na=f"{fname}.{key} is a process-wide maximum set before "
                                          f"this window ({int(now)}); the window's own cannot be isolated")
+        if "host_syncs" in exact:  # the probe's own count at both edges: exact, up to the window's end
+            out["host_syncs"] = Measured(value=float(exact["host_syncs"]), first_exceeded_s=first("host_syncs"))
         return out
 
     def _shape_detail(self, m: Measured, d: str, end: Reading | None,

@@ -164,6 +164,12 @@ class Meter:
         if not out:
             out.update(self.agent.transfer_totals(sync_timeout_s=sync_s))
         out["compiles"] = self.agent.compile_count()
+        # Host reads counted so far, read from the probe itself: the stream
+        # sends them at most once a second, and reads just before the window
+        # ends (the program's last ones, before exit) must count too.
+        probe = getattr(self.agent, "host_sync", None)
+        if probe is not None and getattr(probe, "started", False):
+            out["host_syncs"] = int(probe.total)
         out["t"] = time.time()
         return out
 
@@ -237,6 +243,7 @@ class Window:
             start, start_t = None, time.time()
             self._start_totals = {d: 0 for d in DIRECTIONS}
             self._start_totals["compiles"] = 0
+            self._start_totals["host_syncs"] = 0  # the probe counts from its start, after the window's
         else:
             self._start_totals = meter.totals()
             start_t = self._start_totals["t"]
@@ -295,7 +302,8 @@ class Window:
                 for d in DIRECTIONS:
                     problems.setdefault(d, "transfers not all counted: the stderr relay did not acknowledge "
                                            f"within {SYNC_TIMEOUT_S:g} s (a loaded machine)")
-            exact = {k: totals[k] - self._start_totals.get(k, 0) for k in (*DIRECTIONS, "compiles") if k in totals}
+            exact = {k: totals[k] - self._start_totals.get(k, 0) for k in (*DIRECTIONS, "compiles", "host_syncs")
+                     if k in totals and k in self._start_totals}
             shapes = None
             if "shapes" in totals:
                 before = self._start_totals.get("shapes", {})
