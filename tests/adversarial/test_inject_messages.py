@@ -34,8 +34,19 @@ NON_DUMPABLE = ("import ctypes, time\nctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # 
 
 
 def jaxtop(*args, env, prefix=(), timeout=60):
-    return subprocess.run([*prefix, PY, "-m", "jaxtop", *map(str, args)], env=env, capture_output=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout)
+    """``jaxtop ARGS`` with a terminal for stdout (the dashboard refuses to
+    start, and to inject, without one) and stderr captured."""
+    import pty
+
+    screen, terminal = pty.openpty()
+    try:
+        res = subprocess.run([*prefix, PY, "-m", "jaxtop", *map(str, args)], env=env, stdout=terminal,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=timeout)
+    finally:
+        os.close(terminal)
+        os.close(screen)
+    res.stdout = b""
+    return res
 
 
 def start(argv, **kw) -> subprocess.Popen:
