@@ -211,3 +211,11 @@ def test_the_budget_report_can_go_to_stdout(child_env, tmp_path):
     assert first == "program output"
     report = json.loads(rest)
     assert report["ok"] is True and report["jaxtop_budget_report"]
+
+
+def test_the_recording_names_the_program_not_jaxtops_options(child_env, script, tmp_path):
+    log = tmp_path / "r.jsonl"
+    res = jaxtop("run", "--log", log, "--interval", "0.05", script, "a", env=child_env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    hello = json.loads(log.read_text().splitlines()[0])
+    assert hello["type"] == "hello" and hello["argv"] == [str(script), "a"]

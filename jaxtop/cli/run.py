@@ -134,6 +134,14 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return budget
     import jaxtop
 
+    # The program's argv before the agent starts: its hello (the recording's
+    # and the dashboard's header) names the program, not jaxtop's options.
+    if args.code is not None:
+        sys.argv = ["-c", *args.target]  # as python -c sets it
+    elif args.module is not None:
+        sys.argv = [args.module, *args.target]
+    else:
+        sys.argv = list(args.target)  # argv[0] exactly as given, as python keeps it
     try:
         handle = jaxtop.instrument(interval_s=args.interval, log_path=args.log, capture_stderr=not args.no_capture,
                                    prometheus_port=args.prometheus, prometheus_addr=args.prometheus_addr,
@@ -149,17 +157,14 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     set_path0 = not getattr(sys.flags, "safe_path", False)
     try:
         if args.code is not None:
-            sys.argv = ["-c", *args.target]  # as python -c sets it
             if set_path0:
                 sys.path[0] = ""  # as python -c does: the working directory, looked up at each import
             _program_globals = _run_code(args.code)
         elif args.module is not None:
-            sys.argv = [args.module, *args.target]
             if set_path0:
                 sys.path[0] = os.getcwd()  # as `python -m` does
             _program_globals = runpy.run_module(args.module, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = list(args.target)  # argv[0] exactly as given, as python keeps it
             if set_path0:
                 # The script's real directory (symlinks resolved), as python does.
                 sys.path[0] = os.path.dirname(os.path.realpath(script))
