@@ -116,3 +116,10 @@ def jaxtop_cmd(*args, env, timeout=60, **kw):
     return subprocess.run(
         [PY, "-m", "jaxtop", *map(str, args)], env=env, capture_output=True, timeout=timeout, **kw
     )
+
+
+@pytest.fixture
+def jax_cpu():
+    """jax, imported in this process (CPU backend), or the test is skipped."""
+    jax = pytest.importorskip("jax")
+    return jax

@@ -1,0 +1,199 @@
+"""The Holders fold (jaxtop/dashboard/holders.py), its report and the Holders screen in the app."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from rich.console import Console
+
+from jaxtop.dashboard.holders import HoldersFold, fold_records
+from jaxtop.dashboard.holders_screen import HoldersScreen
+from jaxtop.widgets.holders import HoldersReport, render_holders, sparkline
+from test_holders import USER, leak_profiles, make_probe
+
+T0 = 1_790_000_000.0
+MiB = 1 << 20
+
+
+# -- fold and report ----------------------------------------------------------------------------------------
+
+def stream(n=24, pid=4242, mark_at=12):
+    """A recorded-looking stream: hello, then samples every second with a
+    profile every 5th, labels and host syncs, made by the real probe on
+    synthetic profiles so that the records are the agent's own."""
+    probe, clock, mono = make_probe(leak_profiles(n + 2, leak_per_step=16), interval_s=5.0)
+    records = [{"type": "hello", "t": T0, "protocol": 1, "pid": pid, "argv": ["train.py"], "started_t": T0,
+                "versions": {"jax": "0.10.2"}, "backend": "cpu", "devices": [{"id": 0, "platform": "cpu"}],
+                "interval_s": 1.0, "slow_interval_s": 1.0, "transfer_capture": {"available": True},
+                "nvml": {"available": False, "reason": "no driver"}}]
+    for k in range(n * 5):
+        t = T0 + 1 + k
+        clock.t, mono.t = t, float(k)
+        if k == mark_at * 5:
+            probe.cmd_mark({})
+        rec = {"type": "sample", "t": t, "seq": k + 1, "devices": [
+            {"id": 0, "platform": "cpu", "source": "live_arrays", "bytes_in_use": 1300 * MiB,
+             "live_arrays": {"bytes": 1300 * MiB, "count": 140}}], "process": {"rss_bytes": 2 << 30}}
+        holders = probe.sample()
+        if holders is not None:
+            rec["holders"] = holders
+        if k % 5 == 2:
+            rec["labels"] = {"t": t, "trees": [
+                {"name": "opt_state", "bytes": 2400 * MiB, "arrays": 260, "alive": 260, "leaves": 261, "labelled_t": T0},
+                {"name": "params", "bytes": 1200 * MiB, "arrays": 130, "alive": 130, "leaves": 130, "labelled_t": T0},
+                {"name": "batch", "bytes": 64 * MiB, "arrays": 2, "alive": 1, "leaves": 2, "labelled_t": t - 1}]}
+            rec["host_syncs"] = {"t": t, "available": True, "count": 13 * (k + 1), "by_kind": {"float": 10 * (k + 1), "item": 2 * (k + 1), "asarray": k + 1},
+                                 "sites_total": 2, "numpy_hooks": True, "sites": [
+                                     {"site": "train.py:131", "function": "train_step", "file": USER, "line": 131, "count": 12 * (k + 1),
+                                      "kinds": {"float": 10 * (k + 1), "item": 2 * (k + 1)}, "last_t": t},
+                                     {"site": "eval.py:40", "function": "evaluate", "file": "/home/me/proj/eval.py", "line": 40, "count": k + 1,
+                                      "kinds": {"asarray": k + 1}, "last_t": t}]}
+        records.append(rec)
+    return records
+
+
+def test_fold_keeps_history_mark_suspects_labels_and_syncs():
+    view = fold_records(stream())
+    assert view.profiles == 24 and view.t == T0 + 116  # every 5 s; the mark's profile took #12's turn
+    by_site = {s.site: s for s in view.sites}
+    leak = by_site["train.py:120"]
+    assert leak.suspect and leak.growth.count_per_min == pytest.approx(16 * 12)
+    assert leak.history[-3:] == (21 * 16 * 32768.0, 22 * 16 * 32768.0, 23 * 16 * 32768.0)
+    assert len(leak.history) == 24 and leak.history[0] == 0.0
+    assert view.suspects == (leak,)
+    assert leak.mark_count == 16 * (23 - 12) and by_site["train.py:10"].mark_bytes == 0
+    assert view.mark_t == T0 + 61 and view.mark_bytes == 32 * MiB + 16 * 11 * 32768  # one more batch in flight
+    assert by_site["train.py:10"].share == pytest.approx(1200 * MiB / view.bytes)
+    assert [t.name for t in view.labels] == ["opt_state", "params", "batch"]
+    sync = view.syncs[0]
+    assert (sync.site, sync.count, sync.per_s) == ("train.py:131", 12 * 118, pytest.approx(12.0))
+    assert view.syncs_total == 13 * 118 and view.syncs_by_kind["float"] == 1180
+
+
+def test_fold_ignores_other_records_and_bad_fields():
+    fold = HoldersFold()
+    assert not fold.feed({"type": "hello", "t": 1.0})
+    assert fold.feed({"type": "sample", "t": 2.0, "holders": {"error": "no profiler", "t": 2.0}})
+    assert fold.view().error == "no profiler" and fold.view().t is None
+    fold.feed({"type": "sample", "t": 3.0, "holders": {"t": 3.0, "sites": ["junk", {"site": "x.py:1"}], "bytes": "?"},
+               "labels": {"trees": [None, {"name": "p"}]}, "host_syncs": {"sites": [1], "available": False, "reason": "r"}})
+    view = fold.view()
+    assert [s.site for s in view.sites] == ["x.py:1"] and view.labels[0].name == "p" and view.syncs_reason == "r"
+    assert fold.view() is view  # cached until the next change
+
+
+def render(renderable, width=120) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_report_shows_sites_suspects_mark_labels_and_syncs_at_any_width():
+    view = fold_records(stream())
+    text = render(HoldersReport(view), 140)
+    assert "⚠ leak suspect train.py:120 log_metrics: +192 arrays/min, +6.00 MiB/min, for 1m55s" in text
+    assert "since mark (59s ago): +37.5 MiB, +177 buffers" in text
+    lines = text.splitlines()
+    rows = [l for l in lines if l.strip().startswith(("train.py", "data.py", "⚠")) and "leak suspect" not in l]
+    assert rows[0].lstrip().startswith("train.py:14") and "init_opt_state" in rows[0] and "2.34 GiB" in rows[0]
+    assert "train.py:120" in rows[3] and "+6.00 MiB/min" in rows[3] and "+5.50 MiB" in rows[3]
+    assert "opt_state" in text and "2.34 GiB" in text and "1/2" in text  # batch: one of two arrays alive
+    assert "train.py:131" in text and "float 1,180, item 236" in text
+    for width in (60, 80, 200):
+        narrow = render_holders(view, width)
+        assert "train.py:120" in narrow and "leak suspect" in narrow and "Named pytrees" in narrow
+        assert max(len(l) for l in narrow.splitlines()) <= width
+    assert "No holders data yet" in render(HoldersReport(None))
+    one = render(HoldersReport(view, device="cpu:0"), 120)
+    assert "on cpu:0" in one
+
+
+def test_sparkline_tells_gone_from_unknown():
+    assert sparkline([0, 1, 2, 4, 8], 5).plain == "▁▁▂▄█"
+    assert sparkline([None, 4, 0], 4).plain == " ·█▁"
+
+
+# -- the Holders screen in the app ------------------------------------------------------------------------
+
+try:
+    from jaxtop.dashboard.model import ProcessModel
+
+    MODEL_FOLDS = hasattr(ProcessModel(1), "holders")  # the model folds holders itself once wired
+except Exception:  # pragma: no cover
+    MODEL_FOLDS = False
+
+
+def app_with_holders():
+    from jaxtop.dashboard.app import make_app
+    from jaxtop.dashboard.sources import PushSource
+
+    src = PushSource()
+    app = make_app(src, refresh_s=0.05)
+    return src, app
+
+
+def feed_app(src, records, pid=4242):
+    fold = HoldersFold()
+    for rec in records:
+        src.push(pid, rec, update=False)
+        fold.feed(rec)
+    src.on_update()
+    return fold
+
+
+async def open_holders(pilot, app, src, fold):
+    await pilot.press("H")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the view arrives with the app's next snapshot
+        await pilot.pause(0.05)
+        if isinstance(app.screen, HoldersScreen):
+            app.screen.refresh_view()
+            if app.screen.view is not None and app.screen.view.profiles == 24:
+                break
+    assert isinstance(app.screen, HoldersScreen) and app.screen.view.profiles == 24
+    return app.screen
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    time.tzset()
+
+
+async def test_holders_screen_keys_send_commands_and_filter_devices():
+    src, app = app_with_holders()
+    async with app.run_test(size=(120, 40)) as pilot:
+        fold = feed_app(src, stream())
+        screen = await open_holders(pilot, app, src, fold)
+        body = render(screen.query_one("#holders-body").content, 118)
+        assert "train.py:120" in body and "leak suspect" in body and "opt_state" in body
+        await pilot.press("m")
+        assert src.commands[-1][1:] == ("holders_mark", {})
+        await pilot.press("M")
+        assert src.commands[-1][1:] == ("holders_mark", {"clear": True})
+        await pilot.press("r")
+        assert src.commands[-1][1] == "holders_profile"
+        await pilot.press("v")
+        assert screen.device == "cpu:0"
+        assert "on cpu:0" in render(screen.query_one("#holders-body").content, 118)
+        await pilot.press("v")
+        assert screen.device is None
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, HoldersScreen)
+
+
+def test_holders_screen_snapshot(snap_compare, utc):
+    src, app = app_with_holders()
+
+    async def run_before(pilot):
+        fold = feed_app(src, stream())
+        await open_holders(pilot, app, src, fold)
+        app.screen.refresh_view()
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)

@@ -1,0 +1,198 @@
+"""The OOM census as people read it: `jaxtop oom`, the report text, the view at any width and the OOM screen."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+
+from rich.console import Console
+
+from jaxtop.dashboard import oom_report
+from jaxtop.probes import oom
+from jaxtop.probes.oom import (
+    build_census,
+)
+
+MiB, GiB = 1 << 20, 1 << 30
+
+#: How a comprehension's frame is named (Python < 3.12 runs it in a frame of its own).
+
+
+# ---------------------------------------------------------------------------
+# The report: `jaxtop oom FILE`
+# ---------------------------------------------------------------------------
+
+def sample_census() -> dict:
+    """A GPU census with fragmentation, fixed in time and place."""
+    t = 1_790_000_000.0
+    return {
+        "type": "oom_census", "t": t, "version": 1, "id": "4242-1", "pid": 4242, "argv": ["train.py", "--big"],
+        "trigger": {"how": "raised", "exception": "jax.errors.JaxRuntimeError", "uncaught": True, "thread": "MainThread",
+                    "message": "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1073741824 bytes.",
+                    "raised_at": {"file": "/src/train.py", "line": 120, "function": "step", "site": "train.py:120 in step"}},
+        "request": {"bytes": 1073741824, "rounded_bytes": 1073741824, "form": "gpu", "device": "gpu:0", "device_id": 0,
+                    "allocator": "GPU_0_bfc", "op": "jit(step)/dot_general", "device_ordinal": 0},
+        "devices": [
+            {"id": 0, "platform": "gpu", "source": "memory_stats", "bytes_in_use": int(76 * GiB),
+             "bytes_limit": int(79.1 * GiB), "pool_bytes": int(79.1 * GiB), "largest_free_block_bytes": int(0.4 * GiB),
+             "fragmentation": 0.87, "live_array_bytes": int(75 * GiB), "failed": True,
+             "verdict": "fragmentation: 3.10 GiB free in the pool but the largest free block is 410 MiB; the request was 1.00 GiB"},
+            {"id": 1, "platform": "gpu", "source": "memory_stats", "bytes_in_use": 10 * GiB, "bytes_limit": int(79.1 * GiB),
+             "pool_bytes": 12 * GiB, "largest_free_block_bytes": 2 * GiB, "fragmentation": 0.0,
+             "live_array_bytes": 10 * GiB, "failed": False, "verdict": "the pool is full: 10.0 of 79.1 GiB in use"},
+        ],
+        "host": {"rss_bytes": 8 * GiB, "vms_bytes": 90 * GiB, "rlimit_as_bytes": None, "mem_total_bytes": 512 * GiB,
+                 "mem_available_bytes": 400 * GiB},
+        "verdict": "fragmentation: 3.10 GiB free in the pool but the largest free block is 410 MiB; the request was 1.00 GiB",
+        "arrays": {"groups": [
+            {"shape": [12, 8192, 8192], "dtype": "float32", "placement": "gpu:0", "count": 12, "bytes": 12 * 3 * GiB,
+             "bytes_each": 3 * GiB},
+            {"shape": [8192, 8192], "dtype": "bfloat16", "placement": "PartitionSpec('data',) on 2 devices",
+             "count": 4, "bytes": 4 * 128 * MiB, "bytes_each": 128 * MiB}],
+            "count": 40, "bytes": int(85 * GiB), "groups_total": 5, "shown_bytes": 36 * GiB + 512 * MiB,
+            "per_device": {"0": int(75 * GiB), "1": 10 * GiB}, "aliases": 1, "errors": 0, "not_scanned": 0, "complete": True},
+        "sites": {"top": [
+            {"site": "train.py:88 in prefetch", "file": "/src/train.py", "line": 88, "function": "prefetch",
+             "bytes": int(9.4 * GiB), "count": 12, "user": True, "via": None, "stack": ["train.py:88 in prefetch"]},
+            {"site": "model.py:40 in init", "file": "/src/model.py", "line": 40, "function": "init", "bytes": 2 * GiB,
+             "count": 300, "user": True, "via": "linear.py:12 in param", "stack": []}],
+            "bytes": int(85 * GiB), "count": 40, "sites_total": 7, "executable_bytes": 0},
+        "timeline": {"t": [t - 9 + i for i in range(10)],
+                     "bytes_in_use": {"0": [int((40 + 4 * i) * GiB) for i in range(10)], "1": [10 * GiB] * 10},
+                     "live_bytes": {"0": [None] * 10, "1": [None] * 10}, "rss_bytes": [8 * GiB] * 10},
+        "allocator_log": {"t": t, "stats": {"bytes_limit": int(79.1 * GiB), "largest_free_block_bytes": int(0.4 * GiB)},
+                          "occupancy": "*" * 90 + "x" * 3 + "_" * 7, "lines": []},
+        "timing": {"seconds": 0.142, "budget_s": 2.0, "steps": {}, "live_arrays": 40},
+        "skipped": [], "errors": [], "complete": True, "path": "/runs/jaxtop-oom-4242-20260922-000000.json",
+    }
+
+
+def test_report_text_names_what_held_the_memory():
+    text = oom_report.format_report(sample_census(), width=100)
+    assert "Out of memory: uncaught jax.errors.JaxRuntimeError in thread MainThread at train.py:120 in step" in text
+    assert ("Failed request: 1.00 GiB (1073741824 bytes) on gpu:0 (allocator GPU_0_bfc), op jit(step)/dot_general"
+            in text)
+    assert "Verdict: fragmentation: 3.10 GiB free in the pool but the largest free block is 410 MiB" in text
+    assert "train.py:88 in prefetch: 12 arrays, 9.40 GiB" in text
+    assert "model.py:40 in init: 300 arrays, 2.00 GiB (via linear.py:12 in param)" in text
+    assert re.search(r"\s12\s+36\.0 GiB\s+3\.00 GiB\s+float32\[12, 8192, 8192\]\s+gpu:0", text)
+    assert "… 3 more groups, 48.5 GiB" in text
+    assert "gpu:0    ▁▂▃▃▄▅▆▆▇█  40.0 GiB -> 76.0 GiB" in text
+    assert "Census took 142.0 ms of a 2.0 s budget; complete" in text
+
+
+def test_jaxtop_oom_main_reads_a_census_file_and_a_recording(tmp_path, capsys):  # (e)
+    census = sample_census()
+    path = tmp_path / "jaxtop-oom-4242-20260922-000000.json"
+    path.write_text(json.dumps(census, indent=1))
+    assert oom_report.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "train.py:88 in prefetch: 12 arrays, 9.40 GiB" in out and out == oom_report.format_report(census, width=100)
+    # A gzip recording: the census rides in a sample (an older copy) and as a record (the last copy wins).
+    older = dict(census, verdict="older copy")
+    lines = [{"type": "hello", "t": 1.0, "pid": 4242}, {"type": "sample", "t": 2.0, "seq": 1, "oom_census": older},
+             census, {"type": "exit", "t": 3.0, "pid": 4242}]
+    rec = tmp_path / "run.jsonl.gz"
+    with gzip.open(rec, "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in lines))
+    assert oom_report.main([str(rec), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "older copy" not in out and out.count("jaxtop OOM census") == 1
+    empty = tmp_path / "none.jsonl"
+    empty.write_text(json.dumps({"type": "hello", "t": 1.0}) + "\n")
+    assert oom_report.main([str(empty)]) == 1
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not json at all\n")
+    assert oom_report.main([str(junk)]) == 2
+    assert oom_report.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_report_and_view_take_a_census_that_failed_half_way(monkeypatch):
+    from jaxtop.widgets.oom import OomCensusView
+
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(oom.census, "_build_census", broken)
+    census = build_census(message="RESOURCE_EXHAUSTED: Out of memory allocating 64 bytes.")
+    assert census["errors"] == ["census: ValueError: boom"] and census["request"]["bytes"] == 64
+    text = oom_report.format_report(census)
+    assert "Failed request: 64 B (64 bytes)" in text and "Errors: census: ValueError: boom" in text
+    console = Console(width=80, record=True, file=io.StringIO(), color_system=None)
+    console.print(OomCensusView(census))
+    assert "OUT OF MEMORY" in console.export_text()
+
+
+def test_view_renders_at_any_width_without_a_census_too():
+    from jaxtop.widgets.oom import NO_CENSUS, OomCensusView
+
+    for width in (60, 100, 200):
+        console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+        console.print(OomCensusView(sample_census(), position=(0, 2)))
+        text = console.export_text()
+        assert "OUT OF MEMORY" in text and "train.py:88 in prefetch" in text
+        assert max(len(line) for line in text.splitlines()) <= width
+    console = Console(width=80, record=True, file=io.StringIO(), color_system=None)
+    console.print(OomCensusView(None))
+    assert " ".join(console.export_text().split()) == NO_CENSUS
+
+
+# ---------------------------------------------------------------------------
+# The OOM screen (f)
+# ---------------------------------------------------------------------------
+
+def _screen_app():
+    from jaxtop.dashboard.app import make_app
+    from jaxtop.dashboard.sources import PushSource
+
+    src = PushSource()
+    return src, make_app(src)
+
+
+async def test_oom_screen_shows_a_pushed_census_and_closes():
+    from jaxtop.dashboard.oom_screen import OomScreen
+
+    src, app = _screen_app()
+    census = sample_census()
+    async with app.run_test(size=(120, 50)) as pilot:
+        src.push(4242, {"type": "hello", "t": census["t"] - 10, "pid": 4242, "argv": ["train.py"], "interval_s": 0.1,
+                        "backend": "gpu"})
+        src.push(4242, census)  # an oom_census record on the stream
+        proc = app.model.processes[4242]
+        if hasattr(proc, "oom_census"):  # once the model keeps censuses
+            assert proc.oom_census["id"] == census["id"]
+        older = dict(census, id="4242-0", verdict="the pool is full: 70.0 of 79.1 GiB in use")
+        app.push_screen(OomScreen([older, census]))
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, OomScreen)
+        shown = _static_text(app.screen)
+        assert "train.py:88 in prefetch: 12 arrays, 9.40 GiB" in shown and "census 1 of 2" in shown
+        await pilot.press("n")
+        assert "70.0 of 79.1 GiB" in _static_text(app.screen) and "census 2 of 2" in _static_text(app.screen)
+        await pilot.press("escape")
+        await pilot.pause(0.05)
+        assert not isinstance(app.screen, OomScreen)
+
+
+def _static_text(screen) -> str:
+    from textual.widgets import Static
+
+    static = screen.query_one("#oom-census", Static)
+    console = Console(width=118, record=True, file=io.StringIO(), color_system=None)
+    console.print(static.content)
+    return console.export_text()
+
+
+def test_oom_screen_snapshot(snap_compare):
+    from jaxtop.dashboard.oom_screen import OomScreen
+
+    src, app = _screen_app()
+
+    async def run_before(pilot):
+        src.push(4242, sample_census())
+        app.push_screen(OomScreen(sample_census()))
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(110, 46), run_before=run_before)
