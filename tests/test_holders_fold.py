@@ -12,9 +12,7 @@ from jaxtop.dashboard.holders import HoldersFold, fold_records
 from jaxtop.dashboard.holders_screen import HoldersScreen
 from jaxtop.widgets.holders import HoldersReport, render_holders, sparkline
 from test_holders import USER, leak_profiles, make_probe
-
-T0 = 1_790_000_000.0
-MiB = 1 << 20
+from test_holders import MiB, T0  # helpers shared with that module
 
 
 # -- fold and report ----------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import pytest
 from conftest import PY, TARGETS, wait_for
 
 
-
 # -- real programs ---------------------------------------------------------------------------------------------
 
 def marker_lines(path: Path, tag: str) -> dict[str, int]:

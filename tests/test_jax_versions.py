@@ -9,7 +9,7 @@ time on the oldest jax pyproject.toml accepts.
 from __future__ import annotations
 
 import json
-import os
+
 import re
 import subprocess
 import sys

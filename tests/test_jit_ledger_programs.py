@@ -5,55 +5,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import PY, TARGETS, jaxtop_cmd
-from jaxtop.wire import protocol
-from jaxtop.dashboard.ledger import LedgerStore
+from conftest import PY
+from test_jit_ledger import AGENT_KEEPS_LEDGER, LEAK, LEDGER, call_lines, folded, jit_fields, run_with_ledger, sizes  # helpers shared with that module
 
-LEDGER = TARGETS / "jit_ledger.py"
-LEAK = TARGETS / "jit_ledger_leak.py"
-AGENT_SOURCE = Path(__file__).resolve().parents[1] / "jaxtop" / "agent" / "agent.py"
 #: The agent keeps the ledger itself (else the children add it in-process).
-AGENT_KEEPS_LEDGER = "JitLedgerProbe" in AGENT_SOURCE.read_text()
 #: The model folds ``jit`` fields itself (else the tests feed a store).
-
-
-def call_lines(path: Path) -> dict[str, int]:
-    """``# call:NAME`` / ``# leak`` markers of a target → line numbers."""
-    out = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        m = re.search(r"# (call:\S+|leak)\s*$", line)
-        if m:
-            out[m.group(1)] = n
-    return out
-
-
-def run_with_ledger(script: Path, args: list[str], env: dict, log: Path, timeout: float = 180):
-    if AGENT_KEEPS_LEDGER:
-        return jaxtop_cmd("run", "--log", log, script, *args, env=env, timeout=timeout)
-    return subprocess.run([PY, str(script), *args, "--inprocess", str(log)], env=env, capture_output=True,
-                          timeout=timeout)
-
-
-def jit_fields(log: Path) -> list[dict]:
-    with open(log, "rb") as f:
-        return [r["jit"] for r in protocol.iter_records(f) if r.get("type") == "sample" and isinstance(r.get("jit"), dict)]
-
-
-def folded(log: Path, pid: int = 1):
-    store = LedgerStore()
-    with open(log, "rb") as f:
-        for rec in protocol.iter_records(f):
-            if rec.get("type") == "sample":
-                store.feed_sample(pid, rec)
-    return store.view(pid)
-
-
-def sizes(row) -> tuple:
-    return tuple(row[k] for k in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "code_bytes"))
 
 
 # -- the probe in real JAX programs -------------------------------------------------------

@@ -5,33 +5,19 @@ from __future__ import annotations
 import collections
 import io
 import time
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from conftest import TARGETS
-from jaxtop.wire import protocol
 from jaxtop.dashboard.app import make_app
 from jaxtop.dashboard.jit_screen import JitScreen
 from jaxtop.dashboard.ledger import LedgerStore
-from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import PushSource
 from jaxtop.widgets.jit import JitLedgerTable, sort_functions
+from test_jit_ledger import MODEL_FOLDS  # helpers shared with that module
 
-LEDGER = TARGETS / "jit_ledger.py"
 #: The agent keeps the ledger itself (else the children add it in-process).
 #: The model folds ``jit`` fields itself (else the tests feed a store).
-MODEL_FOLDS = hasattr(Model(), "ledgers")
-
-
-def folded(log: Path, pid: int = 1):
-    store = LedgerStore()
-    with open(log, "rb") as f:
-        for rec in protocol.iter_records(f):
-            if rec.get("type") == "sample":
-                store.feed_sample(pid, rec)
-    return store.view(pid)
 
 
 # -- the dashboard's store --------------------------------------------------------------------

@@ -11,7 +11,6 @@ import pytest
 from test_holders import Clock, FakeAgent
 
 
-
 # -- labels ------------------------------------------------------------------------------------------------
 
 @pytest.fixture

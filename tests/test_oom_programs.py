@@ -7,29 +7,17 @@ import os
 import subprocess
 import sys
 import shutil
-from pathlib import Path
 
 import pytest
 
 from jaxtop.dashboard import oom_report
 from jaxtop.probes import oom
 from jaxtop.wire.units import fmt_bytes
+from test_oom import HOLD, LISTCOMP, ROOT, marker_line  # helpers shared with that module
 
-TARGETS = Path(__file__).parent / "targets"
-HOLD = TARGETS / "oom_hold.py"
-ROOT = Path(__file__).resolve().parent.parent
 MiB, GiB = 1 << 20, 1 << 30
 
 #: How a comprehension's frame is named (Python < 3.12 runs it in a frame of its own).
-LISTCOMP = ".<listcomp>" if sys.version_info < (3, 12) else ""
-
-
-def marker_line(path: Path, marker: str) -> int:
-    """The line number of the line holding ``# MARKER`` in ``path``."""
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if f"# {marker}" in line:
-            return n
-    raise AssertionError(f"{marker} not in {path}")
 
 
 # ---------------------------------------------------------------------------

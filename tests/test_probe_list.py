@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+
 
 from jaxtop.agent.probe_list import FieldProbe, ProbeList
 from jaxtop.probes.base import Probe, Tick
