@@ -123,3 +123,12 @@ def jax_cpu():
     """jax, imported in this process (CPU backend), or the test is skipped."""
     jax = pytest.importorskip("jax")
     return jax
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    """Times drawn in UTC (snapshots show clock times)."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    time.tzset()

@@ -154,14 +154,6 @@ async def open_holders(pilot, app, src, fold):
     return app.screen
 
 
-@pytest.fixture
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    time.tzset()
-
-
 async def test_holders_screen_keys_send_commands_and_filter_devices():
     src, app = app_with_holders()
     async with app.run_test(size=(120, 40)) as pilot:

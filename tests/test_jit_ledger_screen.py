@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import collections
 import io
-import time
 
-import pytest
 from rich.console import Console
 
 from jaxtop.dashboard.app import make_app
@@ -169,14 +167,6 @@ async def open_jit(pilot, app, src, store, pid=4242):
     await pilot.pause(0.2)
     assert isinstance(app.screen, JitScreen)
     return app.screen
-
-
-@pytest.fixture
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    time.tzset()
 
 
 async def test_jit_screen_keys(utc):
