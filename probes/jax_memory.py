@@ -172,10 +172,12 @@ def ready_address(arr: Any) -> int | None:
         with _delete_lock:
             if arr.is_deleted() or not arr.is_ready():
                 return None
-            try:
-                arr.block_until_ready()
-            except Exception:
-                return FAILED
+            wait = getattr(arr, "block_until_ready", None)
+            if wait is not None:
+                try:
+                    wait()  # ready: returns at once, or raises the error it holds
+                except Exception:
+                    return FAILED
             return arr.unsafe_buffer_pointer()
     except Exception:
         return None
