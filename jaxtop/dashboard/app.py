@@ -281,6 +281,7 @@ class JaxtopApp(App[None]):
         self._pump_stop.set()
         self._pump_poke.set()
         self.source.stop()
+        self.web.close()  # the temporary files of browser downloads (jaxtop serve)
 
     # -- input first: a backlog's reader steps aside while a key is answered ----
     async def on_event(self, event: events.Event) -> None:
