@@ -81,9 +81,9 @@ def _text(snap: Any) -> str:
     out = []
     for p in snap.processes:
         out.append(f"{p.who}  {' '.join(p.argv) or '?'}")
+        uptime = na() if p.uptime_s is None else f"{p.uptime_s:.0f} s"
         out.append(f"  backend {p.backend or na('not started')}  jax {p.jax_version or na()}  state {p.state}  "
-                   f"seq {p.seq}  uptime {p.uptime_s:.0f} s" if p.uptime_s is not None else
-                   f"  backend {p.backend or na('not started')}  state {p.state}  seq {p.seq}")
+                   f"seq {p.seq}  uptime {uptime}")
         host = p.process
         out.append(f"  host RSS {fmt_bytes(host.rss_bytes)}  CPU {na() if host.cpu_percent is None else f'{host.cpu_percent:.1f}%'}"
                    f"  threads {na() if host.threads is None else host.threads}")

@@ -389,7 +389,7 @@ def push(state: StreamState, url: str, timeout_s: float = PUSH_TIMEOUT_S) -> Non
     try:
         push_to_gateway(url, job=job, registry=make_registry(state), grouping_key={"host": host, "pid": pid},
                         timeout=timeout_s)
-    except OSError:
-        raise
-    except Exception as exc:  # urllib's HTTPError is an OSError; anything else: a bad URL
-        raise OSError(f"{type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        if isinstance(exc, OSError):  # unreachable, refused (urllib's HTTPError is one)
+            raise
+        raise OSError(f"{type(exc).__name__}: {exc}") from exc  # a bad URL
