@@ -146,11 +146,65 @@ def unguard_deletes() -> None:
 #: What :func:`ready_address` gives for an array whose computation failed:
 #: it has no buffer (and holds no memory). Addresses are never negative.
 FAILED = -1
+#: What :func:`ready_address` gives for an array that has a buffer whose
+#: address cannot be asked without side effects (see :func:`executable_output`).
+UNASKED = -2
+
+# Where an executable's outputs are wrapped, as the innermost frame of their
+# traceback (``co_qualname``): the first call of a jitted function and eager
+# ops. The later calls go through jaxlib's C++ dispatch, which records the
+# caller's frame: a frame outside jax.
+_OUTPUT_FRAMES = frozenset({"ExecuteReplicated.__call__", "apply_primitive"})
+_JAX_DIR = os.sep + "jax" + os.sep
+_MISSING = object()
 
 
-def ready_address(arr: Any) -> int | None:
+def executable_output(arr: Any) -> bool:
+    """True when ``arr`` is known to be an executable's output, whose buffer
+    address can be asked without side effects.
+
+    jaxlib answers ``unsafe_buffer_pointer()`` (and DLPack, and
+    ``__cuda_array_interface__``) from the array's ``_arrays``: an array
+    that jax assembled in Python from single-device pieces
+    (``jax.device_put`` of host data, ``make_array_from_callback``,
+    ``make_array_from_single_device_arrays``) is not a single-device array
+    inside jaxlib even on one device, and asking makes a new Array on its
+    buffer, cached on it, that shows up in the program's own
+    ``jax.live_arrays()`` from then on (measured, jax 0.10.2: 5 arrays became
+    10 under the agent). An executable's outputs answer with themselves. No
+    attribute tells the two apart; where the array was made does: the
+    innermost frame of ``arr.traceback`` (the very object jaxlib keeps, read
+    in ~1-2 µs) is ``batched_device_put`` or
+    ``make_array_from_single_device_arrays`` for the first kind, and for the
+    second the program's own line (jaxlib's C++ dispatch) or jax's
+    ``ExecuteReplicated.__call__``/``apply_primitive``. Anything else inside
+    jax, or no traceback, is not asked.
+    """
+    try:
+        tb = getattr(arr, "traceback", _MISSING)
+        if tb is _MISSING:
+            return True  # not jaxlib's Array (a test's stand-in)
+        if tb is None:
+            return False
+        codes, _ = tb.raw_frames()
+        if not codes:
+            return False
+        top = codes[0]
+    except Exception:
+        return False
+    if _JAX_DIR not in top.co_filename:
+        return True
+    return getattr(top, "co_qualname", top.co_name) in _OUTPUT_FRAMES
+
+
+def ready_address(arr: Any, shard: bool = False) -> int | None:
     """The buffer's device address; None: still being computed, deleted, or
-    no safe way to ask (see above); :data:`FAILED`: its computation failed.
+    no safe way to ask (see above); :data:`FAILED`: its computation failed;
+    :data:`UNASKED`: ready, but asking would add an Array to the program's
+    ``jax.live_arrays()`` (:func:`executable_output`).
+
+    ``shard``: the caller knows ``arr`` for one of the single-device Arrays
+    jaxlib made on another array's buffer (they answer with themselves).
 
     ``unsafe_buffer_pointer()`` on a buffer that an in-flight step is still
     producing waits for it while holding the GIL: one forced host-device sync
@@ -178,6 +232,8 @@ def ready_address(arr: Any) -> int | None:
                     wait()  # ready: returns at once, or raises the error it holds
                 except Exception:
                     return FAILED
+            if not shard and not executable_output(arr):
+                return UNASKED
             return arr.unsafe_buffer_pointer()
     except Exception:
         return None

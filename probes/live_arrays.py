@@ -28,12 +28,31 @@ aliased to an input, a shard the program took out of a sharded array) share
 an address, and the second is remembered as an alias, counted again only if
 the first goes away. A sharded array's per-device bytes come from its
 sharding (``shard_shape`` × itemsize on each addressable device): reading
-``addressable_shards`` would materialise one new single-device Array per
-shard that lives as long as the parent and shows up in the program's own
-``jax.live_arrays()`` (measured: 15 arrays became 127 on an 8-device
-program). Such shards have no address in the map, and the map says so. A
-buffer still being computed has no address yet (asking would block): it is
-counted, and asked again on the next scans until it has one.
+``addressable_shards`` (or ``_arrays``) would materialise one new
+single-device Array per shard that lives as long as the parent and shows up
+in the program's own ``jax.live_arrays()`` (measured: 15 arrays became 127
+on an 8-device program). Such shards have no address in the map, and the map
+says so. A buffer still being computed has no address yet (asking would
+block): it is counted, and asked again on the next scans until it has one.
+
+The program's own host reads do materialise those per-shard Arrays, and they
+stay cached on the parent: ``np.asarray``/``jax.device_get`` of an array
+sharded over 8 devices adds 16 single-device Arrays to ``jax.live_arrays()``
+(8 shards and one more Array per shard, on the same 8 buffers; jax 0.10.2),
+``addressable_data(i)`` adds 8, ``np.asarray`` of a replicated array 1.
+Counted as ordinary arrays they would double each device's bytes. They carry
+their parent's traceback, the very object (``x.traceback is
+parent.traceback``), and nothing else links them: a single-device Array with
+a buffer address, whose traceback is that of a live sharded array with a
+shard of the same bytes, dtype and shape on that device still without an
+address, is taken for that shard: the parent's shard gets the address and
+the newcomer becomes its alias. Arrays made together by one jitted call
+share one traceback: among same-shaped siblings the shard found may be a
+sibling's, which changes no total (same device, bytes, dtype and shape).
+Only if that parent then goes while the view lives on is one buffer counted
+twice until one of the two goes. Where jaxlib records no traceback
+(``x.traceback is None``) no view is recognised, and host reads of sharded
+arrays count twice.
 
 Objects that take no weak reference (test doubles) are read afresh on every
 scan, as before this module existed.
@@ -59,8 +78,11 @@ REGION_GAP_BYTES = 4 << 20
 #: Narrower gaps are the allocator's own headers and alignment, not holes.
 MIN_HOLE_BYTES = 4096
 
-# Why a counted buffer has no place in the map.
-NOT_READY, SHARDED = "not_ready", "sharded"
+# Why a counted buffer has no place in the map: still being computed; a
+# shard of a sharded array; an address only a new Array would tell.
+NOT_READY, SHARDED, UNMAPPED = "not_ready", "sharded", "no_address"
+#: What the address function gives for the last kind (jax_memory.UNASKED).
+UNASKED = -2
 
 # A buffer is one flat tuple of atoms: (device id, nbytes, ptr, dtype,
 # shape, why unmapped). One object per array, which the cyclic collector
@@ -240,6 +262,13 @@ class LiveArrays:
         self._retry: set[int] = set()  # keys with a buffer that had no address yet, or unread
         self.devices: dict[int, _Device] = {}
         self._kinds: dict[tuple, tuple[int, str, str]] = {}
+        # Shards of sharded arrays without an address yet, by (id of the
+        # parent's traceback, device, nbytes, dtype, shape): the parents'
+        # keys, for the per-shard Arrays a host read makes (see the module).
+        # The parent holds its traceback, so the id is unique meanwhile.
+        self._open: dict[tuple, list[int]] = {}
+        self._parent_tb: dict[int, int] = {}  # sharded key -> id of its traceback
+        self._parent_tbs: dict[int, int] = {}  # id of such a traceback -> arrays holding it
         #: Arrays read (new to a scan, or asked again) in the last scan, and
         #: the CPU seconds reading them took (listing and comparing not counted).
         self.read_last = 0
@@ -278,13 +307,18 @@ class LiveArrays:
             new = now - self._refs.keys()
             started = time.thread_time()
             # jax.live_arrays() lists the newest first: the newcomers are
-            # found at the head, without indexing every array.
+            # found at the head, without indexing every array. They are read
+            # oldest first, so that a sharded array is known before the
+            # per-shard Arrays a later host read made of it.
+            found = []
             for i, key in enumerate(keys):
                 if not new:
                     break
                 if key in new:
                     new.discard(key)
-                    self._read(key, refs[i], live[i])
+                    found.append(i)
+            for i in reversed(found):
+                self._read(keys[i], refs[i], live[i])
             self.read_cpu_s += time.thread_time() - started
             self._keys = keys
         return changed
@@ -320,7 +354,16 @@ class LiveArrays:
         self._retry.discard(key)
         if not entry:
             return
-        for row in (entry,) if entry[0].__class__ is int else entry:
+        rows = (entry,) if entry[0].__class__ is int else entry
+        tb = self._parent_tb.pop(key, None)
+        if tb is not None:
+            left = self._parent_tbs.pop(tb) - 1
+            if left:
+                self._parent_tbs[tb] = left
+            for row in rows:
+                if row[PTR] is None:
+                    self._close_slot((tb, row[DEV], row[NBYTES], row[DTYPE], row[SHAPE]), key)
+        for row in rows:
             dev = self.devices.get(row[DEV])
             if dev is not None:
                 dev.remove(key, row)
@@ -350,20 +393,39 @@ class LiveArrays:
                 (dev,) = devs
                 nbytes, dtype_name, shape_text = self._kind(shape, dtype)
                 ptr = self._address(arr)
+                if ptr == UNASKED and self._parent_tbs and id(getattr(arr, "traceback", None)) in self._parent_tbs:
+                    # The traceback of an array counted without addresses:
+                    # one of the single-device Arrays a host read made on
+                    # that array's buffers (never another array jax
+                    # assembled: each has its own traceback), which answers
+                    # with itself.
+                    ptr = self._address(arr, True)
                 if ptr is not None and ptr < 0:
-                    # Its computation failed (jax_memory.FAILED): no buffer, no
-                    # memory held. Counted as nothing, and never asked again.
-                    self._refs[key] = ref
-                    self._entries[key] = ()
+                    if ptr != UNASKED:
+                        # Its computation failed (jax_memory.FAILED): no buffer, no
+                        # memory held. Counted as nothing, and never asked again.
+                        self._refs[key] = ref
+                        self._entries[key] = ()
+                        return
+                    # A buffer whose address only a new Array would tell:
+                    # counted without one, like a sharded array's shard, and
+                    # the Arrays the program's host reads make on it are
+                    # recognised the same way (see the module).
+                    entry: tuple = (dev.id, nbytes, None, dtype_name, shape_text, UNMAPPED)
+                    self._open_slots(key, arr, (entry,))
+                    self._place(key, ref, entry, (entry,))
                     return
-                entry: tuple = (dev.id, nbytes, ptr, dtype_name, shape_text, None if ptr is not None else NOT_READY)
+                entry = (dev.id, nbytes, ptr, dtype_name, shape_text, None if ptr is not None else NOT_READY)
                 if ptr is None:
                     self._retry.add(key)
+                elif self._open:
+                    self._take_shard(arr, entry)
                 rows: tuple = (entry,)
             else:
                 nbytes, dtype_name, shape_text = self._kind(tuple(sharding.shard_shape(shape)), dtype)
                 entry = rows = tuple((dev.id, nbytes, None, dtype_name, shape_text, SHARDED)
                                      for dev in self._addressable(sharding, devs))
+                self._open_slots(key, arr, rows)
         except Exception:
             # Deleted or donated while we looked: it leaves live_arrays() by
             # the next scan. Until then it counts for nothing, and is asked
@@ -376,6 +438,66 @@ class LiveArrays:
         self._place(key, ref, entry, rows)
         if rows and rows[0][PTR] is not None:
             self._note_child(arr, rows[0])
+
+    def _open_slots(self, key: int, arr: Any, rows: tuple) -> None:
+        """Make ``arr``'s buffers without an address findable by the Arrays
+        that the program's host reads make on them (same traceback)."""
+        tb = getattr(arr, "traceback", None)
+        if tb is not None and rows:
+            tb_id = self._parent_tb[key] = id(tb)
+            self._parent_tbs[tb_id] = self._parent_tbs.get(tb_id, 0) + 1
+            for row in rows:
+                self._open.setdefault((tb_id, row[DEV], row[NBYTES], row[DTYPE], row[SHAPE]), []).append(key)
+
+    def _close_slot(self, slot: tuple, key: int) -> None:
+        keys = self._open.get(slot)
+        if keys is not None:
+            try:
+                keys.remove(key)
+            except ValueError:
+                pass
+            if not keys:
+                del self._open[slot]
+
+    def _slot_of(self, arr: Any, kind: tuple) -> tuple | None:
+        """The open slot (see ``_open``) ``arr`` fits: same traceback object,
+        device, bytes, dtype and shape; None if none."""
+        try:
+            tb = arr.traceback
+        except Exception:
+            return None
+        if tb is None:
+            return None
+        slot = (id(tb),) + kind
+        return slot if slot in self._open else None
+
+    def _take_shard(self, arr: Any, row: tuple) -> None:
+        """``arr`` (single-device, with an address) may be a per-shard Array
+        of a sharded array seen before: then that array's shard on this
+        device gets the address, and ``arr`` becomes its alias when placed."""
+        dev = self.devices.get(row[DEV])
+        if dev is None or row[PTR] in dev.owners:
+            return  # a buffer already counted: arr will be its alias anyway
+        slot = self._slot_of(arr, (row[DEV], row[NBYTES], row[DTYPE], row[SHAPE]))
+        if slot is None:
+            return
+        keys = self._open[slot]
+        parent = keys.pop()
+        if not keys:
+            del self._open[slot]
+        entry = self._entries.get(parent)
+        if not entry:
+            return
+        single = entry[0].__class__ is int
+        rows = [entry] if single else list(entry)
+        for i, old in enumerate(rows):
+            if old[DEV] == row[DEV] and old[PTR] is None:
+                shard = (old[DEV], old[NBYTES], row[PTR], old[DTYPE], old[SHAPE], None)
+                dev.remove(parent, old)
+                dev.add(parent, shard)
+                rows[i] = shard
+                self._entries[parent] = shard if single else tuple(rows)
+                return
 
     def _place(self, key: int, ref: Any, entry: tuple, rows: tuple) -> None:
         self._refs[key] = ref
@@ -413,6 +535,9 @@ class LiveArrays:
         self._keys = ()
         self._retry.clear()
         self.devices.clear()
+        self._open.clear()
+        self._parent_tb.clear()
+        self._parent_tbs.clear()
 
 
 def _itemsize(dtype: Any) -> int:

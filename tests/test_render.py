@@ -598,3 +598,9 @@ def test_short_command_drops_interpreter_and_wrapper(argv, shown):
     from jaxtop.widgets.panels import short_command
 
     assert short_command(argv) == shown
+
+
+def test_memory_map_says_why_device_put_buffers_are_unplaced():
+    (_, caption) = render(MemoryMap(SEVEN, rows=1, count=10, total_hint=15 * MiB, unmapped={"no_address": 3}), 160)
+    assert "3 device_put buffers unplaced" in caption
+    assert "without an address" not in caption  # all 10 accounted for: 7 placed, 3 explained

@@ -56,7 +56,10 @@ class MemoryMap(Sized):
         unmapped: buffers without their own address in the scan, by kind:
             ``not_ready`` (still being computed), ``last_address`` (being
             computed again: drawn at the address last seen), ``sharded``
-            (shards of multi-device arrays).
+            (shards of multi-device arrays), ``no_address`` (arrays jax
+            assembled in Python, e.g. ``device_put`` of host data: asking
+            their address would add an Array to the program's
+            ``jax.live_arrays()``).
         complete: False when ``buffers`` lists only the largest ones.
         caption_lines: lines the caption may use (1 or 2): with 2, why some
             buffers are not placed gets a line of its own.
@@ -87,7 +90,7 @@ class MemoryMap(Sized):
         """Live buffers neither placed nor accounted for by ``unmapped``."""
         if self.count is None or not self.complete:
             return 0
-        skipped = self.unmapped.get("not_ready", 0) + self.unmapped.get("sharded", 0)
+        skipped = self.unmapped.get("not_ready", 0) + self.unmapped.get("sharded", 0) + self.unmapped.get("no_address", 0)
         return max(0, self.count - len(self._entries) - skipped)
 
     def _why(self, short: bool, placed: bool = True) -> str:
@@ -103,6 +106,10 @@ class MemoryMap(Sized):
         if u.get("sharded"):
             n, s = fmt_count(u["sharded"]), plural_s(u["sharded"])
             parts.append(f"{n} shard{s} unplaced" if short else f"{n} shard{s} of sharded arrays have no address")
+        if u.get("no_address"):
+            n, s = fmt_count(u["no_address"]), plural_s(u["no_address"])
+            parts.append(f"{n} put unplaced" if short else
+                         f"{n} device_put buffer{s} unplaced (asking would add arrays to the program's live_arrays)")
         if self._unexplained():
             n = fmt_count(self._unexplained())
             parts.append(f"{n} unplaced" if short else f"{n} without an address")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from jaxtop.dashboard.model import _DeviceState
 
 #: Why a live buffer has no place in a scan's memory map (``live_arrays.unmapped``).
-UNMAPPED_KINDS = ("not_ready", "last_address", "sharded")
+UNMAPPED_KINDS = ("not_ready", "last_address", "sharded", "no_address")
 
 
 class Batch:

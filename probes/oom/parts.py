@@ -144,7 +144,12 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
     array is deduplicated by (device, buffer address) when its buffer is
     ready (two Arrays on one buffer count once), a sharded array's bytes
     come from its sharding (``shard_shape`` x itemsize on each device of
-    this process), never from ``addressable_shards``.
+    this process), never from ``addressable_shards``. The per-shard Arrays
+    that the program's host reads cache on a sharded array share its
+    traceback object and are counted as that array's shards, as in
+    :mod:`jaxtop.probes.live_arrays` (which says why): arrays are read
+    oldest first (``jax.live_arrays()`` lists the newest first), so the
+    sharded array comes before them.
 
     Args:
         arrays: ``jax.live_arrays()``.
@@ -158,7 +163,7 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
         {device id (str): bytes}, "aliases", "errors", "not_scanned",
         "complete"}``.
     """
-    from jaxtop.probes.jax_memory import _addressable, guard_deletes, ready_address
+    from jaxtop.probes.jax_memory import UNASKED, _addressable, guard_deletes, ready_address
 
     guard_deletes()  # so that addresses can be asked for safely (a no-op under the agent, which did it)
 
@@ -170,7 +175,12 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
     device_names: dict[Any, str] = {}
     aliases = errors = count = total = failed = 0
     not_scanned = 0
+    # (id of a sharded array's traceback, device, bytes, dtype, shape) ->
+    # its shards not yet claimed by a per-shard Array.
+    shards: dict[tuple[Any, ...], int] = {}
+    parents: set[int] = set()  # ids of their tracebacks
     arrays = list(arrays)
+    arrays.reverse()
     for i, arr in enumerate(arrays):
         if deadline is not None and not (i & 255) and time.perf_counter() > deadline:
             not_scanned = len(arrays) - i
@@ -183,7 +193,19 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
             if len(devices) == 1:
                 (dev,) = devices
                 ptr = ready_address(arr)  # never is_ready() on an array deleted meanwhile
-                if ptr is not None and ptr < 0:
+                nbytes = int(arr.nbytes)
+                if ptr == UNASKED and shards and id(getattr(arr, "traceback", None)) in parents:
+                    ptr = ready_address(arr, True)  # one of the Arrays a host read made on another's buffer
+                if ptr == UNASKED:
+                    # A buffer whose address only a new Array would tell:
+                    # counted without one, as a sharded array's shard is.
+                    ptr = None
+                    tb = getattr(arr, "traceback", None)
+                    if tb is not None:
+                        parents.add(id(tb))
+                        slot = (id(tb), dev.id, nbytes, dtype, shape)
+                        shards[slot] = shards.get(slot, 0) + 1
+                elif ptr is not None and ptr < 0:
                     failed += 1  # its computation failed: no buffer, no memory held
                     continue
                 if ptr is not None:
@@ -191,7 +213,13 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
                         aliases += 1
                         continue
                     seen.add((dev.id, ptr))
-                nbytes = int(arr.nbytes)
+                    if shards:
+                        tb = getattr(arr, "traceback", None)
+                        slot = (id(tb), dev.id, nbytes, dtype, shape)
+                        if tb is not None and shards.get(slot):
+                            shards[slot] -= 1  # a shard of a sharded array counted already
+                            aliases += 1
+                            continue
                 placement = device_names.get(dev)
                 if placement is None:
                     placement = device_names[dev] = f"{dev.platform}:{dev.id}"
@@ -200,6 +228,13 @@ def group_live_arrays(arrays: Iterable[Any], deadline: float | None = None, top:
             else:
                 per = _shard_bytes(shape, dtype, sharding)
                 local = list(_addressable(sharding, devices))
+                tb = getattr(arr, "traceback", None)
+                if tb is not None:
+                    parents.add(id(tb))
+                    shard_shape = tuple(sharding.shard_shape(shape))
+                    for d in local:
+                        slot = (id(tb), d.id, per, dtype, shard_shape)
+                        shards[slot] = shards.get(slot, 0) + 1
                 nbytes = per * len(local)
                 for d in local:
                     per_device[str(d.id)] = per_device.get(str(d.id), 0) + per
