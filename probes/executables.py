@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import sys
 import threading
 import time
 import weakref
@@ -50,6 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxtop.probes import compile_events, jaxstate
+from jaxtop.probes.frames import eager_dispatch
 from jaxtop.probes.cache_misses import (  # noqa: F401  (importable from here)
     _MISS_PREFIX,
     _PERSISTENT_PREFIXES,
@@ -65,6 +67,10 @@ from jaxtop.probes.cache_misses import (  # noqa: F401  (importable from here)
 from jaxtop.probes.jit_entries import _DEVICE_SIZES, _HOST_SIZES, _Exe, _Fn, analyse  # noqa: F401
 from jaxtop.probes.jit_tables import MAX_TABLE_EXECUTABLES, LedgerTables  # noqa: F401
 
+#: Function definitions remembered to check jax's "re-defined" guess.
+MAX_DEFINITIONS = 10_000
+#: Functions whose cache-miss reasons wait for their compile.
+MAX_WAITING = 1_000
 #: The duration event of one XLA compile (``fun_name=`` from jax 0.6.2).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: The duration event of an executable loaded from the persistent compilation
@@ -232,6 +238,10 @@ class JitLedgerProbe(LedgerTables):
         self._leak_reported: dict[str, Any] | None = None
         self._explain = ExplainSwitch(wanted=explain)
         self._misses_total = 0
+        self._definitions: set[tuple[Any, Any]] = set()  # (function, defined at) of the misses seen
+        self._waiting: dict[str, tuple[str | None, list[dict[str, Any]]]] = {}  # see _on_miss
+        self._eager_live = 0  # live executables compiled by jax's eager dispatch
+        self._quiet_passes = 0  # passes without growth since the leak flag went up
         self._listener_registered = False
         self._compile_reason: str | None = None
 
@@ -316,6 +326,18 @@ class JitLedgerProbe(LedgerTables):
             fn.compiles += 1
             fn.compile_s += float(duration)
             fn.touch(now)
+            if eager_dispatch(sys._getframe(1)):
+                fn.eager_compiles += 1
+            waiting = self._waiting.pop(fn.key, None)
+            if waiting is not None:
+                # The misses that led to this compile: recompile reasons
+                # now, and the definition they named.
+                defined_at, reasons = waiting
+                if defined_at:
+                    fn.defined_at = defined_at
+                for reason in reasons:
+                    fn.reasons.append(reason)
+                    fn.reasons_total += 1
             self._stale(fn)
             self._dirty.add(fn.key)
             self._news = True
@@ -329,20 +351,54 @@ class JitLedgerProbe(LedgerTables):
             key = parsed.get("key")
             if not key:
                 return
+            definition = (parsed.get("fn"), parsed.get("defined_at"))
+            seen = definition in self._definitions
+            if not seen:
+                if len(self._definitions) >= MAX_DEFINITIONS:
+                    self._definitions.clear()
+                self._definitions.add(definition)
+            if parsed["kind"] == "redefined" and not seen and definition[1]:
+                # jax says "seen another function defined on the same line",
+                # and keys that line on the jitted callable's own code: for
+                # flax's nnx.jit (any wrapper defined in a library) that is
+                # the wrapper's line, the same for every function it wraps.
+                # The function jax names, defined where jax says, was never
+                # traced before: a first trace.
+                parsed["kind"] = "new_function"
+            fn = self._fns.get(key)
+            if parsed["kind"] != "new_function":
+                # The function row carries its name and definition; the explanation's
+                # text only says more than arg/old/new when the kind is not "types".
+                skip = {"key", "fn", "defined_at"} | ({"text"} if parsed["kind"] == "types" else set())
+                reason = {k: v for k, v in parsed.items() if k not in skip and v is not None}
+                if len(reason.get("diffs", ())) < 2:
+                    reason.pop("diffs", None)
+                reason["t"] = round(created, 6)
+            else:
+                reason = None  # the first trace of a function: not a recompile
+            if self._fun_names_seen:
+                # A reason becomes a recompile when its compile comes: a
+                # function traced inside another's trace (a jitted helper
+                # called in a jitted step) is inlined and never compiles on
+                # its own, and is no row of the ledger either.
+                defined_at, reasons = self._waiting.pop(key, (None, []))
+                if reason is not None:
+                    reasons = (reasons + [reason])[-self.max_reasons:]
+                self._waiting[key] = (parsed.get("defined_at") or defined_at, reasons)
+                if len(self._waiting) > MAX_WAITING:
+                    del self._waiting[next(iter(self._waiting))]  # the oldest
+                if fn is not None:
+                    fn.touch(created)
+                return
+            # jax < 0.6.2 names no function in its compile events: every
+            # reason is kept at once, as a function's row.
             fn = self._fn(key)
             fn.touch(created)
             if parsed.get("defined_at"):
                 fn.defined_at = parsed["defined_at"]
             self._stale(fn)
-            if parsed["kind"] == "new_function":
-                return  # the first trace of a function: not a recompile
-            # The function row carries its name and definition; the explanation's
-            # text only says more than arg/old/new when the kind is not "types".
-            skip = {"key", "fn", "defined_at"} | ({"text"} if parsed["kind"] == "types" else set())
-            reason = {k: v for k, v in parsed.items() if k not in skip and v is not None}
-            if len(reason.get("diffs", ())) < 2:
-                reason.pop("diffs", None)
-            reason["t"] = round(created, 6)
+            if reason is None:
+                return
             fn.reasons.append(reason)
             fn.reasons_total += 1
             self._dirty.add(key)

@@ -348,3 +348,48 @@ def without_hooks(tb: Any) -> Any:
         if e.tb_frame.f_code not in HOOK_CODES:
             rebuilt = types.TracebackType(rebuilt, e.tb_frame, e.tb_lasti, e.tb_lineno)
     return rebuilt
+
+
+_JAX_SRC = os.sep + "jax" + os.sep + "_src" + os.sep
+
+
+def _eager(names: Iterable[tuple[str, str]]) -> bool:
+    # Recorded tracebacks name functions by qualified name (``_cpp_pjit.<locals>.cache_miss``).
+    it = ((name.rpartition(".")[2], filename) for name, filename in names)
+    for name, filename in it:
+        if name == "apply_primitive" and filename.endswith("dispatch.py"):
+            return True  # a primitive run outside jit
+        if name == "cache_miss" and filename.endswith("pjit.py"):
+            # A jitted function's first call: who called it? jax's own code
+            # (jnp.multiply, jax.random's helpers) or the program (or a
+            # library's wrapper, such as flax's nnx.jit).
+            for name, filename in it:
+                if not filename.endswith("traceback_util.py"):
+                    return _JAX_SRC in filename
+            return False
+    return False
+
+
+def eager_dispatch(frame: Any, limit: int = 80) -> bool:
+    """True when a compile seen from ``frame`` is of one of jax's own
+    functions run outside any of the program's jits: a primitive
+    (``apply_primitive`` in ``jax/_src/dispatch.py`` on the stack) or one
+    of jax's jitted functions called by jax itself (``jnp.multiply`` for
+    ``x * 2``, ``jax.random``'s samplers): the caller of the jitted
+    function (the frame outside jax's ``pjit.py`` ``cache_miss``) lies in
+    ``jax/_src``. Such ops compile once per primitive, shape and dtype (a
+    model's eager set-up: dozens in its first seconds); none is a recompile
+    of the program's functions. At most ``limit`` frames are read.
+    """
+    def names():
+        f, n = frame, 0
+        while f is not None and n < limit:
+            yield f.f_code.co_name, f.f_code.co_filename
+            f = f.f_back
+            n += 1
+    return _eager(names())
+
+
+def eager_frames(frames: Iterable[Frame]) -> bool:
+    """:func:`eager_dispatch` for a recorded stack (``(function, file, line)``, innermost first)."""
+    return _eager((name, filename) for name, filename, _ in frames)

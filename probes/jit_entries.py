@@ -14,7 +14,7 @@ import collections
 from typing import Any
 
 from jaxtop.probes.cache_misses import name_key
-from jaxtop.probes.frames import user_frame
+from jaxtop.probes.frames import eager_frames, user_frame
 
 #: Size fields of ``CompiledMemoryStats`` → the ledger's names.
 _DEVICE_SIZES = (
@@ -31,7 +31,7 @@ class _Exe:
     """What the ledger knows of one live executable (never the executable itself:
     holding it would keep it loaded)."""
 
-    __slots__ = ("id", "tb", "fingerprint", "key", "row", "weight", "site", "code", "all_code")
+    __slots__ = ("id", "tb", "fingerprint", "key", "row", "weight", "site", "code", "all_code", "eager")
 
     def __init__(self, ident: int, tb: Any, fingerprint: Any, key: str, row: dict[str, Any]) -> None:
         self.id = ident
@@ -48,6 +48,7 @@ class _Exe:
         self.site = row.get("call_site")
         self.code = row.get("code_bytes") or 0  # device side
         self.all_code = self.code + (row.get("host", {}).get("code_bytes") or 0)
+        self.eager = bool(row.get("eager"))
 
     def same(self, e: Any) -> bool:
         """Is ``e`` (whose id() is this entry's key) the executable analysed here?"""
@@ -64,7 +65,7 @@ class _Fn:
     """
 
     __slots__ = ("key", "compiles", "compile_s", "seen_exes", "reasons", "reasons_total", "first_t", "last_t",
-                 "live", "code", "largest", "call_site", "defined_at", "row")
+                 "live", "code", "largest", "call_site", "defined_at", "row", "eager_compiles")
 
     def __init__(self, key: str, max_reasons: int) -> None:
         self.key = key
@@ -81,6 +82,7 @@ class _Fn:
         self.call_site: str | None = None
         self.defined_at: str | None = None
         self.row: dict[str, Any] | None = None
+        self.eager_compiles = 0  # compiles by jax's eager dispatch (ops outside jit)
 
     def touch(self, t: float) -> None:
         if self.first_t is None or t < self.first_t:
@@ -167,7 +169,11 @@ def analyse(e: Any, ident: int, now: float) -> _Exe:
         try:
             # The call site is the program's own line that called the jitted
             # function: the innermost frame of the user's code.
-            site = user_frame((f.function_name, f.file_name, f.line_num) for f in tb.frames)  # innermost first
+            frames = [(f.function_name, f.file_name, f.line_num) for f in tb.frames]  # innermost first
+            if eager_frames(frames):
+                # Compiled by jax's eager dispatch: an op run outside jit.
+                row["eager"] = True
+            site = user_frame(frames)
             if site is not None:
                 row["call_site"] = f"{site[0]}:{site[1]}"
                 row["call_fn"] = site[2]

@@ -80,14 +80,17 @@ class LedgerTables:
             self._exe_version += 1
             self._rebuild_functions(now, new_entries, gone)
             self._code_bytes += sum(e.all_code for e in new_entries) - sum(g.all_code for g in gone)
-        self._track_growth(now, count, freed=len(gone), new_entries=new_entries)
+        # Ops run outside jit compile once per primitive and shape (a model's
+        # eager setup: hundreds in its first seconds): not closures.
+        self._eager_live += sum(e.eager for e in new_entries) - sum(g.eager for g in gone)
+        self._track_growth(now, count - self._eager_live, freed=len(gone), new_entries=new_entries)
         if count != self._live_count or changed:
             self._changed = True
         if self._changed or self._dirty or self._new_rows or self._gone or self._leak != self._leak_reported:
             self._news = True
         self._live_count = count
         self._pass_t = now
-        self._trend.append((round(now, 3), count))
+        self._trend.append((round(now, 3), count - self._eager_live))
 
     def _rebuild_functions(self, now: float, new_entries: list[_Exe], gone: list[_Exe]) -> None:
         """The functions of the new and freed executables: their live sets, incrementally."""
@@ -112,7 +115,11 @@ class LedgerTables:
                 self._dirty.add(fn.key)
 
     def _track_growth(self, now: float, count: int, freed: int, new_entries: list[_Exe]) -> None:
-        """The leak flag: growth on ``leak_passes`` passes in a row, nothing freed."""
+        """The leak flag: growth on ``leak_passes`` passes in a row, nothing
+        freed; ``count`` leaves out executables of ops run outside jit. The
+        flag goes down when the executables are released, or when the count
+        has not grown for ``2 * leak_passes`` passes (a burst of compiles that
+        ended: a loop making closures does not stop)."""
         prev = self._trend[-1] if self._trend else None
         if prev is None:
             return
@@ -121,11 +128,17 @@ class LedgerTables:
                 self._streak_start = prev
                 self._streak_sites.clear()
             self._streak += 1
+            self._quiet_passes = 0
             for entry in new_entries:
-                if entry.site:
+                if entry.site and not entry.eager:
                     self._streak_sites[entry.site] += 1
         else:
             self._streak = 0
+            if count <= prev[1]:
+                self._quiet_passes += 1
+        if self._leak is not None and self._quiet_passes >= 2 * self.leak_passes:
+            self._leak = None  # it stopped growing
+            return
         start = self._streak_start
         if self._streak >= self.leak_passes and start is not None and count - start[1] >= self.leak_min_growth:
             site = self._streak_sites.most_common(1)[0][0] if self._streak_sites else None
@@ -172,6 +185,10 @@ class LedgerTables:
             "reasons": list(fn.reasons),
             "reasons_total": fn.reasons_total,
         }
+        if fn.eager_compiles:
+            # Compiled by jax's eager dispatch (an op outside jit): once per
+            # shape and dtype, and none of them is a recompile.
+            row["eager_compiles"] = fn.eager_compiles
         largest = fn.largest_entry()
         for k in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes", "flops",
                   "bytes_accessed"):

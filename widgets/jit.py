@@ -111,6 +111,9 @@ class JitLedgerTable:
                        style="dim")
         yield Text("")
         yield self._table(v, width)
+        if any(f.eager for f in v.functions):
+            yield Text("op: jax's own op run outside jit (jnp.ones(n), x * 2, an initialiser), compiled once "
+                       "per shape and dtype: not a recompile, left out of the leak trend", style="dim")
         reasons = self._reasons(v, width)
         if reasons is not None:
             yield Text("")
@@ -181,6 +184,8 @@ class JitLedgerTable:
             compiles = "n/a" if f.compiles is None else str(f.compiles)
             if f.compiles_source == "executables" and f.compiles is not None:
                 compiles += "+"  # a lower bound: executables freed between passes are missed
+            if f.eager:
+                compiles += " op"  # jax's own op outside jit: once per shape, no recompile
             cells = {
                 "function": Text(f.name, style="dim" if not f.live else None),
                 "comp": Text(compiles, style="bold yellow" if (f.recompiles or 0) > 0 else None),

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from jaxtop.budgets.fold import CompileSite
+from jaxtop.probes.frames import eager_dispatch
 
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -83,12 +84,13 @@ class CompileLog:
             if name is None:
                 return
             key = (str(name), self._site())
+            eager = eager_dispatch(sys._getframe(1))
             now = time.time()
             with self._mu:
                 for sites in self.windows:
                     c = sites.get(key)
                     if c is None:
-                        c = sites[key] = CompileSite(*key)
+                        c = sites[key] = CompileSite(*key, eager=eager)
                     c.count += 1
                     if c.count == 2:
                         c.recompiled_t = now

@@ -29,12 +29,16 @@ class CompileSite:
         site: ``file:line (function)`` of the program's call that compiled it.
         count: compiles in the window.
         recompiled_t: when it was compiled the second time (epoch seconds).
+        eager: compiled by jax's eager dispatch (an op run outside jit, such
+            as ``jnp.ones(n)`` at top level or a model's initialisers): one
+            compile per primitive, shape and dtype, never a recompile.
     """
 
     name: str
     site: str
     count: int = 0
     recompiled_t: float | None = None
+    eager: bool = False
 
 
 class WindowState:
@@ -318,7 +322,7 @@ class WindowState:
         m.data["shapes_complete"] = not partial
 
     def _recompiles(self, sites: list[CompileSite]) -> Measured:
-        again = [c for c in sites if c.count > 1]
+        again = [c for c in sites if c.count > 1 and not c.eager]
         value = float(sum(c.count - 1 for c in again))
         m = Measured(value=value)
         times = [c.recompiled_t for c in again if c.recompiled_t is not None]
@@ -329,6 +333,11 @@ class WindowState:
                     for c in again[:8]]
         if len(again) > 8:
             m.detail.append(f"... and {len(again) - 8} more function(s)")
+        eager = sum(c.count for c in sites if c.eager)
+        m.data["eager_compiles"] = eager
+        if eager:
+            m.detail.append(f"not counted: {eager} compile(s) of ops run outside jit (jax's eager dispatch, "
+                            "one per primitive and shape)")
         m.data["functions"] = [{"name": c.name, "site": c.site, "compiles": c.count} for c in again]
         return m
 

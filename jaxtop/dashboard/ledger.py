@@ -62,6 +62,7 @@ class JitFunction:
     last_t: float | None = None
     reasons: tuple[dict[str, Any], ...] = ()  # latest first
     reasons_total: int = 0
+    eager_compiles: int = 0  # compiles of an op run outside jit: none is a recompile
 
     @property
     def total_bytes(self) -> int | None:
@@ -73,8 +74,16 @@ class JitFunction:
         return sum(p or 0 for p in parts) - (self.alias_bytes or 0)
 
     @property
+    def eager(self) -> bool:
+        """Every compile was of jax's own op run outside jit (``jnp.ones(n)``
+        at top level, a model's initialisers): one per shape and dtype."""
+        return bool(self.compiles) and self.eager_compiles >= (self.compiles or 0)
+
+    @property
     def recompiles(self) -> int | None:
-        return None if self.compiles is None else max(0, self.compiles - 1)
+        if self.compiles is None:
+            return None
+        return max(0, self.compiles - 1 - self.eager_compiles) if not self.eager else 0
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JitFunction:
@@ -94,6 +103,7 @@ class JitFunction:
             last_t=_num(row.get("last_t")),
             reasons=tuple(reversed(reasons)),
             reasons_total=_int(row.get("reasons_total")) or len(reasons),
+            eager_compiles=max(0, _int(row.get("eager_compiles")) or 0),
         )
 
 

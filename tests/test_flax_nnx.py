@@ -1,0 +1,65 @@
+"""Real layer: Flax NNX programs (the MNIST tutorial's loop and a miniGPT,
+tests/targets/nnx_*.py) under `jaxtop run`: no false recompile, no
+executable-leak flag, no recompile over budget, while the model's eager
+set-up compiles (ops run outside jit) are told apart in the ledger and in
+the budget report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TARGETS
+from test_jit_ledger import folded, jit_fields
+
+pytest.importorskip("flax.nnx", reason="flax is a test dependency (pyproject.toml [test])")
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp_path, target, *args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXTOP_SOCKET_DIR=str(tmp_path / "s"))
+    env.pop("XLA_FLAGS", None)
+    log, report = tmp_path / "run.jsonl", tmp_path / "budget.json"
+    done = subprocess.run([sys.executable, "-m", "jaxtop", "run", "--log", str(log), "--budget", "recompiles=0",
+                           "--budget-report", str(report), str(TARGETS / target), *args],
+                          env=env, capture_output=True, text=True, timeout=300)
+    return done, log, json.loads(report.read_text()) if report.exists() else None
+
+
+@pytest.fixture(scope="module", params=[("nnx_mnist.py", "300"), ("nnx_minigpt.py", "60")], ids=["mnist", "minigpt"])
+def run(request, tmp_path_factory):
+    target, steps = request.param
+    return _run(tmp_path_factory.mktemp("nnx"), target, steps)
+
+
+def test_runs_within_a_zero_recompile_budget(run):
+    done, _, report = run
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("steps=" + done.args[-1])
+    (recompiles,) = [m for m in report["limits"] if m["name"] == "recompiles"]
+    assert recompiles["value"] == 0 and recompiles["status"] == "ok", recompiles
+    # The set-up's compiles are counted apart, not hidden: ops run outside jit.
+    assert recompiles["detail"]["eager_compiles"] >= 10, recompiles
+
+
+def test_no_false_recompile_reason_nor_leak_flag(run):
+    _, log, _ = run
+    fields = jit_fields(log)
+    assert fields, "no jit field in the recording"
+    last = fields[-1]
+    functions = {f["name"]: f for f in last["functions"]}
+    reasons = {name: f["reasons"] for name, f in functions.items() if f["reasons"]}
+    assert reasons == {}, reasons
+    assert all(f.get("leak") is None for f in fields), [f["leak"] for f in fields if f.get("leak")]
+    # Functions traced only inside the step (inlined, never compiled on their own) have no row.
+    assert all(f["compiles"] >= 1 for f in functions.values()), functions.keys()
+    assert functions["jit_train_step"]["compiles"] == 1
+    assert not functions["jit_train_step"].get("eager_compiles")
+    view = folded(log)
+    ops = [f for f in view.functions if f.eager]
+    assert ops and all(f.recompiles == 0 for f in ops)
+    assert {"jit_broadcast_in_dim", "jit__truncated_normal"} <= {f.name for f in ops}
