@@ -28,6 +28,7 @@ __all__ = [
     "EXPLAIN_OPTION",
     "ExplainSwitch",
     "MISS_LOGGERS",
+    "MissBook",
     "PERSISTENT_CACHE_LOGGERS",
     "name_key",
     "parse_cache_miss",
@@ -347,3 +348,74 @@ class ExplainSwitch:
         if self.filter is not None:
             out["hidden_total"] = self.filter.hidden
         return out
+
+
+#: Function definitions remembered to check jax's "re-defined" guess.
+MAX_DEFINITIONS = 10_000
+#: Functions whose cache-miss reasons wait for their compile.
+MAX_WAITING = 1_000
+
+
+class MissBook:
+    """The jit ledger's cache-miss records, between the miss and the compile.
+
+    :meth:`reason` turns a parsed record into a recompile reason (None for a
+    first trace), checking jax's "re-defined" guess; :meth:`wait` keeps the
+    reasons of a function until its compile comes (:meth:`pop`): a function
+    traced inside another one's trace (a jitted helper called in a jitted
+    step) is inlined there and never compiles on its own, and its misses are
+    no recompiles. Called under the ledger's lock.
+    """
+
+    def __init__(self) -> None:
+        self._definitions: set[tuple[Any, Any]] = set()  # (function, defined at) of the misses seen
+        self._waiting: dict[str, tuple[str | None, list[dict[str, Any]]]] = {}
+
+    def reason(self, parsed: dict[str, Any], created: float) -> dict[str, Any] | None:
+        definition = (parsed.get("fn"), parsed.get("defined_at"))
+        seen = definition in self._definitions
+        if not seen:
+            if len(self._definitions) >= MAX_DEFINITIONS:
+                self._definitions.clear()
+            self._definitions.add(definition)
+        if parsed["kind"] == "redefined" and not seen and definition[1]:
+            # jax says "seen another function defined on the same line", and
+            # keys that line on the jitted callable's own code: for flax's
+            # nnx.jit (any wrapper defined in a library) that is the
+            # wrapper's line, the same for every function it wraps. The
+            # function jax names, defined where jax says, was never traced
+            # before: a first trace.
+            parsed["kind"] = "new_function"
+        if parsed["kind"] == "new_function":
+            return None  # the first trace of a function: not a recompile
+        # The function row carries its name and definition; the explanation's
+        # text only says more than arg/old/new when the kind is not "types".
+        skip = {"key", "fn", "defined_at"} | ({"text"} if parsed["kind"] == "types" else set())
+        reason = {k: v for k, v in parsed.items() if k not in skip and v is not None}
+        if len(reason.get("diffs", ())) < 2:
+            reason.pop("diffs", None)
+        reason["t"] = round(created, 6)
+        return reason
+
+    def wait(self, key: str, defined_at: str | None, reason: dict[str, Any] | None, keep: int) -> None:
+        """Keep ``reason`` (and the definition) of ``key`` until its compile."""
+        was_defined, reasons = self._waiting.pop(key, (None, []))
+        if reason is not None:
+            reasons = (reasons + [reason])[-keep:]
+        self._waiting[key] = (defined_at or was_defined, reasons)
+        if len(self._waiting) > MAX_WAITING:
+            del self._waiting[next(iter(self._waiting))]  # the oldest
+
+    def settle(self, fn: Any) -> None:
+        """``fn`` (the ledger's function row) compiled: the reasons that
+        waited for it become its recompile reasons, with the definition
+        they named."""
+        waiting = self._waiting.pop(fn.key, None)
+        if waiting is None:
+            return
+        defined_at, reasons = waiting
+        if defined_at:
+            fn.defined_at = defined_at
+        for reason in reasons:
+            fn.reasons.append(reason)
+            fn.reasons_total += 1

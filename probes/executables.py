@@ -61,16 +61,13 @@ from jaxtop.probes.cache_misses import (  # noqa: F401  (importable from here)
     PERSISTENT_CACHE_LOGGERS,
     CacheMissFilter,
     ExplainSwitch,
+    MissBook,
     name_key,
     parse_cache_miss,
 )
 from jaxtop.probes.jit_entries import _DEVICE_SIZES, _HOST_SIZES, _Exe, _Fn, analyse  # noqa: F401
 from jaxtop.probes.jit_tables import MAX_TABLE_EXECUTABLES, LedgerTables  # noqa: F401
 
-#: Function definitions remembered to check jax's "re-defined" guess.
-MAX_DEFINITIONS = 10_000
-#: Functions whose cache-miss reasons wait for their compile.
-MAX_WAITING = 1_000
 #: The duration event of one XLA compile (``fun_name=`` from jax 0.6.2).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: The duration event of an executable loaded from the persistent compilation
@@ -197,6 +194,7 @@ class JitLedgerProbe(LedgerTables):
         self._compiles_total = 0
         self._compiles_unattributed = 0
         self._fun_names_seen = False
+        self._names_expected = False  # set by start(): this jax names them
         # changes since the last sample
         self._dirty: set[str] = set()
         self._new_rows: list[dict[str, Any]] = []
@@ -238,8 +236,7 @@ class JitLedgerProbe(LedgerTables):
         self._leak_reported: dict[str, Any] | None = None
         self._explain = ExplainSwitch(wanted=explain)
         self._misses_total = 0
-        self._definitions: set[tuple[Any, Any]] = set()  # (function, defined at) of the misses seen
-        self._waiting: dict[str, tuple[str | None, list[dict[str, Any]]]] = {}  # see _on_miss
+        self._misses = MissBook()
         self._eager_live = 0  # live executables compiled by jax's eager dispatch
         self._quiet_passes = 0  # passes without growth since the leak flag went up
         self._listener_registered = False
@@ -266,10 +263,15 @@ class JitLedgerProbe(LedgerTables):
         if self.active:
             return
         try:
-            import jax  # noqa: F401  (is it importable at all?)
+            import jax  # (is it importable at all?)
         except Exception as exc:
             self.reason = f"jax cannot be imported: {exc}"
             return
+        try:
+            # jax names the compiled function in its compile events from 0.6.2.
+            self._names_expected = tuple(int(p) for p in jax.__version__.split(".")[:3]) >= (0, 6, 2)
+        except Exception:
+            self._names_expected = False
         self.active = True
         _probes.add(self)
         try:
@@ -328,16 +330,7 @@ class JitLedgerProbe(LedgerTables):
             fn.touch(now)
             if eager_dispatch(sys._getframe(1)):
                 fn.eager_compiles += 1
-            waiting = self._waiting.pop(fn.key, None)
-            if waiting is not None:
-                # The misses that led to this compile: recompile reasons
-                # now, and the definition they named.
-                defined_at, reasons = waiting
-                if defined_at:
-                    fn.defined_at = defined_at
-                for reason in reasons:
-                    fn.reasons.append(reason)
-                    fn.reasons_total += 1
+            self._misses.settle(fn)  # the misses that led to this compile: recompile reasons now
             self._stale(fn)
             self._dirty.add(fn.key)
             self._news = True
@@ -351,42 +344,14 @@ class JitLedgerProbe(LedgerTables):
             key = parsed.get("key")
             if not key:
                 return
-            definition = (parsed.get("fn"), parsed.get("defined_at"))
-            seen = definition in self._definitions
-            if not seen:
-                if len(self._definitions) >= MAX_DEFINITIONS:
-                    self._definitions.clear()
-                self._definitions.add(definition)
-            if parsed["kind"] == "redefined" and not seen and definition[1]:
-                # jax says "seen another function defined on the same line",
-                # and keys that line on the jitted callable's own code: for
-                # flax's nnx.jit (any wrapper defined in a library) that is
-                # the wrapper's line, the same for every function it wraps.
-                # The function jax names, defined where jax says, was never
-                # traced before: a first trace.
-                parsed["kind"] = "new_function"
+            reason = self._misses.reason(parsed, created)
             fn = self._fns.get(key)
-            if parsed["kind"] != "new_function":
-                # The function row carries its name and definition; the explanation's
-                # text only says more than arg/old/new when the kind is not "types".
-                skip = {"key", "fn", "defined_at"} | ({"text"} if parsed["kind"] == "types" else set())
-                reason = {k: v for k, v in parsed.items() if k not in skip and v is not None}
-                if len(reason.get("diffs", ())) < 2:
-                    reason.pop("diffs", None)
-                reason["t"] = round(created, 6)
-            else:
-                reason = None  # the first trace of a function: not a recompile
-            if self._fun_names_seen:
+            if self._fun_names_seen or self._names_expected:
                 # A reason becomes a recompile when its compile comes: a
                 # function traced inside another's trace (a jitted helper
                 # called in a jitted step) is inlined and never compiles on
                 # its own, and is no row of the ledger either.
-                defined_at, reasons = self._waiting.pop(key, (None, []))
-                if reason is not None:
-                    reasons = (reasons + [reason])[-self.max_reasons:]
-                self._waiting[key] = (parsed.get("defined_at") or defined_at, reasons)
-                if len(self._waiting) > MAX_WAITING:
-                    del self._waiting[next(iter(self._waiting))]  # the oldest
+                self._misses.wait(key, parsed.get("defined_at"), reason, self.max_reasons)
                 if fn is not None:
                     fn.touch(created)
                 return
