@@ -23,31 +23,82 @@ LEAK_RISES = 5
 MAX_TRACKED_SITES = 5000
 #: A site gone (0 bytes) this many profiles in a row is forgotten (unless the mark holds it).
 FORGET_AFTER = 10
+#: A site's level is the least of its last this many profiles (see GrowthTracker).
+FLOOR_PROFILES = 3
+
+
+@dataclass
+class _Run:
+    """Rises of one measure of a site (its bytes, or its buffer count)."""
+
+    rises: int = 0  # rises since the last fall
+    base: tuple[float, int, int] | None = None  # (t, level, seq) just before the first rise
+    last_rise: tuple[float, int, int] | None = None  # (t, level, seq) at the latest rise
+
+    def step(self, t: float, prev_t: float, old: int, new: int, seq: int) -> None:
+        if new < old:
+            self.rises = 0
+            self.base = self.last_rise = None
+        elif new > old:
+            if self.rises == 0:
+                self.base = (prev_t, old, seq - 1)
+            self.rises += 1
+            self.last_rise = (t, new, seq)
+
+    def growing(self, rises: int, seq: int) -> bool:
+        if self.rises < rises or self.base is None or self.last_rise is None:
+            return False
+        mean_gap = (self.last_rise[2] - self.base[2]) / self.rises
+        return seq - self.last_rise[2] <= max(rises, 2.0 * mean_gap)
+
+    def per_min(self) -> tuple[float, float | None]:
+        """(seconds from base to last rise, growth per minute over them)."""
+        if self.base is None or self.last_rise is None:
+            return 0.0, None
+        span = self.last_rise[0] - self.base[0]
+        return span, (round((self.last_rise[1] - self.base[1]) * 60.0 / span, 3) if span > 0 else None)
 
 
 @dataclass
 class _Trend:
     """The growth state of one site, updated once per profile."""
 
-    bytes: int = 0
+    bytes: int = 0  # the level: the floor of the last FLOOR_PROFILES profiles
     count: int = 0
+    recent: list[tuple[int, int]] | None = None  # (bytes, count) of those profiles
     zero_run: int = 0  # profiles in a row at 0 bytes and 0 buffers
-    rises: int = 0  # rises since the last fall
-    base: tuple[float, int, int, int] | None = None  # (t, bytes, count, seq) just before the first rise
-    last_rise: tuple[float, int, int, int] | None = None  # (t, bytes, count, seq) at the latest rise
+    bytes_run: _Run | None = None
+    count_run: _Run | None = None
     suspect: bool = False
+
+    @property
+    def rises(self) -> int:
+        return max(self.bytes_run.rises if self.bytes_run else 0, self.count_run.rises if self.count_run else 0)
 
 
 class GrowthTracker:
     """Flags the sites that keep growing.
 
-    Each profile, a site's bytes and buffer count are compared with the
-    previous profile's: a **rise** when one went up and neither went down, a
-    **fall** when either went down, else flat. A fall ends the run; a site is
-    a **leak suspect** once its run holds ``rises`` rises and it is still
-    growing: its last rise is no older than ``max(rises, 2 x`` the mean gap
-    between its rises) profiles, so a slow leak (one rise every ten
-    profiles) stays flagged and a warm-up that stopped growing is cleared.
+    A site's level is the floor of its last :data:`FLOOR_PROFILES`
+    profiles (the least bytes and the least count among them): a profile
+    taken in the middle of a step sees the step's new state beside the old
+    one (NNX and optax allocate a model's next parameters and optimizer
+    state on the line that calls the step, so that line's bytes double for
+    an instant), and a single such profile must neither look like growth
+    nor, once gone, like a fall that clears a real leak (a 1 KiB/step leak
+    on the step's own line was un-flagged for 5 profiles after each one).
+
+    Bytes and buffer count are followed apart, each profile compared with
+    the previous level: a **rise** when it went up, a **fall** when it went
+    down, else flat. A fall ends that measure's run; a site is a **leak
+    suspect** once either run holds ``rises`` rises and is still growing:
+    its last rise is no older than ``max(rises, 2 x`` the mean gap between
+    its rises) profiles, so a slow leak (one rise every ten profiles) stays
+    flagged and a warm-up that stopped growing is cleared. Apart, because
+    state can move between sites: NNX's eval step returns the model's
+    parameters, which then belong to the eval line until the next train
+    step, and the train line's bytes dip while its leaked arrays keep
+    counting up.
 
     A steady program (every site flat) flags nothing, and neither does one
     whose sites go up and down (in-flight batches, async dispatch). The rate
@@ -82,26 +133,27 @@ class GrowthTracker:
         self.t = t
         became: list[SiteKey] = []
         for key in set(self.trends) | set(sites):
-            nbytes, count = sites.get(key, (0, 0))
+            raw_bytes, raw_count = sites.get(key, (0, 0))
             trend = self.trends.get(key)
             if trend is None:
                 # A site's first profile is its base, not a rise: a program
                 # allocating its parameters is not leaking them.
-                trend = self.trends[key] = _Trend(bytes=nbytes, count=count)
+                self.trends[key] = _Trend(bytes=raw_bytes, count=raw_count, recent=[(raw_bytes, raw_count)],
+                                          bytes_run=_Run(), count_run=_Run())
                 continue
-            db, dc = nbytes - trend.bytes, count - trend.count
-            if db < 0 or dc < 0:
-                trend.rises = 0
-                trend.base = trend.last_rise = None
-            elif db > 0 or dc > 0:
-                if trend.rises == 0:
-                    trend.base = (prev_t, trend.bytes, trend.count, seq - 1)
-                trend.rises += 1
-                trend.last_rise = (t, nbytes, count, seq)
+            recent = trend.recent if trend.recent is not None else []
+            recent.append((raw_bytes, raw_count))
+            del recent[:-FLOOR_PROFILES]
+            trend.recent = recent
+            nbytes, count = min(b for b, _ in recent), min(c for _, c in recent)
+            trend.bytes_run = trend.bytes_run or _Run()
+            trend.count_run = trend.count_run or _Run()
+            trend.bytes_run.step(t, prev_t, trend.bytes, nbytes, seq)
+            trend.count_run.step(t, prev_t, trend.count, count, seq)
             trend.bytes, trend.count = nbytes, count
-            trend.zero_run = trend.zero_run + 1 if (nbytes == 0 and count == 0) else 0
+            trend.zero_run = trend.zero_run + 1 if (raw_bytes == 0 and raw_count == 0) else 0
             was = trend.suspect
-            trend.suspect = self._is_suspect(trend, seq)
+            trend.suspect = trend.bytes_run.growing(self.rises, seq) or trend.count_run.growing(self.rises, seq)
             if trend.suspect and not was:
                 became.append(key)
         keep = set(keep)
@@ -113,34 +165,30 @@ class GrowthTracker:
             self.trends = dict(ranked[:MAX_TRACKED_SITES])
         return became
 
-    def _is_suspect(self, trend: _Trend, seq: int) -> bool:
-        if trend.rises < self.rises or trend.base is None or trend.last_rise is None:
-            return False
-        span = trend.last_rise[3] - trend.base[3]
-        mean_gap = span / trend.rises
-        return seq - trend.last_rise[3] <= max(self.rises, 2.0 * mean_gap)
-
     def growth(self, key: SiteKey) -> dict[str, Any] | None:
-        """The growth of a site in its current run, or None when it has no rise.
+        """The growth of a site in its current runs, or None when it has no rise.
 
         Returns:
             ``{rises, since_t, last_rise_t, for_s, bytes_per_min,
             count_per_min}``: ``for_s`` from the profile before the first
-            rise to the last rise, the rates over that span.
+            rise to the last rise of the longer run, each rate over its
+            own run's span (None: that measure is not rising now).
         """
         trend = self.trends.get(key)
-        if trend is None or not trend.rises or trend.base is None or trend.last_rise is None:
+        if trend is None or not trend.rises:
             return None
-        t0, b0, c0, _ = trend.base
-        t1, b1, c1, _ = trend.last_rise
-        span = t1 - t0
+        runs = [r for r in (trend.bytes_run, trend.count_run) if r is not None and r.rises and r.base and r.last_rise]
+        if not runs:
+            return None
+        longest = max(runs, key=lambda r: (r.rises, -r.base[0]))
+        span, _ = longest.per_min()
         return {
-            "rises": trend.rises,
-            "since_t": t0,
-            "last_rise_t": t1,
+            "rises": longest.rises,
+            "since_t": longest.base[0],
+            "last_rise_t": longest.last_rise[0],
             "for_s": round(span, 3),
-            "bytes_per_min": round((b1 - b0) * 60.0 / span, 3) if span > 0 else None,
-            "count_per_min": round((c1 - c0) * 60.0 / span, 3) if span > 0 else None,
+            "bytes_per_min": trend.bytes_run.per_min()[1] if trend.bytes_run and trend.bytes_run.rises else None,
+            "count_per_min": trend.count_run.per_min()[1] if trend.count_run and trend.count_run.rises else None,
         }
 
     def suspects(self) -> list[SiteKey]:

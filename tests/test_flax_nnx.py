@@ -63,3 +63,28 @@ def test_no_false_recompile_reason_nor_leak_flag(run):
     ops = [f for f in view.functions if f.eager]
     assert ops and all(f.recompiles == 0 for f in ops)
     assert {"jit_broadcast_in_dim", "jit__truncated_normal"} <= {f.name for f in ops}
+
+
+def test_a_slow_leak_on_the_steps_line_stays_flagged(tmp_path):
+    """1 KiB a step kept from the NNX step's own call (the line that also
+    allocates each step's new model and optimizer state): once flagged, it
+    stays flagged in every later profile, mid-step ones included."""
+    from test_holders_programs import holders_records, marker_lines
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXTOP_SOCKET_DIR=str(tmp_path / "s"))
+    env.pop("XLA_FLAGS", None)
+    log = tmp_path / "leak.jsonl"
+    done = subprocess.run([sys.executable, str(TARGETS / "with_holders.py"), str(log), str(TARGETS / "nnx_mnist.py"),
+                           "900", "1024", "0.02"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    site = f"nnx_mnist.py:{marker_lines(TARGETS / 'nnx_mnist.py', 'LEAK')['LEAK']}"
+    series = []
+    for rec in holders_records(log):
+        at = [s for s in rec.get("sites", ()) if s.get("site") == site]
+        if at:
+            series.append((at[0]["bytes"], bool(at[0].get("suspect"))))
+    flags = [flag for _, flag in series]
+    assert True in flags, series
+    first = flags.index(True)
+    assert all(flags[first:]), series
+    assert len(flags) - first >= 10, series  # flagged for a good while, not just at the end

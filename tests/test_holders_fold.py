@@ -91,7 +91,7 @@ def render(renderable, width=120) -> str:
 def test_report_shows_sites_suspects_mark_labels_and_syncs_at_any_width():
     view = fold_records(stream())
     text = render(HoldersReport(view), 140)
-    assert "⚠ leak suspect train.py:120 log_metrics: +192 arrays/min, +6.00 MiB/min, for 1m55s" in text
+    assert "⚠ leak suspect train.py:120 log_metrics: +192 arrays/min, +6.00 MiB/min, for 1m45s" in text
     assert "since mark (59s ago): +37.5 MiB, +177 buffers" in text
     lines = text.splitlines()
     rows = [l for l in lines if l.strip().startswith(("train.py", "data.py", "⚠")) and "leak suspect" not in l]

@@ -4,9 +4,11 @@ tutorial"): a small CNN, ``nnx.Optimizer`` with optax's AdamW,
 here (random 28x28 images and labels, the tutorial's shapes and batch size):
 no download.
 
-argv: [steps] [leak_bytes_per_step]. With leak_bytes_per_step > 0, each step
-also keeps one array of that many bytes alive (a slow leak of known rate).
-Prints ``steps=N`` at the end.
+argv: [steps] [leak_bytes_per_step] [pause_s]. With leak_bytes_per_step > 0,
+each step's call also returns an array of that many bytes, which the loop
+keeps (the line marked LEAK: a slow leak of known rate, on the very line
+that allocates each step's new model and optimizer state). pause_s: a sleep
+after each step. Prints ``steps=N`` at the end.
 """
 
 import sys
@@ -64,6 +66,13 @@ def train_step(model: CNN, optimizer: nnx.Optimizer, metrics: nnx.MultiMetric, b
 
 
 @nnx.jit
+def leaky_train_step(model: CNN, optimizer: nnx.Optimizer, metrics: nnx.MultiMetric, batch):
+    """train_step, and an array of leak_bytes for the caller to keep."""
+    train_step(model, optimizer, metrics, batch)
+    return jnp.zeros(leak_bytes // 4, jnp.float32) + optimizer.step[...]
+
+
+@nnx.jit
 def eval_step(model: CNN, metrics: nnx.MultiMetric, batch):
     loss, logits = loss_fn(model, batch)
     metrics.update(loss=loss, logits=logits, labels=batch["label"])
@@ -77,9 +86,10 @@ for step in range(steps):
     batch = {"image": rng.random((batch_size, 28, 28, 1), dtype=np.float32),
              "label": rng.integers(0, 10, batch_size).astype(np.int32)}
     model.train()
-    train_step(model, optimizer, metrics, batch)
     if leak_bytes:
-        kept.append(jnp.zeros(leak_bytes // 4, jnp.float32) + step)
+        kept.append(leaky_train_step(model, optimizer, metrics, batch))  # LEAK
+    else:
+        train_step(model, optimizer, metrics, batch)
     if step > 0 and step % 50 == 0:
         for metric, value in metrics.compute().items():  # the tutorial's logging: a host read per metric
             history[f"train_{metric}"].append(float(value))
