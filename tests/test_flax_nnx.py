@@ -88,3 +88,51 @@ def test_a_slow_leak_on_the_steps_line_stays_flagged(tmp_path):
     first = flags.index(True)
     assert all(flags[first:]), series
     assert len(flags) - first >= 10, series  # flagged for a good while, not just at the end
+
+
+def test_a_labelled_nnx_model_and_optimizer_are_followed_across_steps(monkeypatch):
+    """Labelled once, an NNX model keeps its bytes although each step swaps
+    the arrays inside its Variables (before: 0 B from the first step on)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from jaxtop.agent import labels
+
+    monkeypatch.setattr(labels, "REFLATTEN_MIN_S", 0.0)
+    registry = labels.LabelRegistry()
+    model = nnx.Linear(64, 32, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    registry.add("model", model)
+    state = nnx.state(model)  # kept: a live view of the model's Variables
+    registry.add("state", state)
+    registry.add("optimizer", optimizer)
+    registry.add("temporary", nnx.state(model))  # dropped at once: the arrays of now
+    params = {"w": jnp.ones((64, 32)), "b": jnp.zeros(32)}
+    registry.add("params", params)  # a functional loop's dict: the arrays of now
+
+    @nnx.jit
+    def step(model, optimizer, x):
+        optimizer.update(model, nnx.grad(lambda m: (m(x) ** 2).sum())(model))
+
+    param_bytes = (64 * 32 + 32) * 4
+    for _ in range(3):
+        step(model, optimizer, jnp.ones((4, 64)))
+        params = jax.tree_util.tree_map(lambda a: a + 1, params)  # the next step's new arrays
+        jax.block_until_ready(nnx.state(model))
+        got = {r["name"]: r for r in registry.read()}
+        assert got["model"]["bytes"] == got["state"]["bytes"] == param_bytes
+        assert got["model"]["followed"] and got["model"]["alive"] == 2
+        assert got["optimizer"]["bytes"] >= 2 * param_bytes  # adam's two moments
+    # The dict held the arrays of labelling time: gone, and the screen says why.
+    assert got["params"]["bytes"] == 0 and got["params"]["alive"] == 0 and "followed" not in got["params"]
+    assert got["temporary"]["bytes"] == 0 and "followed" not in got["temporary"]
+    from jaxtop.dashboard.holders import HoldersFold
+    from widgets.holders import render_holders
+
+    fold = HoldersFold()
+    fold.feed({"type": "sample", "t": 1.0, "labels": {"t": 1.0, "trees": list(got.values())}})
+    text = " ".join(render_holders(fold.view(), width=160).split())
+    assert "params, temporary: every array labelled is gone (replaced by newer ones)" in text
+    assert "model:" not in text.split("Named pytrees")[1].split("every array")[0]

@@ -240,6 +240,7 @@ class HoldersReport:
         table.add_column("arrays alive", justify="right", no_wrap=True)
         table.add_column("share", justify="right", no_wrap=True)
         total = view.in_use_bytes or view.bytes
+        replaced = []
         for tree in view.labels:
             table.add_row(
                 Text(tree.name, style="bold cyan"),
@@ -247,7 +248,15 @@ class HoldersReport:
                 _alive(tree),
                 _pct(tree.bytes / total) if total else "n/a",
             )
+            if tree.arrays and not tree.alive and not tree.followed:
+                replaced.append(tree.name)
         yield table
+        if replaced:
+            # A dict/list/tuple is the arrays it held when labelled: the
+            # next step made new ones and these were freed.
+            yield Text(f"{', '.join(replaced)}: every array labelled is gone (replaced by newer ones): call "
+                       "jaxtop.label each step with the current tree, or label the object that holds "
+                       "them (an NNX module or optimizer is followed)", style="yellow")
 
     # -- host syncs -----------------------------------------------------------------------
     def _syncs(self, view: HoldersView, width: int) -> Iterable[Text | Table]:

@@ -63,6 +63,7 @@ class LabelView:
     arrays: int
     alive: int
     labelled_t: float | None
+    followed: bool = False  # an object whose leaves the agent lists again as it changes
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,7 @@ class HoldersFold:
                     arrays=_int(tree.get("arrays")),
                     alive=_int(tree.get("alive")),
                     labelled_t=_num(tree.get("labelled_t")),
+                    followed=tree.get("followed") is True,
                 ))
         syncs = []
         sync_rec = self._syncs or {}
