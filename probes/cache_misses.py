@@ -29,6 +29,7 @@ __all__ = [
     "ExplainSwitch",
     "MISS_LOGGERS",
     "MissBook",
+    "user_call_site",
     "PERSISTENT_CACHE_LOGGERS",
     "name_key",
     "parse_cache_miss",
@@ -62,6 +63,29 @@ _NEW_FN = re.compile(r"^\s*(?P<name>.+?) id=\d+(?: defined at (?P<def>\S+))?\s*$
 #: One argument's type change: jax 0.6.2+ and jax 0.4.30–0.5.x wording.
 _DIFF_NOW = re.compile(r"\*\s+at (?P<arg>.+?), now (?P<new>.+?) and before (?P<old>.+?)\s*$")
 _DIFF_SEEN = re.compile(r"\*\s+at (?P<arg>.+?), seen (?P<old>.+?), but now given (?P<new>.+?)\s*$")
+#: A static argument's value changed: jax says so as a pytree-metadata
+#: difference of its ``Static`` node (jax 0.6.2+).
+_STATIC = re.compile(
+    r"\*\s+at input path (?P<arg>.+?), now <class '[^']*Static'> with pytree metadata Static\(val=(?P<new>.*?)\)"
+    r" and before <class '[^']*Static'> with pytree metadata Static\(val=(?P<old>.*?)\), so the pytree")
+_PATH_NAME = re.compile(r"\['(?P<name>[^']+)'\]$")
+_PATH_POS = re.compile(r"^\[0\]\[(?P<pos>\d+)\]$")
+_OBJECT_REPR = re.compile(r"^<(?:[\w.]+\.)?(?P<cls>\w+) object at 0x[0-9a-f]+>$")
+
+
+def _static_arg(path: str) -> str:
+    """``[1]['train']`` -> ``train``; ``[0][1]`` -> ``#1``."""
+    m = _PATH_NAME.search(path)
+    if m:
+        return m.group("name")
+    m = _PATH_POS.match(path)
+    return f"#{m.group('pos')}" if m else path
+
+
+def _static_value(value: str) -> str:
+    """A value's repr, short: ``<__main__.Cfg object at 0x7f…>`` -> ``a Cfg object``."""
+    m = _OBJECT_REPR.match(value.strip())
+    return f"a {m.group('cls')} object" if m else value.strip()[:80]
 
 
 def name_key(name: str) -> str:
@@ -84,7 +108,9 @@ def parse_cache_miss(message: str) -> dict[str, Any] | None:
 
     Returns:
         None when it is not such a record; else ``kind`` (``types``: an
-        argument's shape or dtype changed; ``new_function``: first trace of
+        argument's shape or dtype changed; ``static``: a static argument's
+        value changed (``same_repr`` when both values print alike: an
+        object without value equality); ``new_function``: first trace of
         this function object; ``redefined``: a new function object defined on
         a line that was traced before, the mark of jit closures created in a
         loop; ``other``: any other key difference, in ``text``), ``fn`` (the
@@ -119,8 +145,19 @@ def parse_cache_miss(message: str) -> dict[str, Any] | None:
             break
     if out["kind"] == "new_function" and "re-defined repeatedly" in message:
         out["kind"] = "redefined"
-    diffs = []
     for line in body:
+        m = _STATIC.search(line)
+        if m:
+            out["kind"] = "static"
+            out["arg"] = _static_arg(m.group("arg"))
+            out["old"], out["new"] = _static_value(m.group("old")), _static_value(m.group("new"))
+            if out["old"] == out["new"]:
+                # Equal reprs: a new object that hashes or compares unequal
+                # to the last one (no __hash__/__eq__ by value).
+                out["same_repr"] = True
+            break
+    diffs = []
+    for line in body if out["kind"] != "static" else ():
         m = _DIFF_NOW.search(line) or _DIFF_SEEN.search(line)
         if m and len(diffs) < 4:
             diff = [m.group("arg"), m.group("old"), m.group("new")]
@@ -419,3 +456,23 @@ class MissBook:
         for reason in reasons:
             fn.reasons.append(reason)
             fn.reasons_total += 1
+
+
+def user_call_site(reason: dict[str, Any], frame: Any) -> None:
+    """jax names the innermost frame that called the jitted function: for a
+    wrapper such as flax's ``nnx.jit``, a line in site-packages. The miss is
+    logged on the calling thread, so the program's own line is on the stack
+    above ``frame``: the one frame filter every probe uses (holders, host
+    syncs) picks it for ``call_site``, and jax's line is kept as ``traced_at``."""
+    from jaxtop.probes.frames import LIBRARY, walk
+
+    site = reason.get("call_site")
+    if not isinstance(site, str) or not LIBRARY.is_library(site.rpartition(":")[0]):
+        return
+    try:
+        (filename, line, name), library, _ = walk(frame)
+    except Exception:
+        return
+    if not library:
+        reason["traced_at"] = site
+        reason["call_site"], reason["call_fn"] = f"{filename}:{line}", name

@@ -63,6 +63,7 @@ from jaxtop.probes.cache_misses import (  # noqa: F401  (importable from here)
     ExplainSwitch,
     MissBook,
     name_key,
+    user_call_site,
     parse_cache_miss,
 )
 from jaxtop.probes.jit_entries import _DEVICE_SIZES, _HOST_SIZES, _Exe, _Fn, analyse  # noqa: F401
@@ -345,6 +346,8 @@ class JitLedgerProbe(LedgerTables):
             if not key:
                 return
             reason = self._misses.reason(parsed, created)
+            if reason is not None:
+                user_call_site(reason, sys._getframe(1))
             fn = self._fns.get(key)
             if self._fun_names_seen or self._names_expected:
                 # A reason becomes a recompile when its compile comes: a

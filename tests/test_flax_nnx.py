@@ -136,3 +136,38 @@ def test_a_labelled_nnx_model_and_optimizer_are_followed_across_steps(monkeypatc
     text = " ".join(render_holders(fold.view(), width=160).split())
     assert "params, temporary: every array labelled is gone (replaced by newer ones)" in text
     assert "model:" not in text.split("Named pytrees")[1].split("every array")[0]
+
+
+RECOMPILE = '''
+import jax.numpy as jnp
+from flax import nnx
+
+model = nnx.Linear(8, 4, rngs=nnx.Rngs(0))
+
+
+@nnx.jit
+def forward(model, x):
+    return model(x).sum()
+
+
+for n in (2, 3):
+    forward(model, jnp.ones((n, 8)))  # CALL
+'''
+
+
+def test_recompile_reasons_name_the_programs_line_not_flaxs(tmp_path):
+    """A real recompile through nnx.jit: jax names flax's wrapper line; the
+    ledger names the program's line (as holders and host syncs do) and keeps
+    jax's as traced_at."""
+    script = tmp_path / "recompile.py"
+    script.write_text(RECOMPILE)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXTOP_SOCKET_DIR=str(tmp_path / "s"))
+    log = tmp_path / "run.jsonl"
+    done = subprocess.run([sys.executable, "-m", "jaxtop", "run", "--log", str(log), str(script)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    functions = {f["name"]: f for f in jit_fields(log)[-1]["functions"]}
+    (reason,) = functions["jit_forward"]["reasons"]
+    line = next(n for n, text in enumerate(RECOMPILE.splitlines(), 1) if "# CALL" in text)
+    assert reason["kind"] == "types" and reason["call_site"] == f"{script}:{line}", reason
+    assert "site-packages" in reason["traced_at"] and "flax" in reason["traced_at"]

@@ -484,3 +484,29 @@ def test_sample_before_start_and_when_unavailable():
     assert probe.sample() == {"available": False, "reason": "jax cannot be imported: boom"}
     assert probe.sample() is None  # said once per whole-table period
     assert probe.command({}) == {"jit_ledger": {"available": False, "reason": "jax cannot be imported: boom"}}
+
+
+STATIC_FLIP = """TRACING CACHE MISS at /tmp/static.py:7 (<module>):
+  all previously seen cache keys differ. For the closest previous key:
+  different input pytree:
+  * at input path [1]['train'], now <class 'jax._src.tree_util.Static'> with pytree metadata Static(val=False) \
+and before <class 'jax._src.tree_util.Static'> with pytree metadata Static(val=True), so the pytree node metadata \
+does not match"""
+STATIC_OBJECT = STATIC_FLIP.replace("[1]['train']", "[0][1]").replace(
+    "Static(val=False)", "Static(val=<__main__.Cfg object at 0x7fa456082ed0>)").replace(
+    "Static(val=True)", "Static(val=<__main__.Cfg object at 0x7fa456059910>)")
+
+
+def test_a_static_argument_flip_is_its_own_kind_worded_plainly():
+    """jax words a static argument's change as a pytree-metadata difference
+    (jax 0.10.2's text above): the ledger names the argument and its values,
+    not the Static(val=...) repr, and says when the values print alike."""
+    from jaxtop.dashboard.ledger import describe_reason
+
+    flip = parse_cache_miss(STATIC_FLIP)
+    assert (flip["kind"], flip["arg"], flip["old"], flip["new"]) == ("static", "train", "True", "False")
+    assert describe_reason(flip) == "static argument train: True → False at static.py:7"
+    obj = parse_cache_miss(STATIC_OBJECT)
+    assert (obj["kind"], obj["arg"], obj["old"], obj["new"], obj["same_repr"]) == (
+        "static", "#1", "a Cfg object", "a Cfg object", True)
+    assert "both print alike" in describe_reason(obj) and "Static(" not in describe_reason(obj)

@@ -260,7 +260,12 @@ def describe_reason(reason: dict[str, Any], site: bool = True) -> str:
     """One line for a recompile reason: what changed (and where it was called)."""
     where = short_site(reason.get("call_site")) if site else None
     kind = reason.get("kind")
-    if reason.get("arg") is not None:
+    if kind == "static":
+        what = f"static argument {reason.get('arg')}: {reason.get('old')} → {reason.get('new')}"
+        if reason.get("same_repr"):
+            what += (" (both print alike: a __repr__ would show what changed; __hash__ and __eq__ by value, "
+                     "if equal settings should not recompile)")
+    elif reason.get("arg") is not None:
         what = f"{reason.get('arg')} {reason.get('old')} → {reason.get('new')}"
         more = len(reason.get("diffs") or ()) - 1
         if more > 0:
