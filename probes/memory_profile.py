@@ -23,6 +23,9 @@ import time
 from typing import Any
 
 from jaxtop.probes.frames import SiteKey
+# Beside, then renamed: a reader never sees half a profile, and a link planted
+# at its name in a shared working directory is replaced, not written through.
+from jaxtop.wire.paths import write_atomic
 from jaxtop.probes.jaxstate import backend_initialised as _backend_initialised
 from jaxtop.probes.pprof import (  # noqa: F401  (the decoder's names, importable from here)
     NO_DEVICE,
@@ -58,22 +61,6 @@ STACK_DEPTH = 8
 
 def _frame_text(name: str, filename: str, line: int) -> str:
     return f"{name or '?'} ({os.path.basename(filename) or '?'}:{line})"
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write beside, then rename: a reader (or a full disk) never sees a
-    half-written file under the final name, and no temp file stays."""
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def summarize_profile(raw_gzip_bytes: bytes, top: int = 10) -> dict[str, Any]:

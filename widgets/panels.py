@@ -211,7 +211,12 @@ class MemoryPanel(Panel):
         if dev.live_age_s is not None and dev.live_age_s >= STALE_DETAIL_S:
             # Many arrays: the agent scans them less often to stay cheap.
             extra.append(f"live arrays as of {fmt_duration(dev.live_age_s)} ago")
-        body: list[RenderableType] = [panel_title(self.TITLE, dev.label), LayersBar(layers, limit)]
+        label = dev.label
+        if dev.source == "live_arrays" and not (extra and height > 6):
+            # No room for the note: the asterisk is explained in the title.
+            label = fitting([f"{dev.label} · *from live arrays", f"{dev.label} · *live arrays", dev.label],
+                            width - len(self.TITLE) - 3)
+        body: list[RenderableType] = [panel_title(self.TITLE, label), LayersBar(layers, limit)]
         if extra and height > 6:
             body.append(Text(" · ".join(extra), style="dim"))
         return Group(*body)
@@ -233,6 +238,11 @@ class FragmentationPanel(Panel):
         if dev.fragmentation is None:
             reason = Text(f"n/a — {dev.fragmentation_reason}" if dev.fragmentation_reason else "n/a", style="dim")
             if dev.live_holes is None:
+                if dev.source == "live_arrays" and height >= 4:
+                    # Why the holes between live buffers are not shown either.
+                    return Group(panel_title(self.TITLE), reason,
+                                 Text(fitting(["no holes figure: it needs two live buffers of 64 KiB or more",
+                                               "holes: need two buffers ≥ 64 KiB", ""], width), style="dim"))
                 return Group(panel_title(self.TITLE), reason)
             # No allocator figure (CPU): the holes between live buffers
             # instead, under their own name, and why the allocator's is n/a.
@@ -284,7 +294,9 @@ class MemoryMapPanel(Panel):
             used = strip_rows + 3
         else:
             used = strip_rows + 2
-        subtitle = "buffers by address"
+        room = width - len(self.TITLE) - 3
+        subtitle = fitting(["buffers by address (█ used ▒ part ·free ≈cut)", "by address (█ used ·free)",
+                            "buffers by address"], room)
         if dev.map_age_s is not None and dev.map_age_s >= STALE_DETAIL_S:
             subtitle = fitting([f"buffers by address, {fmt_duration(dev.map_age_s)} ago", f"{fmt_duration(dev.map_age_s)} ago"],
                                width - len(self.TITLE) - 3)

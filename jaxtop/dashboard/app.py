@@ -56,7 +56,10 @@ HELP_NOTES = (
     "Memory layers: NVML used ≥ allocator pool ≥ bytes in use ≥ live arrays. "
     "With the default GPU allocator JAX preallocates 75 % of the card: NVML shows "
     "the pool, not what your arrays use. On CPU there is no allocator pool; sizes "
-    "come from jax.live_arrays().\n"
+    "come from jax.live_arrays(), and \"in use*\" says so (the * means: counted from live arrays).\n"
+    "Memory map: live buffers in address order, one cell per slice of the address range: "
+    "█ used, ▓ two thirds or more used, ▒ a third or more, ░ some, · free (a hole), ≈ a long gap left out. "
+    "Holes are read only between buffers of 64 KiB or more (smaller ones sit among other heap data).\n"
     "Transfer bytes are a lower bound (cached jit calls log no shapes). "
     "n/a always comes with the reason.\n"
 )

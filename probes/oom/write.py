@@ -31,7 +31,9 @@ def write_census(census: dict[str, Any], directory: str | None = None, path: str
     """Write a census as JSON: a new ``jaxtop-oom-PID-TIME.json`` in
     ``directory`` (default :func:`census_directory`), or over ``path``.
 
-    Written beside and renamed, so a reader never sees half a census.
+    Written beside under a random name and renamed, so a reader never sees
+    half a census, and a link someone planted at its name is replaced, not
+    written through (:func:`jaxtop.wire.paths.write_atomic`).
 
     Returns:
         The file's path.
@@ -52,7 +54,7 @@ def write_census(census: dict[str, Any], directory: str | None = None, path: str
             path = f"{base}-{n}.json"
             n += 1
     text = json.dumps(census, indent=1, default=str, allow_nan=False) + "\n"
-    from jaxtop.probes.memory_profile import write_atomic
+    from jaxtop.wire.paths import write_atomic
 
     write_atomic(path, text.encode("utf-8"))
     return path
