@@ -13,6 +13,12 @@ recordings offline. ``jaxtop.cli`` wires them to commands, ``jaxtop.inject``
 starts an agent in a running process, ``jaxtop.budgets`` checks a program or
 a test against limits (with the pytest plugin), ``jaxtop.testing`` makes
 synthetic streams, ``jaxtop.demo`` is the demo workload.
+
+PYTEST_DONT_REWRITE: pytest rewrites the asserts of the packages that ship a
+pytest plugin (jaxtop's budgets), and warns when such a package was imported
+before pytest started, as it is under ``jaxtop run -m pytest``. jaxtop's own
+asserts need no rewriting; this marker (pytest reads it in the docstring)
+says so, and the warning goes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import textwrap
 
 import pytest
@@ -277,3 +279,34 @@ def test_a_budget_failure_points_at_the_test_not_at_the_plugin(inner):
     out = result.stdout.str()
     assert 'with jaxtop_budget("h2d=0"):' in out
     assert "pytest_plugin.py" not in out and "def __exit__" not in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_jaxtop_run_pytest_from_a_wheel_prints_no_rewrite_warning(tmp_path):
+    """Installed from a wheel (not editable), pytest marks the jaxtop package
+    for assert rewriting because it ships a plugin, and under `jaxtop run -m
+    pytest` jaxtop is already imported: "PytestAssertRewriteWarning: Module
+    already imported so cannot be rewritten; jaxtop" on every run, before the
+    package's docstring said PYTEST_DONT_REWRITE."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    wheels, venv = tmp_path / "wheels", tmp_path / "venv"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(root), "-w", str(wheels)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    (wheel,) = wheels.glob("jaxtop-*.whl")
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel), "pytest"],
+                               capture_output=True, text=True, timeout=400)
+    if installed.returncode != 0:
+        pytest.skip(f"cannot install the wheel's dependencies here: {installed.stderr.strip()[-300:]}")
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    env = dict(os.environ, JAXTOP_SOCKET_DIR=str(tmp_path / "sock"), JAX_PLATFORMS="cpu")
+    run = subprocess.run([str(venv / "bin" / "jaxtop"), "run", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "test_one.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "1 passed" in run.stdout
+    assert "PytestAssertRewriteWarning" not in run.stdout + run.stderr

@@ -432,14 +432,16 @@ class TransfersPanel(Panel):
         for _ in headers:
             table.add_column(no_wrap=True, overflow="ellipsis")
         table.add_row(Text("dir", style="dim"), *(Text(h, style="dim") for h in headers))
+        ended = proc.state in (EXITED, DISCONNECTED)  # no rate now; the totals stand
         for d in DIRECTIONS:
             r = proc.transfers.get(d) or TransferView()
-            cells: list[RenderableType] = [Text(d, style="bold"), Text(fmt_rate(r.count_per_s, ""))]
+            cells: list[RenderableType] = [Text(d, style="bold"), Text("–" if ended else fmt_rate(r.count_per_s, ""))]
             if show_rate_bytes:
-                cells.append(Text(fmt_bytes(r.bytes_known_per_s)))
+                cells.append(Text("–" if ended else fmt_bytes(r.bytes_known_per_s)))
             cells.append(Text(f"{_or_na(r.count_total)} ({fmt_bytes(r.bytes_known_total)})"))
             table.add_row(*cells)
-        parts: list[RenderableType] = [panel_title(self.TITLE, "bytes are a lower bound" if width >= 46 else ""), table]
+        note = f"{proc.state}: totals only" if ended else "bytes are a lower bound"
+        parts: list[RenderableType] = [panel_title(self.TITLE, note if width >= 46 else ""), table]
         if proc.top_shapes and height > 5:
             top = proc.top_shapes[0]
             parts.append(Text(f" top: {top.direction} {top.shape} ×{top.count}", style="dim", no_wrap=True, overflow="ellipsis"))
@@ -527,16 +529,24 @@ class OverviewPanel(Panel):
 
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         table = Table(expand=True, box=None, padding=(0, 1), header_style="dim")
+        # h2d/s is the process's (jax's guard logs no device): on its first
+        # device's row only, not repeated on each of its devices.
         for col in ("process", "device", "in use", "pool", "limit", "frag", "h2d/s", "state"):
             table.add_column(col, no_wrap=True)
         procs = {p.pid: p for p in snap.processes}
+        rated: set[int] = set()
         for dev in snap.devices:
             p = procs.get(dev.pid)
             frag = f"{dev.fragmentation:.0%}" if dev.fragmentation is not None else "n/a"
-            h2d_view = p.transfers.get(H2D) if p else None
-            h2d = h2d_view.count_per_s if h2d_view else None
+            if dev.pid in rated:
+                rate = "〃"
+            else:
+                rated.add(dev.pid)
+                h2d_view = p.transfers.get(H2D) if p else None
+                h2d = h2d_view.count_per_s if h2d_view else None
+                rate = "–" if p is not None and p.state in (EXITED, DISCONNECTED) else fmt_rate(h2d, "")
             table.add_row(p.who if p else str(dev.pid), dev.label, fmt_bytes(dev.bytes_in_use), fmt_bytes(dev.pool_bytes),
-                          fmt_bytes(dev.bytes_limit), frag, fmt_rate(h2d, ""), p.state if p else "?")
+                          fmt_bytes(dev.bytes_limit), frag, rate, p.state if p else "?")
         if not snap.devices:
             return Group(panel_title(self.TITLE), Text("no devices yet", style="dim"))
         return Group(panel_title(self.TITLE, "tab: next device"), table)

@@ -228,6 +228,11 @@ class TransferView:
     bytes_known_total: int | None = None
     count_bytes_unknown_total: int | None = None
 
+    def ended(self) -> TransferView:
+        """The same totals, without rates (the process is gone)."""
+        return TransferView(count_total=self.count_total, bytes_known_total=self.bytes_known_total,
+                            count_bytes_unknown_total=self.count_bytes_unknown_total)
+
     @classmethod
     def from_rates(cls, rates: Any) -> TransferView:
         """From the model's per-direction rates and the sample's totals."""

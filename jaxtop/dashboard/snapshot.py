@@ -64,7 +64,10 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         uptime_s=(ref - started) if (started and ref) else None,
         interval_s=p.hello.get("interval_s") or 0.1,
         seq=latest.get("seq"),
-        transfers={d: TransferView.from_rates(r) for d, r in p.rates.items()},
+        # A process that exited (or whose agent left) transfers nothing now:
+        # its last interval's rates are not a current rate. Totals stay.
+        transfers={d: TransferView.from_rates(r).ended() if p.state in (EXITED, DISCONNECTED)
+                   else TransferView.from_rates(r) for d, r in p.rates.items()},
         top_shapes=tuple(TopShapeView.from_wire(s) for s in shapes if isinstance(s, dict)) if isinstance(shapes, list) else (),
         # The newest status wins: a sample's, else the hello's.
         capture=CaptureView.from_wire(latest.get("transfer_capture") or p.hello.get("transfer_capture")),
