@@ -649,3 +649,26 @@ def test_rates_leave_the_screen_when_the_process_exits():
     assert "–" in h2d_row and "/s" not in h2d_row
     overview = _panel_text(OverviewPanel(), snap)
     assert "/s" not in [line for line in overview.splitlines() if "exited" in line][0]
+
+
+def test_in_use_asterisk_and_map_glyphs_are_explained_at_any_height():
+    """`in use*` on CPU comes with what the * means even when the panel has
+    no line for the note; the map's glyphs are named beside it and in help."""
+    from jaxtop.dashboard.app import HELP_NOTES
+    from jaxtop.dashboard.model import Model
+    from jaxtop.testing import synthetic
+    from jaxtop.widgets.panels import MemoryMapPanel, MemoryPanel
+
+    model = Model(clock=lambda: 0.0)
+    model.feed(1, synthetic.hello(1, 1, 1000.0))
+    for rec in synthetic.samples(1, 1, 1000.0, 5):
+        for dev in rec.get("devices", ()):
+            dev["source"] = "live_arrays"  # as on CPU: in use from jax.live_arrays()
+        model.feed(1, rec)
+    snap = model.snapshot(selected=0, window_s=60.0, now=1001.0)
+    assert snap.device.source == "live_arrays"
+    for height in (3, 5, 8):
+        text = _panel_text(MemoryPanel(), snap, width=100, height=height)
+        assert "in use*" in text and "from live arrays" in text, (height, text)
+    assert "█ used" in _panel_text(MemoryMapPanel(), snap, width=100, height=8)
+    assert "in use*" in HELP_NOTES and "· free (a hole)" in HELP_NOTES and "≈ a long gap" in HELP_NOTES
