@@ -19,6 +19,7 @@ and large on a GPU.
 from __future__ import annotations
 
 import abc
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -394,7 +395,11 @@ class Fragmentation(Strategy):
         # per device whatever the thread.)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxtop-demo-fragmentation")
         self.live: list[Any] = []
-        self.make = {n: jax.jit(lambda x, n=n: jnp.zeros((n,), jnp.float32) + x) for n in (256, 4096, 65536, 262144)}
+        # One jitted function, the size static: one executable per size. (Four
+        # lambdas made on one line would be four functions that jax cannot
+        # tell from a closure re-made in a loop.)
+        make = jax.jit(lambda x, n: jnp.zeros((n,), jnp.float32) + x, static_argnames=("n",))
+        self.make = {n: functools.partial(make, n=n) for n in (256, 4096, 65536, 262144)}
         self.uniform_n = 65536
         self.scalar = jax.device_put(jnp.zeros((), jnp.float32), device)
         self.reset("off")
