@@ -603,3 +603,18 @@ def test_totals_at_50000_arrays_match_jax_live_arrays_through_churn(cpu_jax):
     finally:
         probe.close()
         del held
+
+
+#: memory_stats() of a TPU v5e chip (jax 0.10.2), read on one through the
+#: device tool: no pool fields; the allocator owns the chip up to bytes_limit.
+TPU_V5E = {"num_allocs": 1, "bytes_in_use": 26624, "peak_bytes_in_use": 26624, "largest_alloc_size": 26624,
+           "bytes_limit": 16909336064, "bytes_reserved": 0, "peak_bytes_reserved": 0,
+           "bytes_reservable_limit": 16909336064, "largest_free_block_bytes": 16909309440}
+
+
+def test_fragmentation_on_tpu_reads_the_chip_as_the_pool():
+    assert fragmentation(normalize_stats(TPU_V5E), "tpu") == (0.0, None)  # all the rest is one block
+    split = dict(TPU_V5E, bytes_in_use=GiB, largest_free_block_bytes=(16909336064 - GiB) // 4)
+    assert fragmentation(split, "tpu")[0] == pytest.approx(0.75)
+    # The same dict from another backend: no pool, no figure.
+    assert fragmentation(normalize_stats(TPU_V5E), "gpu")[0] is None

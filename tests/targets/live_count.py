@@ -16,7 +16,7 @@ mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
 single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 keep = [
     jax.device_put(np.ones(1000)),  # assembled in Python: asking its address would make an Array
-    jax.device_put(np.ones(1000), jax.devices()[1]),
+    jax.device_put(np.ones(1000), jax.devices()[-1]),  # another device where there is one
     jax.make_array_from_callback((1000,), single, lambda i: np.ones(1000)[i]),
     jax.make_array_from_single_device_arrays((8,), single, [jnp.ones(8)]),
     jax.device_put(np.ones(8 * 64), NamedSharding(mesh, P("x"))),
