@@ -24,11 +24,6 @@ from jaxtop.dashboard.model import Snapshot
 from jaxtop.dashboard.sources import LiveSource, Source
 from jaxtop.demo.panel import StrategiesPanel, demo_state
 
-# `python -m jaxtop.demo.worker` would put the current directory first on
-# sys.path: run from a jaxtop checkout, its source `jaxtop/` (which has no
-# `demo` subpackage: that lives in the top-level `demo/`) would shadow the
-# installed package. Drop that entry before importing anything of ours.
-WORKER_MAIN = "import runpy, sys; del sys.path[0]; runpy.run_module('jaxtop.demo.worker', run_name='__main__', alter_sys=True)"
 
 FRACTIONS = ("0.75", "0.5", "0.25")
 ALLOCATORS = ("default", "platform", "cuda_async")
@@ -63,7 +58,12 @@ class Worker:
         env = dict(os.environ)
         env.update(self.env_overrides)
         fd, self.log_path = tempfile.mkstemp(prefix="jaxtop-demo-", suffix=".log")
-        cmd = [sys.executable, "-c", WORKER_MAIN] + (["--small"] if self.small else [])
+        # Not `python -m`, which puts the working directory first on sys.path:
+        # run from a jaxtop checkout, its source `jaxtop/` (which has no `demo`
+        # subpackage: that lives in the top-level `demo/`) would shadow the
+        # installed package; run from a shared directory, someone else's
+        # `numpy.py` would run as the user.
+        cmd = paths.python_command("jaxtop.demo.worker", *(["--small"] if self.small else []), own_env=True)
         with os.fdopen(fd, "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         sock = paths.socket_path(self.proc.pid)

@@ -23,9 +23,6 @@ import time
 from typing import Any
 
 from jaxtop.probes.frames import SiteKey
-# Beside, then renamed: a reader never sees half a profile, and a link planted
-# at its name in a shared working directory is replaced, not written through.
-from jaxtop.wire.paths import write_atomic
 from jaxtop.probes.jaxstate import backend_initialised as _backend_initialised
 from jaxtop.probes.pprof import (  # noqa: F401  (the decoder's names, importable from here)
     NO_DEVICE,
@@ -41,6 +38,9 @@ from jaxtop.probes.pprof import (  # noqa: F401  (the decoder's names, importabl
     read_varint,
     value_indices,
 )
+# Beside, then renamed: a reader never sees half a profile, and a link planted
+# at its name in a shared working directory is replaced, not written through.
+from jaxtop.wire.paths import write_atomic
 
 __all__ = [
     "ProfileDecodeError",

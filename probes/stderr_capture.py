@@ -286,6 +286,11 @@ class StderrCapture:
         report_r, report_w = os.pipe()
         visibility = ",".join(sorted(self._shown)) + "|" + self._silenced
         try:
+            # A script path, not -m or -c: sys.path[0] is then the script's
+            # own directory (jaxtop's probes, where `oom` is found), never the
+            # program's working directory; -E and -s keep PYTHONPATH and user
+            # site-packages out, -S site's .pth files. Not -I: that would drop
+            # the script's directory too.
             relay = subprocess.Popen(
                 [sys.executable, "-S", "-E", "-s", _RELAY_PATH, str(saved), str(report_w), self._token, visibility,
                  self.kind or "pipe"],

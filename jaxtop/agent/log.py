@@ -22,7 +22,7 @@ import stat
 import time
 from typing import Any, Callable
 
-from jaxtop.wire import protocol
+from jaxtop.wire import paths, protocol
 
 __all__ = ["LOG_FLUSH_S", "RecordLog"]
 
@@ -34,7 +34,9 @@ class RecordLog:
     """One recording file, open from construction to :meth:`close`.
 
     Args:
-        path: the file (created or truncated; gzip when it ends in ``.gz``).
+        path: the file (made new, replacing one that was there, or a device
+            written through: :func:`jaxtop.wire.paths.create_output`; gzip
+            when it ends in ``.gz``).
         on_failure: called once with a one-line message when a write fails.
 
     Raises:
@@ -47,7 +49,7 @@ class RecordLog:
         # Unbuffered: each line goes to the file in whole writes of our own,
         # so a failed write leaves no buffer behind for a later flush (or the
         # garbage collector) to fail on again.
-        self.file: Any = open(path, "wb", buffering=0)
+        self.file: Any = paths.create_output(path, "wb", buffering=0)
         self._gz = protocol.GzipLines() if path.endswith(".gz") else None
         self._pending: list[bytes] = []  # samples not written yet (at most LOG_FLUSH_S of them)
         self._flush_t = time.monotonic()

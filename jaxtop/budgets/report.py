@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from jaxtop.budgets.spec import METRICS, Budget, Limit
+from jaxtop.wire.paths import write_atomic
 from jaxtop.wire.units import NA, fmt_bytes, is_missing
 
 #: The report's JSON format, for readers that check it.
@@ -235,11 +236,11 @@ def check(budget: Budget, measured: Mapping[str, Measured], window: dict[str, An
 
 
 def write_json(report: Report, path: str) -> None:
-    """Write ``report`` as JSON to ``path`` (``-`` for stdout)."""
+    """Write ``report`` as JSON to ``path`` (``-`` for stdout), whole or not
+    at all (:func:`jaxtop.wire.paths.write_atomic`)."""
     text = json.dumps(report.to_json(), indent=2, sort_keys=False, default=str) + "\n"
     if path == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    write_atomic(path, text.encode("utf-8"))

@@ -10,6 +10,7 @@ import sys
 
 from jaxtop.cli.exits import EXIT_BROKEN_PIPE, EXIT_TERMINATED, EXIT_USAGE
 from jaxtop.cli.output import STDOUT_NAMES, stdout_gone
+from jaxtop.wire import paths
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -54,21 +55,21 @@ def cmd_export(args: argparse.Namespace) -> int:
         root = os.path.splitext(root)[0]
         output = root + {"csv": ".csv", "perfetto": ".perfetto.json"}.get(args.format, f".{args.format[:-4]}.csv")
     to_stdout = output in STDOUT_NAMES
-    atomic = not to_stdout and _replaceable(output)
+    # A regular OUT (or a new one) is written beside and renamed over it,
+    # whole or not at all; a device, a FIFO or a terminal is written through,
+    # as a shell's `>` would. A link someone else planted at OUT is replaced,
+    # never followed (paths.replacing).
+    target = None if to_stdout else paths.replacing(output, "w", newline="", encoding="utf-8")
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread (cli.main called from one): no handler
         previous = None
     try:
-        if to_stdout:
+        if target is None:
             stats = write(args.file, sys.stdout, jobs=jobs)
             sys.stdout.flush()  # a reader gone shows here, not at exit
-        elif atomic:
-            stats = _write_replacing(output, lambda out: write(args.file, out, jobs=jobs))
         else:
-            # A device, a FIFO, a terminal, or a link to one: written through,
-            # as a shell's `>` would; replacing it would break what it is.
-            with open(output, "w", newline="", encoding="utf-8") as out:
+            with target as out:
                 stats = write(args.file, out, jobs=jobs)
     except BrokenPipeError:
         return stdout_gone() if to_stdout else EXIT_BROKEN_PIPE
@@ -77,7 +78,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"jaxtop export: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated) as exc:
-        left = f"{output} left as it was" if atomic else "the output is incomplete"
+        through = target is None or bool(target.through)
+        left = "the output is incomplete" if through else f"{output} left as it was"
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated"
         print(f"jaxtop export: {what}; {left}", file=sys.stderr)
         return 130 if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
@@ -101,64 +103,3 @@ class _Terminated(Exception):
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated()
-
-
-def _replaceable(path: str) -> bool:
-    """Whether ``path`` is written through a temporary file renamed over it:
-    a regular file or a new path (after following symlinks), not a device,
-    a FIFO or anything else a rename would replace by a plain file."""
-    import stat
-
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return True  # a new path, or a symlink to one
-    except OSError:
-        return False  # let open() say what is wrong with it
-
-
-def _write_replacing(path: str, write):
-    """Run ``write(out)`` into a temporary file beside ``path``, then rename it
-    over ``path``: readers see the old file or the whole new one, never half.
-
-    A symlink is followed: its target is replaced and the link stays. The
-    new file keeps the old one's mode (and owner, where allowed). On any
-    failure or interrupt the temporary file is removed and ``path`` is left
-    as it was.
-    """
-    import contextlib
-    import tempfile
-
-    target = os.path.realpath(path) if os.path.islink(path) else path
-    try:
-        old = os.stat(target)
-    except FileNotFoundError:
-        old = None
-    folder, name = os.path.split(target)
-    # Ctrl-C or SIGTERM between the file's creation and the `try` below
-    # would leave it behind: they wait (blocked) until the `try` is entered.
-    deferred = {signal.SIGINT, signal.SIGTERM}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder or ".", prefix=f".{name}.", suffix=".tmp")
-    except OSError as exc:  # say it of the output, not of a name the user never gave
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        raise OSError(exc.errno, exc.strerror, path) from None
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal that came meanwhile is handled here
-        if old is not None:
-            os.fchmod(fd, old.st_mode & 0o7777)
-            with contextlib.suppress(OSError):
-                os.fchown(fd, old.st_uid, old.st_gid)
-        else:
-            mask = os.umask(0)
-            os.umask(mask)
-            os.fchmod(fd, 0o666 & ~mask)  # as open() would have made it
-        with open(fd, "w", newline="", encoding="utf-8") as out:
-            result = write(out)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return result

@@ -12,6 +12,7 @@ import time
 from jaxtop.cli.attach import inject_agent
 from jaxtop.cli.exits import EXIT_BROKEN_PIPE, EXIT_USAGE
 from jaxtop.cli.output import STDOUT_NAMES, stdout_gone
+from jaxtop.wire import paths
 from jaxtop.wire.paths import SocketDirError
 
 
@@ -112,9 +113,11 @@ class _GzipOutput:
 def _log_output(path: str | None):
     """Where ``jaxtop log`` writes: ``path``, or stdout for None; unbuffered,
     so a failed write is seen at once and record() knows what reached the file.
-    A path ending in ``.gz`` is compressed as it is written."""
+    A path ending in ``.gz`` is compressed as it is written. The file is made
+    new (:func:`jaxtop.wire.paths.create_output`): a link someone else
+    planted at its name is replaced, never written through."""
     if path is not None:
-        raw = open(path, "wb", buffering=0)
+        raw = paths.create_output(path, "wb", buffering=0)
         return _GzipOutput(raw) if path.endswith(".gz") else raw
     try:
         sys.stdout.flush()  # anything printed before comes first

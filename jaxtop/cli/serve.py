@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from jaxtop.cli.exits import EXIT_USAGE
+from jaxtop.wire import paths
 
 __all__ = ["cmd_serve", "make_server"]
 
@@ -74,7 +75,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if what == "attach" and (not args.targets or not all(t.isdigit() for t in args.targets)):
         print("jaxtop serve attach: give one or more PIDs", file=sys.stderr)
         return EXIT_USAGE
-    command = shlex.join([sys.executable, "-m", "jaxtop", what, *args.targets])
+    # Each browser's dashboard is a child run by a shell in this directory:
+    # paths.python_command keeps it from importing what others put there.
+    command = shlex.join(paths.python_command("jaxtop", what, *args.targets))
     token = args.token or secrets.token_urlsafe(18)
     try:
         server = make_server(command, args.host, args.port, token, title=f"jaxtop {what} {' '.join(args.targets)}")

@@ -175,8 +175,11 @@ def run_gdb(target: Target, line: bytes, timeout_s: float) -> None:
         "-ex", f"source {script}",
     ]
     try:
+        # gdb runs from /: its embedded Python resolves a relative entry of the
+        # user's PYTHONPATH ('.') against its working directory, and ours may
+        # be one that others write (gdb's -nx already skips ./.gdbinit).
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, cwd="/")
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -1,9 +1,10 @@
 """Paths jaxtop trusts: the agents' socket directory, the files jaxtop
 writes, and where the Python processes it starts import from.
 
-Where agents put their sockets: one private directory per user. The directory is trusted only while it is private: a real directory (not a
-symbolic link), owned by the current uid, that nobody else may write. Its
-default name, ``/tmp/jaxtop-$UID``, can be taken first by anyone; whoever
+Agents put their sockets in one private directory per user. The directory
+is trusted only while it is private: a real directory (not a symbolic
+link), owned by the current uid, that nobody else may write. Its default
+name, ``/tmp/jaxtop-$UID``, can be taken first by anyone; whoever
 owns the directory decides which "agents" a client sees and receives their
 commands. So the agent (:func:`ensure_socket_dir`) refuses a directory that is
 not private and the clients (:func:`check_socket_dir`) refuse one that others
@@ -298,14 +299,17 @@ class _Target:
                               self.path) from None
             raise
 
-    def make_temp(self) -> tuple[int, str]:
-        """A new file beside the target under a random name, with the mode
-        (and owner, where allowed) of the file it replaces when that one is
-        this user's (or we are root), else as ``open()`` would make it."""
+    def make_temp(self, prefix: str | None = None, perms: int = 0o666) -> tuple[int, str]:
+        """A new file beside the target under a random name (``prefix``, by
+        default ``.NAME.``, then 16 random hex digits and ``.tmp``), with the
+        mode (and owner, where allowed) of the file it replaces when that one
+        is this user's (or we are root), else ``perms`` less the umask, as
+        ``open()`` would make it."""
+        prefix = f".{self.name[:200]}." if prefix is None else prefix
         for _ in range(100):
-            tmp = f".{self.name[:200]}.{os.urandom(8).hex()}.tmp"
+            tmp = f"{prefix}{os.urandom(8).hex()}.tmp"
             try:
-                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, perms,
                              dir_fd=self.dir_fd)
             except FileExistsError:
                 continue
@@ -361,15 +365,20 @@ class replacing:  # noqa: N801 (used as a function: ``with replacing(path) as f`
     Args:
         path: The file.
         mode: ``open()``'s mode for writing (``"wb"``, ``"w"``, ``"w+b"``).
+        temp_prefix: how the temporary file's name starts (default
+            ``.NAME.``); the rest is random.
+        perms: A new file's permission bits, less the umask (``0o600``:
+            private to this user).
         **open_kw: more arguments for ``open()`` (``encoding``, ``newline``).
 
     Raises:
         OSError: the file cannot be written; its ``filename`` is ``path``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], mode: str = "wb", **open_kw: Any) -> None:
+    def __init__(self, path: str | os.PathLike[str], mode: str = "wb", temp_prefix: str | None = None,
+                 perms: int = 0o666, **open_kw: Any) -> None:
         self.path = os.fspath(path)
-        self.mode, self.open_kw = mode, open_kw
+        self.mode, self.temp_prefix, self.perms, self.open_kw = mode, temp_prefix, perms, open_kw
         #: Whether the file is written through, not replaced (known on entry).
         self.through: bool | None = None
         self._target: _Target | None = None
@@ -385,7 +394,7 @@ class replacing:  # noqa: N801 (used as a function: ``with replacing(path) as f`
                 fd = target.open_through()
             else:
                 with _signals_deferred():
-                    fd, self._tmp = target.make_temp()
+                    fd, self._tmp = target.make_temp(self.temp_prefix, self.perms)
             # open() owns the descriptor from here, even when it fails.
             given, fd = fd, -1
             self._file = open(given, self.mode, **self.open_kw)
@@ -401,8 +410,6 @@ class replacing:  # noqa: N801 (used as a function: ``with replacing(path) as f`
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is not None:
             self._discard()
-            if isinstance(exc, OSError) and exc.filename is None:
-                exc.filename = self.path  # a write that failed: say which file
             return
         target, file = self._target, self._file
         assert target is not None and file is not None
@@ -439,8 +446,13 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     Raises:
         OSError: it cannot be written (a full disk: nothing is left behind).
     """
-    with replacing(path) as f:
-        f.write(data)
+    try:
+        with replacing(path) as f:
+            f.write(data)
+    except OSError as exc:
+        if exc.filename is None:  # the write itself failed: say which file
+            raise _named(exc, os.fspath(path)) from None
+        raise
 
 
 def create_output(path: str | os.PathLike[str], mode: str = "wb", **open_kw: Any) -> IO[Any]:
@@ -488,22 +500,37 @@ def create_output(path: str | os.PathLike[str], mode: str = "wb", **open_kw: Any
 
 # -- Python children -----------------------------------------------------------------
 
-def python_command(module: str, *args: str) -> list[str]:
+def python_command(module: str, *args: str, own_env: bool = False) -> list[str]:
     """The command that runs ``python -m module args`` in a child process
     without importing anything from the working directory.
 
     ``python -m`` (and ``-c``) put the working directory first on
     ``sys.path``: started in a directory others can write (a shared project
     directory, the recording's), the child ran whatever ``numpy.py`` or
-    ``json.py`` was there. The child runs isolated (``-I``: no working or
-    script directory on ``sys.path``, no ``PYTHON*`` variables, no user
+    ``json.py`` was there.
+
+    By default the child runs isolated (``-I``: no working or script
+    directory on ``sys.path``, no ``PYTHON*`` variables, no user
     site-packages) and is given this process's ``sys.path`` as it is, so it
     imports jaxtop and its dependencies from where this process does
     (installed, editable through the site-packages' finder, on
     ``PYTHONPATH``). Left out: relative entries (``''`` is whatever the
     working directory is) and the working directory itself, unless jaxtop
     itself was imported from it (a checkout the user works in).
+
+    Args:
+        module: What ``-m`` would name.
+        *args: Its arguments (``sys.argv[1:]``).
+        own_env: The child is a program of the user's (the demo workload):
+            it reads the ``PYTHON*`` variables of its environment and builds
+            its own ``sys.path``, of which only the relative entries go,
+            before anything is imported (``os`` and ``sys`` are loaded at
+            start-up already).
     """
+    if own_env:
+        code = ("import os, sys; sys.path[:] = [p for p in sys.path if os.path.isabs(p)]; import runpy; "
+                f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+        return [sys.executable, "-c", code, *args]
     jaxtop_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         cwd = os.path.realpath(os.getcwd())

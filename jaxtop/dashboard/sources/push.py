@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxtop.wire import protocol
+from jaxtop.wire import paths, protocol
 from jaxtop.dashboard.sources.base import Source
 
 
@@ -51,6 +51,6 @@ class PushSource(Source):
         return None
 
     def save(self, path: str) -> list[str]:
-        with open(path, "wb") as f:
+        with paths.replacing(path) as f:
             f.writelines(self._lines)
         return [path]
