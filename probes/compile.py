@@ -9,11 +9,11 @@ whichever probes subscribe.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from jaxtop.probes import compile_events
 from jaxtop.probes.compile_events import remove_listener  # noqa: F401  (importable from here)
+from jaxtop.probes.forksafe import ForkLock
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -27,7 +27,7 @@ class CompileProbe:
     needs_jax = True
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkLock()
         self._count_total = 0
         self._seconds_total = 0.0
         self._cache_hits_total = 0

@@ -11,11 +11,11 @@ seen by the user's filters).
 from __future__ import annotations
 
 import sys
-import threading
 import warnings as _warnings
 from typing import Any
 
 from jaxtop.probes.base import Tick
+from jaxtop.probes.forksafe import ForkLock
 
 MESSAGE_PREFIX = "Some donated buffers were not usable"
 # Where jax emits the warning, across the versions we support.
@@ -52,7 +52,7 @@ class DonationProbe:
     needs_jax = True
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkLock()
         self._total = 0
         self._last = 0
         self._last_message: str | None = None

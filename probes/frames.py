@@ -32,8 +32,8 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-import threading
 from typing import Any, Iterable, Mapping, Sequence
+from jaxtop.probes.forksafe import ForkLock
 
 __all__ = [
     "COMPREHENSIONS",
@@ -80,7 +80,7 @@ class LibraryFilter:
     def __init__(self) -> None:
         self._cache: dict[str, bool] = {}
         self._core_cache: dict[str, bool] = {}
-        self._lock = threading.Lock()
+        self._lock = ForkLock()
 
     def _core_prefixes(self) -> tuple[str, ...]:
         # Recomputed on a cache miss only: jax may be imported after the

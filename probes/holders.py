@@ -34,7 +34,6 @@ program's allocator settings).
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from typing import Any, Callable
 
@@ -57,6 +56,7 @@ from jaxtop.probes.holders_growth import (  # noqa: F401  (importable from here)
 from jaxtop.probes.jaxstate import backend_ready as _backend_ready
 from jaxtop.probes.jaxstate import jax_imported
 from jaxtop.probes.pprof import ProfileTotals, SiteStats, aggregate_profile
+from jaxtop.probes.forksafe import ForkLock
 
 __all__ = [
     "LibraryFilter",
@@ -179,8 +179,8 @@ class HoldersProbe:
         self._mono = monotonic
         self._timer = timer
         self._on_suspect = on_suspect
-        self._lock = threading.Lock()
-        self._take_lock = threading.Lock()
+        self._lock = ForkLock()
+        self._take_lock = ForkLock()
         self.interval_s = self.base_interval_s  # current, after back-off
         self._next_t = 0.0  # monotonic time of the next cadence profile
         self._last_demand_t = -1e18

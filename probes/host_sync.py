@@ -24,9 +24,18 @@ So the hooks are: the ``_value`` property of ``ArrayImpl`` (replaced by a
 wrapper property, and put back, the same object, on :meth:`HostSyncProbe.stop`)
 and, while the program has a CPU device, numpy's ``asarray``, ``array`` and
 ``asanyarray`` module functions (wrapped; the wrappers pass any argument that
-is not a jax Array straight through). A thread-local flag makes a read count
-once when it passes through two hooks (``np.asarray`` -> ``__array__`` ->
-``_value`` on GPU; ``x.item()`` -> ``np.asarray``).
+is not a jax Array straight through). Those wrappers are the probe's one cost
+off the read path: every call of the three through ``numpy``'s module, on any
+data, runs a Python function first, about 120 ns (``np.asarray`` of an
+ndarray: 170 ns instead of 48; ``np.array`` of 100 floats: 0.94 of its
+speed; ``benchmarks/numpy_wrappers.py``). No cheaper way sees those reads:
+numpy takes a CPU Array's buffer in C, and no Python code runs between the
+call and the copy. ``JAXTOP_NUMPY_HOOKS=0`` leaves numpy alone, and those
+reads (and ``x.item()``, which jax does with ``np.asarray``) uncounted.
+
+A thread-local flag makes a read count once when it passes through two
+hooks (``np.asarray`` -> ``__array__`` -> ``_value`` on GPU; ``x.item()`` ->
+``np.asarray``).
 
 A read counts only when it really reads the device: ``_npy_value`` is None
 (on GPU a second ``float(x)`` of the same array is served from jax's cached
@@ -44,9 +53,11 @@ y])``, ``np.asarray([x, y])``) and names bound before the probe started
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from jaxtop.probes.frames import HOOK_CODES, LIBRARY, NO_STACK, LibraryFilter, SiteKey, site_text, walk
@@ -88,9 +99,38 @@ RECORD_SITES = 50
 
 OTHER_SITE: SiteKey = ("", 0, "<other sites>")
 NO_USER_FRAME: SiteKey = ("", 0, "<no user frame>")
+_MISSING: Any = object()  # a numpy wrapper called without any positional argument
 
 _install_lock = threading.Lock()
 _active: "HostSyncProbe | None" = None  # the probe whose hooks are installed
+# Every probe made in this process, for the fork handler below.
+_probes: "weakref.WeakSet[HostSyncProbe]" = weakref.WeakSet()
+
+
+def _renew_locks_in_child() -> None:
+    """A child made by ``os.fork()`` gets a copy of each lock as it was at
+    the fork, held or not, but none of the parent's other threads. A lock
+    that one of them held (a reader counting a read, the agent thread taking
+    a snapshot) would never be released: the child's first host read would
+    wait on it forever. The hooks stay in and keep counting in the child."""
+    global _install_lock
+    _install_lock = threading.Lock()
+    for probe in list(_probes):
+        probe._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks_in_child)
+
+
+def _numpy_hooks_from_env() -> bool | str:
+    """``numpy_hooks="auto"`` as ``$JAXTOP_NUMPY_HOOKS`` overrides it."""
+    value = os.environ.get("JAXTOP_NUMPY_HOOKS", "").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return False
+    if value in ("1", "on", "true", "yes"):
+        return True
+    return "auto"
 
 
 def _array_impl() -> Any:
@@ -122,7 +162,9 @@ class HostSyncProbe:
             ``"auto"`` (default) wraps them at :meth:`start` and unwraps them
             at the first :meth:`sample` that finds a backend without any CPU
             device (there every such read reaches ``_value``); True keeps
-            them, False never wraps.
+            them, False never wraps. ``"auto"`` yields to
+            ``$JAXTOP_NUMPY_HOOKS`` when it is set: ``0``/``off`` never
+            wraps, ``1``/``on`` always does.
         filt: what counts as library code.
         min_interval_s: least time between two records on the stream.
         heartbeat_s: a record at least this often even without new reads,
@@ -132,7 +174,7 @@ class HostSyncProbe:
 
     def __init__(self, numpy_hooks: bool | str = "auto", filt: LibraryFilter = LIBRARY,
                  min_interval_s: float = 0.5, heartbeat_s: float = 10.0) -> None:
-        self.numpy_hooks = numpy_hooks
+        self.numpy_hooks = _numpy_hooks_from_env() if numpy_hooks == "auto" else numpy_hooks
         self._filt = filt
         self._lock = threading.Lock()
         self._tls = threading.local()
@@ -155,6 +197,7 @@ class HostSyncProbe:
         self._backend_checked = False
         self.reason: str | None = None  # why the probe is not counting
         self.started = False
+        _probes.add(self)
 
     # -- the probe interface (jaxtop.probes.base): sample field ``host_syncs`` --
     name = "host_syncs"
@@ -276,17 +319,29 @@ class HostSyncProbe:
         tls = self._tls
         record = self._record
         impl = self._impl
+        missing = _MISSING
 
+        # Every numpy call of the program goes through this wrapper, nearly
+        # all on plain data: that path is one type check and the call as it
+        # came. The first argument is positional-only here, so that every
+        # keyword (``object=``, ``a=``) reaches numpy's own parser, and a
+        # call without keywords or more arguments is passed on without
+        # unpacking any: np.asarray of an ndarray takes 170 ns against 215
+        # with *args and **kwargs throughout (48 unwrapped; Python 3.11).
         @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # Only an Array passed first, positionally, is a read to count;
-            # every call is passed on exactly as it came.
-            if (not args or type(args[0]) is not impl or getattr(tls, "busy", False)
-                    or getattr(args[0], "_npy_value", None) is not None):
-                return original(*args, **kwargs)
+        def wrapper(arr: Any = missing, /, *args: Any, **kwargs: Any) -> Any:
+            if type(arr) is not impl:
+                if kwargs:
+                    return original(**kwargs) if arr is missing else original(arr, *args, **kwargs)
+                if args:
+                    return original(arr, *args)
+                return original() if arr is missing else original(arr)
+            # Only an Array passed first, positionally, is a read to count.
+            if getattr(tls, "busy", False) or getattr(arr, "_npy_value", None) is not None:
+                return original(arr, *args, **kwargs)
             tls.busy = True
             try:
-                value = original(*args, **kwargs)
+                value = original(arr, *args, **kwargs)
             finally:
                 tls.busy = False
             record(sys._getframe(1), kind)

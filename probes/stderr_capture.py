@@ -41,9 +41,9 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, Callable
+from jaxtop.probes.forksafe import ForkLock
 
 _RELAY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_relay.py")
 
@@ -213,7 +213,7 @@ class StderrCapture:
         self._poller: tuple[int, Any] | None = None  # (fd, select.poll on it)
         # The agent thread and sync() both read reports, and a relay's death
         # found by either changes the fds: one lock, re-entrant for stop().
-        self._read_lock = threading.RLock()
+        self._read_lock = ForkLock(reentrant=True)
         self._sync_n = 0
         self._acked = 0
         self.active = False

@@ -14,13 +14,13 @@ The parser and counter are pure (no jax import) and tested on recorded lines.
 from __future__ import annotations
 
 import re
-import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from jaxtop.probes.base import Tick
 from jaxtop.wire.protocol import DIRECTIONS, GUARD_DIRECTIONS as _DIRECTION_TEXT
+from jaxtop.probes.forksafe import ForkLock
 # The log header before a message, in both forms jaxlib has written:
 # abseil's "W1202 18:34:30.919532    2146 guard_lib.cc:125] " (jaxlib 0.7 and
 # later) and TSL's "2026-12-03 19:09:21.852989: W external/xla/xla/python/
@@ -291,7 +291,7 @@ class TransferCounter:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkLock()
         self._interval = {d: [0, 0, 0] for d in DIRECTIONS}  # count, bytes, unknown
         self._total = {d: [0, 0, 0] for d in DIRECTIONS}
         self._shapes: Counter[tuple[str, str]] = Counter()

@@ -5,12 +5,16 @@ answering their commands, sending and dropping.
 Everything here runs on the agent thread and never blocks; whatever a peer
 does costs the program bounded memory, file descriptors and CPU (the bounds
 are :mod:`jaxtop.agent.limits`; one connection's queues are
-:class:`~jaxtop.agent.connection.Client`). Bad input, or any failure while
-serving one client, closes that client only.
+:class:`~jaxtop.agent.connection.Client`). Commands are answered within a
+budget of the agent thread's CPU, per client and for all, whatever they
+are: a command registered by a probe or by the program is held to it as
+much as the agent's own. Bad input, or any failure while serving one client,
+closes that client only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import socket
@@ -25,10 +29,16 @@ from jaxtop.agent.limits import (
     ACCEPT_BURST,
     ACCEPT_PAUSE_S,
     ACCEPTS_PER_S,
+    CACHED_COMMANDS,
+    CLIENT_COMMAND_CPU_BURST_S,
+    CLIENT_COMMAND_CPU_SHARE,
+    COMMAND_CPU_BURST_S,
+    COMMAND_CPU_SHARE,
     FD_RESERVE,
     MAX_CLIENT_BUFFER_BYTES,
     MAX_CLIENT_REPLY_BYTES,
     MAX_CLIENTS,
+    MAX_REPLY_BYTES,
     RECV_BYTES,
     REQUEST_BATCH,
     REQUEST_BURST,
@@ -36,6 +46,7 @@ from jaxtop.agent.limits import (
     SEND_CHUNK_BYTES,
     TOTAL_REQUEST_BURST,
     TOTAL_REQUESTS_PER_S,
+    CpuBudget,
     TokenBucket,
     fd_shortage,
 )
@@ -43,10 +54,12 @@ from jaxtop.agent.limits import (
 # Besides this module's own names, the limits and the connection class,
 # which other modules import from here.
 __all__ = [
-    "ACCEPT_BATCH", "ACCEPT_BURST", "ACCEPT_PAUSE_S", "ACCEPTS_PER_S", "FD_RESERVE", "MAX_CLIENT_BUFFER_BYTES",
-    "MAX_CLIENT_REPLY_BYTES", "MAX_CLIENTS", "RECV_BYTES", "REQUEST_BATCH", "REQUEST_BURST", "REQUESTS_PER_S",
-    "SEND_CHUNK_BYTES", "TOTAL_REQUEST_BURST", "TOTAL_REQUESTS_PER_S", "Backfill", "Client", "Clients",
-    "CommandError", "CommandHandler", "Greeting", "TokenBucket", "command_reply", "fd_shortage", "peer_uid",
+    "ACCEPT_BATCH", "ACCEPT_BURST", "ACCEPT_PAUSE_S", "ACCEPTS_PER_S", "CACHED_COMMANDS", "CLIENT_COMMAND_CPU_BURST_S",
+    "CLIENT_COMMAND_CPU_SHARE", "COMMAND_CPU_BURST_S", "COMMAND_CPU_SHARE", "FD_RESERVE", "MAX_CLIENT_BUFFER_BYTES",
+    "MAX_CLIENT_REPLY_BYTES", "MAX_CLIENTS", "MAX_REPLY_BYTES", "RECV_BYTES", "REQUEST_BATCH", "REQUEST_BURST",
+    "REQUESTS_PER_S", "SEND_CHUNK_BYTES", "TOTAL_REQUEST_BURST", "TOTAL_REQUESTS_PER_S", "Backfill", "Client",
+    "Clients", "CommandError", "CommandHandler", "CpuBudget", "Greeting", "TokenBucket", "command_reply",
+    "fd_shortage", "peer_uid",
 ]
 
 
@@ -64,6 +77,17 @@ def command_reply(request: dict[str, Any], ok: bool, **fields: Any) -> bytes:
     reply = {"type": protocol.REPLY, "t": time.time(), "id": request.get("id"), "ok": ok}
     reply.update(fields)
     return protocol.encode(reply)
+
+
+# A result is encoded on its own (as protocol.encode would), so that its size
+# is known before a reply is built and a cached one is never encoded again.
+_RESULT_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def _spliced_reply(request: dict[str, Any], result: bytes, **fields: Any) -> bytes:
+    """``command_reply(request, True, result=..., **fields)`` around an encoded result."""
+    head = command_reply(request, True, **fields)  # b'{...}\n'
+    return b"".join((head[:-2], b',"result":', result, b"}\n"))
 
 
 CommandHandler = Callable[[dict[str, Any]], Any]
@@ -103,6 +127,11 @@ class Clients:
         now = time.monotonic()
         self._accepts = TokenBucket(ACCEPTS_PER_S, ACCEPT_BURST, now)
         self._requests = TokenBucket(TOTAL_REQUESTS_PER_S, TOTAL_REQUEST_BURST, now)
+        self._command_cpu = CpuBudget(COMMAND_CPU_SHARE, COMMAND_CPU_BURST_S, now)
+        self._client_cpu: dict[int, CpuBudget] = {}  # client ident -> its commands' budget
+        # command name -> (monotonic time, arguments as JSON, encoded result):
+        # the last reply of each command in CACHED_COMMANDS.
+        self._cached: dict[str, tuple[float, str, bytes]] = {}
         self._listener: socket.socket | None = None
         self._listener_resume: float | None = None  # monotonic time; None while selected
 
@@ -217,6 +246,9 @@ class Clients:
             The monotonic time by which it wants to be called again, or None.
         """
         wake: float | None = None
+        for name, (t, _args, _result) in list(self._cached.items()):
+            if now - t >= CACHED_COMMANDS.get(name, 0.0):
+                del self._cached[name]  # a stale reply is not held until the next request
         if self._listener_resume is not None:
             if now >= self._listener_resume:
                 self._listener_resume = None
@@ -260,6 +292,8 @@ class Clients:
             client.close()
         self._clients.clear()
         self._throttled.clear()
+        self._client_cpu.clear()
+        self._cached.clear()
 
     # -- requests -----------------------------------------------------------------
     def _on_readable(self, client: Client) -> None:
@@ -300,9 +334,9 @@ class Clients:
             except protocol.ProtocolError as exc:
                 self._fail(client, f"bad input: {exc}")
                 return
-            client.queue(self._answer(request), droppable=False)
+            client.queue(self._answer(client, request, now), droppable=False)
 
-    def _answer(self, request: dict[str, Any]) -> bytes:
+    def _answer(self, client: Client, request: dict[str, Any], now: float) -> bytes:
         kind = request.get("type")
         if kind == protocol.PING:
             return protocol.encode({"type": protocol.PONG, "t": time.time(), "id": request.get("id")})
@@ -313,6 +347,57 @@ class Clients:
         if handler is None:
             return command_reply(request, False, error=f"unknown command {name!r}; known: {sorted(self._commands)}")
         args = request.get("args") if isinstance(request.get("args"), dict) else {}
+        own = self._client_cpu.get(client.ident)
+        if own is None:
+            own = self._client_cpu[client.ident] = CpuBudget(CLIENT_COMMAND_CPU_SHARE, CLIENT_COMMAND_CPU_BURST_S, now)
+        refusal = self._over_budget(request, own, now)
+        if refusal is not None:
+            return refusal
+        started = time.thread_time()
+        try:
+            return self._run(request, name, handler, args, now)
+        finally:
+            spent = time.thread_time() - started
+            own.charge(now, spent)
+            self._command_cpu.charge(now, spent)
+
+    def _over_budget(self, request: dict[str, Any], own: CpuBudget, now: float) -> bytes | None:
+        """The ``rate limited`` reply when this client's commands, or all
+        clients', have used their share of the agent's CPU; else None.
+
+        A client with half its own burst or more left has asked little
+        lately: it may draw on the shared budget's reserve, so that others'
+        floods do not lock it out."""
+        quiet = own.level(now) >= 0.5 * own.burst_s
+        if not own.allows(now):
+            wait, whose = own.retry_s(now), f"this connection's share, {CLIENT_COMMAND_CPU_SHARE:.1%}"
+        elif not self._command_cpu.allows(now, reserve=quiet):
+            wait = self._command_cpu.retry_s(now, reserve=quiet)
+            whose = f"the share of all connections, {COMMAND_CPU_SHARE:.1%}"
+        else:
+            return None
+        return command_reply(
+            request, False,
+            error=f"rate limited: commands have used {whose} of a core of the agent's CPU; retry in {wait:.1f} s",
+            retry_after_s=max(0.001, round(wait, 3)),
+        )
+
+    def _run(self, request: dict[str, Any], name: str, handler: CommandHandler, args: dict[str, Any],
+             now: float) -> bytes:
+        """Run the handler (or take its cached reply) and build the reply."""
+        ttl = CACHED_COMMANDS.get(name)
+        key = None
+        if ttl is not None:
+            try:
+                key = json.dumps(args, sort_keys=True, separators=(",", ":"))
+            except (TypeError, ValueError):
+                key = None
+            kept = self._cached.get(name)
+            if kept is not None and now - kept[0] >= ttl:
+                del self._cached[name]  # stale: its bytes are not held any longer
+                kept = None
+            if kept is not None and kept[1] == key:
+                return _spliced_reply(request, kept[2], cached_age_s=round(now - kept[0], 3))
         try:
             result = handler(args)
         except CommandError as exc:
@@ -320,9 +405,20 @@ class Clients:
         except Exception as exc:
             return command_reply(request, False, error=f"{type(exc).__name__}: {exc}")
         try:
-            return command_reply(request, True, result=result)
+            encoded = _RESULT_ENCODER.encode(result).encode()
+        except ValueError:  # NaN or infinity somewhere: protocol.encode writes them as null
+            try:
+                reply = command_reply(request, True, result=result)
+            except Exception as exc:
+                return command_reply(request, False, error=f"unencodable result: {type(exc).__name__}: {exc}")
+            return reply if len(reply) <= MAX_REPLY_BYTES else _too_large(request, len(reply))
         except Exception as exc:  # a handler returned something JSON cannot carry
             return command_reply(request, False, error=f"unencodable result: {type(exc).__name__}: {exc}")
+        if len(encoded) > MAX_REPLY_BYTES:
+            return _too_large(request, len(encoded))
+        if key is not None:
+            self._cached[name] = (now, key, encoded)
+        return _spliced_reply(request, encoded)
 
     # -- bookkeeping ----------------------------------------------------------------
     def _flush(self, client: Client) -> None:
@@ -375,6 +471,7 @@ class Clients:
         client.close()
         self._clients.pop(client.ident, None)
         self._throttled.pop(client.ident, None)
+        self._client_cpu.pop(client.ident, None)
 
     def close_in_child(self) -> None:
         """After fork, in the child: close this process's copies of the client
@@ -384,3 +481,11 @@ class Clients:
             client.close()
         self._clients.clear()
         self._throttled.clear()
+        self._client_cpu.clear()
+        self._cached.clear()
+
+
+def _too_large(request: dict[str, Any], size: int) -> bytes:
+    """The error that takes the place of a reply over :data:`MAX_REPLY_BYTES`."""
+    return command_reply(request, False, reply_bytes=size,
+                         error=f"reply too large: {size} bytes, over the agent's limit of {MAX_REPLY_BYTES} bytes")

@@ -75,9 +75,17 @@ class MemoryProfileCommand:
 
 def detach_command(agent: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Command ``detach`` (``jaxtop detach PID``): stop ``agent`` on a thread
-    of its own, so that the agent thread flushes the reply on its way out."""
+    of its own, so that the agent thread flushes the reply on its way out.
+
+    Only the first request starts that thread: the ones that arrive while
+    the agent is stopping get the same reply, with ``already: true``."""
+    started = []  # the handler runs on the agent thread only: a plain flag, no lock
 
     def detach(args: dict[str, Any]) -> dict[str, Any]:
+        if started:
+            return {"detaching": True, "pid": agent.pid, "already": True}
+        started.append(True)
+
         def stop() -> None:
             from jaxtop.agent.handle import current
 

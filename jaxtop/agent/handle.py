@@ -8,10 +8,10 @@ Importing this module imports neither jax nor Textual.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
+from jaxtop.probes.forksafe import ForkLock
 
-_lock = threading.Lock()
+_lock = ForkLock()
 _handle: "Handle | None" = None
 
 

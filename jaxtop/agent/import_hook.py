@@ -12,6 +12,7 @@ import importlib.abc
 import sys
 import threading
 from typing import Any, Callable
+from jaxtop.probes.forksafe import ForkLock
 
 Callback = Callable[[Any], None]
 
@@ -74,7 +75,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 _finder = _Finder()
-_lock = threading.Lock()
+_lock = ForkLock()
 
 
 def when_imported(name: str, callback: Callback) -> None:

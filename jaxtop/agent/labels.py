@@ -35,10 +35,10 @@ once. Tracers (a ``label`` call inside ``jit``) and host values are skipped.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 import weakref
 from typing import Any, Callable, TypeVar
+from jaxtop.probes.forksafe import ForkLock
 
 __all__ = ["label", "install", "uninstall", "read", "LabelRegistry", "MAX_LABELS"]
 
@@ -85,7 +85,7 @@ class LabelRegistry:
     """
 
     def __init__(self, min_interval_s: float = 0.5, heartbeat_s: float = 10.0) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkLock()
         self._trees: dict[str, _Tree] = {}
         self.dropped_names = 0
         self.min_interval_s = min_interval_s

@@ -19,6 +19,13 @@ file descriptors and CPU:
   :data:`TOTAL_REQUESTS_PER_S` for all), and not at all while a client has
   :data:`MAX_CLIENT_REPLY_BYTES` of replies it has not read: the rest waits
   in the kernel and the sender blocks;
+* commands are answered within a budget of the agent thread's CPU
+  (:class:`CpuBudget`): :data:`CLIENT_COMMAND_CPU_SHARE` of a core per
+  client and :data:`COMMAND_CPU_SHARE` for all clients together, whatever
+  the command. A request past either gets a short ``rate limited`` error
+  that says when to retry; a reply over :data:`MAX_REPLY_BYTES` is refused
+  with an error; the commands in :data:`CACHED_COMMANDS` (reads with no side
+  effect) are answered from the last reply for a moment;
 * bad input, or any failure while serving one client, closes that client
   only.
 
@@ -66,6 +73,28 @@ TOTAL_REQUEST_BURST = 100
 #: A client that ran out of budget is read again once it has this many
 #: requests' worth: one wake-up per batch, not one per request.
 REQUEST_BATCH = 10
+#: Agent-thread CPU that one client's commands may use, as a share of one
+#: core on average: what a command cost (its handler and the encoding of its
+#: reply, measured with the thread's CPU clock) is taken from the client's
+#: bucket, which holds at most CLIENT_COMMAND_CPU_BURST_S. A command runs
+#: while the bucket is above zero, so one dearer than the burst still runs
+#: once; the bucket then owes at most one burst (a wait of burst / share).
+CLIENT_COMMAND_CPU_SHARE = 0.01
+CLIENT_COMMAND_CPU_BURST_S = 0.1
+#: The same for the commands of all clients together: a flood from many
+#: clients costs the program at most this share of a core on average. A
+#: connection that has asked little lately (half its own burst or more left)
+#: may draw on a reserve of half this burst beyond it, so that a flood from
+#: other connections does not lock it out.
+COMMAND_CPU_SHARE = 0.03
+COMMAND_CPU_BURST_S = 0.3
+#: The largest reply to a command, in bytes of JSON: a larger result is
+#: answered with an error (replies are the client's own output, not shared).
+MAX_REPLY_BYTES = 8 * 1024 * 1024
+#: Commands whose reply is kept and served again to an identical request
+#: (same name and arguments, any client) for this many seconds: reads that
+#: change nothing and cost a pass over the program's state.
+CACHED_COMMANDS = {"jit_ledger": 1.0}
 #: Connections accepted or refused per second (a bucket of ACCEPT_BURST).
 ACCEPTS_PER_S = 50.0
 ACCEPT_BURST = 64
@@ -149,3 +178,44 @@ class TokenBucket:
         self._refill(now)
         n = min(float(n), self.burst)
         return 0.0 if self.tokens >= n else (n - self.tokens) / self.rate
+
+
+class CpuBudget:
+    """Seconds of CPU: ``share`` of a core on average, at most ``burst_s`` at once.
+
+    Unlike :class:`TokenBucket`, work is charged after it ran, by what it
+    cost: the budget allows work while it is above zero (or, drawing on its
+    reserve, above minus half a burst) and owes at most one burst.
+    """
+
+    def __init__(self, share: float, burst_s: float, now: float) -> None:
+        self.share = share
+        self.burst_s = burst_s
+        self.seconds = float(burst_s)
+        self._t = now
+
+    def _refill(self, now: float) -> None:
+        if now > self._t:
+            self.seconds = min(self.burst_s, self.seconds + (now - self._t) * self.share)
+        self._t = now
+
+    def _floor(self, reserve: bool) -> float:
+        return -0.5 * self.burst_s if reserve else 0.0
+
+    def level(self, now: float) -> float:
+        """Seconds left now (negative: owed)."""
+        self._refill(now)
+        return self.seconds
+
+    def allows(self, now: float, reserve: bool = False) -> bool:
+        return self.level(now) > self._floor(reserve)
+
+    def charge(self, now: float, cpu_s: float) -> None:
+        self._refill(now)
+        self.seconds = max(-self.burst_s, self.seconds - max(0.0, cpu_s))
+
+    def retry_s(self, now: float, reserve: bool = False) -> float:
+        """Seconds until work is allowed again (0 when it is now)."""
+        floor = self._floor(reserve)
+        level = self.level(now)
+        return 0.0 if level > floor else (floor - level) / self.share + 0.001

@@ -16,10 +16,10 @@ Standard library only (the agent imports it inside the user's job).
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Iterator
 
 from jaxtop.probes.base import Probe, Tick
+from jaxtop.probes.forksafe import ForkLock
 
 __all__ = ["FieldProbe", "ProbeList"]
 
@@ -53,7 +53,7 @@ class ProbeList:
         self._started: set[int] = set()  # id() of the probes whose start() ran
         self._jax = False  # jax is imported: probes added now start at once
         self._running = False  # between start_early() and stop()
-        self._lock = threading.Lock()
+        self._lock = ForkLock()
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._probes)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from typing import Any
 
 from jaxtop.budgets.fold import CompileSite
 from jaxtop.probes.frames import eager_dispatch
+from jaxtop.probes.forksafe import ForkLock
 
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -30,14 +30,14 @@ class CompileLog:
     """
 
     _instance: "CompileLog | None" = None
-    _lock = threading.Lock()
+    _lock = ForkLock()
 
     def __init__(self) -> None:
         self.windows: list[dict[tuple[str, str], CompileSite]] = []
         self.names_seen: bool | None = None  # None until the first compile
         self.registered = False
         self.reason: str | None = "jax not imported yet"
-        self._mu = threading.Lock()
+        self._mu = ForkLock()
 
     @classmethod
     def get(cls) -> "CompileLog":

@@ -10,8 +10,11 @@ child with only the probes folder on its path) imports this package for
 from __future__ import annotations
 
 import re
-import threading
 import time
+try:
+    from ..forksafe import ForkLock
+except ImportError:  # the stderr relay imports this package as top-level `oom` (python -S, probes/ first on sys.path)
+    from forksafe import ForkLock  # type: ignore[no-redef]
 
 # The relay imports this file without ``site``; ``typing`` alone would cost
 # it ~8 ms at every start. Type checkers read the import; Python skips it.
@@ -297,7 +300,7 @@ class AllocatorLog:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkLock()
         self._event: dict[str, Any] | None = None
         self.not_failures = 0
 

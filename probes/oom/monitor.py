@@ -22,6 +22,10 @@ from .lines import ALLOCATOR_MATCH_S, MESSAGE_CHARS, AllocatorLog, is_oom_text
 from .parts import TIMELINE_POINTS, TIMELINE_SPAN_S
 from .sites import user_frame_of_stack, user_frame_of_traceback
 from .write import write_census
+try:
+    from ..forksafe import ForkLock
+except ImportError:  # the stderr relay imports this package as top-level `oom` (python -S, probes/ first on sys.path)
+    from forksafe import ForkLock  # type: ignore[no-redef]
 
 # The stderr relay imports this package without ``site``: no ``typing`` at
 # run time. Type checkers read the import; Python skips it.
@@ -72,7 +76,7 @@ class OomMonitor:
         self.allocator = AllocatorLog()
         self.censuses: list[dict[str, Any]] = []  # every census taken, oldest first
         self.suppressed = 0  # OOMs seen while censuses were rate limited or at their maximum
-        self._lock = threading.Lock()
+        self._lock = ForkLock()
         self._busy = threading.local()  # a census in progress on this thread
         self._running = False  # a census in progress on any thread
         self._last_t = 0.0  # monotonic time of the last census
@@ -470,7 +474,7 @@ class OomProbe:
 
 
 _monitor: OomMonitor | None = None
-_install_lock = threading.Lock()
+_install_lock = ForkLock()
 
 
 def install(agent: Any = None, *, directory: str | None = None, budget_s: float = DEFAULT_BUDGET_S,

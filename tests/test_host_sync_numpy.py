@@ -1,0 +1,148 @@
+"""The host-sync probe's numpy wrappers pass every call on as numpy takes it,
+can be turned off from the environment, and its locks are new in a forked
+child (a lock another thread held at the fork would never be released)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+
+import pytest
+
+
+@pytest.fixture
+def probe_class(jax_cpu, monkeypatch):
+    monkeypatch.delenv("JAXTOP_NUMPY_HOOKS", raising=False)
+    from jaxtop.probes.host_sync import HostSyncProbe
+
+    return HostSyncProbe
+
+
+def outcome(fn):
+    try:
+        value = fn()
+    except Exception as exc:
+        return ("raised", type(exc), str(exc))
+    return ("returned", type(value), value.tolist() if hasattr(value, "tolist") else value,
+            getattr(value, "dtype", None), getattr(value, "shape", None))
+
+
+def test_the_wrappers_pass_every_call_shape_on_as_numpy_takes_it(probe_class):
+    import numpy as np
+
+    host = np.arange(6.0).reshape(2, 3)
+    calls = [
+        lambda: np.asarray(),
+        lambda: np.array(),
+        lambda: np.array(a=5),  # not numpy's name for it: numpy refuses it, so must the wrapper
+        lambda: np.asarray(a=[1, 2]),
+        lambda: np.array(object=[3]),
+        lambda: np.asarray([1, 2], np.int8),
+        lambda: np.asarray([1, 2], dtype=np.int8, order="F"),
+        lambda: np.array([[1]], ndmin=3),
+        lambda: np.array(host, copy=False, dtype=np.int64),  # numpy 2: cannot avoid a copy
+        lambda: np.asanyarray(host, None),
+        lambda: np.asarray(host, None, None, None),
+    ]
+    plain = [outcome(c) for c in calls]
+    probe = probe_class(numpy_hooks=True)
+    probe.start()
+    try:
+        assert probe.numpy_wrapped
+        wrapped = [outcome(c) for c in calls]
+        assert np.asarray(host) is host
+    finally:
+        probe.stop()
+    assert wrapped == plain
+
+
+def test_a_jax_array_with_more_arguments_is_one_read_of_its_kind(probe_class):
+    import jax.numpy as jnp
+    import numpy as np
+
+    probe = probe_class(numpy_hooks=True)
+    probe.start()
+    try:
+        line = sys._getframe().f_lineno
+        a = np.asarray(jnp.arange(3.0), np.float32)  # +1
+        b = np.array(jnp.arange(3.0), dtype=np.int32, ndmin=2)  # +2
+        counts = {k[1]: v for k, v in probe.counts().items() if k[0] == __file__}
+    finally:
+        probe.stop()
+    assert a.dtype == np.float32 and b.shape == (1, 3) and b.dtype == np.int32
+    assert counts == {line + 1: {"asarray": 1}, line + 2: {"array": 1}}
+
+
+@pytest.mark.parametrize("value, wrapped", [("0", False), ("off", False), ("1", True), ("on", True), ("", True)])
+def test_jaxtop_numpy_hooks_in_the_environment_decides_auto(probe_class, monkeypatch, value, wrapped):
+    import numpy as np
+
+    monkeypatch.setenv("JAXTOP_NUMPY_HOOKS", value)
+    original = np.asarray
+    probe = probe_class()  # "auto": on this CPU backend, wrapped unless the environment says otherwise
+    probe.start()
+    try:
+        assert probe.started and probe.numpy_wrapped is wrapped
+        assert (np.asarray is not original) is wrapped
+        assert probe.snapshot()["numpy_hooks"] is wrapped
+    finally:
+        probe.stop()
+    assert np.asarray is original
+
+
+def _fork_while_held(lock, child) -> int:
+    """Fork while another thread holds ``lock``; the child runs ``child``
+    and exits 0, or is ended by SIGALRM after 5 s (it hung). Returns the
+    child's exit code (negative: the signal that ended it)."""
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    try:
+        assert held.wait(5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # JAX's own: forking a multithreaded program
+            pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                import signal
+
+                signal.alarm(5)  # its default action ends the child
+                child()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+    finally:
+        release.set()
+        t.join()
+
+
+def test_a_forked_child_counts_although_another_thread_held_the_counts_lock(probe_class):
+    probe = probe_class(numpy_hooks=False)
+    probe.start()
+    try:
+        assert _fork_while_held(probe._lock, lambda: (probe.counts(), probe.reset(), probe.snapshot())) == 0
+    finally:
+        probe.stop()
+
+
+def test_a_forked_child_starts_a_probe_although_another_thread_held_the_install_lock(probe_class):
+    from jaxtop.probes import host_sync
+
+    def start_and_stop():
+        p = probe_class(numpy_hooks=False)
+        p.start()
+        assert p.started
+        p.stop()
+
+    assert _fork_while_held(host_sync._install_lock, start_and_stop) == 0
