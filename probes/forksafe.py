@@ -8,7 +8,8 @@ first hooked call would wait forever (measured: 64 to 201 of 500 children of
 a program with 8 threads hung at the host-read counter's lock). A
 :class:`ForkLock` is a lock whose child copy is a new, free lock.
 
-Stdlib only: this runs inside the user's job.
+Stdlib only, and not even typing: the stderr relay (a process of its own,
+started with ``python -S``) imports the OOM line scanner, which uses these.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any
 
 __all__ = ["ForkLock"]
 
@@ -31,13 +31,13 @@ class ForkLock:
 
     def __init__(self, reentrant: bool = False) -> None:
         self._reentrant = reentrant
-        self._lock: Any = threading.RLock() if reentrant else threading.Lock()
+        self._lock: object = threading.RLock() if reentrant else threading.Lock()
         _locks.add(self)
 
     def __enter__(self) -> bool:
         return self._lock.acquire()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._lock.release()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
