@@ -32,9 +32,11 @@ MODEL = {"numpy", "jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.timeline", "jax
          "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"} | {f"jaxtop.dashboard.{m}" for m in (
     "model", "views", "readings", "oom_views", "ledger_views", "snapshot", "backlog", "batch", "events")}
 ALLOWED = {
-    "probes": THIRD_PARTY_AGENT | {"jaxtop", "jaxtop.wire.protocol", "jaxtop.probes", "jaxtop.wire"},
+    # `forksafe`: probes/forksafe.py under the top-level name the stderr relay
+    # (python -S, probes/ first on sys.path) imports it by.
+    "probes": THIRD_PARTY_AGENT | {"jaxtop", "jaxtop.wire.protocol", "jaxtop.probes", "jaxtop.wire", "forksafe"},
     "jaxtop/agent": THIRD_PARTY_AGENT | WIRE | {"jaxtop.wire"} | {"jaxtop.agent", "jaxtop.probes", "jaxtop.wire.prometheus", "jaxtop.agent.labels"},
-    "jaxtop/agent/labels.py": {"jax", "jaxlib"},
+    "jaxtop/agent/labels.py": {"jax", "jaxlib", "jaxtop.probes.forksafe"},  # forksafe: stdlib only
     "jaxtop/wire/protocol.py": set(),
     "jaxtop/wire/timeline.py": {"jaxtop", "jaxtop.wire.protocol"},
     "jaxtop/wire/prometheus.py": {"jaxtop", "jaxtop.wire", "prometheus_client"},
@@ -58,7 +60,8 @@ ALLOWED = {
     "jaxtop/dashboard/batch.py": MODEL,
     "jaxtop/dashboard/events.py": MODEL,
     "jaxtop/dashboard/holders.py": set(),
-    "jaxtop/dashboard/ledger.py": set(),
+    # The wire's number rules (protocol: stdlib only, as this module stays).
+    "jaxtop/dashboard/ledger.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol"},
     "jaxtop/dashboard/history.py": {"numpy"},
 }
 

@@ -9,9 +9,13 @@ standard library only.
 from __future__ import annotations
 
 import difflib
+import errno
 import math
 import os
 import re
+import reprlib
+import stat
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -146,7 +150,16 @@ _VALUE_RE = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-z/]*)\s*$")
 def _unknown_name(name: str, source: str) -> BudgetError:
     close = difflib.get_close_matches(name, list(METRICS), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return BudgetError(f"{source}: unknown name {name!r}{hint} (names: {', '.join(METRICS)})")
+    return BudgetError(f"{source}: unknown name {_shown(name)!r}{hint} (names: {', '.join(METRICS)})")
+
+
+def _shown(value: Any) -> str:
+    """A value as a message quotes it: a string as written, cut at 60
+    characters; anything else as a short repr (a table nested a thousand
+    deep has no printable repr, a long string no readable one)."""
+    if isinstance(value, str):
+        return value if len(value) <= 60 else value[:59] + "…"
+    return reprlib.repr(value)
 
 
 def _fmt_number(value: float) -> str:
@@ -168,36 +181,41 @@ def parse_value(name: str, value: Any, source: str = "budget") -> Limit:
     if isinstance(value, str):
         value = value.strip()
         if value.startswith("-"):
-            raise BudgetError(f"{where}={value}: the limit must be >= 0")
+            raise BudgetError(f"{where}={_shown(value)}: the limit must be >= 0")
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise BudgetError(f"{where}: the limit must be a number or a size like '2GiB', not {value!r}")
+        raise BudgetError(f"{where}: the limit must be a number or a size like '2GiB', not {_shown(value)}")
     if isinstance(value, str):
         match = _VALUE_RE.match(value)
         if match is None:
-            raise BudgetError(f"{where}={value!r}: not a number" + (" with a unit (KiB, MiB, GiB, KB, MB, GB)"
-                                                                      if metric.kind == "bytes" else ""))
+            raise BudgetError(f"{where}={_shown(value)!r}: not a number" + (
+                " with a unit (KiB, MiB, GiB, KB, MB, GB)" if metric.kind == "bytes" else ""))
         number, unit = float(match.group(1)), match.group(2)
     else:
-        number, unit = float(value), ""
+        try:
+            number, unit = float(value), ""
+        except OverflowError:  # an integer beyond a float (TOML reads up to 4,300 digits)
+            raise BudgetError(f"{where}: the limit is too big ({_shown(value)})") from None
     if not math.isfinite(number) or number < 0:
-        raise BudgetError(f"{where}: the limit must be a finite number >= 0, not {value!r}")
+        raise BudgetError(f"{where}: the limit must be a finite number >= 0, not {_shown(value)}")
     if metric.kind == "bytes":
         if unit:
             factor = BYTE_UNITS.get(unit.lower())
             if factor is None:
-                raise BudgetError(f"{where}={value}: unknown unit {unit!r} (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
+                raise BudgetError(f"{where}={_shown(value)}: unknown unit {unit!r} (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
             number *= factor
+        if not math.isfinite(number):  # 1e308GiB
+            raise BudgetError(f"{where}: the limit must be a finite number >= 0, not {_shown(value)}")
         number = float(math.floor(number))
         text = _fmt_size_spec(number, unit, match.group(1) if isinstance(value, str) else None)
         return Limit(name, number, text)
     if metric.kind == "rate":
         if unit and unit.lower() not in ("/s", "persec"):
-            raise BudgetError(f"{where}={value}: a rate is a number per second, without a unit")
+            raise BudgetError(f"{where}={_shown(value)}: a rate is a number per second, without a unit")
         return Limit(name, number, _fmt_number(number))
     if unit:
-        raise BudgetError(f"{where}={value}: {name} counts {metric.about}; it takes a whole number without a unit")
+        raise BudgetError(f"{where}={_shown(value)}: {name} counts {metric.about}; it takes a whole number without a unit")
     if not number.is_integer():
-        raise BudgetError(f"{where}={value}: {name} counts {metric.about}; it takes a whole number")
+        raise BudgetError(f"{where}={_shown(value)}: {name} counts {metric.about}; it takes a whole number")
     return Limit(name, number, str(int(number)))
 
 
@@ -253,6 +271,33 @@ def from_mapping(mapping: Mapping[str, Any], source: str = "budget") -> Budget:
     return Budget(limits, source)
 
 
+#: The largest budget file read: a pyproject.toml is a few KiB, and TOML is
+#: parsed whole, in memory.
+MAX_TOML_BYTES = 4 << 20
+#: The most parts a dotted key or table header may have ("a.b.c" has 3):
+#: tomllib's time grows with the square of it (10,000 parts: 1.6 s; a
+#: 100,000-deep one ran for minutes), and no real file nests beyond a few.
+MAX_KEY_PARTS = 100
+#: One part of a key: bare, "basic" or 'literal'.
+_KEY_PART = r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'"""
+#: A dotted key or a table header: parts joined by dots.
+_DOTTED_KEY = re.compile(rf"(?:{_KEY_PART})(?:[ \t]*\.[ \t]*(?:{_KEY_PART}))*")
+
+
+def _deepest_key(text: str) -> int:
+    """The most parts of a dotted key or header at the start of a line (a
+    value's strings may hold dots: only where a key can be is looked at)."""
+    deepest = 0
+    for line in text.splitlines():
+        stripped = line.lstrip(" \t[")
+        if "." not in stripped:
+            continue
+        match = _DOTTED_KEY.match(stripped)
+        if match is not None:
+            deepest = max(deepest, len(re.findall(_KEY_PART, match.group(0))))
+    return deepest
+
+
 def _toml_loads(text: str) -> dict[str, Any]:
     try:
         import tomllib
@@ -262,10 +307,61 @@ def _toml_loads(text: str) -> dict[str, Any]:
         except ModuleNotFoundError:
             raise BudgetError("reading a budget from TOML needs Python 3.11+ or the tomli package "
                               "(pip install tomli)") from None
+    if _deepest_key(text) > MAX_KEY_PARTS:
+        raise BudgetError(f"not a budget: a key or table nested more than {MAX_KEY_PARTS} deep")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise BudgetError(f"not valid TOML: {exc}") from None
+    except RecursionError:  # arrays or inline tables nested about a thousand deep
+        raise BudgetError("not a budget: arrays or tables nested too deeply") from None
+    except ValueError:  # an integer of more digits than Python converts
+        limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+        raise BudgetError(f"not a budget: a number of more than {limit} digits") from None
+
+
+def _read_toml_file(path: str) -> str:
+    """The text of a budget file: a regular file, at most :data:`MAX_TOML_BYTES`,
+    UTF-8. Opened without blocking, so that a FIFO is refused, not waited on.
+
+    Raises:
+        BudgetError: anything else, in one line.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.EISDIR:
+            raise BudgetError(f"{path} is a directory, not a TOML file") from None
+        raise BudgetError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise BudgetError(f"{path} is a directory, not a TOML file")
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
+            raise BudgetError(f"{path} is {kind}, not a TOML file")
+        if st.st_size > MAX_TOML_BYTES:
+            raise BudgetError(f"{path} is too big for a budget file ({st.st_size:,} bytes; at most {MAX_TOML_BYTES:,})")
+        chunks = []
+        size = 0
+        while size <= MAX_TOML_BYTES:
+            chunk = os.read(fd, MAX_TOML_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise BudgetError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TOML_BYTES:  # it grew since
+        raise BudgetError(f"{path} is too big for a budget file (over {MAX_TOML_BYTES:,} bytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BudgetError(f"{path}: not valid TOML: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                          f"{exc.start})") from None
 
 
 def load_pyproject(path: str | os.PathLike[str]) -> Budget | None:
@@ -275,20 +371,19 @@ def load_pyproject(path: str | os.PathLike[str]) -> Budget | None:
         The budget, or None when the file has no such table.
 
     Raises:
-        BudgetError: the file cannot be read, is not TOML, or the table
-            holds something a budget cannot.
+        BudgetError: the file cannot be read (not a regular file, too big,
+            not UTF-8), is not TOML (or nests deeper than a budget file
+            does), or the table holds something a budget cannot.
     """
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise BudgetError(f"cannot read {path}: {exc.strerror or exc}") from None
+    text = _read_toml_file(path)
     try:
         data = _toml_loads(text)
     except BudgetError as exc:
         raise BudgetError(f"{path}: {exc}") from None
-    table = data.get("tool", {}).get("jaxtop", {}).get("budget")
+    tool = data.get("tool")
+    jaxtop = tool.get("jaxtop") if isinstance(tool, dict) else None
+    table = jaxtop.get("budget") if isinstance(jaxtop, dict) else None
     if table is None:
         return None
     source = f"{path} [tool.jaxtop.budget]"
@@ -308,7 +403,7 @@ def resolve(text: str, source: str = "--budget") -> Budget:
     """
     if "=" in text:
         return parse_spec(text, source)
-    if not os.path.isfile(text):
+    if not os.path.lexists(text):
         raise BudgetError(f"{source}: {text!r} is neither limits like 'h2d=0,peak=2GiB' nor a TOML file")
     budget = load_pyproject(text)
     if budget is None:

@@ -21,6 +21,7 @@ from jaxtop.dashboard.batch import Batch
 from jaxtop.dashboard.events import MAX_EVENTS, sample_events
 from jaxtop.dashboard.history import History, _num
 from jaxtop.dashboard.holders import HoldersFold
+from jaxtop.dashboard.readings import is_device_id
 from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, nvml_map
 
 if TYPE_CHECKING:
@@ -51,9 +52,9 @@ class HistoryFeed:
     def _device_for_history(self, proc: ProcessModel, did: Any, t: Any) -> _DeviceState | None:
         state = proc.devices.get(did)
         if state is None:
-            if not isinstance(did, (int, str)) or isinstance(did, bool):
+            if not is_device_id(did):
                 return None
-            platform = next((d.get("platform") for d in proc.hello.get("devices") or ()
+            platform = next((d.get("platform") for d in protocol.list_of(proc.hello.get("devices"))
                              if isinstance(d, dict) and d.get("id") == did), None) or "?"
             state = self._new_device(proc, did, platform, t)
         return state
@@ -125,14 +126,14 @@ class HistoryFeed:
         if not proc.coarse_done:
             proc.coarse_done = True
             self.milestone += 1
-        t = rec.get("t")
-        if proc.history.log is not None or not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+        t = protocol.timestamp(rec.get("t"))
+        if proc.history.log is not None or t is None:
             return
         if proc.present_t is not None and t >= proc.present_t:
             return  # the present itself (it is in already), or newer
         cursor = proc.past_cursor
         if cursor is None:
-            cursor = proc.past_cursor = Cursor(proc.hello.get("interval_s") or 0.1, nvml_map(proc.hello))
+            cursor = proc.past_cursor = Cursor(proc.interval_s, nvml_map(proc.hello))
         rows = cursor.rows(rec)
         if rows is None:
             return

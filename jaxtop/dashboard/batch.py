@@ -3,6 +3,7 @@ in one numpy step per history, and each device's newest buffer map."""
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,7 +42,14 @@ class Batch:
         for state, live in self.maps.values():
             take_map(state, live)
         for history, ts, rows in self.rows.values():
-            history.extend(np.asarray(ts, dtype=np.float64), np.asarray(rows, dtype=np.float32))
+            # A value beyond float32 (1e308 in a recording) is stored as inf:
+            # n/a, as the timelines draw it; no warning for it.
+            with np.errstate(over="ignore"):
+                try:
+                    values = np.asarray(rows, dtype=np.float32)
+                except OverflowError:  # an int beyond a float (fed straight, not read by a bounded decode)
+                    values = np.asarray([[_num(v) for v in row] for row in rows], dtype=np.float32)
+                history.extend(np.asarray(ts, dtype=np.float64), values)
         self.rows.clear()
         self.maps.clear()
 
@@ -50,16 +58,55 @@ def take_map(state: _DeviceState, live: dict[str, Any]) -> None:
     """Keep the buffer map of a map-carrying ``live_arrays``, with the counts
     of its own scan, so that the map's caption never compares it with the
     bytes of another scan."""
-    state.buffer_map = tuple((int(p), int(n)) for p, n in live.get("map") or [] if p is not None)
-    state.map_complete = bool(live.get("map_complete", True))
-    state.top_buffers = tuple(live.get("top") or ())
-    count, nbytes = live.get("count"), live.get("bytes")
-    state.map_live_count = int(count) if isinstance(count, (int, float)) else None
-    map_t = live.get("map_t")
-    state.map_t = float(map_t) if protocol.is_number(map_t) else None
-    state.map_live_bytes = int(nbytes) if isinstance(nbytes, (int, float)) else None
+    state.buffer_map = buffer_map(protocol.list_of(live.get("map")))
+    state.map_complete = live.get("map_complete", True) is not False
+    state.top_buffers = tuple(b for b in protocol.list_of(live.get("top")) if isinstance(b, dict))
+    state.map_live_count = _whole(live.get("count"))
+    state.map_t = protocol.timestamp(live.get("map_t"))
+    state.map_live_bytes = _whole(live.get("bytes"))
     # Absent means "none skipped" (the agent omits an empty dict) or an
     # older agent that did not say; the caption tells the two apart by count.
-    unmapped = live.get("unmapped") if isinstance(live.get("unmapped"), dict) else {}
+    unmapped = protocol.obj_of(live.get("unmapped"))
     # A kind this viewer does not know counts as "without an address".
-    state.unmapped = {k: int(v) for k, v in unmapped.items() if k in UNMAPPED_KINDS and isinstance(v, (int, float)) and v > 0}
+    state.unmapped = {k: n for k, n in ((k, _whole(v)) for k, v in unmapped.items() if k in UNMAPPED_KINDS)
+                      if n is not None and n > 0}
+
+
+#: Addresses, sizes and counts of a buffer map: what int64 holds.
+_INT63 = 1 << 63
+
+
+def _whole(value: Any) -> int | None:
+    """A count, size or address as an int within int64, or None (not a
+    finite number, or beyond it)."""
+    if value.__class__ is int:
+        return value if -_INT63 <= value < _INT63 else None
+    value = protocol.finite(value)
+    return int(value) if value is not None and -_INT63 <= value < _INT63 else None
+
+
+def buffer_map(entries: list[Any]) -> tuple[tuple[int, int], ...]:
+    """A scan's map as pairs of (address, size), each an int within int64
+    (the map draws them so); an entry of another shape is left out.
+
+    The agent's maps (a few thousand pairs of ints) take the first way:
+    checked as a whole, in C, at a quarter of the cost of entry by entry.
+    """
+    try:
+        pairs = [(address, size) for address, size in entries]
+    except (TypeError, ValueError):  # an entry that is not a pair
+        pairs = None
+    if pairs is not None:
+        values = list(chain.from_iterable(pairs))
+        if not values or (set(map(type, values)) == {int} and min(values) >= -_INT63 and max(values) < _INT63):
+            return tuple(pairs)
+    return tuple((p, n) for p, n in map(_pair, entries) if p is not None)
+
+
+def _pair(entry: Any) -> tuple[int | None, int | None]:
+    """A map entry ``[address, size]``; (None, None) for anything else."""
+    if isinstance(entry, list) and len(entry) == 2:
+        address, size = _whole(entry[0]), _whole(entry[1])
+        if address is not None and size is not None:
+            return address, size
+    return None, None

@@ -6,6 +6,9 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any, Iterable
 
+from jaxtop.wire import protocol
+from jaxtop.wire.protocol import shown
+
 if TYPE_CHECKING:
     from jaxtop.dashboard.model import Event
 
@@ -18,17 +21,19 @@ def sample_events(rec: dict[str, Any], t: float) -> list[tuple[str, str, Any]]:
     compiles, failed donations and the agent's events. One wording for a
     live sample and for one of the history."""
     out = []
-    comp = rec.get("compile") or {}
+    # Values are quoted with protocol.shown: a recording may hold anything there.
+    comp = protocol.obj_of(rec.get("compile"))
     if comp.get("count"):
-        out.append(("compile", f"{comp['count']} backend compile(s); {comp.get('count_total')} total, "
-                               f"{comp.get('seconds_total', 0):.2f} s", t))
-    don = rec.get("donation") or {}
+        seconds = protocol.finite(comp.get("seconds_total", 0))
+        out.append(("compile", f"{shown(comp['count'])} backend compile(s); {shown(comp.get('count_total'))} total, "
+                               + (f"{seconds:.2f} s" if seconds is not None else "time n/a"), t))
+    don = protocol.obj_of(rec.get("donation"))
     if don.get("failed"):
-        out.append(("donation", f"{don['failed']} failed donation(s): {don.get('last_message') or ''}", t))
-    for ev in rec.get("events") or []:
+        out.append(("donation", f"{shown(don['failed'])} failed donation(s): {shown(don.get('last_message') or '')}", t))
+    for ev in protocol.list_of(rec.get("events")):
         if isinstance(ev, dict):
-            text = ev.get("text") or ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("kind", "t"))
-            out.append((str(ev.get("kind", "event")), text, ev.get("t", t)))
+            text = ev.get("text") or ", ".join(f"{k}={shown(v)}" for k, v in ev.items() if k not in ("kind", "t"))
+            out.append((shown(ev.get("kind", "event")), text if isinstance(text, str) else shown(text), ev.get("t", t)))
     return out
 
 

@@ -375,9 +375,12 @@ class HistoryLog:
 
 
 def _num(value: object) -> float:
-    if value is None or isinstance(value, bool):
+    """A value as a history stores it: a number as a float, NaN (not
+    measured) for anything else, a string of digits too (the wire writes
+    numbers as JSON numbers)."""
+    if value is None or isinstance(value, (bool, str, bytes)):
         return math.nan
     try:
         return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond a float
         return math.nan

@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxtop.wire import protocol
+
 #: Points of the live-executable count kept per process (one per pass).
 MAX_TREND = 3600
 #: Recompile reasons of one function turned into events per folded field:
@@ -31,11 +33,23 @@ _SIZES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_b
 
 
 def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    v = protocol.number(v)
+    return None if v is None else int(v)
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+_num = protocol.finite
+
+
+def _name(v: Any) -> str:
+    """A function's name (a key and a label) or a part of a recompile reason:
+    a string as it is, anything else as a short repr (``str()`` of a deeply
+    nested value raises)."""
+    return v if isinstance(v, str) else protocol.shown(v)
+
+
+def _key(v: Any) -> bool:
+    """Whether an executable's id can be a key: hashable and plain."""
+    return v.__class__ in (int, str)
 
 
 @dataclass(frozen=True)
@@ -87,9 +101,11 @@ class JitFunction:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JitFunction:
-        reasons = [r for r in row.get("reasons") or () if isinstance(r, dict)]
+        # A reason's time is one a clock can show (the screen prints it).
+        reasons = [dict(r, t=protocol.timestamp(r.get("t"))) if "t" in r else r
+                   for r in protocol.list_of(row.get("reasons")) if isinstance(r, dict)]
         return cls(
-            name=str(row.get("name")),
+            name=_name(row.get("name")),
             compiles=_int(row.get("compiles")),
             compiles_source=row.get("compiles_source") if isinstance(row.get("compiles_source"), str) else None,
             compile_s=_num(row.get("compile_s")),
@@ -99,8 +115,8 @@ class JitFunction:
             bytes_accessed=_num(row.get("bytes_accessed")),
             call_site=row.get("call_site") if isinstance(row.get("call_site"), str) else None,
             defined_at=row.get("defined_at") if isinstance(row.get("defined_at"), str) else None,
-            first_t=_num(row.get("first_t")),
-            last_t=_num(row.get("last_t")),
+            first_t=protocol.timestamp(row.get("first_t")),
+            last_t=protocol.timestamp(row.get("last_t")),
             reasons=tuple(reversed(reasons)),
             reasons_total=_int(row.get("reasons_total")) or len(reasons),
             eager_compiles=max(0, _int(row.get("eager_compiles")) or 0),
@@ -161,7 +177,7 @@ class _Table:
         self.fields += 1
         if data.get("available") is False:
             self.available = False
-            self.reason = str(data.get("reason") or "unavailable")
+            self.reason = protocol.shown(data.get("reason") or "unavailable")
             return []
         self.available, self.reason = True, None
         for key in ("live_count", "code_bytes", "pending", "compiles_total", "compiles_unattributed", "explain",
@@ -172,25 +188,25 @@ class _Table:
             if key not in data:
                 self.totals.pop(key, None)
         self.totals["t"] = t
-        rows = [r for r in data.get("functions") or () if isinstance(r, dict) and "name" in r]
-        exes = [r for r in data.get("executables") or () if isinstance(r, dict) and "id" in r]
+        rows = [r for r in protocol.list_of(data.get("functions")) if isinstance(r, dict) and "name" in r]
+        exes = [r for r in protocol.list_of(data.get("executables")) if isinstance(r, dict) and _key(r.get("id"))]
         if data.get("full"):
             self.complete = True
-            self.functions = {str(r["name"]): r for r in rows}
+            self.functions = {_name(r["name"]): r for r in rows}
             self.executables = {r["id"]: r for r in exes}
             self._merge_trend(data.get("trend"))
         else:
             for r in rows:
-                self.functions[str(r["name"])] = r
+                self.functions[_name(r["name"])] = r
             for r in exes:
                 self.executables[r["id"]] = r
-            for ident in data.get("gone") or ():
-                row = self.executables.pop(ident, None)
+            for ident in protocol.list_of(data.get("gone")):
+                row = self.executables.pop(ident, None) if _key(ident) else None
                 if row is not None:
                     self.gone.append(dict(row, last_t=t))
             del self.gone[:-MAX_GONE]
         if "gone_recent" in data:
-            self.gone = [r for r in data["gone_recent"] if isinstance(r, dict)][-MAX_GONE:]
+            self.gone = [r for r in protocol.list_of(data["gone_recent"]) if isinstance(r, dict)][-MAX_GONE:]
         count = _int(data.get("live_count"))
         if count is not None and (not self.trend or t > self.trend[-1][0]):
             self.trend.append((t, count))
@@ -216,9 +232,10 @@ class _Table:
         """
         events: list[tuple[str, str, float]] = []
         for row in rows:
-            name = str(row["name"])
+            name = _name(row["name"])
             newest = self.reason_t.get(name, self.joined_t or 0.0)
-            fresh = [r for r in row.get("reasons") or () if isinstance(r, dict) and (_num(r.get("t")) or 0.0) > newest]
+            fresh = [r for r in protocol.list_of(row.get("reasons"))
+                     if isinstance(r, dict) and (_num(r.get("t")) or 0.0) > newest]
             for r in fresh[-MAX_EVENTS_PER_FUNCTION:]:
                 events.append(("jit", f"recompile {name}: {describe_reason(r)}", _num(r.get("t")) or t))
             if fresh:
@@ -227,18 +244,18 @@ class _Table:
         if isinstance(leak, dict):
             if leak.get("since_t") != self.leak_since:
                 self.leak_since = leak.get("since_t")
-                events.append(("jit", f"leak? {leak.get('message')}", t))
+                events.append(("jit", f"leak? {protocol.shown(leak.get('message'))}", t))
         elif "leak" in data:
             self.leak_since = None
         return events
 
     def view(self, pid: int) -> LedgerView:
         tot = self.totals
-        notes = tuple(str(tot[k]) for k in ("executables_reason", "compiles_reason") if tot.get(k))
+        notes = tuple(protocol.shown(tot[k]) for k in ("executables_reason", "compiles_reason") if tot.get(k))
         leak = tot.get("leak") if isinstance(tot.get("leak"), dict) else None
         return LedgerView(
             pid=pid,
-            t=_num(tot.get("t")),
+            t=protocol.timestamp(tot.get("t")),
             available=self.available,
             reason=self.reason,
             live_count=_int(tot.get("live_count")),
@@ -250,7 +267,7 @@ class _Table:
             gone=tuple(dict(r) for r in self.gone),
             trend=tuple(self.trend),
             leak=dict(leak) if leak else None,
-            explain=dict(tot.get("explain") or {}),
+            explain=dict(protocol.obj_of(tot.get("explain"))),
             complete=self.complete,
             notes=notes,
         )
@@ -261,20 +278,20 @@ def describe_reason(reason: dict[str, Any], site: bool = True) -> str:
     where = short_site(reason.get("call_site")) if site else None
     kind = reason.get("kind")
     if kind == "static":
-        what = f"static argument {reason.get('arg')}: {reason.get('old')} → {reason.get('new')}"
+        what = f"static argument {_name(reason.get('arg'))}: {_name(reason.get('old'))} → {_name(reason.get('new'))}"
         if reason.get("same_repr"):
             what += (" (both print alike: a __repr__ would show what changed; __hash__ and __eq__ by value, "
                      "if equal settings should not recompile)")
     elif reason.get("arg") is not None:
-        what = f"{reason.get('arg')} {reason.get('old')} → {reason.get('new')}"
-        more = len(reason.get("diffs") or ()) - 1
+        what = f"{_name(reason.get('arg'))} {_name(reason.get('old'))} → {_name(reason.get('new'))}"
+        more = len(protocol.list_of(reason.get("diffs"))) - 1
         if more > 0:
             what += f" (+{more} more)"
     elif kind == "redefined":
         what = "a new function object on a line traced before (re-defined in a loop?)"
     else:
-        text = " ".join(str(reason.get("text") or "").split())
-        what = text or str(kind or "?")
+        text = " ".join(_name(reason.get("text") or "").split())
+        what = text or _name(kind or "?")
     return f"{what} at {where}" if where else what
 
 

@@ -40,13 +40,12 @@ class LedgerNotes:
         leak = _obj(view.leak)
         return cls(
             explain_enabled=bool(explain.get("enabled")),
-            explain_by=str(by) if by else None,
-            explain_na_reason=str(reason) if reason else None,
-            leak_message=None if not leak else str(leak.get("message")),
+            explain_by=protocol.shown(by) if by else None,
+            explain_na_reason=protocol.shown(reason) if reason else None,
+            leak_message=None if not leak else protocol.shown(leak.get("message")),
         )
 
 
 def recompile_t(reason: Any) -> float | None:
     """When a recompile reason (an entry of ``JitFunction.reasons``) was seen."""
-    t = _obj(reason).get("t")
-    return float(t) if protocol.is_number(t) else None
+    return protocol.timestamp(_obj(reason).get("t"))

@@ -28,6 +28,9 @@ from jaxtop.dashboard.events import MAX_EVENTS, merged_events, sample_events
 from jaxtop.dashboard.history import History
 from jaxtop.dashboard.holders import HoldersFold
 from jaxtop.dashboard.ledger import LedgerStore
+from jaxtop.dashboard.readings import (
+    device_order, gpus_by_index, is_device_id, number, nvml_of_devices, odd_fields, odd_figures,
+)
 from jaxtop.dashboard.snapshot import MIN_SPAN_S, CensusViews, device_view, process_view
 from jaxtop.dashboard.views import (
     CONNECTING, DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, ReplayView, Snapshot,
@@ -103,10 +106,14 @@ class ProcessModel:
         self.backend: str | None = None
         self.versions: dict[str, Any] = {}
         self.nvml_status: dict[str, Any] = {}
+        self.jax_to_nvml: dict[int | str, int] = {}  # device id -> NVML index (the hello's nvml)
         self.demo: dict[str, Any] | None = None
         self.started_t: float | None = None  # the process's start (process probe), not the agent's
         self.samples = 0  # samples applied so far (a loading indicator counts them)
         self.devices_refused = False  # a device beyond MAX_DEVICES was left out (said once)
+        self.interval_s = 0.1  # the hello's interval_s, where it is a positive number
+        self.odd_said: set[str] = set()  # what the stream held that could not be shown (each said once)
+        self.latest_checked: dict[str, Any] | None = None  # the latest sample whose figures were checked
         # History sent after the present (hello.history.present_first): the
         # coarse buckets go into the timelines as they come; the fine
         # samples are gathered in `past` histories and merged now and then.
@@ -232,9 +239,19 @@ class Model(HistoryFeed):
         with self._lock:
             self._event(pid, kind, text, t)
 
-    def _event(self, pid: int, kind: str, text: str, t: float | None = None) -> None:
-        self.events.append(Event(t if t is not None else time.time(), pid, kind, text))
+    def _event(self, pid: int, kind: str, text: str, t: Any = None) -> None:
+        # A record's own time where it is one (a number any clock can show),
+        # else now: the events list sorts and prints every time.
+        when = protocol.timestamp(t)
+        self.events.append(Event(when if when is not None else time.time(), pid, kind, text))
         self.version += 1
+
+    def _odd(self, proc: ProcessModel, what: str, text: str, t: Any = None) -> None:
+        """Say once per process that the stream held ``what``, which cannot
+        be shown (``text`` says what was done instead)."""
+        if what not in proc.odd_said:
+            proc.odd_said.add(what)
+            self._event(proc.pid, "error", text, t)
 
     def add_notice(self, text: str) -> None:
         with self._lock:
@@ -259,9 +276,12 @@ class Model(HistoryFeed):
         """Apply one wire record from the stream of ``pid``.
 
         A record of the right type but the wrong shape (a list where an
-        object belongs, a string for a number) is skipped with an error
-        event: one odd record from a newer agent, a bug or a hostile peer
-        must not stop the reader thread that feeds the model.
+        object belongs, a string for a number, a device id of neither
+        kind) is applied without what cannot be read, which reads n/a, and
+        an error event says so once per field (:func:`readings.odd_fields`);
+        a record the model still fails on is skipped with an error event:
+        one odd record from a newer agent, a bug or a hostile peer must not
+        stop the reader thread that feeds the model, nor a snapshot.
         """
         self.feed_many(pid, (record,))
 
@@ -292,6 +312,10 @@ class Model(HistoryFeed):
                 except Exception as exc:
                     self._event(pid, "error", f"malformed {kind!r} record skipped: {type(exc).__name__}: {exc}", None)
             batch.flush()
+            if proc.latest is not proc.latest_checked:  # the sample the screen shows now
+                proc.latest_checked = proc.latest
+                for where, value, should in odd_figures(proc.latest):
+                    self._odd(proc, where, _odd_text("sample", where, value, should), proc.last_t)
             proc.samples += batch.samples
             now = proc.last_recv or 0.0
             if proc.coarse_pending and (proc.coarse_done or proc.coarse_merges == 0
@@ -306,12 +330,14 @@ class Model(HistoryFeed):
 
     def _apply(self, proc: ProcessModel, kind: Any, record: dict[str, Any], batch: Batch) -> None:
         pid = proc.pid
+        for where, value, should in odd_fields(kind, record):
+            self._odd(proc, where, _odd_text(kind, where, value, should), record.get("t"))
         if kind == protocol.HELLO:
             self._hello(proc, record)
         elif kind == protocol.BACKEND:
-            proc.backend = record.get("backend") or proc.backend
-            proc.versions.update(record.get("versions") or {})
-            self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(record.get('devices') or [])} device(s)", record.get("t"))
+            proc.backend = protocol.text_of(record.get("backend")) or proc.backend
+            proc.versions.update(protocol.obj_of(record.get("versions")))
+            self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(protocol.list_of(record.get('devices')))} device(s)", record.get("t"))
         elif kind == protocol.SAMPLE:
             self._sample(proc, record, batch)
         elif kind == protocol.BACKFILL:
@@ -322,9 +348,10 @@ class Model(HistoryFeed):
             batch.flush()
             self._history_end(proc)
         elif kind == protocol.DROPPED:
-            self._event(pid, "dropped", f"{record.get('count')} samples dropped ({record.get('reason', 'client too slow')})", record.get("t"))
+            self._event(pid, "dropped", f"{protocol.shown(record.get('count'))} samples dropped "
+                        f"({protocol.shown(record.get('reason', 'client too slow'))})", record.get("t"))
         elif kind == protocol.ERROR:
-            self._event(pid, "error", f"agent: {record.get('message')}", record.get("t"))
+            self._event(pid, "error", f"agent: {protocol.shown(record.get('message'))}", record.get("t"))
         elif kind == protocol.EXIT:
             proc.state = EXITED
             self._event(pid, "exit", "process exited (final sample received)", record.get("t"))
@@ -349,16 +376,19 @@ class Model(HistoryFeed):
         proc.coarse_step = None
         proc.coarse_first_t = None
         proc.hello = rec
-        proc.backend = rec.get("backend")
-        proc.versions = dict(rec.get("versions") or {})
-        proc.nvml_status = rec.get("nvml") or {}
+        proc.backend = protocol.text_of(rec.get("backend"))
+        proc.versions = dict(protocol.obj_of(rec.get("versions")))
+        proc.nvml_status = protocol.obj_of(rec.get("nvml"))
+        proc.jax_to_nvml = nvml_of_devices(proc.nvml_status)
+        interval = protocol.finite(rec.get("interval_s"))
+        proc.interval_s = interval if interval is not None and 0 < interval <= 86400 else 0.1
         if proc.state in (CONNECTING, DISCONNECTED, STALE):
             proc.state = LIVE
-        cap = rec.get("transfer_capture") or {}
+        cap = protocol.obj_of(rec.get("transfer_capture"))
         if not cap.get("available", True):
-            self._event(proc.pid, "info", f"transfer counts n/a: {cap.get('reason')}", rec.get("t"))
+            self._event(proc.pid, "info", f"transfer counts n/a: {protocol.shown(cap.get('reason'))}", rec.get("t"))
         if proc.nvml_status and not proc.nvml_status.get("available", False):
-            self._event(proc.pid, "info", f"NVML n/a: {proc.nvml_status.get('reason')}", rec.get("t"))
+            self._event(proc.pid, "info", f"NVML n/a: {protocol.shown(proc.nvml_status.get('reason'))}", rec.get("t"))
 
     def _oom_census(self, proc: ProcessModel, census: dict[str, Any]) -> None:
         # A census sent again (its OOM turned out to be uncaught) replaces the first copy.
@@ -372,21 +402,23 @@ class Model(HistoryFeed):
         if isinstance(result, dict) and ("top_sites" in result or "path" in result):
             proc.last_profile = result
             if result.get("error"):
-                self._event(proc.pid, "profile", f"memory profile failed: {result['error']}", rec.get("t"))
+                self._event(proc.pid, "profile", f"memory profile failed: {protocol.shown(result['error'])}", rec.get("t"))
             else:
-                self._event(proc.pid, "profile", f"memory profile saved: {result.get('path')}", rec.get("t"))
+                self._event(proc.pid, "profile", f"memory profile saved: {protocol.shown(result.get('path'))}", rec.get("t"))
         elif not rec.get("ok", True):
-            self._event(proc.pid, "error", f"command failed: {rec.get('error')}", rec.get("t"))
+            self._event(proc.pid, "error", f"command failed: {protocol.shown(rec.get('error'))}", rec.get("t"))
 
     def _sample(self, proc: ProcessModel, rec: dict[str, Any], batch: Batch) -> None:
-        t = rec.get("t")
-        if not isinstance(t, (int, float)):
+        t = protocol.timestamp(rec.get("t"))
+        if t is None:
+            self._odd(proc, "t", f"a sample without a usable time ('t': {protocol.shown(rec.get('t'))}) was skipped "
+                      "(said once)")
             return
         batch.samples += 1
         dt = (t - proc.last_t) if proc.last_t is not None else None
         if dt is not None and dt <= 0:
             dt = None
-        interval = (proc.hello.get("interval_s") or 0.1)
+        interval = proc.interval_s
         if rec.get("present") is True and proc.history_loading and proc.present_t is None:
             proc.present_t = t  # the history that follows is older than this
         if proc.history_loading and any(k in rec for k in HOLDERS_FIELDS):
@@ -400,37 +432,40 @@ class Model(HistoryFeed):
             proc.demo = rec["demo"]
         if proc.state in (CONNECTING, STALE, DISCONNECTED):
             proc.state = LIVE
-        nvml = rec.get("nvml") if isinstance(rec.get("nvml"), dict) else None
-        nvml_by_index = {g.get("index"): g for g in (nvml or {}).get("devices", []) if isinstance(g, dict)}
-        jax_to_nvml = {d.get("jax_id"): d.get("index") for d in proc.nvml_status.get("devices", []) if isinstance(d, dict)}
-        for dev in rec.get("devices") or []:
+        nvml_by_index, jax_to_nvml = gpus_by_index(rec.get("nvml")), proc.jax_to_nvml
+        for dev in protocol.list_of(rec.get("devices")):
             if not isinstance(dev, dict) or "id" not in dev:
                 continue
-            state = proc.devices.get(dev["id"])
+            did = dev["id"]
+            if did.__class__ is not int and not is_device_id(did):
+                self._odd(proc, f"id:{type(did).__name__}", f"a device whose id is {protocol.shown(did)} (not an integer "
+                          "or a name) is left out (said once)", t)
+                continue
+            state = proc.devices.get(did)
             if state is None:
-                state = self._new_device(proc, dev["id"], dev.get("platform", "?"), t)
+                state = self._new_device(proc, did, dev.get("platform", "?"), t)
                 if state is None:
                     continue
             state.latest = dev
-            num_allocs = dev.get("num_allocs")
-            if isinstance(num_allocs, (int, float)):
+            num_allocs = number(dev.get("num_allocs"))
+            if num_allocs is not None:
                 if state.prev_allocs is not None and t > state.prev_allocs[0]:
                     state.allocs_per_s = max(0.0, (num_allocs - state.prev_allocs[1]) / (t - state.prev_allocs[0]))
                 state.prev_allocs = (t, num_allocs)
-            live = dev.get("live_arrays") or {}
-            if "map" in live:
+            live = dev.get("live_arrays")
+            if isinstance(live, dict) and "map" in live:
                 batch.maps[id(state)] = (state, live)  # a later scan in this batch replaces it
-            gpu = nvml_by_index.get(jax_to_nvml.get(dev["id"]))
+            gpu = nvml_by_index.get(jax_to_nvml.get(did))
             batch.add(state.history, t, tuple(device_row(dev, gpu, state.allocs_per_s)))
-        transfers = rec.get("transfers") or {}
+        transfers = protocol.obj_of(rec.get("transfers"))
         row: dict[str, Any] = {}
         rates: dict[str, dict[str, Any]] = {}
         for d in DIRECTIONS:
-            tr = transfers.get(d) or {}
+            tr = protocol.obj_of(transfers.get(d))
             span = dt if dt is not None else interval
-            count, nbytes = tr.get("count"), tr.get("bytes_known")
-            rate = count / span if isinstance(count, (int, float)) else None
-            brate = nbytes / span if isinstance(nbytes, (int, float)) else None
+            count, nbytes = number(tr.get("count")), number(tr.get("bytes_known"))
+            rate = count / span if count is not None else None
+            brate = nbytes / span if nbytes is not None else None
             row[f"{d}_per_s"], row[f"{d}_bytes_per_s"] = rate, brate
             rates[d] = {
                 "count_per_s": rate,
@@ -440,15 +475,15 @@ class Model(HistoryFeed):
                 "count_bytes_unknown_total": tr.get("count_bytes_unknown_total"),
             }
         proc.rates = rates
-        host = rec.get("process") or {}
+        host = protocol.obj_of(rec.get("process"))
         row["rss_bytes"], row["cpu_percent"] = host.get("rss_bytes"), host.get("cpu_percent")
-        started = host.get("started_t")
-        if isinstance(started, (int, float)) and not isinstance(started, bool):
-            proc.started_t = float(started)
+        started = protocol.timestamp(host.get("started_t"))
+        if started is not None:
+            proc.started_t = started
         gpus = list(nvml_by_index.values())
         if gpus:
-            tx = [g.get("pcie_tx_bytes_per_s") for g in gpus if g.get("pcie_tx_bytes_per_s") is not None]
-            rx = [g.get("pcie_rx_bytes_per_s") for g in gpus if g.get("pcie_rx_bytes_per_s") is not None]
+            tx = [x for x in (number(g.get("pcie_tx_bytes_per_s")) for g in gpus) if x is not None]
+            rx = [x for x in (number(g.get("pcie_rx_bytes_per_s")) for g in gpus) if x is not None]
             row["pcie_tx_bytes_per_s"] = sum(tx) if tx else None
             row["pcie_rx_bytes_per_s"] = sum(rx) if rx else None
         batch.add(proc.history, t, tuple(row.get(name) for name in PROCESS_SERIES))
@@ -465,7 +500,7 @@ class Model(HistoryFeed):
                 self._event(proc.pid, "error", f"more than {MAX_DEVICES} devices in one process: device "
                             f"{repr(did)[:40]} and any later new one are not shown", t)
             return None
-        state = proc.devices[did] = _DeviceState(did, str(platform), history=self._new_history(DEVICE_SERIES))
+        state = proc.devices[did] = _DeviceState(did, protocol.text_of(platform) or "?", history=self._new_history(DEVICE_SERIES))
         return state
 
     # -- reading -----------------------------------------------------------------
@@ -476,8 +511,7 @@ class Model(HistoryFeed):
             for proc in self.processes.values():
                 if proc.state not in (LIVE, STALE) or proc.last_recv is None:
                     continue
-                interval = proc.hello.get("interval_s") or 0.1
-                state = STALE if now - proc.last_recv > STALE_INTERVALS * max(interval, 0.05) else LIVE
+                state = STALE if now - proc.last_recv > STALE_INTERVALS * max(proc.interval_s, 0.05) else LIVE
                 if state != proc.state:
                     proc.state = state
                     self.version += 1
@@ -503,20 +537,19 @@ class Model(HistoryFeed):
                     history = True
                     samples += p.past_samples
                     if p.present_t is not None:
-                        reached = p.past_last_t if p.past_last_t is not None else p.present_t - (
-                            p.hello.get("history") or {}).get("backfill_s", 0.0)
+                        backfill_s = protocol.finite(protocol.obj_of(p.hello.get("history")).get("backfill_s")) or 0.0
+                        reached = p.past_last_t if p.past_last_t is not None else p.present_t - backfill_s
                         behind = max(behind, p.present_t - reached)
                     continue
-                interval = p.hello.get("interval_s") or 0.1
                 lag = wall - p.last_t
-                if lag > max(LOADING_LAG_S, STALE_INTERVALS * interval):
+                if lag > max(LOADING_LAG_S, STALE_INTERVALS * p.interval_s):
                     samples += p.samples
                     behind = max(behind, lag)
         return (samples, behind) if (behind or history) else None
 
     def device_keys(self) -> list[tuple[int, int]]:
         with self._lock:
-            return [(pid, did) for pid, p in self.processes.items() for did in sorted(p.devices)]
+            return [(pid, did) for pid, p in self.processes.items() for did in sorted(p.devices, key=device_order)]
 
     def snapshot(self, selected: int = 0, window_s: float | None = 600.0, replay: dict[str, Any] | None = None,
                  now: float | None = None) -> Snapshot:
@@ -534,7 +567,7 @@ class Model(HistoryFeed):
             devices: list[DeviceView] = []
             procs: list[ProcessView] = []
             for p in self.processes.values():
-                for did in sorted(p.devices):
+                for did in sorted(p.devices, key=device_order):
                     devices.append(device_view(p, p.devices[did], window_s, p.last_t))
                 procs.append(process_view(p, window_s, wall, mono, bool(replay), self._census_views))
             n = len(devices)
@@ -551,3 +584,7 @@ class Model(HistoryFeed):
                 notices=tuple(self.notices),
                 replay=ReplayView.from_state(replay),
             )
+
+
+def _odd_text(kind: Any, where: str, value: Any, should: str) -> str:
+    return f"malformed {kind!r} record: {where} is {protocol.shown(value)}, not {should}; it is shown as n/a (said once)"

@@ -14,36 +14,152 @@ raises.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
-from jaxtop.wire import protocol
+from jaxtop.wire import protocol, schema
 
 __all__ = [
     "BufferView", "CaptureView", "CompileView", "DonationView", "GpuView", "HostView", "NvmlStatusView",
-    "NvmlView", "ProfileSiteView", "ProfileView", "TopShapeView", "TransferView",
+    "NvmlView", "ProfileSiteView", "ProfileView", "TopShapeView", "TransferView", "device_order", "gpus_by_index",
+    "is_device_id", "number", "nvml_of_devices", "odd_figures", "odd_fields",
 ]
 
-
-def _obj(value: Any) -> Mapping[str, Any]:
-    """``value`` if it is a wire object, else an empty one."""
-    return value if isinstance(value, dict) else {}
+_obj = protocol.obj_of
+_text = protocol.text_of
 
 
-def _number(value: Any) -> int | float | None:
-    """A JSON number as it came (int or float), None for anything else."""
-    # The decoder makes exactly int or float (a bool is neither): a class
-    # check, since every snapshot reads a few dozen of these.
-    kind = value.__class__
-    return value if kind is int or kind is float else None
+number = protocol.number
+
 
 
 def _int(value: Any) -> int | None:
-    return int(value) if protocol.is_number(value) else None
+    value = number(value)
+    return None if value is None else int(value)
 
 
-def _text(value: Any) -> str | None:
-    """A non-empty string, else None."""
-    return value if isinstance(value, str) and value else None
+def is_device_id(value: Any) -> bool:
+    """Whether a device's ``id`` can name one: an integer (the agent's jax
+    id) or a string (a Prometheus label that is not a number). A bool, a
+    float (``0.0`` would be device 0 as a key), null or a container cannot."""
+    return value.__class__ is int or (value.__class__ is str and 0 < len(value) <= 200)
+
+
+def device_order(device_id: int | str) -> tuple[int, int, str]:
+    """Sort key of device ids: integers in order, then names (ids of both
+    kinds do not compare with ``<``)."""
+    return (0, device_id, "") if device_id.__class__ is int else (1, 0, device_id)  # type: ignore[return-value]
+
+
+#: Units of the figures that are numbers (wire.schema's "id" and "text" are not).
+_NUMERIC_UNITS = frozenset(("bytes", "count", "ratio", "percent", "seconds", "time"))
+#: A device's figures the dashboard shows (a DeviceView's), and its live
+#: arrays': the others (largest_alloc_size, bytes_reserved…) are never read.
+_DEVICE_NUMBERS = ("bytes_in_use", "pool_bytes", "bytes_limit", "peak_bytes_in_use", "largest_free_block_bytes",
+                   "num_allocs", "fragmentation")
+_LIVE_NUMBERS = ("bytes", "count", "holes", "scanned_t")
+_TRANSFER_NUMBERS = tuple(f.key for f in schema.TRANSFER if f.unit in _NUMERIC_UNITS)
+#: A sample's parts whose figures are numbers, and those figures.
+_PART_NUMBERS = {part: tuple(f.key for f in figures if f.unit in _NUMERIC_UNITS)
+                 for part, figures in (("process", schema.PROCESS), ("compile", schema.COMPILE),
+                                       ("donation", schema.DONATION))}
+#: The JSON type each record type's parts must have: (type, its name in a message).
+_SHAPES: dict[str, dict[str, tuple[type, str]]] = {
+    protocol.HELLO: {"argv": (list, "an array"), "versions": (dict, "an object"), "nvml": (dict, "an object"),
+                     "transfer_capture": (dict, "an object"), "devices": (list, "an array"),
+                     "history": (dict, "an object"), "backend": (str, "a string")},
+    protocol.BACKEND: {"versions": (dict, "an object"), "devices": (list, "an array"), "backend": (str, "a string")},
+    protocol.SAMPLE: {"devices": (list, "an array"), "transfers": (dict, "an object"), "nvml": (dict, "an object"),
+                      "jit": (dict, "an object"), "events": (list, "an array"),
+                      "transfer_capture": (dict, "an object"),
+                      **{part: (dict, "an object") for part in _PART_NUMBERS}},
+}
+
+
+def _by_type(shapes: dict[str, tuple[type, str]]) -> tuple[tuple[tuple[str, ...], frozenset[type], str], ...]:
+    """A record type's parts grouped by the type they must have:
+    ``(keys, the classes they may have (null too), the type's name)``."""
+    groups: dict[tuple[type, str], list[str]] = {}
+    for key, (kind_of, name) in shapes.items():
+        groups.setdefault((kind_of, name), []).append(key)
+    return tuple((tuple(keys), frozenset((kind_of, type(None))), name) for (kind_of, name), keys in groups.items())
+
+
+_SHAPE_GROUPS = {kind: _by_type(shapes) for kind, shapes in _SHAPES.items()}
+#: The classes a figure may have: a JSON number, or null (not measured).
+#: NaN and inf are floats: not measured too (they read n/a, as null does).
+_FIGURE_CLASSES = frozenset((int, float, type(None)))
+_OBJECT_CLASSES = frozenset((dict, type(None)))
+
+
+def odd_fields(kind: Any, record: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """The parts of a record of the wrong JSON type (an array where an
+    object belongs): ``(where, value, what it should be)``. The model asks
+    it of every record: the parts' classes are compared as a few sets, in C.
+    """
+    for keys, classes, name in _SHAPE_GROUPS.get(kind, ()):
+        if not set(map(type, map(record.get, keys))) <= classes:
+            return [(key, record[key], should) for keys, classes, should in _SHAPE_GROUPS[kind]
+                    for key in keys if type(record.get(key)) not in classes]
+    return []
+
+
+def odd_figures(sample: dict[str, Any]) -> Iterator[tuple[str, Any, str]]:
+    """The figures of a sample that the screen shows (:mod:`jaxtop.wire.schema`)
+    and that are not numbers, and its devices' parts of the wrong JSON type:
+    ``(where, value, what it should be)``.
+
+    The views show each as n/a (or leave it out); the model says so once.
+    A sample of 8 devices holds about 150 such figures: checking them all
+    took 29 us, a third of the time the model takes to feed a sample, so
+    the model asks this of the sample a batch leaves shown, not of each.
+    """
+    for i, dev in enumerate(protocol.list_of(sample.get("devices"))):
+        if type(dev) is not dict:
+            yield f"devices[{i}]", dev, "an object"
+            continue
+        yield from _odd_figures(dev, _DEVICE_NUMBERS, "devices[].")
+        live = dev.get("live_arrays")
+        if type(live) not in _OBJECT_CLASSES:
+            yield "devices[].live_arrays", live, "an object"
+        elif live is not None:
+            yield from _odd_figures(live, _LIVE_NUMBERS, "devices[].live_arrays.")
+            for key, kind_of, name in (("map", list, "an array"), ("top", list, "an array"),
+                                       ("unmapped", dict, "an object")):
+                if live.get(key) is not None and not isinstance(live[key], kind_of):
+                    yield f"devices[].live_arrays.{key}", live[key], name
+    for part, keys in _PART_NUMBERS.items():
+        yield from _odd_figures(_obj(sample.get(part)), keys, f"{part}.")
+    transfers = _obj(sample.get("transfers"))
+    for d in protocol.DIRECTIONS:
+        tr = transfers.get(d)
+        if type(tr) not in _OBJECT_CLASSES:
+            yield f"transfers.{d}", tr, "an object"
+        elif tr is not None:
+            yield from _odd_figures(tr, _TRANSFER_NUMBERS, f"transfers.{d}.")
+
+
+def _odd_figures(obj: dict[str, Any], keys: tuple[str, ...], where: str) -> Iterator[tuple[str, Any, str]]:
+    """The figures of ``obj`` named ``keys`` that are not numbers (their
+    classes compared as a set first, in C: most objects have none)."""
+    if set(map(type, map(obj.get, keys))) <= _FIGURE_CLASSES:
+        return
+    for key in keys:
+        if type(obj.get(key)) not in _FIGURE_CLASSES:
+            yield f"{where}{key}", obj[key], "a number"
+
+
+def gpus_by_index(nvml: Any) -> dict[int, dict[str, Any]]:
+    """A sample's NVML GPUs (its ``nvml``) by their integer index (a list as
+    a key would not even hash)."""
+    return {g["index"]: g for g in protocol.list_of(_obj(nvml).get("devices"))
+            if isinstance(g, dict) and g.get("index").__class__ is int}
+
+
+def nvml_of_devices(nvml_status: Any) -> dict[int | str, int]:
+    """jax device id -> NVML index, from the hello's ``nvml``: device ids
+    that can name one (:func:`is_device_id`), integer indexes."""
+    return {d["jax_id"]: d["index"] for d in protocol.list_of(_obj(nvml_status).get("devices"))
+            if isinstance(d, dict) and is_device_id(d.get("jax_id")) and d.get("index").__class__ is int}
 
 
 def _said_available(obj: Mapping[str, Any]) -> bool | None:
@@ -54,7 +170,7 @@ def _said_available(obj: Mapping[str, Any]) -> bool | None:
 
 def _reason(obj: Mapping[str, Any]) -> str | None:
     reason = obj.get("reason")
-    return str(reason) if reason else None
+    return protocol.shown(reason) if reason else None
 
 
 @dataclass(frozen=True)
@@ -81,12 +197,12 @@ class HostView:
         if p.get("available") is False:
             return cls(available=False, na_reason=_reason(p))
         return cls(
-            rss_bytes=_number(p.get("rss_bytes")),
-            vms_bytes=_number(p.get("vms_bytes")),
-            peak_rss_bytes=_number(p.get("peak_rss_bytes")),
-            cpu_percent=_number(p.get("cpu_percent")),
-            threads=_number(p.get("threads")),
-            started_t=_number(p.get("started_t")),
+            rss_bytes=number(p.get("rss_bytes")),
+            vms_bytes=number(p.get("vms_bytes")),
+            peak_rss_bytes=number(p.get("peak_rss_bytes")),
+            cpu_percent=number(p.get("cpu_percent")),
+            threads=number(p.get("threads")),
+            started_t=number(p.get("started_t")),
         )
 
 
@@ -102,8 +218,8 @@ class CompileView:
     @classmethod
     def from_wire(cls, value: Any) -> CompileView:
         c = _obj(value)
-        return cls(count=_number(c.get("count")), count_total=_number(c.get("count_total")),
-                   seconds_total=_number(c.get("seconds_total")), cache_hits_total=_number(c.get("cache_hits_total")))
+        return cls(count=number(c.get("count")), count_total=number(c.get("count_total")),
+                   seconds_total=number(c.get("seconds_total")), cache_hits_total=number(c.get("cache_hits_total")))
 
 
 @dataclass(frozen=True)
@@ -117,7 +233,7 @@ class DonationView:
     @classmethod
     def from_wire(cls, value: Any) -> DonationView:
         d = _obj(value)
-        return cls(failed=_number(d.get("failed")), failed_total=_number(d.get("failed_total")),
+        return cls(failed=number(d.get("failed")), failed_total=number(d.get("failed_total")),
                    last_message=_text(d.get("last_message")))
 
 
@@ -146,15 +262,15 @@ class GpuView:
         g = _obj(value)
         return cls(
             index=_int(g.get("index")),
-            memory_used_bytes=_number(g.get("memory_used_bytes")),
-            memory_total_bytes=_number(g.get("memory_total_bytes")),
-            gpu_util_percent=_number(g.get("gpu_util_percent")),
-            mem_util_percent=_number(g.get("mem_util_percent")),
-            temperature_c=_number(g.get("temperature_c")),
-            power_w=_number(g.get("power_w")),
-            pcie_tx_bytes_per_s=_number(g.get("pcie_tx_bytes_per_s")),
-            pcie_rx_bytes_per_s=_number(g.get("pcie_rx_bytes_per_s")),
-            process_memory_bytes=_number(g.get("process_memory_bytes")),
+            memory_used_bytes=number(g.get("memory_used_bytes")),
+            memory_total_bytes=number(g.get("memory_total_bytes")),
+            gpu_util_percent=number(g.get("gpu_util_percent")),
+            mem_util_percent=number(g.get("mem_util_percent")),
+            temperature_c=number(g.get("temperature_c")),
+            power_w=number(g.get("power_w")),
+            pcie_tx_bytes_per_s=number(g.get("pcie_tx_bytes_per_s")),
+            pcie_rx_bytes_per_s=number(g.get("pcie_rx_bytes_per_s")),
+            process_memory_bytes=number(g.get("process_memory_bytes")),
             process_memory_reason=_text(g.get("process_memory_reason")),
         )
 
@@ -176,7 +292,7 @@ class NvmlView:
             return None
         devices = n.get("devices")
         gpus = tuple(GpuView.from_wire(g) for g in devices if isinstance(g, dict)) if isinstance(devices, list) else ()
-        return cls(t=_number(n.get("t")), gpus=gpus, available=n.get("available") is not False, na_reason=_reason(n))
+        return cls(t=number(n.get("t")), gpus=gpus, available=n.get("available") is not False, na_reason=_reason(n))
 
 
 @dataclass(frozen=True)
@@ -213,7 +329,7 @@ class CaptureView:
         c = _obj(value)
         guard = _obj(c.get("guard"))
         return cls(available=_said_available(c), na_reason=_reason(c),
-                   guard=tuple((str(d), str(level)) for d, level in guard.items()), note=_text(c.get("note")))
+                   guard=tuple((d, protocol.shown(level)) for d, level in guard.items()), note=_text(c.get("note")))
 
 
 @dataclass(frozen=True)
@@ -237,9 +353,9 @@ class TransferView:
     def from_rates(cls, rates: Any) -> TransferView:
         """From the model's per-direction rates and the sample's totals."""
         r = _obj(rates)
-        return cls(count_per_s=_number(r.get("count_per_s")), bytes_known_per_s=_number(r.get("bytes_known_per_s")),
-                   count_total=_number(r.get("count_total")), bytes_known_total=_number(r.get("bytes_known_total")),
-                   count_bytes_unknown_total=_number(r.get("count_bytes_unknown_total")))
+        return cls(count_per_s=number(r.get("count_per_s")), bytes_known_per_s=number(r.get("bytes_known_per_s")),
+                   count_total=number(r.get("count_total")), bytes_known_total=number(r.get("bytes_known_total")),
+                   count_bytes_unknown_total=number(r.get("count_bytes_unknown_total")))
 
 
 @dataclass(frozen=True)
@@ -253,7 +369,8 @@ class TopShapeView:
     @classmethod
     def from_wire(cls, value: Any) -> TopShapeView:
         s = _obj(value)
-        return cls(direction=str(s.get("direction", "?")), shape=str(s.get("shape", "?")), count=_number(s.get("count")))
+        return cls(direction=protocol.shown(s.get("direction", "?")), shape=protocol.shown(s.get("shape", "?")),
+                   count=number(s.get("count")))
 
 
 @dataclass(frozen=True)
@@ -269,8 +386,8 @@ class BufferView:
     def from_wire(cls, value: Any) -> BufferView:
         b = _obj(value)
         dtype, shape = b.get("dtype"), b.get("shape")
-        return cls(nbytes=_number(b.get("nbytes")), dtype=None if dtype is None else str(dtype),
-                   shape=None if shape is None else str(shape), ptr=_int(b.get("ptr")))
+        return cls(nbytes=number(b.get("nbytes")), dtype=None if dtype is None else protocol.shown(dtype),
+                   shape=None if shape is None else protocol.shown(shape), ptr=_int(b.get("ptr")))
 
 
 @dataclass(frozen=True)
@@ -298,9 +415,9 @@ class ProfileView:
         if not p:
             return None
         sites = p.get("top_sites")
-        top = tuple(ProfileSiteView(site=str(s.get("site")), bytes=_number(s.get("bytes")),
-                                    allocations=_number(s.get("allocations")))
+        top = tuple(ProfileSiteView(site=protocol.shown(s.get("site")), bytes=number(s.get("bytes")),
+                                    allocations=number(s.get("allocations")))
                     for s in (sites if isinstance(sites, list) else ()) if isinstance(s, dict))
         path, error = p.get("path"), p.get("error")
-        return cls(path=None if path is None else str(path), error=str(error) if error else None,
-                   total_bytes=_number(p.get("total_bytes")), top_sites=top)
+        return cls(path=None if path is None else protocol.shown(path), error=protocol.shown(error) if error else None,
+                   total_bytes=number(p.get("total_bytes")), top_sites=top)

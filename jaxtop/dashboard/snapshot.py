@@ -14,7 +14,7 @@ from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.dashboard.readings import (
     BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
-    TopShapeView, TransferView,
+    TopShapeView, TransferView, gpus_by_index, number,
 )
 from jaxtop.dashboard.views import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView
 
@@ -52,18 +52,19 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
     history = p.history.window(window_s, end_t)
     transfers = latest.get("transfers") if isinstance(latest.get("transfers"), dict) else {}
     shapes = transfers.get("top_shapes")
-    external = p.hello.get("external")
-    jax_version = p.versions.get("jax")
+    external = protocol.obj_of(p.hello.get("external"))
+    seq = latest.get("seq")
+    own_pid = p.hello.get("pid")
     return ProcessView(
         pid=p.pid,
-        argv=tuple(p.hello.get("argv") or ()),
+        argv=tuple(a for a in protocol.list_of(p.hello.get("argv")) if isinstance(a, str)),
         backend=p.backend,
         versions=dict(p.versions),
         state=p.state,
         sample_age_s=age,
         uptime_s=(ref - started) if (started and ref) else None,
-        interval_s=p.hello.get("interval_s") or 0.1,
-        seq=latest.get("seq"),
+        interval_s=p.interval_s,
+        seq=seq if seq.__class__ is int else None,
         # A process that exited (or whose agent left) transfers nothing now:
         # its last interval's rates are not a current rate. Totals stay.
         transfers={d: TransferView.from_rates(r).ended() if p.state in (EXITED, DISCONNECTED)
@@ -77,31 +78,25 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         nvml_status=NvmlStatusView.from_wire(p.nvml_status),
         history=history,
         host=p.hello.get("host") if isinstance(p.hello.get("host"), str) else None,
-        own_pid=p.hello["pid"] if isinstance(p.hello.get("pid"), int) else None,
+        own_pid=own_pid if own_pid.__class__ is int else None,
         job=p.hello.get("job") if isinstance(p.hello.get("job"), str) else None,
         detail_na=p.hello.get("detail_na") if isinstance(p.hello.get("detail_na"), str) else None,
         last_profile=ProfileView.from_wire(p.last_profile),
         span=_span(history, window_s, end_t),
         demo=p.demo,
-        external=external.get("note") if isinstance(external, dict) else None,
+        external=protocol.text_of(external.get("note")),
         nvml=NvmlView.from_wire(latest.get("nvml")),
         holders=p.holders.view(),
         oom_censuses=tuple(census_view(c, census_views) for c in p.oom_censuses),
-        jax_version=str(jax_version) if jax_version else None,
+        jax_version=protocol.text_of(p.versions.get("jax")),
     )
 
 
 def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t: float | None) -> DeviceView:
     """The view of one device of ``p``."""
     d = s.latest
-    live = d.get("live_arrays") or {}
-    jax_to_nvml = {x.get("jax_id"): x.get("index") for x in p.nvml_status.get("devices", []) if isinstance(x, dict)}
-    gpu = None
-    nv = p.latest.get("nvml") if isinstance(p.latest.get("nvml"), dict) else None
-    if nv:
-        for g in nv.get("devices", []):
-            if g.get("index") == jax_to_nvml.get(s.id):
-                gpu = g
+    live = protocol.obj_of(d.get("live_arrays"))
+    gpu = gpus_by_index(p.latest.get("nvml")).get(p.jax_to_nvml.get(s.id))  # type: ignore[arg-type]
     allocs_reason = None
     if d.get("num_allocs") is None:
         allocs_reason = "allocator reports no num_allocs" if d.get("source") == "memory_stats" else "no allocator statistics on this backend"
@@ -109,18 +104,18 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
         pid=p.pid,
         id=s.id,
         platform=s.platform,
-        source=str(d.get("source", "?")),
-        bytes_in_use=d.get("bytes_in_use"),
-        pool_bytes=d.get("pool_bytes"),
-        bytes_limit=d.get("bytes_limit"),
-        peak_bytes_in_use=d.get("peak_bytes_in_use"),
-        largest_free_block_bytes=d.get("largest_free_block_bytes"),
-        num_allocs=d.get("num_allocs"),
-        live_bytes=live.get("bytes"),
-        live_count=live.get("count"),
+        source=protocol.text_of(d.get("source")) or "?",
+        bytes_in_use=number(d.get("bytes_in_use")),
+        pool_bytes=number(d.get("pool_bytes")),
+        bytes_limit=number(d.get("bytes_limit")),
+        peak_bytes_in_use=number(d.get("peak_bytes_in_use")),
+        largest_free_block_bytes=number(d.get("largest_free_block_bytes")),
+        num_allocs=number(d.get("num_allocs")),
+        live_bytes=number(live.get("bytes")),
+        live_count=number(live.get("count")),
         nvml=GpuView.from_wire(gpu) if gpu else None,
-        fragmentation=d.get("fragmentation"),
-        fragmentation_reason=d.get("fragmentation_reason"),
+        fragmentation=number(d.get("fragmentation")),
+        fragmentation_reason=protocol.shown(d.get("fragmentation_reason")) if d.get("fragmentation_reason") else None,
         allocs_per_s=s.allocs_per_s if d.get("num_allocs") is not None else None,
         allocs_reason=allocs_reason,
         buffer_map=s.buffer_map,
@@ -130,7 +125,7 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
         map_live_count=s.map_live_count,
         map_live_bytes=s.map_live_bytes,
         unmapped=dict(s.unmapped),
-        live_holes=live.get("holes") if isinstance(live.get("holes"), (int, float)) else None,
+        live_holes=number(live.get("holes")),
         live_age_s=_age(end_t, live.get("scanned_t")),
         map_age_s=_age(end_t, s.map_t),
     )
@@ -150,9 +145,10 @@ def census_view(census: dict[str, Any], views: CensusViews) -> OomCensus:
 
 def _age(end_t: float | None, t: Any) -> float | None:
     """Seconds from ``t`` to ``end_t`` (never below 0), None if either is unknown."""
-    if end_t is None or not protocol.is_number(t):
+    t = protocol.timestamp(t)
+    if end_t is None or t is None:
         return None
-    return max(0.0, float(end_t) - float(t))
+    return max(0.0, float(end_t) - t)
 
 
 def _started_t(p: ProcessModel) -> float | None:
@@ -161,8 +157,7 @@ def _started_t(p: ProcessModel) -> float | None:
     agent was injected into a running program."""
     if p.started_t is not None:
         return p.started_t
-    started = p.hello.get("started_t")
-    return float(started) if isinstance(started, (int, float)) else None
+    return protocol.timestamp(p.hello.get("started_t"))
 
 
 def _span(history: Window, window_s: float | None, end_t: float | None) -> tuple[float, float] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 import zlib
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator
@@ -172,22 +173,131 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# -- numbers from outside: one set of rules for every reader that shows them ----------
+
+#: The integers orjson reads exactly: a bounded :func:`decode` keeps these
+#: as ints, reads bigger ones as floats (as orjson does) and refuses one
+#: beyond a float's range, where orjson refuses it too.
+INT_MIN, INT_MAX = -(1 << 63), (1 << 64) - 1
+#: The largest time a record may carry (Unix seconds, about the year 5138):
+#: a time beyond it is no time a program ran at, and ``time.localtime``
+#: and the timelines' bucket numbers (int64) would fail on it.
+MAX_TIME_S = 1e11
+
+
+#: Ints within this convert to a float (bigger ones may not: OverflowError).
+_FLOAT_INT = 1 << 1023
+
+
+def number(value: Any) -> int | float | None:
+    """A JSON number as it came (int or float) where a float holds it, None
+    for anything else: NaN and inf (not measured), an int beyond a float
+    (fed straight to a model: a line with one is refused by a bounded
+    :func:`decode`), a string, a bool, an object. Every figure the
+    dashboard draws is one of these."""
+    # The decoder makes exactly int or float (a bool is neither): a class
+    # check, since every snapshot reads a few dozen of these.
+    kind = value.__class__
+    if kind is int:
+        return value if -_FLOAT_INT < value < _FLOAT_INT else None
+    return value if kind is float and value - value == 0.0 else None  # inf - inf and NaN - NaN are NaN
+
+
+def finite(value: Any) -> float | None:
+    """A JSON number as a finite float, or None (NaN, inf, an int beyond a
+    float's range, a bool, not a number)."""
+    cls = value.__class__
+    if cls is float:  # the common case first: the model reads a few dozen a sample
+        return value if value - value == 0.0 else None  # inf - inf and NaN - NaN are NaN
+    if cls is not int and not is_number(value):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond a float's range
+        return None
+    return value if math.isfinite(value) else None
+
+
+def timestamp(value: Any) -> float | None:
+    """A record's time (Unix seconds) as a float, or None when it is not a
+    finite number within :data:`MAX_TIME_S` of 0."""
+    t = finite(value)
+    return t if t is not None and -MAX_TIME_S <= t <= MAX_TIME_S else None
+
+
+def obj_of(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def list_of(value: Any) -> list[Any]:
+    """``value`` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def text_of(value: Any) -> str | None:
+    """A non-empty string, else None."""
+    return value if isinstance(value, str) and value else None
+
+
+#: What :func:`shown` writes of a value: a few levels and items, strings cut.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80
+_SHOWN.maxlevel = 3
+
+
+def shown(value: Any) -> str:
+    """A value from a record, as a message quotes it: a string as it is (cut
+    at 200 characters), anything else as a short repr. ``str()`` of an
+    array nested a thousand deep (orjson reads 1,024 levels) raises
+    RecursionError; of a long one, it fills the screen."""
+    if isinstance(value, str):
+        return value if len(value) <= 200 else value[:199] + "…"
+    if value.__class__ is int and value.bit_length() > 64:  # repr() refuses one of over 4,300 digits
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return _SHOWN.repr(value)
+
+
+def _bounded_int(text: str) -> int | float:
+    """``json.loads``' ``parse_int`` for a bounded :func:`decode`."""
+    if len(text) < 19:  # up to 18 digits: within 64 bits, the common case
+        return int(text)
+    if len(text) <= 21:  # int() of so few digits never meets Python's digit limit
+        value = int(text)
+        if INT_MIN <= value <= INT_MAX:
+            return value
+    number = float(text)  # no digit limit; inf beyond a float's range
+    if not math.isfinite(number):
+        raise ProtocolError(f"an integer beyond a float's range ({len(text.lstrip('-'))} digits)")
+    return number
+
+
 class ProtocolError(ValueError):
     """A line that is not a valid record."""
 
 
-def decode(line: bytes | str) -> dict[str, Any]:
+def decode(line: bytes | str, bounded: bool = False) -> dict[str, Any]:
     """Parse one line into a record.
 
     Whatever the input, the only exception is :class:`ProtocolError`: the
     agent decodes lines from any peer, and a 2 KB line of ``[`` makes
     ``json.loads`` raise RecursionError, which is not a ValueError.
 
+    Args:
+        line: One JSON line.
+        bounded: Read integers as orjson does, for a reader that computes
+            with them (the dashboard): beyond 64 bits (:data:`INT_MIN`,
+            :data:`INT_MAX`) as floats, and a line with one beyond a
+            float's range (``10**4000``) is refused. Without it every
+            integer is kept exact (exports write them as they came).
+
     Raises:
         ProtocolError: the line is not a JSON object with a string ``type``.
     """
     try:
-        obj = json.loads(line)
+        obj = json.loads(line, parse_int=_bounded_int) if bounded else json.loads(line)
+    except ProtocolError:
+        raise
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
     except RecursionError:

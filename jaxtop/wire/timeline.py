@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from jaxtop.wire.protocol import DIRECTIONS
+from jaxtop.wire.protocol import DIRECTIONS, finite, list_of, obj_of, timestamp
 
 #: A device's series, in column order.
 DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes",
@@ -30,9 +30,9 @@ SUM_SERIES = tuple(f"{d}_{what}" for d in DIRECTIONS for what in ("count", "byte
 
 def nvml_map(hello: dict[str, Any]) -> dict[Any, Any]:
     """jax device id -> NVML index, from a ``hello``'s ``nvml.devices``."""
-    nvml = hello.get("nvml") if isinstance(hello.get("nvml"), dict) else {}
-    devices = nvml.get("devices") if isinstance(nvml.get("devices"), list) else []
-    return {d.get("jax_id"): d.get("index") for d in devices if isinstance(d, dict)}
+    devices = list_of(obj_of(hello.get("nvml")).get("devices"))
+    return {d.get("jax_id"): d.get("index") for d in devices
+            if isinstance(d, dict) and d.get("jax_id").__class__ in (int, str)}  # a key: hashable
 
 
 class Cursor:
@@ -62,47 +62,48 @@ class Cursor:
         """``(t, process row, [(device id, device row)], transfer counts)`` of
         one sample, values as the sample has them (None: missing); None for a
         sample without a time."""
-        t = rec.get("t")
-        if not isinstance(t, (int, float)) or isinstance(t, bool):
+        t = timestamp(rec.get("t"))
+        if t is None:
             return None
         dt = (t - self.prev_t) if self.prev_t is not None else None
         if dt is not None and dt <= 0:
             dt = None
         self.prev_t = t
-        nvml = rec.get("nvml") if isinstance(rec.get("nvml"), dict) else None
-        nvml_by_index = {g.get("index"): g for g in (nvml or {}).get("devices", []) if isinstance(g, dict)}
+        nvml_by_index = {g["index"]: g for g in list_of(obj_of(rec.get("nvml")).get("devices"))
+                         if isinstance(g, dict) and g.get("index").__class__ is int}
         jax_to_nvml = self.jax_to_nvml
         devices: list[tuple[Any, list[Any]]] = []
-        for dev in rec.get("devices") or []:
-            if not isinstance(dev, dict) or "id" not in dev:
+        for dev in list_of(rec.get("devices")):
+            if not isinstance(dev, dict) or dev.get("id").__class__ not in (int, str):  # a key: hashable, comparable
                 continue
             did = dev["id"]
             state = self.allocs.get(did)
             if state is None:
                 state = self.allocs[did] = [None, None, None]
-            num_allocs = dev.get("num_allocs")
-            if isinstance(num_allocs, (int, float)):
+            num_allocs = finite(dev.get("num_allocs"))
+            if num_allocs is not None:
                 if state[0] is not None and t > state[0]:
                     state[2] = max(0.0, (num_allocs - state[1]) / (t - state[0]))
                 state[0], state[1] = t, num_allocs
-            devices.append((did, device_row(dev, nvml_by_index.get(jax_to_nvml.get(did)), state[2])))
-        transfers = rec.get("transfers") or {}
+            index = jax_to_nvml.get(did)
+            devices.append((did, device_row(dev, nvml_by_index.get(index) if index.__class__ is int else None, state[2])))
+        transfers = obj_of(rec.get("transfers"))
         span = dt if dt is not None else self.interval_s
         rates: list[Any] = []
         byte_rates: list[Any] = []
         sums: list[Any] = []
         for d in DIRECTIONS:
-            tr = transfers.get(d) or {}
+            tr = obj_of(transfers.get(d))
             count, nbytes = tr.get("count"), tr.get("bytes_known")
-            rates.append(count / span if isinstance(count, (int, float)) else None)
-            byte_rates.append(nbytes / span if isinstance(nbytes, (int, float)) else None)
+            rates.append(count / span if finite(count) is not None else None)
+            byte_rates.append(nbytes / span if finite(nbytes) is not None else None)
             sums.append(count)
             sums.append(nbytes)
-        host = rec.get("process") or {}
+        host = obj_of(rec.get("process"))
         tx = rx = None
         if nvml_by_index:
-            txs = [g.get("pcie_tx_bytes_per_s") for g in nvml_by_index.values() if g.get("pcie_tx_bytes_per_s") is not None]
-            rxs = [g.get("pcie_rx_bytes_per_s") for g in nvml_by_index.values() if g.get("pcie_rx_bytes_per_s") is not None]
+            txs = [x for x in (finite(g.get("pcie_tx_bytes_per_s")) for g in nvml_by_index.values()) if x is not None]
+            rxs = [x for x in (finite(g.get("pcie_rx_bytes_per_s")) for g in nvml_by_index.values()) if x is not None]
             tx = sum(txs) if txs else None
             rx = sum(rxs) if rxs else None
         process = rates + byte_rates + [host.get("rss_bytes"), host.get("cpu_percent"), tx, rx]
@@ -118,7 +119,7 @@ def device_row(dev: dict[str, Any], gpu: dict[str, Any] | None, allocs_per_s: fl
         allocs_per_s: allocations per second, worked out by the caller
             (it needs the previous sample).
     """
-    live = dev.get("live_arrays") or {}
+    live = obj_of(dev.get("live_arrays"))
     return [
         dev.get("bytes_in_use"),
         dev.get("pool_bytes"),

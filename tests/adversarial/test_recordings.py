@@ -7,7 +7,9 @@ plain files, and recordings that are broken.
 - ``jaxtop export -o`` into a symlink, a device, a FIFO, ``/dev/stdout``:
   written through, never replaced; no temporary file left, even on SIGTERM;
 - export and replay of a gzip cut short or corrupt, random bytes, NaN times,
-  values of the wrong JSON type, a 200 MB line, a big file to index.
+  values of the wrong JSON type, a 200 MB line, a big file to index;
+  values of any size, type or shape, field by field, are in
+  ``test_recordings_values.py``.
 
 No JAX here: the agent is a Unix socket served by the test at its own pid's
 path, which is all ``jaxtop log`` looks for.

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import atexit
-import gzip
 import json
 import os
 import re
@@ -21,6 +20,7 @@ import orjson
 from jaxtop.wire import client, paths, protocol
 from jaxtop.dashboard.model import DISCONNECTED, EXITED, Model
 from jaxtop.dashboard.sources.base import OnUpdate, Source
+from jaxtop.dashboard.sources.spool import Spool, copy_gzip_lines
 
 
 #: Name of a dashboard's spool directory in the temporary directory: this
@@ -166,8 +166,7 @@ def _make_spool_dir() -> str:
     path = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
     owner = {"pid": os.getpid(), "start": _process_start(os.getpid()), "pid_ns": _pid_namespace()}
     try:
-        with open(os.path.join(path, OWNER_FILE), "w") as f:
-            json.dump(owner, f)
+        paths.write_atomic(os.path.join(path, OWNER_FILE), json.dumps(owner).encode())
     except OSError:
         pass  # then no later dashboard removes it if we are killed: no worse than that
     if not _atexit_registered:
@@ -200,7 +199,7 @@ class _Connection:
         self.agent: client.AgentConnection | None = None  # while connected
         self.spool_path = os.path.join(spool_dir, f"{pid}.jsonl.gz")
         self.prev_path = os.path.join(spool_dir, f"{pid}.prev.jsonl.gz")
-        self.spool: IO[bytes] = gzip.open(self.spool_path, "wb", compresslevel=1)
+        self.spool: IO[bytes] = Spool(self.spool_path)
         self.spool_lock = threading.Lock()
         self.spool_cap = _spool_cap()
         self.header: list[bytes] = []
@@ -237,7 +236,7 @@ class _Connection:
         try:
             self.spool.close()
             os.replace(self.spool_path, self.prev_path)
-            self.spool = gzip.open(self.spool_path, "wb", compresslevel=1)
+            self.spool = Spool(self.spool_path)
             for line in self.header:
                 self.spool.write(line)
         except OSError:
@@ -250,12 +249,12 @@ class _Connection:
             self.spool.flush()
         except (OSError, ValueError):
             pass
-        with open(target, "wb") as out:
+        with paths.replacing(target) as out:
             if self.rotations and os.path.exists(self.prev_path):
-                _copy_gzip_lines(self.prev_path, out)
-                _copy_gzip_lines(self.spool_path, out, skip=self.header_lines_in_segment)
+                copy_gzip_lines(self.prev_path, out)
+                copy_gzip_lines(self.spool_path, out, skip=self.header_lines_in_segment)
             else:
-                _copy_gzip_lines(self.spool_path, out)
+                copy_gzip_lines(self.spool_path, out)
 
 
 class LiveSource(Source):
@@ -555,12 +554,11 @@ def drop_superseded_maps(lines: list[bytes]) -> list[bytes]:
 
 
 def fast_decode(line: bytes) -> dict[str, Any]:
-    """:func:`protocol.decode`, with orjson where it can.
-
-    orjson parses a sample several times faster than the standard library.
-    Whatever it rejects (NaN literals, integers beyond 64 bits, odd input)
-    goes to :func:`protocol.decode`, so that what is accepted, and the error
-    for what is not, stay exactly the same.
+    """A line as the dashboard takes it (live, replay and its index): orjson,
+    several times faster than the standard library, and what it rejects (NaN
+    literals, an integer beyond a float, odd input) read by a bounded
+    :func:`protocol.decode`, which reads integers as orjson does: the model
+    never meets ``10**4000``, and a line holding one is refused, with why.
 
     Raises:
         protocol.ProtocolError: the line is not a valid record.
@@ -568,32 +566,12 @@ def fast_decode(line: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(line)
     except Exception:
-        return protocol.decode(line)
+        return protocol.decode(line, bounded=True)
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
-        return protocol.decode(line)
+        return protocol.decode(line, bounded=True)
     return obj
 
 
 def _with_suffix(path: str, pid: int) -> str:
     root, ext = os.path.splitext(path)
     return f"{root}-{pid}{ext or '.jsonl'}"
-
-
-def _copy_gzip_lines(src: str, out: IO[bytes], skip: int = 0) -> None:
-    """Copy the complete lines of a (possibly still open) gzip spool, after
-    the first ``skip`` ones."""
-    try:
-        with gzip.open(src, "rb") as f:
-            while True:
-                try:
-                    line = f.readline()
-                except (EOFError, OSError):
-                    break  # the unfinished tail of a stream still being written
-                if not line or not line.endswith(b"\n"):
-                    break
-                if skip:
-                    skip -= 1
-                    continue
-                out.write(line)
-    except OSError:
-        pass

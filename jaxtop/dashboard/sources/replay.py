@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import weakref
@@ -14,13 +13,13 @@ from typing import IO, Any, Iterator
 
 import numpy as np
 
-from jaxtop.wire import protocol
+from jaxtop.wire import paths, protocol
 from jaxtop.dashboard.model import REPLAY, Model
 from jaxtop.dashboard.sources import replay_cache, replay_index
 from jaxtop.dashboard.sources.base import OnUpdate, Source
-from jaxtop.dashboard.sources.live import drop_superseded_maps
+from jaxtop.dashboard.sources.live import drop_superseded_maps, fast_decode
 from jaxtop.dashboard.sources.replay_index import Index
-from jaxtop.export.convert import decode, guarded, open_recording
+from jaxtop.export.convert import guarded, open_recording
 
 #: Records that fail to play each get a notice, up to this many; the rest are
 #: counted in one summary notice when playback reaches the end.
@@ -136,7 +135,10 @@ class ReplaySource(Source):
                 out = str(cache / replay_cache.index_name(self.path))
                 index, why = replay_cache.load(out, self.path)
                 if index is not None:
-                    self.index_note = f"index from the cache ({out})"
+                    # What it was checked by: a rewrite between the sampled blocks goes unseen.
+                    self.index_note = (f"index from the cache ({out}; kept while the recording's size, time stamp, "
+                                       f"inode, first and last MiB and {replay_cache.SAMPLED_BLOCKS} sampled blocks "
+                                       "are unchanged)")
                     self._use(index)
                     return
             self.index_note = f"indexing ({why})"
@@ -170,17 +172,17 @@ class ReplaySource(Source):
         self._t_start = self._next[3]
 
     def _start_builder(self, out: str, copy: str | None) -> None:
-        env = dict(os.environ)
-        # The indexer imports jaxtop as this process does, installed or not.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str))
-        argv = [sys.executable, "-m", "jaxtop.dashboard.sources.replay_cache", self.path, out] + ([copy] if copy else [])
+        # The indexer imports jaxtop as this process does, installed or not,
+        # and nothing from the working directory or the recording's (which
+        # others may write): paths.python_command, not `python -m`.
+        argv = paths.python_command("jaxtop.dashboard.sources.replay_cache", self.path, out, *([copy] if copy else []))
         self.indexing = (0, os.path.getsize(self.path))
         # Its stderr goes to a file, not a pipe: a pipe nobody reads until the
         # end would stop an indexer that writes more than the pipe holds.
         err_path = os.path.join(self._temp(), "indexer.err")
-        with open(err_path, "wb") as err:
+        with paths.create_output(err_path) as err:
             self._builder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                             stderr=err, env=env, start_new_session=True)
+                                             stderr=err, start_new_session=True)
         if isinstance(self._cleanup, weakref.finalize):
             self._cleanup.detach()  # replaced by one that stops the indexer too
         self._cleanup = weakref.finalize(self, _cleanup, self._temp_dir, self._builder)
@@ -311,7 +313,7 @@ class ReplaySource(Source):
             f.seek(int(self.index.offsets[i]))
             try:
                 # The limit holds even if the file changed since it was indexed.
-                self.model.feed(self.pid, decode(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1)))
+                self.model.feed(self.pid, fast_decode(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1)))
             except Exception as exc:  # noqa: BLE001 - any record, any model bug
                 self._record_failed(i, exc)
         self.model.set_state(self.pid, REPLAY)
@@ -338,7 +340,7 @@ class ReplaySource(Source):
                 records = []
                 for j, line in zip(range(i, end), drop_superseded_maps(lines)):
                     try:
-                        records.append(decode(line))
+                        records.append(fast_decode(line))
                     except Exception as exc:  # noqa: BLE001 - the file changed since it was indexed
                         self._record_failed(j, exc)
                 model.feed_many(self.pid, records)
@@ -542,7 +544,7 @@ class ReplaySource(Source):
     def save(self, path: str) -> list[str]:
         with self._lock:
             position, index = self.position, self.index
-        with open(path, "wb") as out:
+        with paths.replacing(path) as out:
             if index is not None:
                 with open(index.data_path, "rb") as f:
                     for i in range(position):

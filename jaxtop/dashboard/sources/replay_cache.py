@@ -2,8 +2,9 @@
 
 The index is kept in the user's cache directory (:func:`cache_dir`), under a
 name made from the recording's path, and used again only while the
-recording is the one it was built from: same size, modification time, inode
-and first and last MiB, built by the same index format and the same model
+recording is the one it was built from: same size, modification time, inode,
+first and last MiB and :data:`SAMPLED_BLOCKS` blocks spread over the rest
+(:func:`fingerprint`), built by the same index format and the same model
 code. Anything else about it, missing, stale, cut short, corrupt or hostile,
 means it is built again.
 
@@ -26,7 +27,6 @@ import signal
 import stat
 import struct
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtop.wire import protocol
+from jaxtop.wire import paths, protocol
 from jaxtop.dashboard import model as model_module
 from jaxtop.dashboard.sources import replay_index
 from jaxtop.dashboard.sources.replay_index import INDEX_FORMAT, Index, build
@@ -44,6 +44,16 @@ from jaxtop.dashboard.sources.replay_index import INDEX_FORMAT, Index, build
 CACHE_MAX_BYTES = 2 << 30
 #: Bytes of the recording's start and end whose hash the index keeps.
 ENDS_BYTES = 1 << 20
+#: Blocks at fixed places between them whose hash it keeps too: a recording
+#: rewritten in the middle (same size; time stamp and inode put back) is
+#: seen as changed, where the rewrite covers one of them. For a 1 GiB
+#: recording the 64 blocks took 0.4 ms with its pages cached and 2.5-4 ms
+#: read from disk (pages dropped with posix_fadvise), the whole fingerprint
+#: (the two MiB of its ends too) 2-3 ms and 8-14 ms (5 Dec, a 2-core VM).
+#: A rewrite of a few bytes between two blocks is not seen: the notice of a
+#: kept index says what it was checked by.
+SAMPLED_BLOCKS = 64
+SAMPLED_BLOCK_BYTES = 4096
 
 
 def cache_dir() -> Path:
@@ -88,13 +98,28 @@ def index_name(path: str) -> str:
 
 def fingerprint(path: str) -> dict[str, Any]:
     """What tells whether a recording is still the one an index was built from."""
-    st = os.stat(path)
     with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
         head = hashlib.sha256(f.read(ENDS_BYTES)).hexdigest()
         f.seek(max(0, st.st_size - ENDS_BYTES))
         tail = hashlib.sha256(f.read(ENDS_BYTES)).hexdigest()
+        blocks = sampled_blocks(f, st.st_size)
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev, "head": head, "tail": tail,
-            "realpath": os.path.realpath(path)}
+            "blocks": blocks, "realpath": os.path.realpath(path)}
+
+
+def sampled_blocks(f: Any, size: int) -> str:
+    """The hash of :data:`SAMPLED_BLOCKS` blocks of the first ``size`` bytes of
+    the open file ``f``, at offsets spread evenly from its start to its end
+    (the same offsets for the same size: a grown recording is checked at
+    the offsets of the size it was indexed at)."""
+    h = hashlib.sha256()
+    last = max(0, size - SAMPLED_BLOCK_BYTES)
+    for i in range(SAMPLED_BLOCKS):
+        offset = last * i // (SAMPLED_BLOCKS - 1)
+        f.seek(offset)
+        h.update(f.read(min(SAMPLED_BLOCK_BYTES, size - offset)))
+    return h.hexdigest()
 
 
 def code_fingerprint() -> str:
@@ -141,18 +166,16 @@ def save(index: Index, path: str, recording: dict[str, Any]) -> None:
             arrays[f"h{key}_{li}_t"], arrays[f"h{key}_{li}_lo"] = t, lo
             if hi is not None:
                 arrays[f"h{key}_{li}_hi"] = hi
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        digest = _file_sha256(tmp)
-        with open(tmp, "ab") as f:  # the digest of everything before it, after the zip (readers ignore trailing bytes)
-            f.write(b"JAXTOPSHA256" + digest.encode())
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
+    # Named .building-*: prune() removes one an indexer killed midway left.
+    with paths.replacing(path, "w+b", temp_prefix=".building-", perms=0o600) as f:
+        np.savez(f, **arrays)
+        f.flush()
+        f.seek(0)
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+        # The digest of everything before it, after the zip (readers ignore trailing bytes).
+        f.write(b"JAXTOPSHA256" + h.hexdigest().encode())
 
 
 def _file_sha256(path: str, limit: int | None = None) -> str:
@@ -266,9 +289,11 @@ def _same_recording(then: Any, path: str, allow_growth: bool) -> bool:
     size = then.get("size")
     if not isinstance(size, int) or not 0 <= size <= now["size"]:
         return False
-    with open(path, "rb") as f:  # the bytes that ended the file then are still there
+    with open(path, "rb") as f:  # the bytes that ended the file then, and the blocks of then, are still there
         f.seek(max(0, size - ENDS_BYTES))
-        return hashlib.sha256(f.read(size - max(0, size - ENDS_BYTES))).hexdigest() == then.get("tail")
+        if hashlib.sha256(f.read(size - max(0, size - ENDS_BYTES))).hexdigest() != then.get("tail"):
+            return False
+        return sampled_blocks(f, size) == then.get("blocks")
 
 
 def prune(directory: Path, keep: str, max_bytes: int = CACHE_MAX_BYTES) -> None:

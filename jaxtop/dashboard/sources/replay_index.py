@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import bisect
 import io
-import math
 import os
 import pickle
 import zlib
@@ -35,14 +34,15 @@ from typing import IO, Any, Callable, Iterator
 
 import numpy as np
 
-from jaxtop.wire import protocol
+from jaxtop.wire import paths, protocol
 from jaxtop.dashboard import history as history_module
 from jaxtop.dashboard import holders as holders_module
 from jaxtop.dashboard import ledger as ledger_module
 from jaxtop.dashboard import model as model_module
 from jaxtop.dashboard.history import History, HistoryLog
 from jaxtop.dashboard.model import REPLAY, Model
-from jaxtop.export.convert import decode, guarded, open_recording
+from jaxtop.dashboard.sources.live import fast_decode
+from jaxtop.export.convert import guarded, open_recording
 
 #: Bumped whenever what is stored changes meaning.
 INDEX_FORMAT = 1
@@ -67,43 +67,34 @@ OnProgress = Callable[[int, int], None]
 def iter_records(stream: IO[bytes], stats: protocol.ReadStats) -> Iterator[tuple[int, bytes, dict[str, Any], float]]:
     """``(line number, line, record, time)`` for every playable record.
 
-    A line that is not a record, or has no finite time, is skipped and noted
-    in ``stats`` (NaN or inf would make every gap, seek and time shown after
-    it NaN); so is an oversized or truncated line (``protocol.iter_lines``).
+    A line that is not a record (:func:`fast_decode`: an integer beyond a
+    float's range makes one), or has no finite time within
+    ``protocol.MAX_TIME_S``, is skipped and noted in ``stats`` (NaN or inf
+    would make every gap, seek and time shown after it NaN); so is an
+    oversized or truncated line (``protocol.iter_lines``).
     The index and a replay playing before its index is ready count records
     with this one function, so their positions agree.
     """
     for lineno, line in protocol.iter_lines(stream, stats):
         try:
-            rec = decode(line)
+            rec = fast_decode(line)
         except protocol.ProtocolError as exc:
             stats.note(lineno, str(exc))
             continue
-        t = finite(rec.get("t"))
+        t = protocol.timestamp(rec.get("t"))
         if t is None:
-            stats.note(lineno, "no finite 't'")
+            stats.note(lineno, "no finite 't'" if protocol.finite(rec.get("t")) is None else "'t' out of range")
             continue
         stats.records += 1
         yield lineno, line, rec, t
-
-
-def finite(value: Any) -> float | None:
-    """A JSON number as a finite float, or None (NaN, inf, too big, not a number)."""
-    if not protocol.is_number(value):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an integer beyond a float's range
-        return None
-    return value if math.isfinite(value) else None
 
 
 def first_pid(rec: dict[str, Any]) -> int:
     """The pid a replay shows: the first record's, if it is a hello."""
     if rec.get("type") != protocol.HELLO:
         return 0
-    pid = finite(rec.get("pid"))
-    return int(pid) if pid is not None and 0 < pid < 1 << 62 else 0
+    pid = rec.get("pid")
+    return pid if pid.__class__ is int and 0 < pid < 1 << 62 else 0
 
 
 def stream_position(stream: IO[bytes]) -> int:
@@ -300,7 +291,7 @@ def build(path: str, copy_path: str | None = None, on_progress: OnProgress | Non
     compressed = is_compressed(path)
     if compressed and copy_path is None:
         raise ValueError("a compressed recording needs a path for its uncompressed copy")
-    copy = open(copy_path, "wb") if compressed and copy_path else None
+    copy = paths.create_output(copy_path) if compressed and copy_path else None
     try:
         with open_recording(path) as raw:
             stream = guarded(raw, stats)
