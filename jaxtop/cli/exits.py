@@ -41,7 +41,9 @@ environment:
   JAXTOP_SPOOL_MAX_BYTES     a dashboard's on-disk history per process (compressed; default 256 MiB)
   JAXTOP_MAX_CLIENTS         connections an agent serves at once (default 64)
   JAXTOP_CLIENT_BUFFER_BYTES bytes an agent queues per slow client before dropping samples (default 16 MiB)
-  JAXTOP_FD_RESERVE          file descriptors an agent always leaves to the program (default 128)"""
+  JAXTOP_FD_RESERVE          file descriptors an agent always leaves to the program (default 128)
+  JAXTOP_NUMPY_HOOKS         0: do not wrap np.array/np.asarray (CPU host reads through numpy go uncounted);
+                             1: wrap them (default: wrapped while a CPU device exists, ~120 ns a call)"""
 
 # Shown by `jaxtop --help`.
 EXAMPLES_HELP = """\
