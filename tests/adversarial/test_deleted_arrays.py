@@ -29,7 +29,8 @@ RACE = textwrap.dedent("""
             probe.scan_live_arrays(time.time())
             scans += 1
             mapped += sum(len(v.get("map", [])) for v in probe._live.values())
-    threading.Thread(target=scanner, daemon=True).start()
+    scanning = threading.Thread(target=scanner, daemon=True)
+    scanning.start()
     make = {n: jax.jit(lambda x, n=n: jnp.zeros((n,), jnp.float32) + x) for n in (256, 4096, 65536)}
     s = jnp.zeros(())
     live, t0, deleted = [], time.time(), 0
@@ -42,6 +43,10 @@ RACE = textwrap.dedent("""
                 deleted += 1
             live = []
     stop = True
+    # Joined as the agent joins its thread at exit: a daemon thread still
+    # inside jaxlib (GIL released) when the interpreter finalizes is ended
+    # by a forced unwind through C++ ("FATAL: exception not rethrown", SIGABRT).
+    scanning.join()
     print(deleted, scans, mapped)
 """)
 
