@@ -129,7 +129,7 @@ def test_a_labelled_nnx_model_and_optimizer_are_followed_across_steps(monkeypatc
     assert got["params"]["bytes"] == 0 and got["params"]["alive"] == 0 and "followed" not in got["params"]
     assert got["temporary"]["bytes"] == 0 and "followed" not in got["temporary"]
     from jaxtop.dashboard.holders import HoldersFold
-    from widgets.holders import render_holders
+    from jaxtop.widgets.holders import render_holders
 
     fold = HoldersFold()
     fold.feed({"type": "sample", "t": 1.0, "labels": {"t": 1.0, "trees": list(got.values())}})

@@ -184,17 +184,6 @@ def test_hole_ratio_counts_gaps_between_neighbours_not_between_regions():
     assert live_arrays_module.hole_ratio([(0, big)]) is None and live_arrays_module.hole_ratio([]) is None
 
 
-def test_holes_are_not_read_among_small_buffers():
-    """Five float32 scalars alive on CPU, malloc'd among the program's heap
-    objects (measured: 99.9996 % "holes"): no hole figure at all; and small
-    buffers between large ones do not fill the large ones' holes."""
-    scalars = [(0x5600_0000_0000 + k * 300_000, 4) for k in range(5)]
-    assert live_arrays_module.hole_ratio(scalars) is None
-    mib = 1 << 20
-    spans = [(0x10_0000_0000, mib), (0x10_0000_0000 + 2 * mib, mib), (0x10_0000_0000 + mib + 4096, 16)]
-    assert live_arrays_module.hole_ratio(spans) == pytest.approx(0.5 * mib / (0.5 * mib + mib))
-
-
 def test_summary_holes_only_when_every_buffer_has_an_address(monkeypatch):
     n = 64 << 10
     placed = [(0, n, 0x100000, "f32", "[16384]"), (0, n, 0x100000 + 3 * n, "f32", "[16384]")]
@@ -604,17 +593,3 @@ def test_totals_at_50000_arrays_match_jax_live_arrays_through_churn(cpu_jax):
         probe.close()
         del held
 
-
-#: memory_stats() of a TPU v5e chip (jax 0.10.2), read on one through the
-#: device tool: no pool fields; the allocator owns the chip up to bytes_limit.
-TPU_V5E = {"num_allocs": 1, "bytes_in_use": 26624, "peak_bytes_in_use": 26624, "largest_alloc_size": 26624,
-           "bytes_limit": 16909336064, "bytes_reserved": 0, "peak_bytes_reserved": 0,
-           "bytes_reservable_limit": 16909336064, "largest_free_block_bytes": 16909309440}
-
-
-def test_fragmentation_on_tpu_reads_the_chip_as_the_pool():
-    assert fragmentation(normalize_stats(TPU_V5E), "tpu") == (0.0, None)  # all the rest is one block
-    split = dict(TPU_V5E, bytes_in_use=GiB, largest_free_block_bytes=(16909336064 - GiB) // 4)
-    assert fragmentation(split, "tpu")[0] == pytest.approx(0.75)
-    # The same dict from another backend: no pool, no figure.
-    assert fragmentation(normalize_stats(TPU_V5E), "gpu")[0] is None

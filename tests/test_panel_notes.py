@@ -1,0 +1,88 @@
+"""Pure layer: what the panels say beside their numbers (the overview's
+per-process rate, rates after exit, the in-use asterisk and the map's glyphs),
+drawn from a model fed synthetic records."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from test_render import SEVEN, MiB, render
+from jaxtop.widgets.render import MemoryMap
+
+
+
+def _two_device_snapshot(exit_: bool):
+    from jaxtop.dashboard.model import Model
+    from jaxtop.testing import synthetic
+
+    model = Model(clock=lambda: 0.0)
+    model.feed(1, synthetic.hello(1, 2, 1000.0))
+    for rec in synthetic.samples(1, 2, 1000.0, 30):
+        model.feed(1, rec)
+    if exit_:
+        model.feed(1, {"type": "exit", "t": 1004.0, "pid": 1})
+    return model.snapshot(selected=0, window_s=60.0, now=1004.0)
+
+
+def _panel_text(panel, snap, width=120, height=12) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(panel.draw(snap, width, height))
+    return console.export_text()
+
+
+def test_overview_shows_the_process_rate_once_not_on_every_device():
+    """The guard's h2d/s is the process's: one row says it, the others ditto."""
+    from jaxtop.widgets.panels import OverviewPanel
+
+    snap = _two_device_snapshot(exit_=False)
+    rows = [line for line in _panel_text(OverviewPanel(), snap).splitlines() if "gpu:" in line or "cpu:" in line]
+    assert len(rows) == 2
+    assert "/s" in rows[0] and "〃" in rows[1] and "/s" not in rows[1]
+
+
+def test_rates_leave_the_screen_when_the_process_exits():
+    from jaxtop.widgets.panels import OverviewPanel, TransfersPanel
+
+    live = _panel_text(TransfersPanel(), _two_device_snapshot(exit_=False))
+    assert "/s" in live.split("h2d", 1)[1].splitlines()[0]
+    snap = _two_device_snapshot(exit_=True)
+    assert snap.processes[0].transfers["h2d"].count_per_s is None  # not a current rate any more
+    assert snap.processes[0].transfers["h2d"].count_total  # the totals stand
+    ended = _panel_text(TransfersPanel(), snap)
+    assert "exited: totals only" in ended
+    h2d_row = ended.split("h2d", 1)[1].splitlines()[0]
+    assert "–" in h2d_row and "/s" not in h2d_row
+    overview = _panel_text(OverviewPanel(), snap)
+    assert "/s" not in [line for line in overview.splitlines() if "exited" in line][0]
+
+
+def test_in_use_asterisk_and_map_glyphs_are_explained_at_any_height():
+    """`in use*` on CPU comes with what the * means even when the panel has
+    no line for the note; the map's glyphs are named beside it and in help."""
+    from jaxtop.dashboard.app import HELP_NOTES
+    from jaxtop.dashboard.model import Model
+    from jaxtop.testing import synthetic
+    from jaxtop.widgets.panels import MemoryMapPanel, MemoryPanel
+
+    model = Model(clock=lambda: 0.0)
+    model.feed(1, synthetic.hello(1, 1, 1000.0))
+    for rec in synthetic.samples(1, 1, 1000.0, 5):
+        for dev in rec.get("devices", ()):
+            dev["source"] = "live_arrays"  # as on CPU: in use from jax.live_arrays()
+        model.feed(1, rec)
+    snap = model.snapshot(selected=0, window_s=60.0, now=1001.0)
+    assert snap.device.source == "live_arrays"
+    for height in (3, 5, 8):
+        text = _panel_text(MemoryPanel(), snap, width=100, height=height)
+        assert "in use*" in text and "from live arrays" in text, (height, text)
+    assert "█ used" in _panel_text(MemoryMapPanel(), snap, width=100, height=8)
+    assert "in use*" in HELP_NOTES and "· free (a hole)" in HELP_NOTES and "≈ a long gap" in HELP_NOTES
+
+
+def test_memory_map_says_why_device_put_buffers_are_unplaced():
+    (_, caption) = render(MemoryMap(SEVEN, rows=1, count=10, total_hint=15 * MiB, unmapped={"no_address": 3}), 160)
+    assert "3 device_put buffers unplaced" in caption
+    assert "without an address" not in caption  # all 10 accounted for: 7 placed, 3 explained
+
