@@ -3,15 +3,14 @@ process is new and free in a forked child."""
 
 from __future__ import annotations
 
-import os
 import re
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from jaxtop.probes.forksafe import ForkLock
+from test_host_sync_numpy import _fork_while_held  # fork while another thread holds a lock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,44 +28,14 @@ RENEWED_OR_AGENT_ONLY = {
 }
 
 
-def _child_takes(lock) -> int:
-    pid = os.fork()
-    if pid == 0:  # the child: must get the lock at once
-        code = 0 if lock.acquire(timeout=2.0) else 3
-        os._exit(code)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return -9
-
-
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_a_lock_held_by_another_thread_is_free_in_the_child(reentrant):
     lock = ForkLock(reentrant=reentrant)
-    held, release = threading.Event(), threading.Event()
-
-    def holder():
-        with lock:
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    held.wait(5)
-    try:
-        assert _child_takes(lock) == 0
-        # The same with a plain lock: the child waits (what jaxtop's locks did).
-        plain = threading.Lock()
-        plain.acquire()
-        assert _child_takes(plain) == 3
-    finally:
-        release.set()
-        t.join()
+    assert _fork_while_held(lock, lambda: lock.acquire()) == 0
+    # A plain lock the same way: the child waits until the alarm ends it
+    # (what jaxtop's locks did).
+    plain = threading.Lock()
+    assert _fork_while_held(plain, lambda: plain.acquire()) != 0
     assert lock.acquire(timeout=1) and (lock.release() is None)
 
 

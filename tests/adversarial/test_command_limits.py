@@ -2,8 +2,8 @@
 
 Each command runs on the agent thread, which holds the GIL while it works:
 a client asking for an expensive command as often as its requests are read
-(10 a second) took a third of the program's steps (issue 32: a ``jit_ledger``
-flood from two clients, A/B 1.00 -> 0.67). Every command is now answered
+(10 a second) took a third of the program's steps (measured: a ``jit_ledger``
+flood from two clients, step rate 1.00 -> 0.67). Every command is now answered
 within a budget of the agent's CPU, per connection and for all of them
 (``jaxtop.agent.limits``); past it the reply is a short ``rate limited``
 error that says when to retry, and a connection that asks rarely is still

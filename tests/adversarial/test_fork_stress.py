@@ -5,7 +5,7 @@ arrays on the host.
 none of the threads that could release one. A lock jaxtop takes on the
 program's threads (counting a host read, guarding a delete) that another
 thread held at the fork is held forever in the child: the child's first
-read through jaxtop's hooks waits on it and never exits (issue 32: 1 child
+read through jaxtop's hooks waits on it and never exits (measured: 1 child
 in 65, one outlived its parent by 20 minutes). Here 8 threads read, delete
 and fork 500 times; every child reads arrays through the hooks and must be
 gone within the timeout.
