@@ -116,6 +116,17 @@ def free_port() -> int:
     return port
 
 
+
+def task_cpu_s(pid: int, tid: int) -> float:
+    """CPU seconds of one thread of a process so far (its /proc task clock);
+    NaN once it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 class Child:
     """One training loop; its reports are read on a thread."""
 
@@ -145,12 +156,7 @@ class Child:
 
     def agent_cpu_s(self) -> float:
         """CPU seconds of the agent thread so far (its /proc task clock)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/task/{self.agent_tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return float("nan")
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return task_cpu_s(self.proc.pid, self.agent_tid)
 
     def window(self, t0: float, t1: float) -> dict:
         pts = [r for r in self.reports if t0 <= r[0] <= t1]

@@ -45,6 +45,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attack import task_cpu_s  # noqa: E402  (one /proc reader for both benchmarks)
 import time
 
 COMMANDS = ("jit_ledger", "holders_mark", "holders_profile", "memory_profile", "ping", "unknown")
@@ -111,12 +114,7 @@ class Child:
 
     def agent_cpu_s(self) -> float:
         """CPU seconds of the agent thread so far (its /proc task clock)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/task/{self.agent_tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return float("nan")
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return task_cpu_s(self.proc.pid, self.agent_tid)
 
     def rate(self, t0: float, t1: float) -> float:
         pts = [r for r in self.reports if t0 <= r[0] <= t1]
