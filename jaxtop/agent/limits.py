@@ -180,24 +180,21 @@ class TokenBucket:
         return 0.0 if self.tokens >= n else (n - self.tokens) / self.rate
 
 
-class CpuBudget:
+class CpuBudget(TokenBucket):
     """Seconds of CPU: ``share`` of a core on average, at most ``burst_s`` at once.
 
-    Unlike :class:`TokenBucket`, work is charged after it ran, by what it
+    A :class:`TokenBucket` whose tokens are seconds, refilled at ``share``
+    a second; unlike plain tokens, work is charged after it ran, by what it
     cost: the budget allows work while it is above zero (or, drawing on its
     reserve, above minus half a burst) and owes at most one burst.
     """
 
     def __init__(self, share: float, burst_s: float, now: float) -> None:
-        self.share = share
-        self.burst_s = burst_s
-        self.seconds = float(burst_s)
-        self._t = now
+        super().__init__(share, burst_s, now)
 
-    def _refill(self, now: float) -> None:
-        if now > self._t:
-            self.seconds = min(self.burst_s, self.seconds + (now - self._t) * self.share)
-        self._t = now
+    share = property(lambda self: self.rate)
+    burst_s = property(lambda self: self.burst)
+    seconds = property(lambda self: self.tokens)
 
     def _floor(self, reserve: bool) -> float:
         return -0.5 * self.burst_s if reserve else 0.0
@@ -205,14 +202,14 @@ class CpuBudget:
     def level(self, now: float) -> float:
         """Seconds left now (negative: owed)."""
         self._refill(now)
-        return self.seconds
+        return self.tokens
 
     def allows(self, now: float, reserve: bool = False) -> bool:
         return self.level(now) > self._floor(reserve)
 
     def charge(self, now: float, cpu_s: float) -> None:
         self._refill(now)
-        self.seconds = max(-self.burst_s, self.seconds - max(0.0, cpu_s))
+        self.tokens = max(-self.burst, self.tokens - max(0.0, cpu_s))
 
     def retry_s(self, now: float, reserve: bool = False) -> float:
         """Seconds until work is allowed again (0 when it is now)."""
