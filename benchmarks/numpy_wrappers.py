@@ -1,21 +1,25 @@
 #!/usr/bin/env python
-"""What the host-sync probe's numpy wrappers cost numpy calls on plain data.
+"""What the host-sync probe costs numpy calls on plain data, by default
+and with its numpy wrappers.
 
-While the program has a CPU device, the probe wraps numpy's ``asarray``,
-``array`` and ``asanyarray`` (a single-device CPU jax Array hands numpy its
-buffer without running any Python code of jax, so a read like
-``np.asarray(x)`` is seen nowhere else). Every numpy call of the program
-then goes through a Python function first, jax Array or not. This measures
-that, in one process, side by side: blocks of calls with the probe stopped
-(*plain*), started with its numpy wrappers (*wrapped*, what the agent does
-on CPU) and started without them (*value hook only*, what it does on GPU),
-in rotating order, each arm's throughput divided by the plain throughput of
-the same round (median over rounds).
+A single-device CPU jax Array hands numpy its buffer without running any
+Python code of jax, so a read like ``np.asarray(x)`` is seen only by wrapping
+numpy's ``asarray``, ``array`` and ``asanyarray``; every numpy call of the
+program then goes through a Python function first, jax Array or not. So the
+probe leaves numpy alone by default (those reads go uncounted, and the
+stream says so) and wraps it only when asked (``JAXTOP_NUMPY_HOOKS=1``, or a
+budget on host syncs). This measures, in one process, side by side: blocks
+of calls with the probe stopped (*plain*), started as the agent starts it
+(*default*: ``_value`` and ``item`` hooks, numpy untouched) and started
+with numpy's wrappers (*numpy wrappers*), in rotating order, each arm's
+throughput divided by the plain throughput of the same round (median over
+rounds).
 
 Calls: ``np.array`` of a list of 100 floats, ``np.array`` of a list of 3,
 ``np.asarray`` of a numpy array of 100, ``np.asarray`` of a jax Array (a
-counted read), and a pure-Python control (``sum`` of the list of 100) that
-no hook touches: its ratio is the machine's noise.
+read: counted only with the wrappers), ``x.item()`` of a jax scalar (a
+read, counted by both), and a pure-Python control (``sum`` of the list of
+100) that no hook touches: its ratio is the machine's noise.
 
 Usage::
 
@@ -55,6 +59,7 @@ def main() -> int:
         "three": [1.0, 2.0, 3.0],
         "ndarray": np.arange(100.0),
         "device": jnp.arange(100.0),
+        "scalar": jnp.float32(2.5),
         "np": np,
     }
     calls = {
@@ -62,6 +67,7 @@ def main() -> int:
         "np.array(list of 3 floats)": "np.array(three)",
         "np.asarray(ndarray)": "np.asarray(ndarray)",
         "np.asarray(jax Array)": "np.asarray(device)",
+        "jax scalar .item()": "scalar.item()",
         "control: sum(list of 100)": "sum(floats)",
     }
     # Calls per block, so that each block takes about --block-s.
@@ -71,8 +77,10 @@ def main() -> int:
         n, took = timer.autorange()
         numbers[name] = max(1, int(n * args.block_s / took))
 
-    arms = ("plain", "wrapped", "value hook only")
-    probes = {"wrapped": HostSyncProbe(numpy_hooks=True), "value hook only": HostSyncProbe(numpy_hooks=False)}
+    arms = ("plain", "default", "numpy wrappers")
+    os.environ.pop("JAXTOP_NUMPY_HOOKS", None)  # "default" is the agent's default, whatever this shell says
+    probes = {"default": HostSyncProbe(), "numpy wrappers": HostSyncProbe(numpy_hooks=True)}
+    untouched = {name: getattr(np, name) for name in ("array", "asarray", "asanyarray")}
     ratios: dict[str, dict[str, list[float]]] = {arm: {name: [] for name in calls} for arm in arms[1:]}
     rates: dict[str, dict[str, list[float]]] = {arm: {name: [] for name in calls} for arm in arms}
     for r in range(args.rounds):
@@ -82,7 +90,9 @@ def main() -> int:
             probe = probes.get(arm)
             if probe is not None:
                 probe.start()
-                assert probe.started and probe.numpy_wrapped == (arm == "wrapped"), probe.reason
+                assert probe.started and probe.numpy_wrapped == (arm == "numpy wrappers"), probe.reason
+                if arm == "default":  # the very functions numpy had: nothing in their way
+                    assert all(getattr(np, k) is v for k, v in untouched.items())
             try:
                 got[arm] = {}
                 for name, stmt in calls.items():
@@ -109,7 +119,7 @@ def main() -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"throughput / plain throughput (median of {args.rounds} rounds); ns per call in brackets")
-    print(f"{'call':<32} {'plain':>10} {'wrapped':>16} {'value hook only':>18}")
+    print(f"{'call':<32} {'plain':>10} {'default':>16} {'numpy wrappers':>18}")
     for name in calls:
         cells = [f"{out[arm][name]['ratio_to_plain']:.3f} ({out[arm][name]['ns_per_call']:.0f})" for arm in arms[1:]]
         print(f"{name:<32} {'(' + format(out['plain'][name]['ns_per_call'], '.0f') + ')':>10} "

@@ -22,20 +22,29 @@ Where the reads go, checked on jax 0.4.30 and 0.10.2 (CPU, numpy 2):
 
 So the hooks are: the ``_value`` property of ``ArrayImpl`` (replaced by a
 wrapper property, and put back, the same object, on :meth:`HostSyncProbe.stop`)
-and, while the program has a CPU device, numpy's ``asarray``, ``array`` and
-``asanyarray`` module functions (wrapped; the wrappers pass any argument that
-is not a jax Array straight through). Those wrappers are the probe's one cost
-off the read path: every call of the three through ``numpy``'s module, on any
-data, runs a Python function first, about 120 ns (``np.asarray`` of an
-ndarray: 170 ns instead of 48; ``np.array`` of 100 floats: 0.94 of its
-speed; ``benchmarks/numpy_wrappers.py``). No cheaper way sees those reads:
-numpy takes a CPU Array's buffer in C, and no Python code runs between the
-call and the copy. ``JAXTOP_NUMPY_HOOKS=0`` leaves numpy alone, and those
-reads (and ``x.item()``, which jax does with ``np.asarray``) uncounted.
+and, only when asked for, numpy's ``asarray``, ``array`` and ``asanyarray``
+module functions (wrapped; the wrappers pass any argument that is not a jax
+Array straight through). Those wrappers are not on by default because they
+cost every numpy call of the program, on any data: a Python function runs
+first, about 120 ns (``np.asarray`` of an ndarray: 170 ns instead of 48;
+``np.array`` of 100 floats: 0.94 of its speed; ``benchmarks/numpy_wrappers.py``).
+No cheaper way sees those reads: numpy takes a CPU Array's buffer in C, and no
+Python code runs between the call and the copy (a replacement of ArrayImpl's
+buffer slot through ctypes would see them at no cost to other data, but a
+ctypes callback cannot hand jaxlib's refusal on: ``memoryview`` of a deleted,
+bfloat16 or sharded array would raise SystemError instead of BufferError).
+
+So by default a CPU program's ``np.asarray(x)``, ``np.array(x)`` and
+``x.item()`` go uncounted, and the record says so (``uncounted``), on the
+screen too. ``JAXTOP_NUMPY_HOOKS=1`` wraps numpy (while the program has a CPU
+device; on GPU and TPU every read reaches ``_value`` anyway), and a budget
+that names ``host_syncs`` turns the wrappers on for the program it measures
+(:meth:`HostSyncProbe.count_numpy_reads`): there an uncounted read would pass
+a limit it breaks. ``JAXTOP_NUMPY_HOOKS=0`` keeps numpy untouched even then.
 
 A thread-local flag makes a read count once when it passes through two
 hooks (``np.asarray`` -> ``__array__`` -> ``_value`` on GPU; ``x.item()`` ->
-``np.asarray``).
+``np.asarray`` -> ``_value``).
 
 A read counts only when it really reads the device: ``_npy_value`` is None
 (on GPU a second ``float(x)`` of the same array is served from jax's cached
@@ -44,10 +53,10 @@ hooks never change a result or an exception: they call the original and
 count after it returned; the count itself is guarded. Only an actual read
 walks the stack, once.
 
-Not seen: NumPy functions other than the three wrapped ones that take a CPU
-jax Array through the buffer protocol (``np.exp(x)``, ``np.concatenate([x,
-y])``, ``np.asarray([x, y])``) and names bound before the probe started
-(``from numpy import asarray``).
+Not seen on CPU, even with the wrappers: NumPy functions other than the
+three wrapped ones that take a CPU jax Array through the buffer protocol
+(``np.exp(x)``, ``np.concatenate([x, y])``, ``np.asarray([x, y])``) and
+names bound before the wrappers went in (``from numpy import asarray``).
 """
 
 from __future__ import annotations
@@ -88,7 +97,8 @@ KINDS = {
     "device_get": "device_get",
     "_device_get": "device_get",
 }
-#: Numpy's module functions wrapped while the program has a CPU device.
+#: Numpy's module functions wrapped when asked for (a CPU program's reads
+#: through them reach no jax hook).
 NUMPY_FUNCTIONS = {"asarray": "asarray", "array": "array", "asanyarray": "asarray"}
 #: Frames walked at most, looking for the user's.
 MAX_DEPTH = 64  # as jaxtop.probes.frames.MAX_DEPTH
@@ -123,14 +133,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_locks_in_child)
 
 
-def _numpy_hooks_from_env() -> bool | str:
-    """``numpy_hooks="auto"`` as ``$JAXTOP_NUMPY_HOOKS`` overrides it."""
+def _numpy_hooks_from_env() -> tuple[bool | str, bool]:
+    """What ``numpy_hooks="auto"`` means here: ``(mode, refused)``.
+
+    ``$JAXTOP_NUMPY_HOOKS`` ``1``/``on``: ``"cpu"`` (wrapped while the
+    program has a CPU device); ``0``/``off``: never, not even for a budget
+    (``refused``); unset: off until a budget asks for them."""
     value = os.environ.get("JAXTOP_NUMPY_HOOKS", "").strip().lower()
     if value in ("0", "off", "false", "no"):
-        return False
+        return False, True
     if value in ("1", "on", "true", "yes"):
-        return True
-    return "auto"
+        return "cpu", False
+    return False, False
 
 
 def _array_impl() -> Any:
@@ -159,12 +173,13 @@ class HostSyncProbe:
 
     Args:
         numpy_hooks: wrap numpy's ``asarray``/``array``/``asanyarray``:
-            ``"auto"`` (default) wraps them at :meth:`start` and unwraps them
-            at the first :meth:`sample` that finds a backend without any CPU
-            device (there every such read reaches ``_value``); True keeps
-            them, False never wraps. ``"auto"`` yields to
-            ``$JAXTOP_NUMPY_HOOKS`` when it is set: ``0``/``off`` never
-            wraps, ``1``/``on`` always does.
+            ``"cpu"`` wraps them at :meth:`start` and unwraps them at the
+            first :meth:`sample` that finds a backend without any CPU device
+            (there every such read reaches ``_value``); True keeps them;
+            False does not wrap them until :meth:`count_numpy_reads` asks.
+            ``"auto"`` (default) is ``$JAXTOP_NUMPY_HOOKS``: ``1``/``on`` is
+            ``"cpu"``, ``0``/``off`` never wraps (not even when asked),
+            unset is False.
         filt: what counts as library code.
         min_interval_s: least time between two records on the stream.
         heartbeat_s: a record at least this often even without new reads,
@@ -174,7 +189,11 @@ class HostSyncProbe:
 
     def __init__(self, numpy_hooks: bool | str = "auto", filt: LibraryFilter = LIBRARY,
                  min_interval_s: float = 0.5, heartbeat_s: float = 10.0) -> None:
-        self.numpy_hooks = _numpy_hooks_from_env() if numpy_hooks == "auto" else numpy_hooks
+        self.numpy_refused = False  # $JAXTOP_NUMPY_HOOKS=0: numpy stays untouched
+        if numpy_hooks == "auto":
+            numpy_hooks, self.numpy_refused = _numpy_hooks_from_env()
+        self.numpy_hooks: bool | str = numpy_hooks
+        self.cpu_device: bool | None = None  # the backend has a CPU device (None: no backend yet)
         self._filt = filt
         self._lock = threading.Lock()
         self._tls = threading.local()
@@ -191,6 +210,8 @@ class HostSyncProbe:
         self._impl: Any = None
         self._orig_value: Any = None
         self._our_value: Any = None
+        self._orig_item: Any = None
+        self._our_item: Any = None
         self._np: Any = None
         self._orig_np: dict[str, Any] = {}
         self._our_np: dict[str, Any] = {}
@@ -243,6 +264,12 @@ class HostSyncProbe:
             self._impl, self._orig_value = impl, original
             self._our_value = property(self._value_hook(fget), doc=getattr(original, "__doc__", None))
             setattr(impl, "_value", self._our_value)
+            # ``x.item()`` is jax's Python (``np.asarray(self)`` inside): a
+            # wrapper here counts it on CPU too, at no cost to other code.
+            item = vars(impl).get("item")
+            if callable(item):
+                self._orig_item, self._our_item = item, self._item_hook(item)
+                setattr(impl, "item", self._our_item)
             if self.numpy_hooks:
                 self._wrap_numpy()
             self.started = True
@@ -264,6 +291,9 @@ class HostSyncProbe:
             impl = self._impl
             if vars(impl).get("_value") is self._our_value:
                 setattr(impl, "_value", self._orig_value)
+            if self._our_item is not None and vars(impl).get("item") is self._our_item:
+                setattr(impl, "item", self._orig_item)
+            self._orig_item = self._our_item = None
             self._unwrap_numpy()
             if _active is self:
                 _active = None
@@ -294,6 +324,27 @@ class HostSyncProbe:
     def numpy_wrapped(self) -> bool:
         return bool(self._our_np)
 
+    def count_numpy_reads(self) -> bool:
+        """Wrap numpy's functions now (or at :meth:`start`) so that a CPU
+        program's ``np.asarray(x)``/``np.array(x)`` count: a budget on host
+        syncs asks for it. False when ``$JAXTOP_NUMPY_HOOKS=0`` refuses."""
+        if self.numpy_refused:
+            return False
+        with _install_lock:
+            if self.numpy_hooks is False:
+                self.numpy_hooks = "cpu"
+            if self.started and not self._our_np and self.cpu_device is not False:
+                self._wrap_numpy()
+        return True
+
+    def uncounted(self) -> str | None:
+        """Which reads this probe cannot see now, or None when it sees them all."""
+        if not self.started or self.numpy_wrapped or self.cpu_device is not True:
+            return None
+        why = ("JAXTOP_NUMPY_HOOKS=0" if self.numpy_refused else
+               "JAXTOP_NUMPY_HOOKS=1 counts them, at ~120 ns on every numpy call")
+        return f"np.asarray/np.array of CPU arrays not counted: numpy reads them in C ({why})"
+
     # -- the hooks (user threads) ---------------------------------------------------
     def _value_hook(self, fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
         tls = self._tls
@@ -314,6 +365,26 @@ class HostSyncProbe:
 
         HOOK_CODES.add(_value.__code__)  # hidden from the program's tracebacks (frames.without_hooks)
         return _value
+
+    def _item_hook(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        tls = self._tls
+        record = self._record
+
+        @functools.wraps(original)
+        def item(arr: Any, *args: Any) -> Any:
+            fresh = getattr(arr, "_npy_value", None) is None
+            if not fresh or getattr(tls, "busy", False):
+                return original(arr, *args)
+            tls.busy = True
+            try:
+                value = original(arr, *args)
+            finally:
+                tls.busy = False
+            record(sys._getframe(1), "item")
+            return value
+
+        HOOK_CODES.add(item.__code__)
+        return item
 
     def _numpy_hook(self, original: Callable[..., Any], kind: str) -> Callable[..., Any]:
         tls = self._tls
@@ -390,16 +461,18 @@ class HostSyncProbe:
             self._version += 1
 
     def _check_backend(self) -> None:
-        """``numpy_hooks="auto"``: once the backend exists, keep numpy's
-        wrappers only if a CPU device is there to export buffers."""
-        if self._backend_checked or self.numpy_hooks != "auto" or not self.started:
+        """Once the backend exists: does it have a CPU device (whose buffers
+        numpy reads past every jax hook)? ``"cpu"`` keeps numpy's wrappers
+        only then."""
+        if self._backend_checked or not self.started:
             return
         if not backend_ready():
             return
         self._backend_checked = True
         import jax
 
-        if not any(getattr(d, "platform", "") == "cpu" for d in jax.local_devices()):
+        self.cpu_device = any(getattr(d, "platform", "") == "cpu" for d in jax.local_devices())
+        if not self.cpu_device and self.numpy_hooks == "cpu":
             with _install_lock:
                 self._unwrap_numpy()
 
@@ -426,6 +499,9 @@ class HostSyncProbe:
             "sites": sites,
             "numpy_hooks": self.numpy_wrapped,
         }
+        uncounted = self.uncounted()
+        if uncounted:
+            record["uncounted"] = uncounted
         if not self.started:
             record["reason"] = self.reason or "not started"
         return record

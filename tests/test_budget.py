@@ -400,3 +400,18 @@ def test_a_failing_program_keeps_its_exit_status_and_traceback(child_env, tmp_pa
     assert run.stderr.rstrip().endswith(b"RuntimeError: the program's own failure")
     data = json.loads(report.read_text())  # the JSON report is still written
     assert data["program_failed"] is True and data["exceeded"] == ["h2d"]
+
+
+def test_a_lower_bound_over_the_limit_is_exceeded_and_under_it_is_not_a_pass():
+    from jaxtop.budgets.report import Measured, check
+    from jaxtop.budgets.spec import parse_spec
+
+    budget = parse_spec("host_syncs=2")
+    over = check(budget, {"host_syncs": Measured(value=3.0, note="some reads unseen", lower_bound=True)})
+    assert over.results[0].status == "exceeded" and not over.ok
+    under = check(budget, {"host_syncs": Measured(value=1.0, note="some reads unseen", lower_bound=True)})
+    assert under.results[0].status == "n/a" and under.unchecked
+    assert "host_syncs  n/a: at least 1, some reads unseen" in under.text()
+    assert under.to_json()["limits"][0]["lower_bound"] is True
+    exact = check(budget, {"host_syncs": Measured(value=1.0)})
+    assert exact.results[0].status == "ok"

@@ -187,3 +187,22 @@ def test_holders_screen_snapshot(snap_compare, utc):
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
+def test_reads_the_agent_cannot_see_are_said_under_the_syncs_at_any_width():
+    records = stream(n=6)
+    note = ("np.asarray/np.array of CPU arrays not counted: numpy reads them in C "
+            "(JAXTOP_NUMPY_HOOKS=1 counts them, at ~120 ns on every numpy call)")
+    for rec in records:
+        if "host_syncs" in rec:
+            rec["host_syncs"] = dict(rec["host_syncs"], numpy_hooks=False, uncounted=note)
+    view = fold_records(records)
+    assert view.syncs_uncounted == note
+    assert "np.asarray/np.array of CPU arrays not counted" in render(HoldersReport(view), 200).replace("\n", " ")
+    for width in (60, 80):
+        assert "np.asarray/np.array of CPU" in render_holders(view, width)
+    # A recording whose note is not text shows none (and does not fail).
+    for rec in records:
+        if "host_syncs" in rec:
+            rec["host_syncs"]["uncounted"] = 10 ** 400
+    assert fold_records(records).syncs_uncounted is None

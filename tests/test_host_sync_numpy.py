@@ -75,13 +75,13 @@ def test_a_jax_array_with_more_arguments_is_one_read_of_its_kind(probe_class):
     assert counts == {line + 1: {"asarray": 1}, line + 2: {"array": 1}}
 
 
-@pytest.mark.parametrize("value, wrapped", [("0", False), ("off", False), ("1", True), ("on", True), ("", True)])
+@pytest.mark.parametrize("value, wrapped", [("0", False), ("off", False), ("1", True), ("on", True), ("", False)])
 def test_jaxtop_numpy_hooks_in_the_environment_decides_auto(probe_class, monkeypatch, value, wrapped):
     import numpy as np
 
     monkeypatch.setenv("JAXTOP_NUMPY_HOOKS", value)
     original = np.asarray
-    probe = probe_class()  # "auto": on this CPU backend, wrapped unless the environment says otherwise
+    probe = probe_class()  # "auto": numpy untouched unless the environment asks for its wrappers
     probe.start()
     try:
         assert probe.started and probe.numpy_wrapped is wrapped
@@ -90,6 +90,58 @@ def test_jaxtop_numpy_hooks_in_the_environment_decides_auto(probe_class, monkeyp
     finally:
         probe.stop()
     assert np.asarray is original
+
+
+def test_by_default_numpy_is_untouched_item_is_counted_and_the_gap_is_said(probe_class):
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxtop.probes.host_sync import array_class_state
+
+    before = array_class_state()
+    probe = probe_class()
+    probe.start()
+    try:
+        assert not probe.numpy_wrapped and np.asarray is before["numpy"]["asarray"]
+        x = jnp.arange(3.0)
+        line = sys._getframe().f_lineno
+        np.asarray(x)  # numpy reads the CPU buffer in C: no jax hook sees it
+        x[1].item()  # jax's Python: counted without numpy's wrappers
+        float(x[2])
+        counts = {k[1]: v for k, v in probe.counts().items() if k[0] == __file__}
+        probe.sample()  # the backend is up: the probe learns it has a CPU device
+        snap = probe.snapshot()
+    finally:
+        probe.stop()
+    assert counts == {line + 2: {"item": 1}, line + 3: {"float": 1}}
+    assert "np.asarray/np.array of CPU arrays not counted" in snap["uncounted"]
+    assert "JAXTOP_NUMPY_HOOKS=1" in snap["uncounted"]
+    after = array_class_state()
+    assert all(after[k][n] is v for k in before for n, v in before[k].items())
+
+
+def test_a_budget_turns_the_wrappers_on_unless_the_environment_refuses(probe_class, monkeypatch):
+    import jax.numpy as jnp
+    import numpy as np
+
+    probe = probe_class()
+    probe.start()
+    try:
+        assert probe.count_numpy_reads() and probe.numpy_wrapped
+        np.asarray(jnp.ones(2))
+        assert probe.total == 1 and "uncounted" not in probe.snapshot()
+    finally:
+        probe.stop()
+    monkeypatch.setenv("JAXTOP_NUMPY_HOOKS", "0")
+    original = np.asarray
+    probe = probe_class()
+    probe.start()
+    try:
+        assert probe.count_numpy_reads() is False and np.asarray is original
+        probe.sample()
+        assert "(JAXTOP_NUMPY_HOOKS=0)" in probe.snapshot()["uncounted"]
+    finally:
+        probe.stop()
 
 
 def _fork_while_held(lock, child) -> int:

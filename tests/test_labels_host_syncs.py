@@ -134,7 +134,7 @@ def host_sync(jax_cpu):
     from jaxtop.probes.host_sync import HostSyncProbe, array_class_state
 
     before = array_class_state()
-    probe = HostSyncProbe()
+    probe = HostSyncProbe(numpy_hooks=True)  # numpy's wrappers too (off by default: they cost every numpy call)
     probe.start()
     yield probe
     probe.stop()
@@ -191,6 +191,8 @@ def test_host_sync_leaves_results_and_exceptions_alone(host_sync):
         str(x)
     with pytest.raises(TypeError):
         np.asarray()
+    with pytest.raises(ValueError):
+        jnp.ones(2).item()
     assert np.asarray([1, 2], dtype=np.int8).dtype == np.int8 and np.array(object=[3]).tolist() == [3]
     assert here_counts(host_sync) == {}  # failed reads are not counted
 

@@ -274,6 +274,8 @@ class HoldersReport:
             kinds = sorted(view.syncs_by_kind.items(), key=lambda kv: (-kv[1], kv[0]))
             title.append("  (" + ", ".join(f"{k} {v:,}" for k, v in kinds) + ")", style="dim")
         yield title
+        if view.syncs_uncounted:
+            yield Text(f"  {view.syncs_uncounted}", style="dim yellow")
         if not view.syncs:
             return
         wide = width >= 100

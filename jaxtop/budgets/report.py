@@ -69,6 +69,9 @@ class Measured:
             buffers).
         data: the same, as JSON-ready data.
         note: a caveat on the value (a lower bound, say).
+        lower_bound: ``value`` may be below the truth (some events could not
+            be seen): above a limit it is exceeded, at or under it the limit
+            is not checked.
     """
 
     value: float | None = None
@@ -78,6 +81,7 @@ class Measured:
     detail: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
     note: str | None = None
+    lower_bound: bool = False
 
 
 def not_measured(reason: str = NOT_MEASURED) -> Measured:
@@ -177,6 +181,7 @@ class Report:
                 "at_most": _json_number(r.limit.kind, m.at_most),
                 "na": m.na,
                 "note": m.note,
+                "lower_bound": m.lower_bound,
                 "first_exceeded_s": m.first_exceeded_s,
                 "detail": m.data,
             })
@@ -223,8 +228,15 @@ def check(budget: Budget, measured: Mapping[str, Measured], window: dict[str, An
     results = []
     for limit in budget.limits:
         m = measured.get(limit.name) or not_measured()
-        if m.value is not None:
-            status = "exceeded" if m.value > limit.value else "ok"
+        if m.value is not None and m.value > limit.value:
+            status = "exceeded"
+        elif m.value is not None and m.lower_bound:
+            # Under the limit but counted in part: the truth may be over it.
+            if m.na is None:
+                m.na = f"at least {fmt_value(limit.kind, m.value)}, {m.note or 'a lower bound'}"
+            status = "n/a"
+        elif m.value is not None:
+            status = "ok"
         elif m.at_most is not None and m.at_most <= limit.value:
             status = "ok"
         else:

@@ -42,8 +42,9 @@ environment:
   JAXTOP_MAX_CLIENTS         connections an agent serves at once (default 64)
   JAXTOP_CLIENT_BUFFER_BYTES bytes an agent queues per slow client before dropping samples (default 16 MiB)
   JAXTOP_FD_RESERVE          file descriptors an agent always leaves to the program (default 128)
-  JAXTOP_NUMPY_HOOKS         0: do not wrap np.array/np.asarray (CPU host reads through numpy go uncounted);
-                             1: wrap them (default: wrapped while a CPU device exists, ~120 ns a call)"""
+  JAXTOP_NUMPY_HOOKS         1: wrap np.array/np.asarray to count a CPU program's host reads through them
+                             (~120 ns on every numpy call); default: not wrapped unless a host_syncs budget
+                             asks (those reads go uncounted, and the screen says so); 0: never wrap"""
 
 # Shown by `jaxtop --help`.
 EXAMPLES_HELP = """\

@@ -111,6 +111,7 @@ class HoldersView:
     syncs_sites_total: int = 0
     syncs_available: bool | None = None  # None: the agent sends no host_syncs
     syncs_reason: str | None = None
+    syncs_uncounted: str | None = None  # reads the agent cannot see (numpy's of CPU arrays)
     syncs_t: float | None = None
     last_t: float | None = None  # the latest sample of the process
 
@@ -348,6 +349,7 @@ class HoldersFold:
             syncs_sites_total=_int(sync_rec.get("sites_total"), len(syncs)),
             syncs_available=bool(sync_rec.get("available")) if self._syncs is not None else None,
             syncs_reason=sync_rec.get("reason") if self._syncs is not None else None,
+            syncs_uncounted=sync_rec["uncounted"] if isinstance(sync_rec.get("uncounted"), str) else None,
             syncs_t=_num(sync_rec.get("t")),
             last_t=self._last_t,
         )

@@ -14,8 +14,8 @@ from jaxtop.probes.host_sync import HostSyncProbe, array_class_state
 p = argparse.ArgumentParser()
 p.add_argument("--log", default=None)
 p.add_argument("--no-probe", action="store_true")
-p.add_argument("--numpy-hooks", choices=("auto", "off"), default="auto",
-               help="off: only the _value hook, as on a GPU (where numpy always falls back to __array__)")
+p.add_argument("--numpy-hooks", choices=("on", "auto"), default="on",
+               help="auto: the default, numpy untouched (the _value and item hooks only)")
 args = p.parse_args()
 
 h = jaxtop.instrument(interval_s=0.05, log_path=args.log) if args.log else None
@@ -38,7 +38,7 @@ if h is not None:
 before = array_class_state()
 probe = None
 if not args.no_probe:
-    probe = HostSyncProbe(numpy_hooks="auto" if args.numpy_hooks == "auto" else False)
+    probe = HostSyncProbe(numpy_hooks="auto" if args.numpy_hooks == "auto" else True)
     if h is not None:
         probe.install(h.agent)
     probe.start()
