@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -259,7 +260,7 @@ class HoldersReport:
                        "them (an NNX module or optimizer is followed)", style="yellow")
 
     # -- host syncs -----------------------------------------------------------------------
-    def _syncs(self, view: HoldersView, width: int) -> Iterable[Text | Table]:
+    def _syncs(self, view: HoldersView, width: int) -> Iterable[Text | Table | Padding]:
         title = Text("Host syncs", style="bold underline")
         if view.syncs_available is None:
             title.append("  not reported by this agent", style="dim")
@@ -275,7 +276,7 @@ class HoldersReport:
             title.append("  (" + ", ".join(f"{k} {v:,}" for k, v in kinds) + ")", style="dim")
         yield title
         if view.syncs_uncounted:
-            yield Text(f"  {view.syncs_uncounted}", style="dim yellow")
+            yield Padding(Text(view.syncs_uncounted, style="dim yellow"), (0, 0, 0, 2))
         if not view.syncs:
             return
         wide = width >= 100
