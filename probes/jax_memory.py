@@ -164,6 +164,44 @@ _OUTPUT_FRAMES = frozenset({"ExecuteReplicated.__call__", "apply_primitive"})
 _JAX_DIR = os.sep + "jax" + os.sep
 _MISSING = object()
 
+#: The first jaxlib whose executables' outputs answer ``unsafe_buffer_pointer()``
+#: with themselves. Before it they answer through ``_arrays``, which makes
+#: (and caches on the array) a new single-device Array, one more in the
+#: program's ``jax.live_arrays()`` for each array asked (measured: jaxlib
+#: 0.4.30, 0.4.36, 0.6.2, 0.7.1, 0.8.1, 0.9.1 and 0.10.0 add one per asked jit
+#: or eager output; 0.10.1 and 0.10.2 none). The per-shard Arrays a host read
+#: makes answer with themselves on all of them: those are still asked.
+ASKS_WITHOUT_ARRAYS = (0, 10, 1)
+_asks_safely: bool | None = None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``"0.10.1rc1"`` -> ``(0, 10, 1)``: the leading numbers, up to the first
+    part that is not one."""
+    out = []
+    for part in text.split("."):
+        n = len(part) - len(part.lstrip("0123456789"))
+        if not n:
+            break
+        out.append(int(part[:min(n, 9)]))
+        if n != len(part):
+            break
+    return tuple(out)
+
+
+def addresses_askable() -> bool:
+    """Whether this jaxlib can tell an executable output's address without
+    adding an Array to the program's ``jax.live_arrays()`` (read once)."""
+    global _asks_safely
+    if _asks_safely is None:
+        try:
+            import jaxlib.version
+
+            _asks_safely = _version(jaxlib.version.__version__) >= ASKS_WITHOUT_ARRAYS
+        except Exception:
+            _asks_safely = False  # unknown: never risk the program's view
+    return _asks_safely
+
 
 def executable_output(arr: Any) -> bool:
     """True when ``arr`` is known to be an executable's output, whose buffer
@@ -198,6 +236,8 @@ def executable_output(arr: Any) -> bool:
         top = codes[0]
     except Exception:
         return False
+    if not addresses_askable():
+        return False
     if _JAX_DIR not in top.co_filename:
         return True
     return getattr(top, "co_qualname", top.co_name) in _OUTPUT_FRAMES
@@ -207,7 +247,8 @@ def ready_address(arr: Any, shard: bool = False) -> int | None:
     """The buffer's device address; None: still being computed, deleted, or
     no safe way to ask (see above); :data:`FAILED`: its computation failed;
     :data:`UNASKED`: ready, but asking would add an Array to the program's
-    ``jax.live_arrays()`` (:func:`executable_output`).
+    ``jax.live_arrays()`` (:func:`executable_output`; before jaxlib 0.10.1
+    every array but the per-shard ones, :func:`addresses_askable`).
 
     ``shard``: the caller knows ``arr`` for one of the single-device Arrays
     jaxlib made on another array's buffer (they answer with themselves).

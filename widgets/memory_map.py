@@ -57,9 +57,9 @@ class MemoryMap(Sized):
             ``not_ready`` (still being computed), ``last_address`` (being
             computed again: drawn at the address last seen), ``sharded``
             (shards of multi-device arrays), ``no_address`` (arrays jax
-            assembled in Python, e.g. ``device_put`` of host data: asking
-            their address would add an Array to the program's
-            ``jax.live_arrays()``).
+            assembled in Python, e.g. ``device_put`` of host data, and
+            before jaxlib 0.10.1 every array: asking their address would
+            add an Array to the program's ``jax.live_arrays()``).
         complete: False when ``buffers`` lists only the largest ones.
         caption_lines: lines the caption may use (1 or 2): with 2, why some
             buffers are not placed gets a line of its own.
@@ -108,8 +108,9 @@ class MemoryMap(Sized):
             parts.append(f"{n} shard{s} unplaced" if short else f"{n} shard{s} of sharded arrays have no address")
         if u.get("no_address"):
             n, s = fmt_count(u["no_address"]), plural_s(u["no_address"])
-            parts.append(f"{n} put unplaced" if short else
-                         f"{n} device_put buffer{s} unplaced (asking would add arrays to the program's live_arrays)")
+            parts.append(f"{n} unasked" if short else
+                         f"{n} buffer{s} unplaced: asking would add arrays to the program's live_arrays "
+                         "(device_put buffers; all before jaxlib 0.10.1)")
         if self._unexplained():
             n = fmt_count(self._unexplained())
             parts.append(f"{n} unplaced" if short else f"{n} without an address")

@@ -18,7 +18,7 @@ from conftest import PY
 RACE = textwrap.dedent("""
     import sys, threading, time
     import jax, jax.numpy as jnp
-    from jaxtop.probes.jax_memory import JaxMemoryProbe
+    from jaxtop.probes.jax_memory import JaxMemoryProbe, addresses_askable
     probe = JaxMemoryProbe()
     stop = False
     scans = 0
@@ -47,7 +47,7 @@ RACE = textwrap.dedent("""
     # inside jaxlib (GIL released) when the interpreter finalizes is ended
     # by a forced unwind through C++ ("FATAL: exception not rethrown", SIGABRT).
     scanning.join()
-    print(deleted, scans, mapped)
+    print(deleted, scans, mapped, int(addresses_askable()))
 """)
 
 
@@ -59,8 +59,10 @@ def _run(code, *args, env=None, timeout=120):
 def test_scanning_while_the_program_deletes_arrays_does_not_crash_it(child_env):
     res = _run(RACE, 6, env=child_env)
     assert res.returncode == 0, (res.returncode, res.stderr.decode()[-2000:])  # -11 before the guard
-    deleted, scans, mapped = map(int, res.stdout.split())
-    assert deleted > 1000 and scans > 50 and mapped > 0  # both sides really ran, and addresses were read
+    deleted, scans, mapped, askable = map(int, res.stdout.split())
+    assert deleted > 1000 and scans > 50  # both sides really ran
+    # and addresses were read, where jaxlib tells them without side effects (0.10.1 on)
+    assert mapped > 0 if askable else mapped == 0
 
 
 def test_a_deleted_array_has_no_address_and_delete_is_given_back(child_env):
@@ -72,7 +74,8 @@ def test_a_deleted_array_has_no_address_and_delete_is_given_back(child_env):
         probe = jm.JaxMemoryProbe()
         assert ArrayImpl.delete is not original and ArrayImpl.delete.__wrapped__ is original
         a = (jnp.ones(1000) + 1).block_until_ready()
-        assert jm.ready_address(a) == a.unsafe_buffer_pointer()
+        asked = jm.ready_address(a)  # before jaxlib 0.10.1 asking would add an Array: not asked
+        assert asked == (a.unsafe_buffer_pointer() if jm.addresses_askable() else jm.UNASKED)
         a.delete()
         assert a.is_deleted() and jm.ready_address(a) is None  # is_ready() here would segfault
         probe.close()
