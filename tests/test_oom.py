@@ -311,23 +311,37 @@ def test_arrays_grouped_once_per_buffer_and_sites_at_the_users_line():
     import jax.numpy as jnp
     from jaxtop.probes.oom import allocation_sites
 
+    from jaxtop.probes.jax_memory import addresses_askable
+
     held = _make_for_sites(jnp)
     jax.block_until_ready(held)
     # A second Array object on the same buffer: listed twice by jax, counted once.
     alias = jax.device_put(held[0], held[0].sharding)
-    assert alias is not held[0] and alias.unsafe_buffer_pointer() == held[0].unsafe_buffer_pointer()
+    put_line = sys._getframe().f_lineno - 1
+    assert alias is not held[0]
     live = [a for a in jax.live_arrays() if a.shape == (1024,) and a.dtype == jnp.int32]
     groups = group_live_arrays(live)
-    assert groups["aliases"] == len(live) - 3 >= 1
-    assert groups["groups"] == [{"shape": [1024], "dtype": "int32", "placement": "cpu:0", "count": 3,
-                                 "bytes": 3 * 4096, "bytes_each": 4096}]
+    if addresses_askable():
+        assert alias.unsafe_buffer_pointer() == held[0].unsafe_buffer_pointer()
+        assert groups["aliases"] == len(live) - 3 >= 1
+        assert groups["groups"] == [{"shape": [1024], "dtype": "int32", "placement": "cpu:0", "count": 3,
+                                     "bytes": 3 * 4096, "bytes_each": 4096}]
+    else:
+        # Before jaxlib 0.10.1 only a new Array would tell the addresses: the
+        # census asks none, and an alias made by device_put counts apart.
+        assert len(live) == 4 and groups["aliases"] == 0
+        assert groups["groups"][0]["count"] == 4
     sites = allocation_sites(jax.profiler.device_memory_profile(), top=1000)
     line = marker_line(Path(__file__), "SITES_LINE")
     site = next(s for s in sites["top"] if s["file"] == __file__ and s["line"] == line)
     # Named as every probe names it (jaxtop.probes.frames): after the function
     # the comprehension is written in, and, before Python 3.12, as one.
     assert site["site"] == f"test_oom.py:{line} in _make_for_sites{LISTCOMP}"
-    assert site["count"] == 3 and site["bytes"] == 3 * 4096 and site["user"]
+    # jax 0.4.30's profile names a shared buffer by its newest Array (the
+    # device_put line) where 0.10.2's names its first: the buffers here
+    # number 3 either way.
+    at_put_line = sum(s["count"] for s in sites["top"] if s["file"] == __file__ and s["line"] == put_line)
+    assert site["count"] + at_put_line == 3 and site["count"] * 4096 == site["bytes"] and site["user"]
     del alias, held, live
 
 
@@ -475,7 +489,7 @@ def test_jax_error_is_seen_when_made_even_if_caught(tmp_path, monkeypatch):
     import jax
 
     monkeypatch.setattr(oom.monitor, "MIN_INTERVAL_S", 0.0)
-    cls = jax.errors.JaxRuntimeError
+    cls = getattr(jax.errors, "JaxRuntimeError", None) or jax.lib.xla_client.XlaRuntimeError  # its name before jax 0.4.3x
     before = cls.__dict__.get("__init__")
     monitor = oom.install(None, directory=str(tmp_path), note=False)
     assert monitor._patched

@@ -70,7 +70,7 @@ def main():
     if os.environ.get("OOM_TARGET_CATCH"):
         try:
             big = jnp.ones((512 * MiB,), jnp.float32)  # CAUGHT_OOM_LINE: 2 GiB
-        except jax.errors.JaxRuntimeError as exc:
+        except (getattr(jax.errors, "JaxRuntimeError", None) or jax.lib.xla_client.XlaRuntimeError) as exc:
             print("caught:", str(exc).splitlines()[0], flush=True)
         small = jnp.ones((4,)) * 2
         print("went on:", float(small.sum()), len(cache), len(buffers), flush=True)
