@@ -83,7 +83,13 @@ def test_in_use_asterisk_and_map_glyphs_are_explained_at_any_height():
 
 def test_memory_map_says_why_device_put_buffers_are_unplaced():
     (_, caption) = render(MemoryMap(SEVEN, rows=1, count=10, total_hint=15 * MiB, unmapped={"no_address": 3}), 160)
-    assert "3 buffers unplaced: asking would add arrays to the program's live_arrays" in caption
-    assert "device_put buffers; all before jaxlib 0.10.1" in caption
+    assert "3 buffers not asked (asking adds arrays to the program's live_arrays)" in caption
+    (_, short) = render(MemoryMap(SEVEN, rows=1, count=10, total_hint=15 * MiB, unmapped={"no_address": 3}), 60)
+    assert "3 not asked" in short
+
+    from jaxtop.dashboard.app import HELP_NOTES
+
+    assert "(device_put buffers; every buffer before jaxlib 0.10.1)" in HELP_NOTES.replace("\n", " ")
+    assert '"not asked": buffers whose address only a new Array would tell' in HELP_NOTES
     assert "without an address" not in caption  # all 10 accounted for: 7 placed, 3 explained
 

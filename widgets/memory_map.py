@@ -108,9 +108,8 @@ class MemoryMap(Sized):
             parts.append(f"{n} shard{s} unplaced" if short else f"{n} shard{s} of sharded arrays have no address")
         if u.get("no_address"):
             n, s = fmt_count(u["no_address"]), plural_s(u["no_address"])
-            parts.append(f"{n} unasked" if short else
-                         f"{n} buffer{s} unplaced: asking would add arrays to the program's live_arrays "
-                         "(device_put buffers; all before jaxlib 0.10.1)")
+            parts.append(f"{n} not asked" if short else
+                         f"{n} buffer{s} not asked (asking adds arrays to the program's live_arrays)")
         if self._unexplained():
             n = fmt_count(self._unexplained())
             parts.append(f"{n} unplaced" if short else f"{n} without an address")

@@ -59,7 +59,9 @@ HELP_NOTES = (
     "come from jax.live_arrays(), and \"in use*\" says so (the * means: counted from live arrays).\n"
     "Memory map: live buffers in address order, one cell per slice of the address range: "
     "█ used, ▓ two thirds or more used, ▒ a third or more, ░ some, · free (a hole), ≈ a long gap left out. "
-    "Holes are read only between buffers of 64 KiB or more (smaller ones sit among other heap data).\n"
+    "Holes are read only between buffers of 64 KiB or more (smaller ones sit among other heap data). "
+    "\"not asked\": buffers whose address only a new Array would tell, one the program would see in "
+    "jax.live_arrays() (device_put buffers; every buffer before jaxlib 0.10.1): counted, not placed.\n"
     "Transfer bytes are a lower bound (cached jit calls log no shapes). "
     "n/a always comes with the reason.\n"
 )
