@@ -371,13 +371,13 @@ class HostSyncProbe:
         record = self._record
 
         @functools.wraps(original)
-        def item(arr: Any, *args: Any) -> Any:
+        def item(arr: Any, *args: Any, **kwargs: Any) -> Any:
             fresh = getattr(arr, "_npy_value", None) is None
             if not fresh or getattr(tls, "busy", False):
-                return original(arr, *args)
+                return original(arr, *args, **kwargs)
             tls.busy = True
             try:
-                value = original(arr, *args)
+                value = original(arr, *args, **kwargs)
             finally:
                 tls.busy = False
             record(sys._getframe(1), "item")

@@ -145,6 +145,13 @@ def host_sync(jax_cpu):
             assert after[group][name] is value, (group, name)
 
 
+def outcome(fn):
+    try:
+        return ("returned", fn())
+    except Exception as exc:
+        return ("raised", type(exc), str(exc))
+
+
 def here_counts(probe):
     return {k[1]: v for k, v in probe.counts().items() if k[0] == __file__}
 
@@ -193,6 +200,10 @@ def test_host_sync_leaves_results_and_exceptions_alone(host_sync):
         np.asarray()
     with pytest.raises(ValueError):
         jnp.ones(2).item()
+    host_sync.stop()
+    plain = [outcome(lambda: jnp.ones(2).item(foo=1)), outcome(lambda: jnp.arange(3).item(5))]
+    host_sync.start()
+    assert [outcome(lambda: jnp.ones(2).item(foo=1)), outcome(lambda: jnp.arange(3).item(5))] == plain
     assert np.asarray([1, 2], dtype=np.int8).dtype == np.int8 and np.array(object=[3]).tolist() == [3]
     assert here_counts(host_sync) == {}  # failed reads are not counted
 
