@@ -348,47 +348,35 @@ class HostSyncProbe:
     # -- the hooks (user threads) ---------------------------------------------------
     def _value_hook(self, fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
         tls = self._tls
-        record = self._record
+        read = self._counted_read
 
         def _value(arr: Any) -> Any:
             # Decided before the read: the read itself fills the cache.
             fresh = getattr(arr, "_npy_value", None) is None
             if not fresh or getattr(tls, "busy", False):
                 return fget(arr)
-            tls.busy = True
-            try:
-                value = fget(arr)
-            finally:
-                tls.busy = False
-            record(sys._getframe(1), None)
-            return value
+            return read(sys._getframe(1), None, fget, arr)
 
         HOOK_CODES.add(_value.__code__)  # hidden from the program's tracebacks (frames.without_hooks)
         return _value
 
     def _item_hook(self, original: Callable[..., Any]) -> Callable[..., Any]:
         tls = self._tls
-        record = self._record
+        read = self._counted_read
 
         @functools.wraps(original)
         def item(arr: Any, *args: Any, **kwargs: Any) -> Any:
             fresh = getattr(arr, "_npy_value", None) is None
             if not fresh or getattr(tls, "busy", False):
                 return original(arr, *args, **kwargs)
-            tls.busy = True
-            try:
-                value = original(arr, *args, **kwargs)
-            finally:
-                tls.busy = False
-            record(sys._getframe(1), "item")
-            return value
+            return read(sys._getframe(1), "item", original, arr, *args, **kwargs)
 
         HOOK_CODES.add(item.__code__)
         return item
 
     def _numpy_hook(self, original: Callable[..., Any], kind: str) -> Callable[..., Any]:
         tls = self._tls
-        record = self._record
+        read = self._counted_read
         impl = self._impl
         missing = _MISSING
 
@@ -410,15 +398,22 @@ class HostSyncProbe:
             # Only an Array passed first, positionally, is a read to count.
             if getattr(tls, "busy", False) or getattr(arr, "_npy_value", None) is not None:
                 return original(arr, *args, **kwargs)
-            tls.busy = True
-            try:
-                value = original(arr, *args, **kwargs)
-            finally:
-                tls.busy = False
-            record(sys._getframe(1), kind)
-            return value
+            return read(sys._getframe(1), kind, original, arr, *args, **kwargs)
 
         return wrapper
+
+    def _counted_read(self, frame: Any, kind: str | None, read: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``read(*args, **kwargs)``, counted once at ``frame`` when it returns:
+        the hooks it passes through meanwhile (``np.asarray`` -> ``__array__``
+        -> ``_value``) count nothing."""
+        tls = self._tls
+        tls.busy = True
+        try:
+            value = read(*args, **kwargs)
+        finally:
+            tls.busy = False
+        self._record(frame, kind)
+        return value
 
     def _record(self, frame: Any, kind: str | None) -> None:
         """One read: find the user's frame (one walk), count it. Never raises."""
@@ -519,3 +514,7 @@ class HostSyncProbe:
             return None
         self._sent_version, self._sent_t = self._version, now
         return self.snapshot()
+
+
+# A read's exception passes through this frame too: hidden from the program's tracebacks.
+HOOK_CODES.add(HostSyncProbe._counted_read.__code__)

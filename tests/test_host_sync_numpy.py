@@ -198,3 +198,30 @@ def test_a_forked_child_starts_a_probe_although_another_thread_held_the_install_
         p.stop()
 
     assert _fork_while_held(host_sync._install_lock, start_and_stop) == 0
+
+
+FAILING_READS = """\
+import sys
+import jax.numpy as jnp
+x = jnp.arange(3.0)
+try:
+    float(x)  # more than one element
+except TypeError:
+    sys.excepthook(*sys.exc_info())
+x.item()  # the same, through jax's item(): the program's own traceback ends it
+"""
+
+
+def test_a_failing_read_prints_the_traceback_it_prints_without_jaxtop(child_env, tmp_path):
+    import subprocess
+
+    from conftest import PY
+
+    script = tmp_path / "failing_reads.py"
+    script.write_text(FAILING_READS)
+    plain = subprocess.run([PY, str(script)], env=child_env, capture_output=True, text=True, timeout=120)
+    under = subprocess.run([PY, "-m", "jaxtop", "run", str(script)], env=child_env, capture_output=True, text=True,
+                           timeout=120)
+    assert plain.returncode == under.returncode == 1
+    assert "can only convert an array of size 1" in plain.stderr and "jaxtop" not in plain.stderr
+    assert under.stderr == plain.stderr
