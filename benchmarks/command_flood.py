@@ -47,7 +47,8 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attack import task_cpu_s  # noqa: E402  (one /proc reader for both benchmarks)
+import attack  # noqa: E402  (one flood and one /proc reader for both benchmarks)
+from attack import task_cpu_s  # noqa: E402
 import time
 
 COMMANDS = ("jit_ledger", "holders_mark", "holders_profile", "memory_profile", "ping", "unknown")
@@ -136,35 +137,14 @@ def request_line(command: str, profile_dir: str) -> bytes:
     return json.dumps({"type": "command", "name": command, "id": 1, "args": args}).encode() + b"\n"
 
 
-class Flood:
+class Flood(attack.Flood):
     """Connections that send one request line as fast as the agent reads
-    them, and read (and sort) every reply."""
+    them (``attack.Flood``'s), and read and sort every reply."""
 
     def __init__(self, line: bytes, conns: int) -> None:
+        super().__init__(line, conns)
         self.chunk = line * max(1, 8192 // len(line))
-        self.conns = conns
-        self.socks: list[socket.socket] = []
-        self.threads: list[threading.Thread] = []
-        self.stop_flag = False
         self.counts = {"ok": 0, "rate_limited": 0, "other_error": 0}
-        self.lock = threading.Lock()
-
-    def start(self, path: str) -> None:
-        for _ in range(self.conns):
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(path)
-            self.socks.append(s)
-            self.threads.append(threading.Thread(target=self._send, args=(s,), daemon=True))
-            self.threads.append(threading.Thread(target=self._recv, args=(s,), daemon=True))
-        for t in self.threads:
-            t.start()
-
-    def _send(self, s: socket.socket) -> None:
-        while not self.stop_flag:
-            try:
-                s.sendall(self.chunk)  # whole lines; blocks while the agent is not reading
-            except OSError:
-                return
 
     def _recv(self, s: socket.socket) -> None:
         buf = b""
@@ -186,18 +166,6 @@ class Flood:
                 with self.lock:
                     self.counts[key] += 1
 
-    def stop(self) -> None:
-        self.stop_flag = True
-        for s in self.socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for t in self.threads:
-            t.join(timeout=5)
-        for s in self.socks:
-            s.close()
-
 
 def flood_command(command: str, target: Child, control: Child, args: argparse.Namespace, profile_dir: str) -> dict:
     ratios, agent_cpu = [], []
@@ -208,7 +176,7 @@ def flood_command(command: str, target: Child, control: Child, args: argparse.Na
         t1 = time.monotonic()
         quiet = target.rate(t0, t1) / control.rate(t0, t1)
         flood = Flood(request_line(command, profile_dir), args.clients)
-        flood.start(target.socket_path)
+        flood.start(target)
         t2 = time.monotonic()
         cpu0 = target.agent_cpu_s(), control.agent_cpu_s()
         time.sleep(args.window)
