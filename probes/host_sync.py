@@ -34,9 +34,10 @@ buffer slot through ctypes would see them at no cost to other data, but a
 ctypes callback cannot hand jaxlib's refusal on: ``memoryview`` of a deleted,
 bfloat16 or sharded array would raise SystemError instead of BufferError).
 
-So by default a CPU program's ``np.asarray(x)``, ``np.array(x)`` and
-``x.item()`` go uncounted, and the record says so (``uncounted``), on the
-screen too. ``JAXTOP_NUMPY_HOOKS=1`` wraps numpy (while the program has a CPU
+So by default a CPU program's ``np.asarray(x)`` and ``np.array(x)`` go
+uncounted, and the record says so (``uncounted``), on the screen too;
+``x.item()`` is counted all the same, by a wrapper on jax's own
+``ArrayImpl.item`` (Python, so it costs no other code anything). ``JAXTOP_NUMPY_HOOKS=1`` wraps numpy (while the program has a CPU
 device; on GPU and TPU every read reaches ``_value`` anyway), and a budget
 that names ``host_syncs`` turns the wrappers on for the program it measures
 (:meth:`HostSyncProbe.count_numpy_reads`): there an uncounted read would pass
