@@ -270,7 +270,7 @@ class JitLedgerProbe(LedgerTables):
             return
         try:
             # jax names the compiled function in its compile events from 0.6.2.
-            self._names_expected = tuple(int(p) for p in jax.__version__.split(".")[:3]) >= (0, 6, 2)
+            self._names_expected = jaxstate.version_tuple(jax.__version__) >= (0, 6, 2)
         except Exception:
             self._names_expected = False
         self.active = True

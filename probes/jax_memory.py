@@ -13,6 +13,7 @@ import threading
 from typing import Any, Iterable
 
 from jaxtop.probes.jaxstate import backend_ready  # noqa: F401  (the agent asks it from here)
+from jaxtop.probes.jaxstate import version_tuple
 from jaxtop.probes.live_arrays import LiveArrays, detail_of
 
 
@@ -175,20 +176,6 @@ ASKS_WITHOUT_ARRAYS = (0, 10, 1)
 _asks_safely: bool | None = None
 
 
-def _version(text: str) -> tuple[int, ...]:
-    """``"0.10.1rc1"`` -> ``(0, 10, 1)``: the leading numbers, up to the first
-    part that is not one."""
-    out = []
-    for part in text.split("."):
-        n = len(part) - len(part.lstrip("0123456789"))
-        if not n:
-            break
-        out.append(int(part[:min(n, 9)]))
-        if n != len(part):
-            break
-    return tuple(out)
-
-
 def addresses_askable() -> bool:
     """Whether this jaxlib can tell an executable output's address without
     adding an Array to the program's ``jax.live_arrays()`` (read once)."""
@@ -197,7 +184,7 @@ def addresses_askable() -> bool:
         try:
             import jaxlib.version
 
-            _asks_safely = _version(jaxlib.version.__version__) >= ASKS_WITHOUT_ARRAYS
+            _asks_safely = version_tuple(jaxlib.version.__version__) >= ASKS_WITHOUT_ARRAYS
         except Exception:
             _asks_safely = False  # unknown: never risk the program's view
     return _asks_safely

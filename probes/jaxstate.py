@@ -14,7 +14,22 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["backend_initialised", "backend_ready", "clients", "distributed", "jax_imported"]
+__all__ = ["backend_initialised", "backend_ready", "clients", "distributed", "jax_imported", "version_tuple"]
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """``"0.10.1rc1"`` -> ``(0, 10, 1)``, ``"0.5.0.dev2025"`` -> ``(0, 5, 0)``:
+    the leading numbers of a version, up to the first part that is not one
+    (compare with tuples: ``>= (0, 6, 2)``)."""
+    out = []
+    for part in text.split("."):
+        n = len(part) - len(part.lstrip("0123456789"))
+        if not n:
+            break
+        out.append(int(part[:min(n, 9)]))
+        if n != len(part):
+            break
+    return tuple(out)
 
 
 def jax_imported() -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from jaxtop.probes.base import Tick
 from jaxtop.wire.protocol import DIRECTIONS, GUARD_DIRECTIONS as _DIRECTION_TEXT
 from jaxtop.probes.forksafe import ForkLock
+from jaxtop.probes.jaxstate import version_tuple
 # The log header before a message, in both forms jaxlib has written:
 # abseil's "W1202 18:34:30.919532    2146 guard_lib.cc:125] " (jaxlib 0.7 and
 # later) and TSL's "2026-12-03 19:09:21.852989: W external/xla/xla/python/
@@ -52,21 +53,13 @@ _TOP_SHAPES_KEPT = 1000
 TESTED_JAX = ("0.4.30", "0.10.2")
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for part in text.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 def untested_jax_reason(version: str | None) -> str | None:
     """Why counts from this jax are unverified, or None inside the tested
     range (patch releases of the newest tested minor count as tested)."""
     if not version:
         return None
-    low, high = (_version_tuple(v) for v in TESTED_JAX)
-    v = _version_tuple(version)
+    low, high = (version_tuple(v) for v in TESTED_JAX)
+    v = version_tuple(version)
     if v < low or v[:2] > high[:2]:
         return f"jax {version} is outside the versions jaxtop was tested with ({TESTED_JAX[0]} to {TESTED_JAX[1]})"
     return None

@@ -14,19 +14,20 @@ import pytest
 
 from jaxtop.probes import jax_memory as jm
 from jaxtop.probes.jax_memory import JaxMemoryProbe
+from jaxtop.probes.jaxstate import version_tuple
 
 
 @pytest.mark.parametrize("text, want", [("0.10.1", (0, 10, 1)), ("0.4.30", (0, 4, 30)), ("0.10.1rc1", (0, 10, 1)),
                                         ("0.5.0.dev20250101", (0, 5, 0)), ("junk", ())])
 def test_jaxlib_versions_read_for_the_address_rule(text, want):
-    assert jm._version(text) == want
-    assert (jm._version(text) >= jm.ASKS_WITHOUT_ARRAYS) is (want >= (0, 10, 1))
+    assert version_tuple(text) == want
+    assert (version_tuple(text) >= jm.ASKS_WITHOUT_ARRAYS) is (want >= (0, 10, 1))
 
 
 def test_addresses_are_asked_only_where_jaxlib_makes_no_array_for_it(jax_cpu):
     import jaxlib.version
 
-    assert jm.addresses_askable() is (jm._version(jaxlib.version.__version__) >= (0, 10, 1))
+    assert jm.addresses_askable() is (version_tuple(jaxlib.version.__version__) >= (0, 10, 1))
     a = (jax_cpu.numpy.ones(4) + 1).block_until_ready()  # an executable's output
     before = len(jax_cpu.live_arrays())
     probe = JaxMemoryProbe()
