@@ -16,6 +16,23 @@ TARGETS = Path(__file__).parent / "targets"
 PY = sys.executable
 
 
+def _jax_version() -> tuple[int, ...]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from jaxtop.probes.jaxstate import version_tuple
+
+    try:
+        return version_tuple(version("jax"))
+    except PackageNotFoundError:
+        return ()
+
+
+#: jax names the compiled function in its compile events from 0.6.2; before,
+#: jaxtop reports recompiles as n/a with that reason (tests expect either).
+NAMES_COMPILES = _jax_version() >= (0, 6, 2)
+RECOMPILES_NA = "recompiles  n/a: this jax does not name compiled functions"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _profiles_out_of_the_checkout(tmp_path_factory):
     """The agent and `jaxtop demo`'s profiling strategy write memory profiles
