@@ -127,36 +127,58 @@ def task_cpu_s(pid: int, tid: int) -> float:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-class Child:
-    """One training loop; its reports are read on a thread."""
+class LoopChild:
+    """A training loop in a child process, running ``program`` (it prints
+    ``ready SOCKET AGENT_TID``, then ``tick T ...`` lines, read on a thread
+    into :attr:`reports` by :meth:`_tick`)."""
 
-    def __init__(self, name: str, env: dict, interval_s: float, backfill_s: float, sleep_s: float) -> None:
+    program = ""
+
+    def __init__(self, cfg: dict, env: dict, name: str = "a child") -> None:
         self.name = name
-        self.port = free_port()
-        cfg = {"interval_s": interval_s, "backfill_s": backfill_s, "port": self.port, "nofile": 1024,
-               "sleep_s": sleep_s}
         # cwd elsewhere: "-c" puts the cwd first on sys.path, and a checkout
         # there would shadow --pythonpath.
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)], env=env, cwd=tempfile.gettempdir(),
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([sys.executable, "-c", self.program, json.dumps(cfg)], env=env,
+                                     cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         first = self.proc.stdout.readline().decode().split()
         if not first or first[0] != "ready":
             raise RuntimeError(f"{name} did not start: {first}")
         self.socket_path = first[1]
         self.agent_tid = int(first[2])
-        self.reports: list[tuple] = []  # t, steps, open failures, rss, fds, process CPU s
+        self.reports: list[tuple] = []
         threading.Thread(target=self._read, daemon=True).start()
+
+    def _tick(self, parts: list[bytes]) -> tuple:
+        """One report from a tick line's fields (after ``tick``): numbers."""
+        return tuple(float(p) for p in parts)
 
     def _read(self) -> None:
         for raw in self.proc.stdout:
             parts = raw.split()
             if parts and parts[0] == b"tick":
-                self.reports.append((float(parts[1]), int(parts[2]), int(parts[3]), int(parts[4]), int(parts[5]),
-                                     float(parts[6])))
+                self.reports.append(self._tick(parts[1:]))
 
     def agent_cpu_s(self) -> float:
         """CPU seconds of the agent thread so far (its /proc task clock)."""
         return task_cpu_s(self.proc.pid, self.agent_tid)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Child(LoopChild):
+    """The attacks' training loop: reports t, steps, open failures, rss, fds, process CPU s."""
+
+    program = CHILD
+
+    def __init__(self, name: str, env: dict, interval_s: float, backfill_s: float, sleep_s: float) -> None:
+        self.port = free_port()
+        super().__init__({"interval_s": interval_s, "backfill_s": backfill_s, "port": self.port, "nofile": 1024,
+                          "sleep_s": sleep_s}, env, name)
+
+    def _tick(self, parts: list[bytes]) -> tuple:
+        return (float(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4]), float(parts[5]))
 
     def window(self, t0: float, t1: float) -> dict:
         pts = [r for r in self.reports if t0 <= r[0] <= t1]
@@ -174,10 +196,6 @@ class Child:
 
     def total_failures(self) -> int:
         return self.reports[-1][2] if self.reports else 0
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 # -- attacks: each returns (set up, tear down, notes) -----------------------------

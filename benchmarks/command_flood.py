@@ -41,14 +41,11 @@ import json
 import math
 import os
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import attack  # noqa: E402  (one flood and one /proc reader for both benchmarks)
-from attack import task_cpu_s  # noqa: E402
+import attack  # noqa: E402  (one child, one flood and one /proc reader for both benchmarks)
 import time
 
 COMMANDS = ("jit_ledger", "holders_mark", "holders_profile", "memory_profile", "ping", "unknown")
@@ -90,42 +87,19 @@ while True:
 """
 
 
-class Child:
-    """One training loop; its reports are read on a thread."""
+class Child(attack.LoopChild):
+    """A training loop with many live executables: reports t, steps, process CPU s."""
+
+    program = CHILD
 
     def __init__(self, env: dict, executables: int, sleep_s: float) -> None:
-        cfg = {"executables": executables, "sleep_s": sleep_s}
-        # cwd elsewhere: "-c" puts the cwd first on sys.path, and a checkout
-        # there would shadow --pythonpath.
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)], env=env,
-                                     cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        first = self.proc.stdout.readline().decode().split()
-        if not first or first[0] != "ready":
-            raise RuntimeError(f"a child did not start: {first}")
-        self.socket_path = first[1]
-        self.agent_tid = int(first[2])
-        self.reports: list[tuple[float, int, float]] = []  # t, steps, process CPU s
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for raw in self.proc.stdout:
-            parts = raw.split()
-            if parts and parts[0] == b"tick":
-                self.reports.append((float(parts[1]), int(parts[2]), float(parts[3])))
-
-    def agent_cpu_s(self) -> float:
-        """CPU seconds of the agent thread so far (its /proc task clock)."""
-        return task_cpu_s(self.proc.pid, self.agent_tid)
+        super().__init__({"executables": executables, "sleep_s": sleep_s}, env)
 
     def rate(self, t0: float, t1: float) -> float:
         pts = [r for r in self.reports if t0 <= r[0] <= t1]
         if len(pts) < 2:
             return float("nan")
         return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 def request_line(command: str, profile_dir: str) -> bytes:
