@@ -71,12 +71,33 @@ def backend_initialised() -> bool | None:
     if xla_bridge is None:
         return None
     try:
-        if hasattr(xla_bridge, "backends_are_initialized"):
-            return bool(xla_bridge.backends_are_initialized())
-        if hasattr(xla_bridge, "_backends"):
-            return bool(xla_bridge._backends)
+        return _initialised_without_waiting(xla_bridge)
     except Exception:
         return None
+
+
+def _initialised_without_waiting(xla_bridge: Any) -> bool | None:
+    """Whether the backends exist, read without taking jax's backend lock.
+
+    ``xla_bridge.backends_are_initialized()`` takes ``_backend_lock``, which
+    ``backends()`` holds for the whole of the backend's creation: 6-15 s
+    while a TPU opens its chip, so an agent that asked it wrote no sample
+    for that long. ``backends()`` fills ``_backends`` one platform at a
+    time under that lock, so the registry is read first and the lock
+    checked after: a non-empty registry with the lock free was filled by a
+    creation that has finished. While the lock is held (a creation under
+    way, or a plugin registering) the answer is False, for a tick.
+    """
+    registry = getattr(xla_bridge, "_backends", None)
+    lock = getattr(xla_bridge, "_backend_lock", None)
+    if isinstance(registry, dict) and lock is not None and hasattr(lock, "locked"):
+        filled = bool(registry)
+        return filled and not lock.locked()
+    # A jax whose registry moved: its own question (which may wait on a lock).
+    if hasattr(xla_bridge, "backends_are_initialized"):
+        return bool(xla_bridge.backends_are_initialized())
+    if isinstance(registry, dict):
+        return bool(registry)
     return None
 
 
@@ -94,7 +115,7 @@ def clients() -> list[Any]:
     if xla_bridge is None:
         return []
     try:
-        if hasattr(xla_bridge, "backends_are_initialized") and not xla_bridge.backends_are_initialized():
+        if _initialised_without_waiting(xla_bridge) is False:
             return []
         backends = getattr(xla_bridge, "_backends", None) or {}
         found, seen = [], set()

@@ -29,6 +29,7 @@ clients), every allowance fills proportionally slower.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 #: Share of one core the whole agent thread aims to stay under.
 CPU_BUDGET = 0.004
@@ -41,6 +42,13 @@ DETAIL_SHARE = 0.0004
 MAP_BYTES_PER_S = 1500.0
 #: Seconds of share an allowance can save up.
 WINDOW_S = 0.0
+#: A CPU allowance charges the mean cost of this many recent runs. Thread
+#: clocks can be coarse: under gVisor (a TPU VM's sandbox) it ticks in 10 ms
+#: grains, so a 3 ms scan reads 0 or 10 ms. Charged as read, one 10 ms
+#: reading bought a 10 s wait at 0.1 % of a core (37 s under pressure, seen
+#: on a TPU); the mean of the readings is still the true cost on average,
+#: so the share holds and no single reading stalls the detail.
+SMOOTH_RUNS = 8
 #: CPU seconds of reading arrays paid for apart, once (see above).
 READ_CREDIT_S = 0.5
 #: CPU seconds an allowance holds at start.
@@ -64,15 +72,18 @@ class Allowance:
         share: what one second of wall time earns (CPU seconds, or bytes).
         window_s: the most it saves up, in seconds of share.
         start: what it holds at first.
+        smooth: each run is charged the mean cost of the last ``smooth``
+            runs (1: as measured; see :data:`SMOOTH_RUNS`).
     """
 
-    def __init__(self, share: float, window_s: float = WINDOW_S, start: float = 0.0) -> None:
+    def __init__(self, share: float, window_s: float = WINDOW_S, start: float = 0.0, smooth: int = 1) -> None:
         self.share = float(share)
         self.cap = self.share * window_s
         self.held = float(start)
         self._t: float | None = None
         self.slowdown = 1.0  # set by SelfMeter: fills this much slower
         self.runs = 0
+        self._recent: deque[float] = deque(maxlen=max(1, smooth))
 
     def _fill(self, mono: float) -> None:
         if self._t is not None and self.held < self.cap:
@@ -87,7 +98,10 @@ class Allowance:
     def spend(self, cost: float, mono: float) -> None:
         self._fill(mono)
         if self.runs:
-            self.held -= cost
+            # The first run is free and stays out of the mean too: it reads
+            # every array once, a cost the steady runs do not have.
+            self._recent.append(cost)
+            self.held -= sum(self._recent) / len(self._recent)
         self.runs += 1
 
     def shift(self, gap: float) -> None:

@@ -50,8 +50,10 @@ class DevicesProbe:
         self.memory: JaxMemoryProbe | None = None
         self._jax = False
         # What the costly details may spend.
-        self.scan_allowance = cadence.Allowance(cadence.SCAN_SHARE, start=cadence.START_CPU_S)
-        self.detail_allowance = cadence.Allowance(cadence.DETAIL_SHARE, start=cadence.START_CPU_S)
+        self.scan_allowance = cadence.Allowance(cadence.SCAN_SHARE, start=cadence.START_CPU_S,
+                                                smooth=cadence.SMOOTH_RUNS)
+        self.detail_allowance = cadence.Allowance(cadence.DETAIL_SHARE, start=cadence.START_CPU_S,
+                                                  smooth=cadence.SMOOTH_RUNS)
         self.map_bytes = cadence.Allowance(cadence.MAP_BYTES_PER_S, start=cadence.MAP_BYTES_PER_S * 10)
         self._read_credit = cadence.READ_CREDIT_S
         self._scan_next = 0.0  # monotonic: the slow interval at most this often
