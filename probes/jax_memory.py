@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from jaxtop.probes.jaxstate import backend_ready  # noqa: F401  (the agent asks it from here)
 from jaxtop.probes.jaxstate import version_tuple
-from jaxtop.probes.live_arrays import LiveArrays, detail_of
+from jaxtop.probes.live_arrays import NOT_READY, LiveArrays, detail_of
 
 
 def normalize_stats(raw: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -308,6 +308,10 @@ class JaxMemoryProbe:
         # in for jax.live_arrays().
         self.arrays = LiveArrays(lambda: self._jax.live_arrays(), ready_address, _addressable)
         self._live_t: float | None = None  # when the totals were last scanned
+        # Per device: the allocator's bytes_in_use read right after the last
+        # scan, so that "in use - live arrays" compares two figures of one
+        # moment (a sample's own in-use figure can be seconds newer).
+        self._in_use_at_scan: dict[int, int] = {}
         self._detail: dict[int, dict[str, Any]] = {}  # per device: top, map, map_complete, holes, unmapped
         self._detail_t: float | None = None  # when the detail was derived
         self._detail_new: set[int] = set()  # devices whose detail no sample carried yet
@@ -353,9 +357,24 @@ class JaxMemoryProbe:
         changed = self.arrays.scan()
         self._live_t = now
         self._scans += 1
+        self._in_use_at_scan = self._in_use_now()
         if detail:
             self.refresh_detail(now)
         return changed
+
+    def _in_use_now(self) -> dict[int, int]:
+        """Each device's ``bytes_in_use`` as the allocator reports it now
+        (none on CPU, whose ``memory_stats()`` is None)."""
+        out = {}
+        for d in self.devices:
+            try:
+                stats = normalize_stats(d.memory_stats())
+            except Exception:
+                continue
+            in_use = (stats or {}).get("bytes_in_use")
+            if isinstance(in_use, int):
+                out[d.id] = in_use
+        return out
 
     def detail_stale(self) -> bool:
         """True when some device's arrays changed since the detail was derived."""
@@ -433,6 +452,11 @@ class JaxMemoryProbe:
             }
             if detail.get("holes") is not None:
                 live_summary["holes"] = detail["holes"]
+            if d.id in self._in_use_at_scan:
+                live_summary["in_use_bytes"] = self._in_use_at_scan[d.id]
+            if dev is not None and dev.unmapped.get(NOT_READY):
+                live_summary["not_ready_count"] = dev.unmapped[NOT_READY]
+                live_summary["not_ready_bytes"] = dev.not_ready_bytes
             if d.id in carry or (include_map and self._detail_t is None):
                 live_summary["top"] = detail.get("top", [])
                 live_summary["map"] = detail.get("map", [])

@@ -169,7 +169,7 @@ def summarize_live_arrays(buffers: Iterable[tuple[int, int, int | None, str, str
 class _Device:
     """One device's counted buffers, kept up to date arrival by arrival."""
 
-    __slots__ = ("rows", "owners", "aliases", "bytes", "count", "unmapped", "_largest", "changed")
+    __slots__ = ("rows", "owners", "aliases", "bytes", "count", "unmapped", "not_ready_bytes", "_largest", "changed")
 
     def __init__(self) -> None:
         #: key -> the flat tuple of each counted buffer.
@@ -179,6 +179,9 @@ class _Device:
         self.bytes = 0
         self.count = 0
         self.unmapped: dict[str, int] = {}
+        #: Bytes of the buffers still being computed when last asked: on an
+        #: accelerator, outputs of work queued ahead of the device.
+        self.not_ready_bytes = 0
         self._largest: int | None = 0  # None: to be found again
         #: True when rows changed since the detail was last derived.
         self.changed = True
@@ -193,6 +196,8 @@ class _Device:
         else:
             why = row[WHY]
             self.unmapped[why] = self.unmapped.get(why, 0) + 1
+            if why == NOT_READY:
+                self.not_ready_bytes += row[NBYTES]
         self._count(key, row)
 
     def _count(self, key: int, row: tuple) -> None:
@@ -222,6 +227,8 @@ class _Device:
             self._largest = None
         if ptr is None:
             why = row[WHY]
+            if why == NOT_READY:
+                self.not_ready_bytes -= row[NBYTES]
             left = self.unmapped.get(why, 0) - 1
             if left > 0:
                 self.unmapped[why] = left

@@ -22,6 +22,9 @@ from jaxtop.cli.exits import EXIT_USAGE
 
 __all__ = ["cmd_snapshot", "snapshot_of", "to_json"]
 
+#: Seconds after which the text says when the live arrays were scanned.
+STALE_S = 3.0
+
 #: Fields of a view left out of the JSON: drawing data, not figures.
 SKIP = {"history", "timeline", "buffer_map", "span"}
 
@@ -93,11 +96,32 @@ def _text(snap: Any) -> str:
             out.append(f"  transfers: {na(p.capture.reason)}")
         out.append(f"  compiles {p.compile.count_total}  failed donations {p.donation.failed_total}")
         for dev in (d for d in snap.devices if d.pid == p.pid):
-            frag = na(dev.fragmentation_reason) if dev.fragmentation is None else f"{dev.fragmentation:.1%}"
-            out.append(f"  {dev.label:<8} in use {fmt_bytes(dev.bytes_in_use)}  pool {fmt_bytes(dev.pool_bytes)}  "
-                       f"limit {fmt_bytes(dev.bytes_limit)}  peak {fmt_bytes(dev.peak_bytes_in_use)}  "
-                       f"live arrays {fmt_bytes(dev.live_bytes)}  fragmentation {frag}")
+            out.extend(_device_lines(dev, p))
     return "\n".join(out) + "\n"
+
+
+def _device_lines(dev: Any, proc: Any) -> list[str]:
+    """A device's figures; the live arrays' age where their scan is not
+    this moment's, and the memory no live array holds."""
+    from jaxtop.wire.units import fmt_bytes, na
+
+    frag = na(dev.fragmentation_reason) if dev.fragmentation is None else f"{dev.fragmentation:.1%}"
+    live = f"live arrays {fmt_bytes(dev.live_bytes)}"
+    if dev.live_age_s is not None and dev.live_age_s >= STALE_S:
+        live += f" (scanned {dev.live_age_s:.1f} s ago)"
+    lines = [f"  {dev.label:<8} in use {fmt_bytes(dev.bytes_in_use)}  pool {fmt_bytes(dev.pool_bytes)}  "
+             f"limit {fmt_bytes(dev.bytes_limit)}  peak {fmt_bytes(dev.peak_bytes_in_use)}  "
+             f"{live}  fragmentation {frag}"]
+    if dev.unheld_bytes is not None:
+        text = f"           not in arrays {'≈' if not dev.unheld_exact else ''}{fmt_bytes(dev.unheld_bytes)}"
+        text += " (in use that no live array holds: on an accelerator, work queued ahead by async dispatch)"
+        if dev.not_ready_count:
+            text += f"; {dev.not_ready_count} arrays still computing ({fmt_bytes(dev.not_ready_bytes)})"
+        call = proc.largest_call
+        if call is not None:
+            text += f"; one {call.name} call holds {fmt_bytes(call.call_held_bytes)}"
+        lines.append(text)
+    return lines
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

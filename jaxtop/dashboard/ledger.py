@@ -88,6 +88,13 @@ class JitFunction:
         return sum(p or 0 for p in parts) - (self.alias_bytes or 0)
 
     @property
+    def call_held_bytes(self) -> int:
+        """What one call leaves on the device while it is queued or running:
+        its new outputs (those not aliased to a donated argument) and XLA's
+        temporaries (0 where the ledger has no sizes)."""
+        return (self.output_bytes or 0) - (self.alias_bytes or 0) + (self.temp_bytes or 0)
+
+    @property
     def eager(self) -> bool:
         """Every compile was of jax's own op run outside jit (``jnp.ones(n)``
         at top level, a model's initialisers): one per shape and dtype."""
@@ -143,6 +150,13 @@ class LedgerView:
     explain: dict[str, Any] = field(default_factory=dict)
     complete: bool = False  # a whole table was folded
     notes: tuple[str, ...] = ()
+
+    def largest_call(self) -> JitFunction | None:
+        """The jitted function (not an op run eagerly) whose one call leaves
+        the most on the device while it is queued or running
+        (:attr:`JitFunction.call_held_bytes`). Each step dispatched ahead of
+        the device holds about that much; None without sizes."""
+        return largest_call(self.functions)
 
     def trend_delta(self, window_s: float = 60.0) -> int | None:
         """Change of the live-executable count over the last ``window_s`` seconds."""
@@ -273,6 +287,17 @@ class _Table:
         )
 
 
+def largest_call(functions: Any) -> JitFunction | None:
+    """See :meth:`LedgerView.largest_call`."""
+    best, most = None, 0
+    for fn in functions:
+        if fn.eager or not fn.live:
+            continue
+        if fn.call_held_bytes > most:
+            best, most = fn, fn.call_held_bytes
+    return best
+
+
 def describe_reason(reason: dict[str, Any], site: bool = True) -> str:
     """One line for a recompile reason: what changed (and where it was called)."""
     where = short_site(reason.get("call_site")) if site else None
@@ -343,6 +368,14 @@ class LedgerStore:
                 pid = next(iter(self._tables), None)
             table = self._tables.get(pid) if pid is not None else None
             return table.view(pid) if table is not None else None
+
+    def largest_call(self, pid: int) -> JitFunction | None:
+        """:meth:`LedgerView.largest_call` of ``pid``'s ledger, without
+        copying the whole table (the main screen asks it every frame)."""
+        with self._lock:
+            table = self._tables.get(pid)
+            rows = list(table.functions.values()) if table is not None else []
+        return largest_call(JitFunction.from_row(r) for r in rows if _int(r.get("live")))
 
     def pids(self) -> list[int]:
         with self._lock:

@@ -199,6 +199,8 @@ def _device_line(dev: dict[str, Any]) -> str:
             parts.append(f"fragmentation {dev['fragmentation']:.2f}")
         if dev.get("live_array_bytes") is not None:
             parts.append(f"live arrays {fmt_bytes(dev['live_array_bytes'])}")
+        if isinstance(dev.get("unheld_bytes"), int):
+            parts.append(f"not in arrays {fmt_bytes(dev['unheld_bytes'])}")
     else:
         parts.append(f"live arrays {fmt_bytes(dev.get('live_array_bytes'))} (no allocator statistics)")
     if dev.get("failed"):

@@ -275,7 +275,12 @@ def _build_census(message: str | None, trigger: dict[str, Any] | None, allocator
         failed = target is not None and rec["id"] == target.id
         rec["failed"] = failed
         # None on CPU (no allocator statistics): the host verdict speaks for it.
-        verdict = device_verdict(stats, request_bytes if failed or target is None else None)
+        complete = bool((arrays_part or {}).get("complete"))
+        if rec["source"] == "memory_stats" and complete and rec.get("bytes_in_use") is not None:
+            # In use that no live array holds (work queued ahead on an accelerator).
+            rec["unheld_bytes"] = max(0, rec["bytes_in_use"] - rec["live_array_bytes"])
+        verdict = device_verdict(stats, request_bytes if failed or target is None else None,
+                                 rec["live_array_bytes"] if complete else None)
         rec["verdict"] = verdict
         if failed and verdict:
             overall = verdict
