@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from jaxtop.probes.jaxstate import backend_ready  # noqa: F401  (the agent asks it from here)
 from jaxtop.probes.jaxstate import version_tuple
+from jaxtop.wire.protocol import fragmentation_na
 from jaxtop.probes.live_arrays import NOT_READY, LiveArrays, detail_of
 
 
@@ -49,13 +50,10 @@ def fragmentation(stats: dict[str, Any] | None, platform: str = "") -> tuple[flo
     """
     if stats is None:
         return None, f"memory_stats() is None on {platform or 'this'} backend: the allocator reports no pool"
+    na = fragmentation_na(platform)
+    if na is not None:
+        return None, na
     pool = stats.get("pool_bytes")
-    if pool is None and platform == "tpu":
-        # The TPU runtime's allocator owns all of the chip's memory up to
-        # bytes_limit and reports no pool: that limit is its pool (measured,
-        # TPU v5e, jax 0.10.2: bytes_limit 16909336064, in use 26624,
-        # largest_free_block_bytes 16909309440, the whole of the rest).
-        pool = stats.get("bytes_limit")
     free_block = stats.get("largest_free_block_bytes")
     in_use = stats.get("bytes_in_use")
     if pool is None or free_block is None or in_use is None:

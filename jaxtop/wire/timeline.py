@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from jaxtop.wire.protocol import DIRECTIONS, finite, list_of, obj_of, timestamp
+from jaxtop.wire.protocol import DIRECTIONS, finite, fragmentation_na, list_of, obj_of, timestamp
 
 #: A device's series, in column order.
 DEVICE_SERIES = ("bytes_in_use", "pool_bytes", "peak_bytes_in_use", "allocs_per_s", "fragmentation", "nvml_used_bytes",
@@ -125,7 +125,7 @@ def device_row(dev: dict[str, Any], gpu: dict[str, Any] | None, allocs_per_s: fl
         dev.get("pool_bytes"),
         dev.get("peak_bytes_in_use"),
         allocs_per_s,
-        dev.get("fragmentation"),
+        None if fragmentation_na(dev.get("platform")) else dev.get("fragmentation"),
         gpu.get("memory_used_bytes") if gpu else None,
         live.get("bytes"),
         dev.get("largest_free_block_bytes"),
