@@ -215,3 +215,18 @@ def test_oom_verdict_names_what_no_live_array_held():
     # The chip's own OOM: the program's arrays held it all; no such clause.
     assert "no live array" not in device_verdict(stats, 2 * GiB, live_bytes=15 * GiB - 72 * 1024)
     assert "no live array" not in device_verdict(stats, 2 * GiB)  # arrays not scanned completely
+
+
+def test_a_stale_scan_says_its_age_first_on_a_small_panel():
+    """The chip's stalled run (scan 20 s old at sample 400): the panel says
+    how old the live arrays are before anything else, at 80x24's size."""
+    from jaxtop.widgets.panels import MemoryPanel
+
+    model = Model(clock=lambda: 0.0)
+    with gzip.open(FIXTURE.with_name("training-loop-stall.jsonl.gz"), "rb") as f:
+        for rec in protocol.iter_records(f):
+            model.feed(1, rec)
+            if rec.get("type") == "sample" and rec.get("seq") == 400:
+                break
+    text = _panel_text(MemoryPanel(), model.snapshot(now=0.0), 40, 6)
+    assert "live arrays as of 2" in text, text  # "as of 21s ago"
