@@ -475,11 +475,42 @@ def follow_terminal_size(out_fd):
     signal.signal(signal.SIGWINCH, copy)
 
 
+def wait_between_batches(seconds, kick_fd):
+    """Sleep ``seconds`` unless the agent kicks first (it waits on a sync).
+
+    Returns:
+        The kick fd to use next time: -1 once the agent closed its end
+        (then plain sleeps, as before the kick existed).
+    """
+    if kick_fd < 0:
+        time.sleep(seconds)
+        return kick_fd
+    try:
+        readable, _, _ = select.select([kick_fd], [], [], seconds)
+    except (InterruptedError, OSError, ValueError):
+        return kick_fd
+    if readable:
+        try:
+            while True:  # drained: the next wait sleeps again
+                if not os.read(kick_fd, 4096):
+                    os.close(kick_fd)  # EOF: the agent let go of it
+                    return -1
+        except OSError:  # EAGAIN: empty now
+            pass
+    return kick_fd
+
+
 def main(argv):
     out_fd, report_fd = int(argv[1]), int(argv[2])
     shown, _, silenced = argv[4].partition("|")
     token, passed = argv[3].encode(), set(filter(None, shown.split(",")))
     on_pty = len(argv) > 5 and argv[5] == "pty"
+    # The agent writes a byte here when it waits for a sync marker: the wait
+    # between batches below ends at once, so a sync costs a round trip, not
+    # a batch interval (pytest's budget windows sync several times a test).
+    kick_fd = int(argv[6]) if len(argv) > 6 else -1
+    if kick_fd >= 0:
+        os.set_blocking(kick_fd, False)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         # The target's process group gets Ctrl-C too; this process must live
         # until the target is gone, so it waits for EOF instead.
@@ -521,7 +552,7 @@ def main(argv):
             break
         relay.feed(data)
         if relay.saw_guard and len(data) < READ_BYTES and not relay.final:
-            time.sleep(batch_s)
+            kick_fd = wait_between_batches(batch_s, kick_fd)
     relay.finish()
     # Give the agent a moment to take the last reports, without hanging.
     if relay.report_fd is not None and relay.report_backlog:

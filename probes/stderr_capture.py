@@ -205,6 +205,9 @@ class StderrCapture:
         self.merged_stdout = False
         self._data_r: int | None = None  # our own read end of the fd-2 pipe
         self._report_r: int | None = None
+        # Write end of the relay's kick pipe: a sync writes a byte there so
+        # that a relay waiting between batches reads the marker at once.
+        self._kick_w: int | None = None
         self._relay: subprocess.Popen | None = None
         self._restarts = 0
         self._shown: set[str] = set()
@@ -284,6 +287,7 @@ class StderrCapture:
     def _spawn(self, saved: int, data_r: int) -> tuple[subprocess.Popen, int]:
         """A relay reading ``data_r`` and writing to ``saved``; with its report fd."""
         report_r, report_w = os.pipe()
+        kick_r, kick_w = os.pipe()
         visibility = ",".join(sorted(self._shown)) + "|" + self._silenced
         try:
             # A script path, not -m or -c: sys.path[0] is then the script's
@@ -293,20 +297,25 @@ class StderrCapture:
             # the script's directory too.
             relay = subprocess.Popen(
                 [sys.executable, "-S", "-E", "-s", _RELAY_PATH, str(saved), str(report_w), self._token, visibility,
-                 self.kind or "pipe"],
+                 self.kind or "pipe", str(kick_r)],
                 stdin=data_r,
                 stdout=subprocess.DEVNULL,
                 stderr=saved,
-                pass_fds=(saved, report_w),
+                pass_fds=(saved, report_w, kick_r),
                 close_fds=True,
                 start_new_session=False,
             )
         except OSError as exc:
-            os.close(report_r)
-            os.close(report_w)
+            for fd in (report_r, report_w, kick_r, kick_w):
+                os.close(fd)
             raise CaptureError(f"cannot start the stderr relay: {exc}") from None
         os.close(report_w)
+        os.close(kick_r)
         os.set_blocking(report_r, False)
+        os.set_blocking(kick_w, False)
+        old, self._kick_w = self._kick_w, kick_w
+        if old is not None:
+            _close_quietly(old)
         return relay, report_r
 
     def _write_marker(self, verb: str, arg: str) -> None:
@@ -454,6 +463,12 @@ class StderrCapture:
             self._write_marker("sync", str(want))
         except OSError:
             return False
+        kick = self._kick_w
+        if kick is not None:
+            try:
+                os.write(kick, b"k")  # a full kick pipe already says "now"
+            except OSError:
+                pass
         deadline = time.monotonic() + timeout_s
         while self._acked < want:
             fd = self._report_r  # another thread may replace it (a new relay)
@@ -468,6 +483,9 @@ class StderrCapture:
         return True
 
     def _close_reports(self) -> None:
+        kick, self._kick_w = self._kick_w, None
+        if kick is not None:
+            _close_quietly(kick)
         if self._report_r is not None:
             try:
                 os.close(self._report_r)
@@ -566,3 +584,10 @@ class StderrCapture:
                 relay.wait(timeout=0.5)  # exits at EOF unless a child holds fd 2
             except subprocess.TimeoutExpired:
                 pass  # keeps draining for the children still writing
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

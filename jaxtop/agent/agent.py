@@ -141,6 +141,7 @@ class Agent(AgentLoop):
         self._last_loop_error: str | None = None
         self._seq = 0
         self._lock = threading.Lock()
+        self._tick_requested = False  # request_tick(): the loop ticks at its next wake
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -323,6 +324,14 @@ class Agent(AgentLoop):
         """Make the next tick scan the live arrays whatever the cadence says
         (a budget window that ends wants totals read after its end)."""
         self.devices.request_scan()
+
+    def request_tick(self) -> None:
+        """Take a sample now rather than at the next interval (a budget
+        window's edge waits for one: half an interval per edge on average,
+        most of what pytest's plugin cost a small test). In-process callers
+        only: no client command reaches it."""
+        self._tick_requested = True
+        self._wake()
 
     def transfer_detail(self, sync_timeout_s: float = 0.0) -> dict[str, Any]:
         """Implicit transfers so far, per direction and per shape (resets nothing).

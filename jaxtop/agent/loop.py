@@ -51,6 +51,7 @@ class AgentLoop:
     events: list[dict[str, Any]]
     _clients: Any
     _lock: Any
+    _tick_requested: bool
 
     # -- the agent thread --------------------------------------------------------
     def _run(self) -> None:
@@ -77,7 +78,9 @@ class AgentLoop:
                     self._final_sample()
                     break
                 now = time.monotonic()
-                if now >= next_tick:
+                asked = self._tick_requested
+                if asked or now >= next_tick:
+                    self._tick_requested = False
                     if now - next_tick >= cadence.SUSPEND_MIN_S:
                         gap = self._resumed_after(now, now - next_tick)
                         next_slow += gap
@@ -89,7 +92,8 @@ class AgentLoop:
                         self._tick(slow=slow)
                     except Exception as exc:  # a probe failed: the next tick may do better
                         self._loop_error("sampling", exc)
-                    next_tick += self.interval_s
+                    if not asked or now >= next_tick:
+                        next_tick += self.interval_s
                     if next_tick < now:  # fell behind (suspended): don't burst
                         next_tick = now + self.interval_s
         except Exception:

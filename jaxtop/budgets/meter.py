@@ -142,21 +142,35 @@ class Meter:
     def running(self) -> bool:
         return bool(getattr(self.agent, "running", False))
 
-    def window(self, budget: Budget, what: str, from_start: bool = False) -> "Window":
-        """A window to measure against ``budget`` (not started yet)."""
-        return Window(self, budget, what, from_start)
+    def window(self, budget: Budget, what: str, from_start: bool = False,
+               transfers_na: str | None = None) -> "Window":
+        """A window to measure against ``budget`` (not started yet).
+
+        Args:
+            transfers_na: why this window's transfers are not counted
+                although the meter's are (the measured code holds fd 2).
+        """
+        return Window(self, budget, what, from_start, transfers_na)
 
     def close(self) -> None:
         if self.stream is not None:
             self.stream.close()
             self.stream = None
 
+    def tick_now(self) -> None:
+        """Ask the agent for a sample now (an edge of a window waits for one)."""
+        request = getattr(self.agent, "request_tick", None)
+        if request is not None:
+            request()
+
     # -- exact totals from the agent ----------------------------------------------------
-    def totals(self) -> dict[str, Any]:
-        """Exact totals now: every guard line written so far counted."""
+    def totals(self, sync: bool = True) -> dict[str, Any]:
+        """Exact totals now: every guard line written so far counted (with
+        ``sync`` False: those the relay has passed on so far)."""
         out: dict[str, Any] = {}
-        # A sync marker written where the relay does not read would only wait.
-        sync_s = SYNC_TIMEOUT_S if self.transfers_na is None else 0.0
+        # A sync marker written where the relay does not read would only wait
+        # (and would land in the file of whoever holds fd 2).
+        sync_s = SYNC_TIMEOUT_S if self.transfers_na is None and sync else 0.0
         detail = getattr(self.agent, "transfer_detail", None)
         if callable(detail):
             try:
@@ -227,8 +241,10 @@ class Window:
     when a limit was first exceeded, memory peaks and the shapes.
     """
 
-    def __init__(self, meter: Meter, budget: Budget, what: str, from_start: bool) -> None:
+    def __init__(self, meter: Meter, budget: Budget, what: str, from_start: bool,
+                 transfers_na: str | None = None) -> None:
         self.meter = meter
+        self.transfers_na = transfers_na
         self.budget = budget
         self.what = what
         self.from_start = from_start
@@ -264,14 +280,17 @@ class Window:
             self._start_totals["compiles"] = 0
             self._start_totals["host_syncs"] = 0  # the probe counts from its start, after the window's
         else:
-            self._start_totals = meter.totals()
+            self._start_totals = meter.totals(sync=self.transfers_na is None)
             start_t = self._start_totals["t"]
             start = None
             if meter.stream is not None:
+                meter.tick_now()
                 start = meter.stream.wait(start_t, SYNC_TIMEOUT_S)
                 if start is not None and start.t < start_t:
                     start = None  # the agent is stuck: totals only
         self._start_na = meter.transfer_problems()
+        if self.transfers_na is not None:
+            self._start_na = {d: f"transfers not counted: {self.transfers_na}" for d in DIRECTIONS}
         self.state = WindowState(self.budget, start, start_t)
         self._no_start = None
         if not self.from_start and start is None:
@@ -295,7 +314,7 @@ class Window:
             measured: dict[str, Measured] = {name: Measured(na=na) for name in METRICS}
             end_t = time.time()
         else:
-            totals = meter.totals()
+            totals = meter.totals(sync=self.transfers_na is None)
             end_t = totals["t"]
             end = None
             stream_na = self._no_start or meter.stream_na
@@ -307,6 +326,7 @@ class Window:
                     request = getattr(meter.agent, "request_scan", None)
                     if request is not None:
                         request()
+                meter.tick_now()
                 wait = SYNC_TIMEOUT_S + (float(getattr(meter.agent, "slow_interval_s", 1.0)) if scan else 0.0)
                 end = meter.stream.wait(end_t, wait, scanned_after=scan)
                 if end is not None and end.t < end_t:
@@ -316,7 +336,8 @@ class Window:
                     stream_na = meter.stream.error or "the agent sent no sample"
                 meter.stream.remove(state)
             problems = dict(self._start_na)
-            problems.update(meter.transfer_problems())
+            if self.transfers_na is None:
+                problems.update(meter.transfer_problems())
             if totals.get("synced") is False or self._start_totals.get("synced") is False:
                 for d in DIRECTIONS:
                     problems.setdefault(d, "transfers not all counted: the stderr relay did not acknowledge "

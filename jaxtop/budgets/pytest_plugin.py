@@ -34,6 +34,13 @@ pytest's own output capture points fd 2 at a file of its own during each
 test, where jaxlib's guard lines would go uncounted: during the phases of a
 test that uses a budget the plugin points fd 2 at the agent's stderr relay
 instead (which forwards everything else to where pytest captures it).
+
+A test that captures fd 2 itself (the ``capfd``/``capfdbinary`` fixtures)
+reads what reaches fd 2 while it runs: the relay forwards to pytest's file,
+not the test's, so its fd 2 is left alone, and the guard lines only jaxtop
+causes are kept out of it by setting the guard back to the program's own
+levels on the test's thread. Its transfers are then not counted (n/a, with
+the reason); every other limit is checked as usual.
 """
 
 from __future__ import annotations
@@ -177,10 +184,16 @@ class _Session:
             os.close(pipe_w)
 
     @contextlib.contextmanager
-    def routed(self) -> Iterator[None]:
-        """Point fd 2 at the agent's relay for the duration of a phase."""
+    def routed(self, item: pytest.Item) -> Iterator[None]:
+        """Point fd 2 at the agent's relay for the duration of a phase
+        (a test that captures fd 2 itself: its own capture, and the program's
+        guard levels instead)."""
         if self.pipe_w is None or self.meter is None:
             yield
+            return
+        if _captures_fd2(item):
+            with _program_guard(self.meter.agent):
+                yield
             return
         _flush_stderr()
         saved = os.dup(2)
@@ -190,12 +203,19 @@ class _Session:
         finally:
             try:
                 _flush_stderr()
-                if self.meter is not None and self.meter.running:
+                if not _same_file(2, self.pipe_w):
+                    # Something in the phase pointed fd 2 elsewhere (a fixture
+                    # asked for with request.getfixturevalue("capfd")): it
+                    # is theirs now; no marker into it, and no restoring over it.
+                    pass
+                elif self.meter is not None and self.meter.running:
                     # So that what the phase wrote reaches pytest's capture
                     # before pytest reads it.
                     self.meter.agent.transfer_totals(sync_timeout_s=FLUSH_TIMEOUT_S)
+                    os.dup2(saved, 2)
+                else:
+                    os.dup2(saved, 2)
             finally:
-                os.dup2(saved, 2)
                 os.close(saved)
 
     # -- budgets ------------------------------------------------------------------------
@@ -237,6 +257,46 @@ class _Session:
                 raise BudgetError(f"{what}: no limits given, and no [tool.jaxtop.budget] table in "
                                   f"{self.config.rootpath / 'pyproject.toml'}")
         return budget
+
+
+#: Fixtures that point fd 2 at a file the test reads.
+FD_CAPTURING_FIXTURES = frozenset({"capfd", "capfdbinary"})
+#: Why such a test's transfers are not counted.
+FD_CAPTURED_NA = ("the test captures fd 2 itself (capfd), where jaxlib writes the transfer-guard lines "
+                  "jaxtop counts")
+
+
+def _captures_fd2(item: pytest.Item) -> bool:
+    return bool(FD_CAPTURING_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def _same_file(fd_a: int, fd_b: int) -> bool:
+    """True when two descriptors are the same open file (pipe or file)."""
+    try:
+        a, b = os.fstat(fd_a), os.fstat(fd_b)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+@contextlib.contextmanager
+def _program_guard(agent: Any) -> Iterator[None]:
+    """The transfer guard at the program's own levels on this thread (jax's
+    thread-local context managers win over the global ``log`` that jaxtop
+    set), so that no line jaxtop alone caused reaches the test's fd 2."""
+    jax = sys.modules.get("jax")
+    guard = getattr(agent, "guard", None)
+    if jax is None or guard is None or not getattr(guard, "active", False):
+        yield
+        return
+    levels = guard.user_levels()
+    with contextlib.ExitStack() as stack:
+        for name, direction in (("transfer_guard_host_to_device", "h2d"), ("transfer_guard_device_to_host", "d2h"),
+                                ("transfer_guard_device_to_device", "d2d")):
+            manager = getattr(jax, name, None)
+            if manager is not None:
+                stack.enter_context(manager(levels.get(direction, "allow")))
+        yield
 
 
 def _flush_stderr() -> None:
@@ -420,7 +480,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     elif _OPTION_BUDGET_KEY in item.config.stash:
         item.stash[_BUDGET_KEY] = item.config.stash[_OPTION_BUDGET_KEY]
     state.ensure()
-    with state.routed():
+    with state.routed(item):
         return (yield)
 
 
@@ -430,10 +490,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if state is None or not _uses_budget(item):
         return (yield)
     budget = item.stash.get(_BUDGET_KEY, None)
-    with state.routed():
+    with state.routed(item):
         if budget is None:
             return (yield)
-        window = state.ensure().window(budget, item.nodeid).begin()
+        window = state.ensure().window(budget, item.nodeid,
+                                       transfers_na=FD_CAPTURED_NA if _captures_fd2(item) else None).begin()
         try:
             result = yield
         except BaseException:
@@ -457,7 +518,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     try:
         if _uses_budget(item):
-            with state.routed():
+            with state.routed(item):
                 return (yield)
         return (yield)
     finally:
