@@ -127,7 +127,10 @@ def analyse(e: Any, ident: int, now: float) -> _Exe:
     row["name"] = name
     fingerprint = getattr(e, "fingerprint", None)
     if isinstance(fingerprint, bytes):
-        row["fingerprint"] = fingerprint.decode("ascii", "replace")
+        # CPU gives printable text; a TPU gives the raw digest (32 bytes,
+        # control characters among them, recorded on a v5e): hex, as text.
+        text = fingerprint.decode("ascii", "replace")
+        row["fingerprint"] = text if text.isprintable() else fingerprint.hex()
     elif fingerprint is not None:
         row["fingerprint"] = str(fingerprint)
     else:

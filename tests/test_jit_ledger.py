@@ -510,3 +510,16 @@ def test_a_static_argument_flip_is_its_own_kind_worded_plainly():
     assert (obj["kind"], obj["arg"], obj["old"], obj["new"], obj["same_repr"]) == (
         "static", "#1", "a Cfg object", "a Cfg object", True)
     assert "both print alike" in describe_reason(obj) and "Static(" not in describe_reason(obj)
+
+
+def test_a_raw_binary_fingerprint_goes_on_the_wire_as_hex():
+    """A TPU's executables give their fingerprint as a raw 32-byte digest
+    (recorded on a v5e: ESC and other controls among its bytes); CPU's is
+    printable text and stays as it is."""
+    digest = bytes(range(0, 256, 8))
+    probe = fake_probe(FakeClient(FakeExe("jit_tpu", FakeStats(), {}, None, fingerprint=digest),
+                                  FakeExe("jit_cpu", FakeStats(), {}, None, fingerprint=b"a1b2c3")))
+    probe.scan()
+    rows = {r["name"]: r for r in probe.table()["executables"]}
+    assert rows["jit_tpu"]["fingerprint"] == digest.hex()
+    assert rows["jit_cpu"]["fingerprint"] == "a1b2c3"
