@@ -8,6 +8,7 @@ import sys
 
 from jaxtop.cli.exits import EXIT_USAGE
 from jaxtop.cli.ls import uptime
+from jaxtop.wire.safe_text import terminal_safe
 from jaxtop.inject import DEFAULT_TIMEOUT_S as DEFAULT_INJECT_TIMEOUT_S
 
 INJECT_EXPLAINED = """\
@@ -138,7 +139,8 @@ def cmd_attach_prometheus(url: str, job: str | None, refresh_s: float | None = N
     try:
         found = source.check()
     except PrometheusError as exc:
-        print(f"jaxtop attach: {exc}", file=sys.stderr)
+        # The server's own words can be in it: shown, never obeyed.
+        print(f"jaxtop attach: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     if not found:
         which = f"job ~ {job!r}" if job else "any job"
@@ -169,7 +171,7 @@ def cmd_default() -> int:
     if not sys.stdin.isatty():
         print("Several instrumented processes; choose with `jaxtop attach PID [PID...]`:")
         for a in agents:
-            print(f"  {a.pid}  {uptime(a.started_t)}  {a.command}")
+            print(f"  {a.pid}  {uptime(a.started_t)}  {terminal_safe(a.command)}")
         return EXIT_USAGE
     from jaxtop.dashboard.picker import pick
 

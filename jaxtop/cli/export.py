@@ -11,6 +11,7 @@ import sys
 from jaxtop.cli.exits import EXIT_BROKEN_PIPE, EXIT_TERMINATED, EXIT_USAGE
 from jaxtop.cli.output import STDOUT_NAMES, stdout_gone
 from jaxtop.wire import paths
+from jaxtop.wire.safe_text import terminal_safe
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -66,7 +67,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         previous = None
     try:
         if target is None:
-            stats = write(args.file, sys.stdout, jobs=jobs)
+            out = _TerminalSafe(sys.stdout) if _isatty(sys.stdout) else sys.stdout
+            stats = write(args.file, out, jobs=jobs)
             sys.stdout.flush()  # a reader gone shows here, not at exit
         else:
             with target as out:
@@ -96,6 +98,29 @@ def cmd_export(args: argparse.Namespace) -> int:
     where = "" if to_stdout else f" -> {output}"
     print(f"jaxtop export: {stats.records} records{where}" + ("; " + "; ".join(notes) if notes else ""), file=sys.stderr)
     return 0
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+class _TerminalSafe:
+    """Writes to a terminal with the recording's control characters shown,
+    not obeyed (its strings are the program's: jaxtop.wire.safe_text). CSV's
+    own line ends (``\\r\\n``) stay; into a file or a pipe nothing changes."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write("\r\n".join(terminal_safe(part) for part in text.split("\r\n")))  # type: ignore[attr-defined]
+        return len(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
 
 class _Terminated(Exception):
     """SIGTERM during an export: unwinds like Ctrl-C, so no temporary file stays."""

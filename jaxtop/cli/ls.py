@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from jaxtop.wire.safe_text import terminal_safe
+
 
 def uptime(started_t: float | None) -> str:
     """How long since ``started_t`` (wall-clock seconds), as ``M:SS`` or ``H:MM:SS``; ``?`` for None."""
@@ -44,7 +46,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print("Start one with: jaxtop run your_script.py   (or call jaxtop.instrument() in it)")
         return 0
     rows = [("PID", "UPTIME", "COMMAND", "SOCKET")]
-    rows += [(str(a.pid), uptime(a.started_t), a.command, str(a.socket_path)) for a in agents]
+    # A program's argv is its own to choose: shown, never obeyed by the terminal.
+    rows += [(str(a.pid), uptime(a.started_t), terminal_safe(a.command), terminal_safe(str(a.socket_path)))
+             for a in agents]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print(f"{r[0]:>{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")

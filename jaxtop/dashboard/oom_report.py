@@ -19,6 +19,7 @@ import time
 from typing import Any, Iterable, Sequence
 
 from jaxtop.probes.oom import OOM_CENSUS
+from jaxtop.wire.safe_text import safe_record
 from jaxtop.wire.units import fmt_bytes, fmt_bytes_pair
 
 #: Block characters of the timeline's sparklines, lowest first.
@@ -59,38 +60,82 @@ def censuses_in(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_id[k] for k in order]
 
 
+#: The most a census file (one JSON object, not JSON lines) may hold once
+#: decompressed. The agent writes a few hundred KiB at most (arrays and sites
+#: are cut to their largest); a file beyond this is no census of ours, and
+#: reading it whole would take its size in memory, twice (a gzip bomb of
+#: 54 MB held 8 GiB).
+MAX_CENSUS_FILE_BYTES = 64 << 20
+
+
 def load_censuses(path: str) -> list[dict[str, Any]]:
-    """Every census in a census file or a recording.
+    """Every census in a census file or a recording, read in bounded memory:
+    a recording line by line (no line over the protocol's limit is kept), a
+    census file up to :data:`MAX_CENSUS_FILE_BYTES`.
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: the file is neither a census nor a recording.
+        ValueError: the file is neither a census nor a recording, or a
+            single JSON document larger than a census can be.
     """
     with open(path, "rb") as raw:
         head = raw.read(2)
     opener = gzip.open if head == b"\x1f\x8b" else open
     with opener(path, "rb") as f:  # type: ignore[operator]
-        data = f.read()
-    text = data.decode("utf-8", "replace")
-    stripped = text.lstrip()
-    if stripped.startswith("{"):
-        try:
-            whole = json.loads(text)
-        except ValueError:
-            whole = None  # JSON lines: one object per line
-        if isinstance(whole, dict):
-            if whole.get("type") == OOM_CENSUS:
+        first = f.readline(MAX_CENSUS_FILE_BYTES)
+        if first.lstrip().startswith(b"{") and not _whole_record(first):
+            # A JSON document over several lines (a census file, indented).
+            data = first + f.read(MAX_CENSUS_FILE_BYTES + 1 - len(first))
+            if len(data) > MAX_CENSUS_FILE_BYTES:
+                raise ValueError(f"{path}: a JSON document over {MAX_CENSUS_FILE_BYTES >> 20} MiB is no OOM census")
+            try:
+                whole = json.loads(data.decode("utf-8", "replace"))
+            except ValueError:
+                raise ValueError(f"{path}: not an OOM census nor a jaxtop recording") from None
+            if isinstance(whole, dict) and whole.get("type") == OOM_CENSUS:
                 return [whole]
-            found = censuses_in([whole])
+            found = censuses_in([whole]) if isinstance(whole, dict) else []
             if found:
                 return found
-    from jaxtop.wire.protocol import ReadStats, iter_records
+            raise ValueError(f"{path}: not an OOM census nor a jaxtop recording")
+        if not first.endswith(b"\n") and _whole_record(first):
+            return censuses_in([json.loads(first)])  # one object, the whole file, no newline
+        from jaxtop.wire.protocol import ReadStats, iter_records
 
-    stats = ReadStats()
-    found = censuses_in(iter_records(io.BytesIO(data), stats))
+        stats = ReadStats()
+        found = censuses_in(iter_records(io.BufferedReader(_chain(first, f)), stats))
     if not found and stats.records == 0:
         raise ValueError(f"{path}: not an OOM census nor a jaxtop recording")
     return found
+
+
+def _whole_record(line: bytes) -> bool:
+    """True when ``line`` is a JSON object by itself (a recording's line, or
+    a census written on one line)."""
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+class _chain(io.RawIOBase):
+    """``first`` and then the rest of ``f``, as one binary stream (the line
+    already read to tell a recording from a census file is not lost)."""
+
+    def __init__(self, first: bytes, f: Any) -> None:
+        self._first, self._f = first, f
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        if self._first:
+            n = min(len(buf), len(self._first))
+            buf[:n], self._first = self._first[:n], self._first[n:]
+            return n
+        data = self._f.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
 
 
 # --------------------------------------------------------------------------
@@ -395,7 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not found:
         print(f"jaxtop oom: no OOM census in {args.file}", file=sys.stderr)
         return EXIT_NO_CENSUS
-    chosen = found if args.all else found[-1:]
+    # Someone else's census: its strings (argv, messages, file names) are
+    # shown, never obeyed (jaxtop.wire.safe_text).
+    chosen = [safe_record(c) for c in (found if args.all else found[-1:])]
     try:
         width = max(60, min(160, os.get_terminal_size().columns))
     except OSError:
