@@ -121,7 +121,14 @@ def test_the_model_reads_the_training_loop_as_the_chip_showed_it():
         assert dev.bytes_in_use == last["devices"][0]["bytes_in_use"]
         assert dev.live_bytes == last["devices"][0]["live_arrays"]["bytes"]
         assert 2.2 * GiB < dev.live_bytes < 2.3 * GiB and dev.live_count == 168
-        assert dev.fragmentation == pytest.approx(0.490, abs=0.001)
+        # The allocator's fragmentation as the agent recorded it, or n/a with
+        # the reason where the dashboard does not trust it on TPU (the
+        # largest free block is about half the free HBM after the first jitted
+        # step): never 0, never a figure of its own.
+        if dev.fragmentation is not None:
+            assert dev.fragmentation == pytest.approx(last["devices"][0]["fragmentation"])
+        else:
+            assert "TPU" in (dev.fragmentation_reason or ""), dev.fragmentation_reason
         assert dev.largest_free_block_bytes == last["devices"][0]["largest_free_block_bytes"]
         assert proc.transfers["h2d"].count_total == 4345  # what JAX's guard log counted on the chip, 2 a step
         assert proc.transfers["d2h"].count_total == 201  # the loss read every 10 steps: logged on TPU
@@ -258,7 +265,8 @@ async def test_every_screen_reads_the_recording(size, utc):
         memory = shown("#memory")
         assert "2.26 GiB" in memory and "2.24 GiB" in memory and "limit 15.7 GiB" in memory
         frag = shown("#frag")
-        assert "49%" in frag and "largest free block 6.88 GiB" in frag
+        assert "6.88 GiB" in frag and "largest free" in frag
+        assert "49%" in frag or "n/a — " in frag  # the recorded figure, or n/a with the reason
         assert "168 buffers" in shown("#map") and "float32[4096, 4096]" in shown("#map")
         assert "12.6 GiB" in shown("#timeline")  # the peak heads the memory strip
         transfers = shown("#transfers")
@@ -296,7 +304,7 @@ async def test_every_screen_reads_the_recording(size, utc):
         await pilot.pause(0.1)
         assert app.query_one("#overview").display
         overview = shown("#overview")
-        assert "tpu:0" in overview and "2.26 GiB" in overview and "15.7 GiB" in overview and "49%" in overview
+        assert "tpu:0" in overview and "2.26 GiB" in overview and "15.7 GiB" in overview
 
 
 async def test_the_oom_screen_shows_the_chips_census():
