@@ -174,10 +174,14 @@ def test_live_array_scans_go_on_while_clients_attach(platform, sockdir, tmp_path
     seconds = 24 if platform == "tpu" else 18  # the clients take ~10 s; scans must go on after them
     env = program_env(platform, sockdir)
     log = tmp_path / "run.jsonl"
-    proc = subprocess.Popen([PY, "-m", "jaxtop", "run", "--log", str(log), str(TRAIN), "--seconds", str(seconds),
-                             "--width", "1024" if platform == "tpu" else "128"],
-                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+    # stderr to a file: a pipe nobody reads until the end would stop a
+    # program whose runtime logs more than the pipe holds.
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "wb") as err_file:
+        proc = subprocess.Popen([PY, "-m", "jaxtop", "run", "--log", str(log), str(TRAIN), "--seconds", str(seconds),
+                                 "--width", "1024" if platform == "tpu" else "128"],
+                                env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=err_file,
+                                stdin=subprocess.DEVNULL)
     try:
         assert proc.stdout.readline() == b"ready\n"
         time.sleep(3)
@@ -187,12 +191,12 @@ def test_live_array_scans_go_on_while_clients_attach(platform, sockdir, tmp_path
             res = run(["-m", "jaxtop", *args], clients, tmp_path, timeout=60)
             assert res.returncode == 0, (args, res.stderr.decode(errors="replace"))
         _dashboard_reads(proc.pid, seconds=3)
-        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+        proc.communicate(timeout=RUN_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, err[-3000:].decode(errors="replace")
+    assert proc.returncode == 0, err_path.read_text(errors="replace")[-3000:]
     rows = samples_of(read_log(log))
     scans = sorted({d["live_arrays"]["scanned_t"] for r in rows for d in r.get("devices") or []
                     if (d.get("live_arrays") or {}).get("scanned_t")})
