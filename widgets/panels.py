@@ -22,6 +22,7 @@ from jaxtop.dashboard.model import (
 )
 from jaxtop.dashboard.readings import TransferView
 from jaxtop.dashboard.views import D2D, D2H, DIRECTIONS, H2D
+from jaxtop.widgets.accelerator_lines import host_accelerator_line, host_title, pcie_shown
 from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, Series, Strip, TimelineStack, fmt_bytes, fmt_duration, fmt_rate
 
 #: Seconds after which the memory and map panels say how old their live-array
@@ -411,7 +412,7 @@ def _all_nan(values: Any) -> bool:
 
 
 class TransfersPanel(Panel):
-    """Implicit h2d / d2h / d2d per second, totals, frequent shapes, PCIe."""
+    """Implicit h2d / d2h / d2d per second, totals, frequent shapes, PCIe (GPU)."""
 
     TITLE = "Transfers (implicit)"
 
@@ -450,20 +451,23 @@ class TransfersPanel(Panel):
             parts.append(Text(
                 f" PCIe TX {fmt_bytes(dev.nvml.pcie_tx_bytes_per_s)}/s  RX {fmt_bytes(dev.nvml.pcie_rx_bytes_per_s)}/s",
                 no_wrap=True))
-        elif height > 6:
+        elif height > 6 and pcie_shown(proc, dev, snap.devices):  # NVML's, so a GPU's only
             parts.append(Text(" PCIe n/a (no NVML device)", style="dim"))
         return Group(*parts)
 
 
 class HostPanel(Panel):
-    """RSS, CPU %, GPU utilisation, temperature, power."""
+    """RSS, CPU %, compiles, and the accelerator's own view, named after the
+    backend (:mod:`jaxtop.widgets.accelerator_lines`): NVML's on a GPU, the
+    runtime's monitoring on a TPU, none on CPU."""
 
-    TITLE = "Host & GPU"
+    TITLE = "Host"
 
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         proc = snap.process_of(snap.device)
+        title = host_title(proc, snap.device, snap.devices)
         if proc is None:
-            return Group(panel_title(self.TITLE))
+            return Group(panel_title(title))
         host = proc.process
         if not host.available:
             line1 = _na(host.na_reason)
@@ -473,24 +477,6 @@ class HostPanel(Panel):
             # Narrow panels drop the thread count before anything is cut.
             choices = [f"{rss}{cpu_text}  threads {_or_na(host.threads)}", f"{rss}{cpu_text}", f"{rss}{cpu_text[1:]}", rss]
             line1 = Text(fitting(choices, width), no_wrap=True, overflow="ellipsis")
-        dev = snap.device
-        if dev is not None and dev.nvml:
-            g = dev.nvml
-            line2 = Text(
-                f" GPU {_or_na(g.gpu_util_percent)}%  {_or_na(g.temperature_c)}°C  {_or_na(g.power_w)} W  "
-                f"proc {fmt_bytes(g.process_memory_bytes)}",
-                no_wrap=True, overflow="ellipsis")
-        elif dev is None and proc.nvml is not None and proc.nvml.gpus:
-            # No JAX devices (an external view): this pid's memory on each GPU.
-            parts = [f"gpu{g.index} {fmt_bytes(g.process_memory_bytes)}" for g in proc.nvml.gpus]
-            line2 = Text(" GPU memory of this pid: " + ", ".join(parts), no_wrap=True, overflow="ellipsis")
-        else:
-            reason = proc.nvml_status.na_reason or "no NVML device for this JAX device"
-            # A narrow panel keeps the reason's head ("NVML unavailable"),
-            # not a word cut in two.
-            parts = reason.split(":")
-            choices = [f" GPU n/a — {':'.join(parts[:k])}" for k in range(len(parts), 0, -1)]
-            line2 = Text(fitting(choices, width), style="dim", no_wrap=True, overflow="ellipsis")
         total, seconds = proc.compile.count_total, proc.compile.seconds_total
         if total is None:
             compiles = "n/a"
@@ -499,7 +485,8 @@ class HostPanel(Panel):
         line3 = Text(
             f" compiles {compiles}  failed donations {_or_na(proc.donation.failed_total)}",
             no_wrap=True, overflow="ellipsis")
-        return Group(panel_title(self.TITLE), line1, line2, line3)
+        line2 = host_accelerator_line(proc, snap.device, snap.devices, width)
+        return Group(panel_title(title), line1, *([line2] if line2 is not None else []), line3)
 
 
 class EventsPanel(Panel):

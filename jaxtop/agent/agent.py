@@ -52,6 +52,7 @@ from jaxtop.probes.jax_memory import JaxMemoryProbe
 from jaxtop.probes.nvml import NvmlProbe
 from jaxtop.probes.oom import OomProbe
 from jaxtop.probes.process import ProcessProbe
+from jaxtop.probes.tpu_monitoring import TpuMonitoringProbe
 from jaxtop.probes.transfer_guard import TransferCounter
 from jaxtop.wire import paths
 from jaxtop.wire.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR, job_name
@@ -171,11 +172,14 @@ class Agent(AgentLoop):
         self.compile = CompileProbe()
         self.donation = DonationProbe()
         self.nvml = NvmlProbe() if nvml else None
+        # The TPU runtime's own readings (duty cycle, HBM, HLO queue), on a
+        # TPU backend only: sample field `accelerator`, sent when it changes.
+        self.accelerator = TpuMonitoringProbe()
         # The jit ledger: every compiled function's memory, compiles and
         # recompile reasons (sample field `jit`, command `jit_ledger`).
         self.jit = JitLedgerProbe(interval_s=self.slow_interval_s)
         for probe in (self.capture_probe, self.oom_probe, self.devices, self.transfers, self.process,
-                      self.compile, self.donation, self.nvml, self.jit):
+                      self.compile, self.donation, self.nvml, self.accelerator, self.jit):
             if probe is not None:
                 self.add_probe(probe)
         # Who holds memory (`holders`, commands holders_mark and

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from jaxtop.wire import protocol
+from jaxtop.dashboard.accelerator import nvml_worth_saying
 from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, holders_part
 from jaxtop.dashboard.batch import UNMAPPED_KINDS, Batch
 from jaxtop.dashboard.events import MAX_EVENTS, merged_events, sample_events
@@ -108,6 +109,8 @@ class ProcessModel:
         self.nvml_status: dict[str, Any] = {}
         self.jax_to_nvml: dict[int | str, int] = {}  # device id -> NVML index (the hello's nvml)
         self.demo: dict[str, Any] | None = None
+        self.accelerator: dict[str, Any] | None = None  # the last `accelerator` (sent when it changes)
+        self.nvml_said = False  # the hello's NVML failure was weighed (accelerator.nvml_worth_saying)
         self.started_t: float | None = None  # the process's start (process probe), not the agent's
         self.samples = 0  # samples applied so far (a loading indicator counts them)
         self.devices_refused = False  # a device beyond MAX_DEVICES was left out (said once)
@@ -338,6 +341,7 @@ class Model(HistoryFeed):
             proc.backend = protocol.text_of(record.get("backend")) or proc.backend
             proc.versions.update(protocol.obj_of(record.get("versions")))
             self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(protocol.list_of(record.get('devices')))} device(s)", record.get("t"))
+            self._say_nvml(proc, record.get("t"))
         elif kind == protocol.SAMPLE:
             self._sample(proc, record, batch)
         elif kind == protocol.BACKFILL:
@@ -387,8 +391,16 @@ class Model(HistoryFeed):
         cap = protocol.obj_of(rec.get("transfer_capture"))
         if not cap.get("available", True):
             self._event(proc.pid, "info", f"transfer counts n/a: {protocol.shown(cap.get('reason'))}", rec.get("t"))
-        if proc.nvml_status and not proc.nvml_status.get("available", False):
-            self._event(proc.pid, "info", f"NVML n/a: {protocol.shown(proc.nvml_status.get('reason'))}", rec.get("t"))
+        proc.nvml_said = False
+        self._say_nvml(proc, rec.get("t"))
+
+    def _say_nvml(self, proc: ProcessModel, t: Any) -> None:
+        """Why NVML is n/a, once, where that is news (not on a TPU or CPU machine without NVIDIA's library)."""
+        due = None if proc.nvml_said else nvml_worth_saying(proc.nvml_status, proc.backend, "external" in proc.hello)
+        if due is not None:
+            proc.nvml_said = True
+            if due:
+                self._event(proc.pid, "info", f"NVML n/a: {protocol.shown(proc.nvml_status.get('reason'))}", t)
 
     def _oom_census(self, proc: ProcessModel, census: dict[str, Any]) -> None:
         # A census sent again (its OOM turned out to be uncaught) replaces the first copy.
@@ -430,6 +442,8 @@ class Model(HistoryFeed):
             self._oom_census(proc, rec["oom_census"])
         if isinstance(rec.get("demo"), dict):
             proc.demo = rec["demo"]
+        if isinstance(rec.get("accelerator"), dict):
+            proc.accelerator = rec["accelerator"]
         if proc.state in (CONNECTING, STALE, DISCONNECTED):
             proc.state = LIVE
         nvml_by_index, jax_to_nvml = gpus_by_index(rec.get("nvml")), proc.jax_to_nvml

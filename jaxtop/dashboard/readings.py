@@ -70,7 +70,7 @@ _SHAPES: dict[str, dict[str, tuple[type, str]]] = {
     protocol.BACKEND: {"versions": (dict, "an object"), "devices": (list, "an array"), "backend": (str, "a string")},
     protocol.SAMPLE: {"devices": (list, "an array"), "transfers": (dict, "an object"), "nvml": (dict, "an object"),
                       "jit": (dict, "an object"), "events": (list, "an array"),
-                      "transfer_capture": (dict, "an object"),
+                      "transfer_capture": (dict, "an object"), "accelerator": (dict, "an object"),
                       **{part: (dict, "an object") for part in _PART_NUMBERS}},
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jaxtop.wire import protocol
+from jaxtop.dashboard.accelerator import AcceleratorView
 from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.dashboard.readings import (
@@ -89,6 +90,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         holders=p.holders.view(),
         oom_censuses=tuple(census_view(c, census_views) for c in p.oom_censuses),
         jax_version=protocol.text_of(p.versions.get("jax")),
+        accelerator=AcceleratorView.from_wire(p.accelerator),
     )
 
 

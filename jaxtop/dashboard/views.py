@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jaxtop.wire import protocol
+from jaxtop.dashboard.accelerator import AcceleratorView
 from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.holders import HoldersView
 from jaxtop.dashboard.oom_views import OomCensus
@@ -133,6 +134,10 @@ class ProcessView:
     # Why the per-buffer detail (maps, top buffers, shapes) is n/a for the
     # whole process: read from Prometheus, which carries totals only.
     detail_na: str | None = None
+    #: The TPU runtime's latest readings (the ``accelerator`` field, sent
+    #: when it changes); None where the stream carried none (not a TPU, an
+    #: older agent).
+    accelerator: AcceleratorView | None = None
 
     @property
     def who(self) -> str:

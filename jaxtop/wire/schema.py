@@ -36,7 +36,7 @@ SAMPLE_FIELDS = {
     "t": None, "seq": None, "events": None, "agent": None, "final": None,
     "transfer_capture": "transfer_capture", "devices": "devices", "transfers": "transfers",
     "process": "process", "compile": "compile", "donation": "donation", "nvml": "nvml", "jit": "jit",
-    "holders": "holders", "host_syncs": "host_syncs", "labels": "labels",
+    "holders": "holders", "host_syncs": "host_syncs", "labels": "labels", "accelerator": "accelerator",
 }
 
 #: One device of ``devices``.
