@@ -212,7 +212,7 @@ class DemoApp(JaxtopApp):
 
     def action_cursor(self, delta: int) -> None:
         panel = self.query_one(StrategiesPanel)
-        n = len(self._strategies()) or 9
+        n = len(self._strategies()) or 1  # none shown yet: nothing to move to
         panel.cursor = (panel.cursor + delta) % n
         panel.refresh()
 

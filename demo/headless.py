@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from jaxtop.demo.metrics import fmt_metric
+from jaxtop.demo.metrics import fmt_metric, fmt_spread, within_text
 
 
 def _change(row: dict[str, Any]) -> str:
@@ -26,29 +26,37 @@ def _change(row: dict[str, Any]) -> str:
     return f"{(on - off) / abs(off):+.0%}"
 
 
+#: The table's columns; "spread" is empty for an exact metric (a count, a
+#: size from XLA), which repeats to the unit from run to run.
+HEAD = ("strategy", "metric", "off", "on", "change", "spread", "expected", "moved as expected")
+
+
 def _cells(r: dict[str, Any], missing: str = "-") -> tuple[str, ...]:
-    """(strategy, metric, off, on, change, expected, moved as expected) of one row."""
+    """One row's cells, in the order of :data:`HEAD`."""
     variants = r.get("variants") or ["off", "on"]
     if r.get("na"):
-        return (r["strategy"], r["metric"], "", "", "", r.get("expect") or "", r["na"])
-    ok = {True: "yes", False: "NO", None: "(informational)"}[r.get("ok")]
+        return (r["strategy"], r["metric"], "", "", "", "", r.get("expect") or "", r["na"])
+    unit = r.get("unit", "")
+    if r.get("ok") is None and r.get("within_spread"):
+        ok = within_text(r.get("spread"), unit, precise=True)
+    else:
+        ok = {True: "yes", False: "NO", None: "(informational)"}[r.get("ok")]
     metric = r["metric"] if variants == ["off", "on"] or None in variants else f"{r['metric']} ({variants[0]} → {variants[1]})"
     note = f" ({r['note']})" if r.get("note") else ""
-    return (r["strategy"], metric, fmt_metric(r.get("off"), r.get("unit", ""), missing, precise=True),
-            fmt_metric(r.get("on"), r.get("unit", ""), missing, precise=True),
-            _change(r), r.get("expect") or "", ok + note)
+    return (r["strategy"], metric, fmt_metric(r.get("off"), unit, missing, precise=True),
+            fmt_metric(r.get("on"), unit, missing, precise=True),
+            _change(r), fmt_spread(r.get("spread"), unit, precise=True), r.get("expect") or "", ok + note)
 
 
 def print_table(rows: list[dict[str, Any]], backend: str, out: TextIO = sys.stdout) -> None:
-    head = ("strategy", "metric", "off", "on", "change", "expected", "moved as expected")
-    table = [head] + [_cells(r) for r in rows]
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(head) - 1)]
+    table = [HEAD] + [_cells(r) for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(HEAD) - 1)]
     print(f"jaxtop demo --headless on {backend}", file=out)
     for i, row in enumerate(table):
         cells = [str(c).ljust(w) for c, w in zip(row[:-1], widths)]
         print("  ".join(cells) + "  " + str(row[-1]), file=out)
         if i == 0:
-            print("  ".join("-" * w for w in widths) + "  " + "-" * 17, file=out)
+            print("  ".join("-" * w for w in widths) + "  " + "-" * len(HEAD[-1]), file=out)
 
 
 def markdown_table(data: dict[str, Any]) -> str:
@@ -59,8 +67,8 @@ def markdown_table(data: dict[str, Any]) -> str:
         f"jax {about.get('jax', '?')} ({data.get('backend')} backend), {about.get('date', '?')}; "
         f"{data.get('steps')} measured steps per variant, {about.get('seconds', 0):.0f} s in all including compiling:",
         "",
-        "| strategy | metric | off | on | change | expected | moved as expected |",
-        "|---|---|---|---|---|---|---|",
+        "| " + " | ".join(HEAD) + " |",
+        "|" + "---|" * len(HEAD),
     ]
     for r in data.get("rows") or []:
         cells = [c.replace("|", "\\|") for c in _cells(r, missing="–")]

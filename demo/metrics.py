@@ -8,15 +8,55 @@ from typing import Any
 from jaxtop.widgets.render import fmt_bytes
 
 
-def verdict(expect: str, off: float, on: float) -> bool | None:
-    """Did the metric move the expected way? None when nothing is expected."""
+#: The outcomes of :func:`outcome`.
+YES, NO, WITHIN, INFO = "yes", "NO", "within", ""
+
+
+def outcome(expect: str, off: float, on: float, spread: float | None = None) -> str:
+    """How a metric moved from ``off`` to ``on``, against what was expected.
+
+    Args:
+        expect: "down", "up", "zero", or anything else for nothing expected.
+        off: the value in the first variant.
+        on: the value in the second.
+        spread: how much the metric varies by itself (the largest
+            difference between repeated readings of one variant); None for
+            an exact metric (a count, a size from XLA), which repeats to the
+            unit.
+
+    Returns:
+        :data:`YES` when it moved the expected way by more than ``spread``;
+        :data:`WITHIN` when it moved no more than ``spread`` either way (a
+        noisy metric that did not measurably change); :data:`NO` otherwise;
+        :data:`INFO` when nothing is expected.
+    """
+    if expect not in ("down", "up", "zero"):
+        return INFO
+    if spread is not None and abs(on - off) <= spread:
+        return WITHIN
     if expect == "down":
-        return on < off
-    if expect == "up":
-        return on > off
-    if expect == "zero":
-        return off > 0 and on == 0
-    return None
+        ok = on < off
+    elif expect == "up":
+        ok = on > off
+    else:
+        ok = off > 0 and on == 0
+    return YES if ok else NO
+
+
+def spread_of(*spreads: float | None) -> float | None:
+    """The largest of the spreads measured; None when none was (an exact metric)."""
+    known = [s for s in spreads if s is not None]
+    return max(known) if known else None
+
+
+def fmt_spread(spread: float | None, unit: str, precise: bool = False) -> str:
+    """``±x`` in the metric's unit, or "" for an exact metric."""
+    return "" if spread is None else "±" + fmt_metric(spread, unit, precise=precise)
+
+
+def within_text(spread: float | None, unit: str, precise: bool = False) -> str:
+    """What a change within the spread reads as."""
+    return f"no change beyond the spread ({fmt_spread(spread, unit, precise)})"
 
 
 #: How each expectation reads after a ✗ or a NO.

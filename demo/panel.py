@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from jaxtop.dashboard.model import Snapshot
-from jaxtop.demo.metrics import fmt_metric, verdict, why_not
+from jaxtop.demo.metrics import NO, WITHIN, YES, fmt_metric, fmt_spread, outcome, spread_of, why_not, within_text
 from jaxtop.widgets.panels import Panel, panel_title
 from jaxtop.widgets.render import fmt_bytes
 
@@ -24,14 +24,26 @@ from jaxtop.widgets.render import fmt_bytes
 WIDE = 110
 
 
-def judge(expect: str, before: Any, after: Any) -> tuple[str, str]:
-    """(mark, style) for a measured change."""
+def judge(expect: str, before: Any, after: Any, spread: float | None = None) -> tuple[str, str]:
+    """(mark, style) for a measured change: ✓, ✗, or ≈ for a change no
+    larger than the metric's spread."""
     if before is None or after is None:
         return "", "dim"
-    ok = verdict(expect, before, after)
-    if ok is None:
-        return "", "dim"
-    return ("✓", "green") if ok else ("✗", "red")
+    result = outcome(expect, before, after, spread)
+    if result == YES:
+        return "✓", "green"
+    if result == NO:
+        return "✗", "red"
+    if result == WITHIN:
+        return "≈", "yellow"
+    return "", "dim"
+
+
+def metric_spread(m: dict[str, Any], ra: dict[str, Any] | None, rb: dict[str, Any] | None) -> float | None:
+    """The spread of metric ``m`` between two measured variants: the larger
+    range of its per-block readings; None for an exact metric."""
+    key = f"{m['key']}_spread"
+    return spread_of((ra or {}).get(key), (rb or {}).get(key))
 
 
 class StrategiesPanel(Panel):
@@ -101,7 +113,7 @@ class StrategiesPanel(Panel):
                 text.append("  ")
             text.append(f"{m['short']} ", style="dim")
             text.append(f"{fmt_metric(before, m['unit'])} → {fmt_metric(after, m['unit'])}", style="bold")
-            mark, style = judge(m.get("expect", ""), before, after)
+            mark, style = judge(m.get("expect", ""), before, after, metric_spread(m, results.get(a), results.get(b)))
             if mark:
                 text.append(f" {mark}", style=style)
             if not all_metrics:
@@ -168,9 +180,15 @@ class StrategiesPanel(Panel):
                 line.append(f"n/a: {reason}" if reason else "n/a on this backend", style="dim")
             else:
                 line.append(f"{fmt_metric(before, m['unit'])} → {fmt_metric(after, m['unit'])}", style="bold")
-                mark, style = judge(m.get("expect", ""), before, after)
+                spread = metric_spread(m, ra, rb)
+                if spread is not None:
+                    line.append(f" {fmt_spread(spread, m['unit'])}", style="dim")
+                mark, style = judge(m.get("expect", ""), before, after, spread)
                 if mark == "✗":
                     line.append(f" ✗ {why_not(m['expect'], m.get('caveat', ''))}", style=style)
+                    line.no_wrap = False
+                elif mark == "≈":
+                    line.append(f" ≈ {within_text(spread, m['unit'])}", style=style)
                     line.no_wrap = False
                 elif mark:
                     line.append(f" {mark}", style=style)

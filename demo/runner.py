@@ -15,17 +15,15 @@ measures each strategy's variants back to back and returns the table.
 
 from __future__ import annotations
 
-import gzip
-import inspect
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
-from jaxtop.demo import strategies as strategies_module
-from jaxtop.demo.metrics import fmt_metric, verdict, why_not
+from jaxtop.demo.metrics import NO, WITHIN, YES, fmt_metric, outcome, spread_of, why_not
+from jaxtop.demo.profile_site import demo_site
 from jaxtop.demo.strategies import Metric, Profiling, Scale, Strategy, build
 from jaxtop.probes.jax_memory import fragmentation, normalize_stats
 
@@ -36,7 +34,7 @@ STEPS_SHOWN_S = 1.0
 
 
 class DemoRunner:
-    """The nine strategies of one process, and their measurements.
+    """The ten strategies of one process, and their measurements.
 
     Args:
         agent: the running jaxtop agent of this process (``handle.agent``).
@@ -56,6 +54,9 @@ class DemoRunner:
         self.profile_dir = profile_dir
         self._lock = threading.Lock()
         self._last_error_t = 0.0
+        # Asked before the strategies allocate anything: the check frees
+        # what it allocated and must see nothing else come or go.
+        self.allocs_counted, self.allocs_reason = counts_allocations(self.device)
         self.strategies: dict[str, Strategy] = build(self.scale, self.device, on_error=self._guard_error)
         for s in self.strategies.values():
             for v in s.variants:
@@ -81,11 +82,12 @@ class DemoRunner:
             "compiles": self.agent.compile_count(),
             "errors": getattr(strategy, "errors", 0),
             "allocated": getattr(strategy, "allocated_bytes", None),
-            "num_allocs": (stats or {}).get("num_allocs"),
-            "peak": (stats or {}).get("peak_bytes_in_use"),
+            # A difference of num_allocs is the allocations made only where
+            # the allocator counts them (counts_allocations): on a TPU it
+            # is the number of buffers alive, the same before and after.
+            "num_allocs": (stats or {}).get("num_allocs") if self.allocs_counted else None,
             "fragmentation": frag,
             "fragmentation_reason": frag_reason,
-            "t": time.perf_counter(),
         }
 
     def _guard_error(self, text: str) -> None:
@@ -95,73 +97,75 @@ class DemoRunner:
             self.agent.post_event("guard", text=f"caught {text}; the loop goes on")
 
     # -- measurement ----------------------------------------------------------------------
-    def measure(self, name: str, variant: str, steps: int | None = None) -> dict[str, Any]:
+    def measure(self, name: str, variant: str, steps: int | None = None, record: bool = True) -> dict[str, Any]:
         """Measure one variant; the result is also kept in :attr:`results`.
 
         The strategy starts from its reset state and runs one unmeasured step
-        (it may still compile or fill a cache), then ``steps`` measured ones.
-        The same steps measured the same way give the same counts, whether
-        run headless or right after a switch in the dashboard.
+        (it may still compile or fill a cache), then ``steps`` measured ones
+        in three blocks (more where the strategy needs longer blocks:
+        ``min_block_steps``). The same steps measured the same way give the
+        same counts, whether run headless or right after a switch in the
+        dashboard.
 
         Args:
             name: the strategy.
             variant: one of its variants.
             steps: measured steps; default :attr:`measure_steps`.
+            record: keep the result in :attr:`results`. False for a repeat
+                that only measures the spread: the counts (exact, known from
+                the first measurement) are not read, which saves the wait for
+                the transfer counter.
 
         Returns:
-            The metrics, per step where they are counts (see :meth:`_metrics`);
-            for the profiling strategy, the profile's (see :meth:`snapshot`).
+            The metrics, per step where they are counts (see :func:`step_metrics`),
+            with ``KEY_spread`` beside each figure read per block; for the
+            profiling strategy, the profile's (see :meth:`snapshot`).
         """
         strategy = self.strategies[name]
         steps = steps or self.measure_steps
         if isinstance(strategy, Profiling):
             metrics = self.snapshot()
         else:
-            strategy.reset(variant)
-            strategy.step(variant)
-            self.steps += 1
-            before = self._counters(strategy)
-            # Step time: the fastest of three equal chunks, so a burst of load
-            # from elsewhere on the machine does not flip a comparison.
-            chunks = [steps // 3 + (1 if i < steps % 3 else 0) for i in range(3)]
-            best = None
-            for n in chunks:
-                started = time.perf_counter()
-                for _ in range(n):
-                    strategy.step(variant)
-                self.steps += n
-                if n:
-                    per_step = (time.perf_counter() - started) / n
-                    best = per_step if best is None else min(best, per_step)
-            after = self._counters(strategy)
-            metrics = self._metrics(strategy, variant, steps, best or 0.0, before, after)
-        with self._lock:
-            self.results[name][variant] = metrics
-            self.version += 1
+            metrics = self._measure_steps(strategy, variant, steps, counts=record)
+        if record:
+            with self._lock:
+                self.results[name][variant] = metrics
+                self.version += 1
         return metrics
 
-    def _metrics(self, strategy: Strategy, variant: str, steps: int, step_s: float,
-                 before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {"steps": steps, "step_s": step_s}
-        out["h2d_per_step"] = (after["h2d"] - before["h2d"]) / steps
-        out["compiles_per_step"] = (after["compiles"] - before["compiles"]) / steps
-        out["errors_per_step"] = (after["errors"] - before["errors"]) / steps
-        if after["allocated"] is not None and after["allocated"] != before["allocated"]:
-            out["alloc_bytes_per_step"] = (after["allocated"] - before["allocated"]) / steps
-        if after["num_allocs"] is not None and before["num_allocs"] is not None:
-            out["allocs_per_step"] = (after["num_allocs"] - before["num_allocs"]) / steps
-        out["fragmentation"] = after["fragmentation"]
-        if after["fragmentation"] is None:
-            out["fragmentation_reason"] = after["fragmentation_reason"] or "memory_stats() reports no pool on this backend"
-        if hasattr(strategy, "gap_ratio"):
-            out["gap_ratio"] = strategy.gap_ratio()
-            if out["gap_ratio"] is None:
-                out["gap_ratio_reason"] = "no buffer addresses on this backend"
-        if strategy.name == "jit" and out.get("allocs_per_step") is not None:
-            out["buffers_per_step"] = out["allocs_per_step"]  # the allocator's own count (GPU)
-        for key, value in strategy.static(variant).items():
-            out.setdefault(key, value)
-        return out
+    def _measure_steps(self, strategy: Strategy, variant: str, steps: int, counts: bool = True) -> dict[str, Any]:
+        strategy.reset(variant)
+        strategy.step(variant)
+        strategy.drain(variant)
+        strategy.block_metrics(variant)  # the unmeasured step's figures go
+        self.steps += 1
+        before = self._counters(strategy) if counts else None
+        # Three equal blocks: a noisy figure is read after each, and the
+        # range of its readings is its spread. Step time is the fastest
+        # block's, so that a burst of load from elsewhere on the machine
+        # does not flip a comparison. A strategy whose story takes a number
+        # of steps (the run-ahead one's wait interval) gets at least that
+        # many per block: the wait at a block's end would cut it short.
+        chunks = [steps // 3 + (1 if i < steps % 3 else 0) for i in range(3)]
+        chunks = [max(n, strategy.min_block_steps) for n in chunks]
+        steps = sum(chunks)
+        blocks: list[dict[str, Any]] = []
+        for n in chunks:
+            if not n:
+                continue
+            started = time.perf_counter()
+            for _ in range(n):
+                strategy.step(variant)
+            strategy.drain(variant)  # the device's work is part of the step
+            elapsed = time.perf_counter() - started
+            self.steps += n
+            block = {"step_s": elapsed / n}
+            block.update(strategy.block_metrics(variant))
+            # After the drain: the allocator has seen the block's work end.
+            block["fragmentation"] = fragmentation(normalize_stats(_memory_stats(self.device)), self.device.platform)[0]
+            blocks.append(block)
+        after = self._counters(strategy) if counts else None
+        return step_metrics(strategy, variant, steps, blocks, before, after, self.allocs_reason)
 
     def snapshot(self) -> dict[str, Any]:
         """Take a device memory profile: the profiling strategy's measurement.
@@ -189,11 +193,18 @@ class DemoRunner:
 
     # -- headless ----------------------------------------------------------------------------
     def run_all(self, steps: int | None = None) -> list[dict[str, Any]]:
-        """Each strategy's variants back to back; one row per metric."""
+        """Each strategy's variants back to back; one row per metric.
+
+        A strategy with a noisy metric that is expected to move has the
+        first variant of that metric measured once more after the others
+        (off, on, off): how far the two readings of the same variant lie
+        apart is part of the metric's spread.
+        """
         rows = []
         for name, strategy in self.strategies.items():
             measured = {v: self.measure(name, v, steps) for v in strategy.variants}
-            rows.extend(table_rows(name, strategy, measured, self.backend))
+            again = {v: self.measure(name, v, steps, record=False) for v in repeat_variants(strategy, measured)}
+            rows.extend(table_rows(name, strategy, measured, self.backend, again))
         return rows
 
     # -- interactive -----------------------------------------------------------------------
@@ -289,6 +300,66 @@ class DemoRunner:
             self.agent.post_event("profile", text=text)
 
 
+def step_metrics(strategy: Strategy, variant: str, steps: int, blocks: list[dict[str, Any]],
+                 before: dict[str, Any] | None, after: dict[str, Any] | None,
+                 allocs_reason: str | None = None) -> dict[str, Any]:
+    """One variant's measurement, from what was read around its steps.
+
+    Args:
+        strategy: the strategy measured.
+        variant: the variant measured.
+        steps: how many steps were measured.
+        blocks: per block of steps, the figures read after it (step time,
+            allocator fragmentation, the strategy's ``block_metrics``).
+        before: the counters (``DemoRunner._counters``) before the steps;
+            None, with ``after``, where the counts were not read.
+        after: the counters after them.
+        allocs_reason: why the allocator's ``num_allocs`` was not read
+            (its value in the counters is None then).
+
+    Returns:
+        Per-step counts; each block figure reduced over the blocks, with
+        ``KEY_spread`` (the range of its readings) beside it; ``KEY_reason``
+        for a figure that is None; ``KEY_source`` where a figure's source
+        depends on the backend; and the strategy's static metrics.
+    """
+    out: dict[str, Any] = {"steps": steps}
+    reduce = {"step_s": min, **strategy.block_reduce}
+    for key in dict.fromkeys(k for b in blocks for k in b):
+        values = [b[key] for b in blocks if b.get(key) is not None]
+        if not values:
+            out[key] = None
+            continue
+        out[key] = reduce[key](values) if key in reduce else values[-1]
+        # How much the figure varied between blocks of this very
+        # measurement: a change between variants must be larger.
+        out[f"{key}_spread"] = max(values) - min(values)
+    if before is not None and after is not None:
+        out["h2d_per_step"] = (after["h2d"] - before["h2d"]) / steps
+        out["compiles_per_step"] = (after["compiles"] - before["compiles"]) / steps
+        out["errors_per_step"] = (after["errors"] - before["errors"]) / steps
+        if after["allocated"] is not None and after["allocated"] != before["allocated"]:
+            out["alloc_bytes_per_step"] = (after["allocated"] - before["allocated"]) / steps
+        if after["num_allocs"] is not None and before["num_allocs"] is not None:
+            out["allocs_per_step"] = (after["num_allocs"] - before["num_allocs"]) / steps
+    if out.get("fragmentation") is None:
+        out["fragmentation_reason"] = ((after or {}).get("fragmentation_reason")
+                                       or "memory_stats() reports no pool on this backend")
+    if "gap_ratio" in out and out["gap_ratio"] is None:
+        out["gap_ratio_reason"] = getattr(strategy, "holes_reason", None) or "no buffer addresses were read"
+    if "held_bytes" in out and out["held_bytes"] is None:
+        out["held_bytes_reason"] = getattr(strategy, "held_reason", None) or "no bytes in use on this backend"
+    if strategy.name == "jit":
+        if out.get("allocs_per_step") is not None:
+            out["buffers_per_step"] = out["allocs_per_step"]
+            out["buffers_per_step_source"] = "the allocator's num_allocs"
+        else:
+            out["buffers_per_step_source"] = f"the jaxpr's operations; no allocation count: {allocs_reason}"
+    for key, value in strategy.static(variant).items():
+        out.setdefault(key, value)
+    return out
+
+
 def describe(strategy: Strategy | type[Strategy]) -> dict[str, Any]:
     """What the Strategies panel needs to know of a strategy, besides results.
 
@@ -314,11 +385,33 @@ def _pair(strategy: Strategy | type[Strategy], metric: Metric) -> list[str | Non
     return list(strategy.variants[:2])
 
 
-def table_rows(name: str, strategy: Strategy, measured: dict[str, dict[str, Any]], backend: str) -> list[dict[str, Any]]:
-    """One row per metric of a measured strategy (the headless table, the JSON)."""
+def repeat_variants(strategy: Strategy, measured: dict[str, dict[str, Any]]) -> list[str]:
+    """The variants to measure again for their spread: the first of each
+    pair whose metric is expected to move and was read per block (has a
+    ``KEY_spread``); exact counts and sizes need no repeat."""
+    out: list[str] = []
+    for m in strategy.metrics:
+        a, _ = _pair(strategy, m)
+        if a is not None and m.expect in ("down", "up", "zero") and f"{m.key}_spread" in measured.get(a, {}):
+            if a not in out:
+                out.append(a)
+    return out
+
+
+def table_rows(name: str, strategy: Strategy, measured: dict[str, dict[str, Any]], backend: str,
+               again: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per metric of a measured strategy (the headless table, the JSON).
+
+    Args:
+        name: the strategy's name.
+        strategy: the strategy.
+        measured: its measurement per variant.
+        backend: jax's backend, for the reason of an n/a.
+        again: a second measurement of some variants (:func:`repeat_variants`).
+    """
     if isinstance(strategy, Profiling):
         return _profile_rows(strategy, measured.get(strategy.variants[0]) or {})
-    return [_row(name, strategy, m, measured, backend) for m in strategy.metrics]
+    return [_row(name, strategy, m, measured, backend, again or {}) for m in strategy.metrics]
 
 
 def _profile_rows(strategy: Strategy, result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -345,91 +438,94 @@ def _memory_stats(device: Any) -> dict[str, Any] | None:
         return None
 
 
-def _row(name: str, strategy: Strategy, metric: Metric, measured: dict[str, dict[str, Any]], backend: str) -> dict[str, Any]:
+def row_spread(metric: Metric, a: str | None, b: str, measured: dict[str, dict[str, Any]],
+               again: dict[str, dict[str, Any]] | None = None) -> float | None:
+    """A metric's spread between variants ``a`` and ``b``: the largest range
+    of its per-block readings in either, and the distance between two
+    measurements of ``a`` where there are two; None for an exact metric."""
+    key = metric.key
+    ra, rb = measured.get(a, {}) if a is not None else {}, measured.get(b, {})
+    within = ra.get(f"{key}_spread"), rb.get(f"{key}_spread")
+    if within == (None, None):
+        return None  # not read per block: a count or a size, exact
+    first = ra.get(key)
+    second = (again or {}).get(a, {}).get(key) if a is not None else None
+    repeat = abs(second - first) if first is not None and second is not None else None
+    return spread_of(*within, repeat)
+
+
+def _row(name: str, strategy: Strategy, metric: Metric, measured: dict[str, dict[str, Any]], backend: str,
+         again: dict[str, dict[str, Any]]) -> dict[str, Any]:
     a, b = _pair(strategy, metric)
     off, on = measured.get(a, {}).get(metric.key), measured.get(b, {}).get(metric.key)
     row = {"strategy": name, "metric": metric.label, "key": metric.key, "unit": metric.unit,
-           "variants": [a, b], "off": off, "on": on, "expect": metric.expect, "na": None}
+           "variants": [a, b], "off": off, "on": on, "expect": metric.expect, "na": None, "spread": None}
     if off is None or on is None:
         reason = measured.get(b, {}).get(f"{metric.key}_reason") or measured.get(a, {}).get(f"{metric.key}_reason") or f"not measurable on {backend}"
         row.update(change=None, ok=None, na=f"n/a on this backend: {reason}")
         return row
     row["change"] = on - off
-    row["ok"] = verdict(metric.expect, off, on)
-    if row["ok"] is False:
-        row["note"] = why_not(metric.expect, metric.caveat)
+    row["spread"] = row_spread(metric, a, b, measured, again)
+    result = outcome(metric.expect, off, on, row["spread"])
+    row["ok"] = {YES: True, NO: False}.get(result)
+    row["within_spread"] = result == WITHIN
+    source = measured.get(b, {}).get(f"{metric.key}_source") or measured.get(a, {}).get(f"{metric.key}_source")
+    notes = [f"source: {source}"] if source else []
+    if result == NO:
+        notes.insert(0, why_not(metric.expect, metric.caveat))
+    if notes:
+        row["note"] = "; ".join(notes)
     return row
 
 
-# -- the top allocation site in the demo's own code ---------------------------------------
+def counts_allocations(device: Any, stats: Callable[[], dict[str, Any] | None] | None = None,
+                       settle_s: float = 0.25) -> tuple[bool, str | None]:
+    """Whether ``memory_stats()["num_allocs"]`` counts the allocations made,
+    so that its difference over some steps is what they allocated.
 
-_STRATEGIES_FILE = os.path.realpath(strategies_module.__file__)
-
-
-def demo_site(path: str | None) -> tuple[str, int] | None:
-    """The frame of the strategies' code that allocated the most live bytes.
-
-    The probe's top site is the innermost frame outside jax; in the demo's
-    workload that can be the bootstrap that started the process, which says
-    nothing. The innermost frame in ``strategies.py`` is the one a user
-    reading that file can act on.
+    The BFC allocator of a GPU counts every allocation and never counts
+    down. The TPU runtime's ``num_allocs`` is the number of buffers alive:
+    it went up and down with the program's buffers in a recording on a TPU
+    v5e (jax 0.10.2: 665, 605, 545, 485, 665, … while a training loop ran),
+    and its difference over steps that free what they allocate is 0. Told
+    apart here by allocating three buffers and freeing them: a count of
+    live buffers falls back.
 
     Args:
-        path: a profile :func:`~jaxtop.probes.memory_profile.take_profile` saved.
+        device: the device the strategies run on (the buffers go there).
+        stats: reads the allocator's stats; default ``device.memory_stats()``.
+        settle_s: how long to wait for the count to fall (a runtime may
+            free a buffer a moment after ``delete()``).
 
     Returns:
-        ("Class.function (strategies.py:LINE)", bytes), or None when no live
-        buffer was allocated there (or the file cannot be read).
+        (True, None), or (False, why the count cannot be used).
     """
-    from jaxtop.probes.memory_profile import ProfileDecodeError, decode_profile
+    import jax.numpy as jnp
 
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-        profile = decode_profile(data)
-    except (OSError, EOFError, ProfileDecodeError):
-        return None
-    bytes_i = next((i for i, (kind, unit) in enumerate(profile.sample_types) if kind == "space" or unit == "bytes"), None)
-    if bytes_i is None:
-        return None
-    ours: dict[int, bool] = {}  # function id -> in strategies.py
-    per_site: dict[tuple[str, int], int] = {}
-    for sample in profile.samples:
-        nbytes = sample.values[bytes_i] if bytes_i < len(sample.values) else 0
-        if nbytes <= 0:
-            continue
-        site = None
-        for loc_id in sample.location_ids:  # innermost first
-            for func_id, line in profile.locations.get(loc_id, ()):
-                if func_id not in ours:
-                    filename = profile.functions.get(func_id, ("", ""))[1]
-                    ours[func_id] = bool(filename) and os.path.realpath(filename) == _STRATEGIES_FILE
-                if ours[func_id]:
-                    site = (profile.functions[func_id][0], line)
-                    break
-            if site:
-                break
-        if site:
-            per_site[site] = per_site.get(site, 0) + nbytes
-    if not per_site:
-        return None
-    (function, line), nbytes = max(per_site.items(), key=lambda item: (item[1], -item[0][1]))
-    owner = _class_at(line)
-    return f"{owner + '.' if owner else ''}{function} (strategies.py:{line})", nbytes
+    read = stats or (lambda: _memory_stats(device))
 
+    def count() -> Any:
+        return (normalize_stats(read()) or {}).get("num_allocs")
 
-def _class_at(line: int) -> str | None:
-    """The strategy class whose source holds ``line`` of strategies.py."""
-    for cls in vars(strategies_module).values():
-        if inspect.isclass(cls) and cls.__module__ == strategies_module.__name__:
-            try:
-                lines, start = inspect.getsourcelines(cls)
-            except (OSError, TypeError):
-                continue
-            if start <= line < start + len(lines):
-                return cls.__name__
-    return None
+    if read() is None:
+        return False, f"memory_stats() is None on {device.platform} backend"
+    first = count()
+    if first is None:
+        return False, f"memory_stats() has no num_allocs on {device.platform}"
+    probe = [jnp.full((1024,), float(i), jnp.float32, device=device) for i in range(3)]
+    jax.block_until_ready(probe)
+    held = count()
+    for a in probe:
+        a.delete()
+    deadline = time.monotonic() + settle_s
+    while True:
+        now = count()
+        if now is not None and held is not None and now < held:
+            return False, (f"num_allocs on {device.platform} counts live buffers, not allocations made "
+                           f"(it fell from {held} to {now} as buffers were freed)")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    if held is None or held <= first:
+        return False, f"num_allocs on {device.platform} did not rise when buffers were allocated"
+    return True, None

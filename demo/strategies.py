@@ -1,28 +1,16 @@
-"""The nine memory strategies, each a pair (or triple) of variants compiled
+"""The ten memory strategies, each a pair (or triple) of variants compiled
 up front, so flipping one changes only what it is about.
 
-A strategy exposes:
-    ``variants``      names, the first is the baseline ("off")
-    ``prepare(v)``    compile variant ``v`` (before the loop; no compile in steps)
-    ``step(v)``       one step of variant ``v`` (returns nothing; blocks until done)
-    ``reset(v)``      put the workload back in its starting state, so that a
-                      measurement starts from the same place whenever it runs
-    ``static(v)``     metrics known from the compiled program (memory_analysis),
-                      or from the jaxpr, measured not assumed
-    ``metrics``       which measured metrics tell its story, with the direction
-                      expected when going from the first to the second variant
-
-Sizes come from a :class:`Scale` so the same code runs small on a 2-core CPU
-and large on a GPU.
+What a strategy exposes, and the sizes it runs at, are in
+:mod:`jaxtop.demo.base`.
 """
 
 from __future__ import annotations
 
-import abc
+import collections
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -31,99 +19,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtop.probes.live_arrays import hole_ratio
-
-
-@dataclass(frozen=True)
-class Scale:
-    """Workload sizes. ``for_backend`` picks them from the device."""
-
-    width: int = 256  # matrix side
-    batch: int = 64
-    items: int = 16  # items per step in the batching strategy
-    state_elems: int = 1 << 20  # donation state (4 MiB of float32)
-    grow_rows: int = 64  # in-place buffer rows
-    layers: int = 16  # checkpointing scan length
-    frag_buffers: int = 64
-
-    @staticmethod
-    def for_backend(backend: str, small: bool = False) -> "Scale":
-        if small:
-            return Scale(width=128, batch=32, items=8, state_elems=1 << 18, grow_rows=32, layers=8, frag_buffers=32)
-        if backend in ("gpu", "cuda", "rocm", "tpu"):
-            return Scale(width=2048, batch=512, items=32, state_elems=1 << 26, grow_rows=256, layers=32, frag_buffers=256)
-        return Scale()
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A number the strategy is judged by.
-
-    Attributes:
-        key: name in the measurement dict.
-        label: shown in tables.
-        unit: bytes, count, s, ratio.
-        expect: direction from the first to the second variant: "down", "up",
-            "zero" (second is 0, first > 0), or "" (informational).
-        pair: the variants compared; default: the first two.
-        short: the label in the Strategies panel's one-line rows.
-        caveat: a likely cause when it moves the wrong way, shown beside a ✗.
-    """
-
-    key: str
-    label: str
-    unit: str
-    expect: str
-    pair: tuple[str, str] | None = None
-    short: str = ""
-    caveat: str = ""
-
-
-#: Step times are wall-clock times on a shared machine.
-TIMING_CAVEAT = "other load on the machine"
-
-
-def _analysis(compiled: Any) -> dict[str, int | None]:
-    try:
-        m = compiled.memory_analysis()
-    except Exception:
-        return {}
-    if m is None:
-        return {}
-    out = {}
-    for name in ("temp_size_in_bytes", "alias_size_in_bytes", "output_size_in_bytes", "argument_size_in_bytes"):
-        out[name] = getattr(m, name, None)
-    return out
-
-
-class Strategy(abc.ABC):
-    name = ""
-    title = ""
-    variants: tuple[str, ...] = ("off", "on")
-    about = ""
-    metrics: tuple[Metric, ...] = ()
-
-    def __init__(self, scale: Scale, device: Any) -> None:
-        self.scale = scale
-        self.device = device
-        self._static: dict[str, dict[str, Any]] = {}
-
-    def prepare(self, variant: str) -> None:
-        """Compile the variant (called once per variant, before the loop)."""
-
-    def reset(self, variant: str) -> None:
-        """Back to the starting state before ``variant`` is measured.
-
-        Only strategies whose steps build up state (buffers kept between
-        steps) need it; a measurement must not depend on what ran before.
-        """
-
-    @abc.abstractmethod
-    def step(self, variant: str) -> None:
-        """One iteration of the workload in ``variant``."""
-
-    def static(self, variant: str) -> dict[str, Any]:
-        return dict(self._static.get(variant, {}))
+# Scale, Metric and Strategy are importable from here, as before they had a
+# module of their own.
+from jaxtop.demo.base import TIMING_CAVEAT, Metric, Scale, Strategy  # noqa: F401
+from jaxtop.demo.base import analysis as _analysis
+from jaxtop.probes.live_arrays import MIN_HOLE_BUFFER, hole_ratio
 
 
 class Placement(Strategy):
@@ -269,7 +169,9 @@ class Batching(Strategy):
     def step(self, variant: str) -> None:
         if variant == "off":
             outs = [self.one(self.w, item) for item in self.items]
-            outs[-1].block_until_ready()
+            # Every item's output: the last one being ready says nothing of
+            # the others where the device runs calls out of order.
+            jax.block_until_ready(outs)
         else:
             self.many(self.w, self.items).block_until_ready()
 
@@ -299,11 +201,16 @@ class Jit(Strategy):
     def prepare(self, variant: str) -> None:
         if variant == "off":
             _mlp(self.w, self.x).block_until_ready()
-            # Eager mode materialises every primitive's result as a device buffer.
+            # Eager mode dispatches each operation of the jaxpr on its own
+            # (jnp.mean and jnp.std are jitted functions: one operation
+            # each) and materialises each result as a device buffer, on
+            # every backend. The runner uses the allocator's own count
+            # instead where memory_stats() counts the allocations made.
             eqns = jax.make_jaxpr(_mlp)(self.w, self.x).jaxpr.eqns
-            self._static["off"] = {"buffers_per_step": len(eqns)}
+            self._static["off"] = {"buffers_per_step": sum(len(e.outvars) for e in eqns)}
         else:
             self.jitted(self.w, self.x).block_until_ready()
+            # One executable: its outputs are the only buffers left to the program.
             self._static["on"] = {"buffers_per_step": len(jax.tree_util.tree_leaves(jax.eval_shape(_mlp, self.w, self.x)))}
 
     def step(self, variant: str) -> None:
@@ -402,7 +309,9 @@ class Fragmentation(Strategy):
         self.make = {n: functools.partial(make, n=n) for n in (256, 4096, 65536, 262144)}
         self.uniform_n = 65536
         self.scalar = jax.device_put(jnp.zeros((), jnp.float32), device)
-        self.reset("off")
+        self.rng = np.random.default_rng(2)
+        self.holes_reason: str | None = None  # why the last reading has no holes figure
+        self._readings: list[float | None] = []  # the holes after each step of the current block
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self._thread.submit(fn, *args).result()
@@ -411,10 +320,26 @@ class Fragmentation(Strategy):
         self._run(lambda: [fn(self.scalar).block_until_ready() for fn in self.make.values()])
 
     def reset(self, variant: str) -> None:
-        self._run(self._release, self.live)
+        self._run(self._reset, variant)
+
+    def _reset(self, variant: str) -> None:
+        self._release(self.live)
         self.live = []
+        self._readings = []
         self.rng = np.random.default_rng(2)  # the same sizes and frees in every measurement
-        self._full_holes: float | None = None
+        if variant == "off":
+            # Compared when each variant holds a full set of buffers, in its
+            # steady state: the mixed one starts full (filling it takes
+            # frag_buffers / 4 steps: 64 on an accelerator, more than a
+            # measurement's 31, and its holes were never read on a TPU), and
+            # with each of its buffers replaced about once. Without that
+            # turnover the holes grow through the measurement as the frees
+            # begin (26% → 45% → 52% over three blocks at --small sizes),
+            # and that drift would be taken for spread.
+            while len(self.live) < self.scale.frag_buffers:
+                self._allocate_mixed()
+            for _ in range(self.scale.frag_buffers // 4):
+                self._mixed_step()
 
     @staticmethod
     def _release(buffers: list[Any]) -> None:
@@ -426,42 +351,63 @@ class Fragmentation(Strategy):
             except Exception:
                 pass
 
+    def _allocate_mixed(self) -> None:
+        sizes = list(self.make)
+        for _ in range(4):
+            n = sizes[int(self.rng.integers(len(sizes)))]
+            self.live.append(self.make[n](self.scalar))
+
+    def _mixed_step(self) -> None:
+        self._allocate_mixed()
+        while len(self.live) > self.scale.frag_buffers:  # free random old buffers: holes appear
+            self._release([self.live.pop(int(self.rng.integers(len(self.live))))])
+
     def step(self, variant: str) -> None:
         self._run(self._step, variant)
 
     def _step(self, variant: str) -> None:
-        cap = self.scale.frag_buffers
         if variant == "off":
-            sizes = list(self.make)
-            for _ in range(4):
-                n = sizes[int(self.rng.integers(len(sizes)))]
-                self.live.append(self.make[n](self.scalar))
-            while len(self.live) > cap:  # free random old buffers: holes appear
-                self._release([self.live.pop(int(self.rng.integers(len(self.live))))])
+            self._mixed_step()
         else:
             # The step's buffers live and die together: the last step's batch
             # goes as a whole, and the new one can take its place.
             self._release(self.live)
-            self.live = [self.make[self.uniform_n](self.scalar) for _ in range(cap)]
-        self.live[-1].block_until_ready()
-        if len(self.live) >= cap:
-            # Compared when each variant holds a full set of buffers (the
-            # mixed one fills up over its first steps).
-            self._full_holes = self._holes()
+            self.live = [self.make[self.uniform_n](self.scalar) for _ in range(self.scale.frag_buffers)]
+        # All of them: with asynchronous dispatch the last one being ready
+        # says nothing of the others.
+        jax.block_until_ready(self.live)
+        self._readings.append(self._holes())
+
+    def block_metrics(self, variant: str) -> dict[str, Any]:
+        """The holes of the block: the mean of a reading after each of its
+        steps. One reading swings widely with where the last few buffers
+        landed (at --small sizes from 9% to 56% between runs of the mixed
+        variant); the mean over a block is what a change must beat."""
+        readings, self._readings = [r for r in self._readings if r is not None], []
+        return {"gap_ratio": sum(readings) / len(readings) if readings else None}
 
     def _holes(self) -> float | None:
-        spans = []
+        """:func:`hole_ratio` of the demo's own live buffers (a full set
+        after every step); None with :attr:`holes_reason` saying why."""
+        # An address is asked of finished buffers only: one still being
+        # computed has none to give yet on an accelerator.
+        jax.block_until_ready(self.live)
+        spans, error = [], None
         for a in self.live:
             try:
                 spans.append((a.unsafe_buffer_pointer(), a.nbytes))
-            except Exception:
-                continue
-        return hole_ratio(spans)
-
-    def gap_ratio(self) -> float | None:
-        """:func:`hole_ratio` of the demo's own live buffers, the last time
-        they were a full set; None before that."""
-        return self._full_holes
+            except Exception as exc:
+                error = error or exc
+        ratio = hole_ratio(spans)
+        if ratio is not None:
+            self.holes_reason = None
+        elif not spans:
+            why = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}" if error else "no buffers"
+            self.holes_reason = f"unsafe_buffer_pointer() gave no address on {self.device.platform} ({why})"
+        else:
+            self.holes_reason = (f"{len(spans)} addresses, fewer than two of them of buffers of "
+                                 f"{MIN_HOLE_BUFFER >> 10} KiB or more")
+        return ratio
 
 
 class Profiling(Strategy):
@@ -480,9 +426,131 @@ class Profiling(Strategy):
         time.sleep(0.01)  # nothing to run: the snapshot is an action
 
 
+#: Steps between two waits in the run-ahead strategy's "off" variant: a
+#: loop that reads its loss every 10 steps (as the TPU recording's did).
+RUN_AHEAD_SYNC = 10
+
+
+class RunAhead(Strategy):
+    name = "runahead"
+    title = "bounded run-ahead"
+    about = (f"An MLP training loop (no donation) that waits for the device only every {RUN_AHEAD_SYNC} steps vs one "
+             "that waits for each step's output with block_until_ready: with asynchronous dispatch the loop runs "
+             "steps ahead of the device, and each queued step holds its inputs, outputs and temporaries.")
+    metrics = (Metric("held_bytes", "in use beyond live arrays (peak)", "bytes", "down", short="beyond live",
+                      caveat="the device kept up with the loop"),
+               Metric("queued_steps", "steps queued on the device (peak)", "count", "down", short="queued",
+                      caveat="the device kept up with the loop"),
+               Metric("step_s", "step time", "s", "", short="step"))
+    block_reduce = {"held_bytes": max, "queued_steps": max}
+    # The runner waits for the device at the end of each block: a shorter
+    # block would bound the run-ahead, not the variant.
+    min_block_steps = RUN_AHEAD_SYNC
+
+    def __init__(self, scale: Scale, device: Any) -> None:
+        super().__init__(scale, device)
+        w = scale.width
+        # The starting parameters, kept: every measurement starts from them.
+        # (Drawn with NumPy: jax.random would compile a few programs at
+        # start-up, half a second on a 2-core CPU.)
+        rng = np.random.default_rng(3)
+        self.start = [jax.device_put(rng.standard_normal((w, w), dtype=np.float32) / np.float32(np.sqrt(w)), device)
+                      for _ in range(scale.runahead_layers)]
+        self.x = jax.device_put(jnp.ones((scale.runahead_rows, w), jnp.float32), device)
+
+        def loss(params, x):
+            h = x
+            for p in params:
+                h = jnp.tanh(h @ p)
+            return jnp.mean(h * h)
+
+        def train_step(params, x):
+            value, grads = jax.value_and_grad(loss)(params, x)
+            return [p - 0.01 * g for p, g in zip(params, grads)], value
+
+        # No donation: each step's new parameters are new buffers, and the
+        # old ones stay allocated until the step that reads them has run.
+        self.fn = jax.jit(train_step)
+        self.params = self.start
+        self.queued: collections.deque = collections.deque()  # losses of steps not known to be done
+        self.since_wait = 0  # steps dispatched since the loop last waited for the device
+        self._peaks: dict[str, Any] = {}
+        self.held_reason: str | None = None
+
+    def prepare(self, variant: str) -> None:
+        jax.block_until_ready(self.fn(self.start, self.x))
+
+    def reset(self, variant: str) -> None:
+        self.drain(variant)
+        self.params = self.start
+        self._peaks = {}
+
+    def step(self, variant: str) -> None:
+        self.params, value = self.fn(self.params, self.x)
+        self.since_wait += 1
+        # Read right after the dispatch, before any wait: what the loop has
+        # queued now. A loss is a scalar of the step's own executable: it is
+        # ready when the step is done, and keeping it costs 4 bytes (keeping
+        # the parameters would keep their buffers).
+        self.queued.append(value)
+        while self.queued and self.queued[0].is_ready():
+            self.queued.popleft()
+        self._peak("queued_steps", len(self.queued))
+        held = self._held_bytes()
+        if held is not None:
+            self._peak("held_bytes", held)
+        if variant == "on" or self.since_wait >= RUN_AHEAD_SYNC:
+            self.drain(variant)
+
+    def drain(self, variant: str) -> None:
+        jax.block_until_ready(self.params)
+        self.queued.clear()
+        self.since_wait = 0
+
+    def _peak(self, key: str, value: Any) -> None:
+        old = self._peaks.get(key)
+        self._peaks[key] = value if old is None else max(old, value)
+
+    def _held_bytes(self) -> int | None:
+        """Device bytes in use that no live array of this device accounts
+        for: what queued steps hold (inputs the program dropped, outputs,
+        temporaries). None with :attr:`held_reason` where the allocator does
+        not tell bytes in use."""
+        try:
+            stats = self.device.memory_stats()
+        except Exception as exc:
+            stats, error = None, exc
+        else:
+            error = None
+        in_use = (stats or {}).get("bytes_in_use")
+        if in_use is None or in_use < 0:
+            if stats is None:
+                self.held_reason = (f"memory_stats() is None on {self.device.platform} backend"
+                                    + (f" ({type(error).__name__})" if error else "")
+                                    + ": no device bytes in use to set against the live arrays")
+            else:
+                self.held_reason = "memory_stats() has no bytes_in_use"
+            return None
+        live = 0
+        # Without waiting: an array's size is known before its buffer is computed.
+        for a in jax.live_arrays():
+            try:
+                devices = a.sharding.device_set
+                if len(devices) == 1 and self.device in devices:
+                    live += a.nbytes
+            except Exception:
+                continue
+        self.held_reason = None
+        return in_use - live
+
+    def block_metrics(self, variant: str) -> dict[str, Any]:
+        peaks, self._peaks = self._peaks, {}
+        return {"queued_steps": peaks.get("queued_steps"), "held_bytes": peaks.get("held_bytes")}
+
+
 #: Every strategy, in the order docs/strategies.md describes them.
 STRATEGIES: tuple[type[Strategy], ...] = (
-    Placement, Donation, InPlace, Batching, Jit, Guard, Profiling, Checkpointing, Fragmentation,
+    Placement, Donation, InPlace, Batching, Jit, Guard, Profiling, Checkpointing, Fragmentation, RunAhead,
 )
 
 

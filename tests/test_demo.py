@@ -12,7 +12,8 @@ from conftest import PY
 
 pytestmark = pytest.mark.slow
 
-# Strategies whose effect CPU can measure, with the metric that must move.
+# Strategies whose effect CPU can measure, with the exact metric (a count or
+# a size, no spread) that must move.
 MUST_MOVE = {
     "placement": "h2d_per_step",
     "donation": "new_output_bytes",
@@ -21,7 +22,15 @@ MUST_MOVE = {
     "jit": "buffers_per_step",
     "guard": "errors_per_step",
     "checkpointing": "temp_size_in_bytes",
+}
+#: Metrics read per block, with a spread, that must move the expected way
+#: when they move beyond it: the holes among the fragmentation demo's
+#: buffers vary with where malloc put the process's other allocations
+#: (measured here: "on" from 0% to 37% between runs, and one run of eight
+#: at --small sizes within the spread); the run-ahead queue with the load.
+NOISY = {
     "fragmentation": "gap_ratio",
+    "runahead": "queued_steps",
 }
 
 
@@ -66,8 +75,14 @@ def test_headless_json_directions_on_cpu(child_env, tmp_path):
     by_key = {(r["strategy"], r.get("key")): r for r in rows}
     for strategy, key in MUST_MOVE.items():
         row = by_key[(strategy, key)]
-        assert row["ok"] is True, row
+        assert row["ok"] is True and row["spread"] is None, row
         assert row["off"] != row["on"]
+    for strategy, key in NOISY.items():
+        row = by_key[(strategy, key)]
+        # A yes needs a change beyond the spread; else the row says so.
+        assert row["spread"] is not None and (row["ok"] is True or row["within_spread"] is True), row
+        if row["ok"] is True:
+            assert abs(row["on"] - row["off"]) > row["spread"], row
     guard_logged = by_key[("guard", "h2d_per_step")]
     assert guard_logged["off"] == 0 and guard_logged["on"] == 1  # allow hides, log shows every copy
     assert by_key[("placement", "h2d_per_step")]["on"] == 0
@@ -82,6 +97,18 @@ def test_headless_json_directions_on_cpu(child_env, tmp_path):
     assert data["run"]["jax"] and data["run"]["date"] and data["run"]["machine"]
     frag = [r for r in rows if r.get("key") == "fragmentation"][0]
     assert frag["na"] and "n/a on this backend" in frag["na"]  # said, not a made-up 0
+    # The CPU client reports no bytes in use: said, with the reason.
+    held = by_key[("runahead", "held_bytes")]
+    assert held["na"].startswith("n/a on this backend: memory_stats() is None on cpu backend"), held
+    # The off variant queued steps ahead of the device: jax 0.10.2 dispatches
+    # asynchronously on CPU too; waiting for each step leaves one at most.
+    queued = by_key[("runahead", "queued_steps")]
+    assert queued["off"] > 1 and queued["on"] <= 1, queued
+    # Counts and sizes are exact (no spread); what is read per block has one.
+    assert by_key[("jit", "buffers_per_step")]["spread"] is None
+    assert by_key[("jit", "buffers_per_step")]["note"].startswith("source: the jaxpr's operations; no allocation count")
+    for key in [("jit", "step_s"), ("batching", "step_s"), ("fragmentation", "gap_ratio"), ("runahead", "queued_steps")]:
+        assert by_key[key]["spread"] is not None and by_key[key]["spread"] >= 0, by_key[key]
     # Nothing expected failed: the table's own verdicts.
     assert not [r for r in rows if r.get("ok") is False]
 
@@ -91,8 +118,10 @@ def test_headless_table_is_readable(child_env):
                          env=child_env, capture_output=True, timeout=300, text=True)
     assert res.returncode in (0, 1), res.stderr[-2000:]
     out = res.stdout
-    assert "strategy" in out.splitlines()[1] and "moved as expected" in out
-    for name in ("placement", "donation", "inplace", "batching", "jit", "guard", "profiling", "checkpointing", "fragmentation"):
+    head = out.splitlines()[1]
+    assert "strategy" in head and "spread" in head and "moved as expected" in head
+    for name in ("placement", "donation", "inplace", "batching", "jit", "guard", "profiling", "checkpointing",
+                 "fragmentation", "runahead"):
         assert name in out
 
 
@@ -114,7 +143,7 @@ async def test_dashboard_measures_each_strategy_as_headless_does(demo_worker, ch
                 return demo if demo and pred(demo) else None
             return await until(pilot, ready, timeout, "the demo state to change as expected")
 
-        demo = await wait(lambda d: len(d["strategies"]) == 9)
+        demo = await wait(lambda d: len(d["strategies"]) == 10)
         # Before any key nothing runs and nothing is measured.
         assert demo["active"] is None and not any(s["results"] for s in demo["strategies"])
         panel = app.query_one(StrategiesPanel)

@@ -201,3 +201,38 @@ def test_demo_without_a_terminal_says_to_use_headless(child_env, tmp_path):
     assert res.returncode == 2
     assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and "--headless" in res.stderr
     assert not os.listdir(tmp_path)  # no workload was started
+
+
+#: Step times read per block (with their spread), and the run-ahead
+#: strategy on CPU: its bytes n/a with the reason, its queue measured.
+SPREAD = {
+    "jit": {"off": {"buffers_per_step": 16, "step_s": 6.0e-4, "step_s_spread": 5e-4},
+            "on": {"buffers_per_step": 1, "step_s": 3.0e-4, "step_s_spread": 1e-4}},
+    "batching": {"off": {"h2d_per_step": 16.0, "step_s": 4.0e-4, "step_s_spread": 2e-5},
+                 "on": {"h2d_per_step": 1.0, "step_s": 1.0e-4, "step_s_spread": 1e-5}},
+    "runahead": {"off": {"held_bytes": None, "held_bytes_reason": "memory_stats() is None on cpu backend",
+                         "queued_steps": 10, "queued_steps_spread": 0},
+                 "on": {"held_bytes": None, "held_bytes_reason": "memory_stats() is None on cpu backend",
+                        "queued_steps": 1, "queued_steps_spread": 0}},
+}
+
+
+async def test_a_change_within_its_spread_reads_as_no_change():
+    src = PushSource()
+    app = DemoApp(NoWorkload(), PID, source=src)
+    async with app.run_test(size=(120, BOTH_FIT_ROWS)) as pilot:
+        push(src, demo_state(active="jit", results=SPREAD))
+        panel = app.query_one(StrategiesPanel)
+        await settle(pilot, app, lambda: panel.snapshot is not None and panel.size.height > 0)
+        for _ in range(4):  # the jit row
+            await pilot.press("down")
+        await pilot.pause(0.05)
+        text = "\n".join(shown_lines(panel))
+        # 0.6 → 0.3 ms where the off blocks ranged over 0.5 ms: not a ✓.
+        assert "buffers/step 16 → 1 ✓  step 0.60ms → 0.30ms ≈" in text, text
+        assert "step time            0.60ms → 0.30ms ±0.50ms ≈ no change beyond the spread (±0.50ms)" in text, text
+        # Beyond its spread, a step time keeps its ✓.
+        assert "step 0.40ms → 0.10ms ✓" in text, text
+        # The run-ahead row: its bytes n/a on CPU (skipped in the row), its queue measured.
+        row = next(line for line in text.splitlines() if " bounded run-ahead " in line)
+        assert "queued 10 → 1 ✓" in row, row
