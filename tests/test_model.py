@@ -83,7 +83,8 @@ def test_cpu_stream_reports_reasons_not_zeros():
     assert dev.pool_bytes is None and dev.fragmentation is None and "cpu" in dev.fragmentation_reason
     assert dev.allocs_per_s is None and dev.allocs_reason
     assert dev.buffer_map == ((100, 4096),)
-    assert any("NVML" in e.text for e in snap.events)
+    # NVML missing on a CPU machine is no news: not an event (on a GPU it is).
+    assert not any("NVML" in e.text for e in snap.events)
     assert snap.processes[0].transfers["h2d"].count_per_s == 30.0  # 3 in a 0.1 s interval
 
 

@@ -189,7 +189,7 @@ def test_the_timeline_draws_live_arrays_under_in_use_and_names_the_gap():
 
 
 def test_snapshot_text_says_the_layer_and_a_stale_scan_s_age():
-    from jaxtop.cli.snapshot import _text
+    from jaxtop.dashboard.snapshot_text import snapshot_text as _text
 
     model, now = _model_at(40.0)
     text = _text(model.snapshot(now=now))
@@ -230,3 +230,17 @@ def test_a_stale_scan_says_its_age_first_on_a_small_panel():
                 break
     text = _panel_text(MemoryPanel(), model.snapshot(now=0.0), 40, 6)
     assert "live arrays as of 2" in text, text  # "as of 21s ago"
+
+
+def test_the_runtime_s_queue_is_named_where_libtpu_answers():
+    """libtpu's hlo_queue_size (the accelerator field) beside the layer."""
+    from jaxtop.dashboard.snapshot_text import snapshot_text
+    from jaxtop.widgets.panels import MemoryPanel
+
+    model, now = _model_at(40.0)
+    model.feed(1, {"type": "sample", "t": now, "seq": 10**6, "devices": [],
+                   "accelerator": {"kind": "tpu", "available": True, "t": now, "hlo_queue_size": 7, "metrics": {}}})
+    snap = model.snapshot(now=now)
+    assert snap.processes[0].accelerator.hlo_queue_size == 7
+    assert "queue 7" in _panel_text(MemoryPanel(), snap, 60, 7)
+    assert "7 programs in the TPU runtime's queue" in snapshot_text(snap)

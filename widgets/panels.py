@@ -175,7 +175,8 @@ class HeaderBar(Panel):
 
 
 class MemoryPanel(Panel):
-    """NVML used ≥ pool ≥ in use ≥ live arrays, against the limit."""
+    """NVML used ≥ pool ≥ in use ≥ live arrays, against the limit, and the
+    in-use memory that belongs to no live array (work queued ahead)."""
 
     TITLE = "Memory"
 
@@ -184,43 +185,89 @@ class MemoryPanel(Panel):
         if dev is None:
             return Group(panel_title(self.TITLE), Text("no device", style="dim"))
         proc = snap.process_of(dev)
-        nvml_reason = None
-        nvml_used = dev.nvml.memory_used_bytes if dev.nvml else None
-        if dev.nvml is None:
-            nvml_reason = (proc.nvml_status.na_reason if proc else None) or "no NVIDIA GPU"
-            if dev.platform == "cpu":
-                nvml_reason = "CPU device"
         narrow = width < 50
-        pool_reason = None if dev.pool_bytes is not None else (
-            ("no pool on CPU" if narrow else "no allocator pool on CPU") if dev.source == "live_arrays"
-            else ("no pool reported" if narrow else "allocator reports no pool"))
-        in_use_label = "in use" if dev.source == "memory_stats" else "in use*"
-        layers = [
-            ("NVML used", nvml_used, "magenta", nvml_reason),
-            ("pool", dev.pool_bytes, "blue", pool_reason),
-            (in_use_label, dev.bytes_in_use, "green", None),
-            ("live arrays", dev.live_bytes, "cyan", None),
-        ]
+        layers = []
+        if dev.nvml is not None or dev.platform == "gpu":
+            # NVML's view only where NVIDIA GPUs are: on a GPU without it
+            # the reason is worth a line, on a TPU or CPU it is noise.
+            reason = None if dev.nvml is not None else (proc.nvml_status.na_reason if proc else None) or "no NVML"
+            layers.append(("NVML used", dev.nvml.memory_used_bytes if dev.nvml else None, "magenta", reason))
+        if dev.pool_bytes is not None or dev.platform != "tpu":
+            # The TPU runtime owns all of HBM up to bytes_limit and reports
+            # no pool: the limit line below is its pool.
+            pool_reason = None if dev.pool_bytes is not None else (
+                ("no pool on CPU" if narrow else "no allocator pool on CPU") if dev.source == "live_arrays"
+                else ("no pool reported" if narrow else "allocator reports no pool"))
+            layers.append(("pool", dev.pool_bytes, "blue", pool_reason))
+        layers.append(("in use" if dev.source == "memory_stats" else "in use*", dev.bytes_in_use, "green", None))
+        layers.append(("live arrays", dev.live_bytes, "cyan", None))
+        unheld = dev.unheld
+        if unheld is not None:
+            layers.append(("not in arrays", unheld[0], "yellow", None))
         limit = dev.bytes_limit or (dev.nvml.memory_total_bytes if dev.nvml else None)
         extra = []
+        if dev.live_age_s is not None and dev.live_age_s >= STALE_DETAIL_S:
+            # Many arrays: the agent scans them less often to stay cheap. It
+            # qualifies the bars above, so it goes first.
+            extra.append(f"live arrays as of {fmt_duration(dev.live_age_s)} ago")
         if dev.cached_unused_bytes is not None:
             extra.append(f"cached unused {fmt_bytes(dev.cached_unused_bytes)}")
         if dev.headroom_bytes is not None:
             extra.append(f"headroom {fmt_bytes(dev.headroom_bytes)}")
         if dev.source == "live_arrays":
             extra.append("*from live arrays")
-        if dev.live_age_s is not None and dev.live_age_s >= STALE_DETAIL_S:
-            # Many arrays: the agent scans them less often to stay cheap.
-            extra.append(f"live arrays as of {fmt_duration(dev.live_age_s)} ago")
         label = dev.label
         if dev.source == "live_arrays" and not (extra and height > 6):
             # No room for the note: the asterisk is explained in the title.
             label = fitting([f"{dev.label} · *from live arrays", f"{dev.label} · *live arrays", dev.label],
                             width - len(self.TITLE) - 3)
         body: list[RenderableType] = [panel_title(self.TITLE, label), LayersBar(layers, limit)]
-        if extra and height > 6:
+        room = height - len(layers) - 2  # lines left under the bars and the limit
+        stale = bool(extra) and extra[0].startswith("live arrays as of")
+        if stale and room > 0:
+            body.append(Text(extra.pop(0), style="yellow"))
+            room -= 1
+        if unheld is not None and _queued_matters(unheld[0], dev.bytes_in_use) and room > 0:
+            body.append(Text(fitting(queued_notes(dev, proc), width), style="yellow", no_wrap=True, overflow="ellipsis"))
+            room -= 1
+        if extra and room > 0:
             body.append(Text(" · ".join(extra), style="dim"))
         return Group(*body)
+
+
+def _queued_matters(unheld_bytes: int, in_use: int | None) -> bool:
+    """Worth a sentence: at least 64 MiB and a tenth of what is in use (a
+    runtime's own few MiB of scratch are not a finding)."""
+    return unheld_bytes >= 64 << 20 and (in_use is None or unheld_bytes >= 0.1 * in_use)
+
+
+def queued_notes(dev: DeviceView, proc: ProcessView | None) -> list[str]:
+    """What is known of the memory that belongs to no live array, longest
+    first (for :func:`fitting`): work dispatched ahead of the device (jax
+    returns before a step runs), the arrays still being computed, and what
+    one call of the largest jitted function holds (its new outputs and
+    temporaries, from the jit ledger) — about what each queued step adds."""
+    computing = dev.not_ready_count
+    call = proc.largest_call if proc is not None else None
+    accel = proc.accelerator if proc is not None else None
+    queue = accel.hlo_queue_size if accel is not None else None  # the TPU runtime's own count, where it answers
+    per_call = fmt_bytes(call.call_held_bytes) if call is not None else None
+    long, mid = ["work queued ahead (async dispatch)"], ["queued work (async dispatch)"]
+    if computing:
+        long.append(f"{computing} arrays still computing")
+        mid.append(f"{computing} computing")
+    if queue is not None:
+        long.append(f"{queue} programs in the runtime's queue")
+        mid.append(f"queue {queue}")
+    if call is not None:
+        long.append(f"one {call.name} call holds {per_call}")
+        mid.append(f"{call.name} {per_call}/call")
+    if not dev.unheld_exact and dev.live_age_s:
+        # An older agent's recording: in use now against a scan a moment older.
+        long.append(f"≈: live arrays scanned {fmt_duration(dev.live_age_s)} before")
+    short = (["queued work"] + ([f"queue {queue}"] if queue is not None else [])
+             + ([f"{call.name} {per_call}/call"] if call is not None else []))
+    return [" · ".join(long), " · ".join(mid), " · ".join(short), "queued work (async dispatch)", "queued work"]
 
 
 class FragmentationPanel(Panel):
@@ -238,6 +285,14 @@ class FragmentationPanel(Panel):
             return Group(panel_title(self.TITLE))
         if dev.fragmentation is None:
             reason = Text(f"n/a — {dev.fragmentation_reason}" if dev.fragmentation_reason else "n/a", style="dim")
+            free = dev.largest_free_block_bytes
+            if free is not None and dev.bytes_limit is not None and dev.bytes_in_use is not None:
+                # No figure of its own (TPU), but what the runtime reports.
+                facts = [f"largest free block {fmt_bytes(free)} of {fmt_bytes(dev.bytes_limit - dev.bytes_in_use)} free",
+                         f"largest free {fmt_bytes(free)} of {fmt_bytes(dev.bytes_limit - dev.bytes_in_use)}",
+                         f"largest free {fmt_bytes(free)}"]
+                return Group(panel_title(self.TITLE), Text(fitting(facts, width), no_wrap=True, overflow="ellipsis"),
+                             reason)
             if dev.live_holes is None:
                 if dev.source == "live_arrays" and height >= 4:
                     # Why the holes between live buffers are not shown either.
@@ -356,15 +411,27 @@ def _present(*series: Series | None) -> list[Series]:
 
 
 def memory_strip(dev: DeviceView) -> Strip:
-    """The device's bytes: in use (filled), its peak, the pool and NVML's view."""
+    """The device's bytes: in use (filled), its peak, the pool, NVML's view
+    and, where the allocator reports in use, the live arrays: the gap
+    between the fill and that line is memory no live array holds (work
+    queued ahead on an accelerator)."""
+    live = None
+    if dev.source == "memory_stats":  # on CPU "in use" is the live arrays' sum
+        live = _series(dev.timeline, DEVICE_SERIES, "live_bytes", "live arrays", "cyan", "line")
     series = _present(
         _series(dev.timeline, DEVICE_SERIES, "bytes_in_use", "in use", "green", "fill"),
         _series(dev.timeline, DEVICE_SERIES, "peak_bytes_in_use", "peak", "red", "line"),
         _series(dev.timeline, DEVICE_SERIES, "pool_bytes", "pool", "blue", "line"),
         _series(dev.timeline, DEVICE_SERIES, "nvml_used_bytes", "NVML", "magenta", "line"),
+        live,
     )
-    note = fmt_rate(dev.allocs_per_s, "allocs") if dev.allocs_per_s is not None else ""
-    return Strip("memory", series, unit="bytes", weight=4, note=note, min_rows=3)
+    notes = []
+    unheld = dev.unheld
+    if unheld is not None and _queued_matters(unheld[0], dev.bytes_in_use):
+        notes.append(f"{'≈' if not unheld[1] else ''}{fmt_bytes(unheld[0])} not in arrays")
+    if dev.allocs_per_s is not None:
+        notes.append(fmt_rate(dev.allocs_per_s, "allocs"))
+    return Strip("memory", series, unit="bytes", weight=4, note="  ".join(notes), min_rows=3)
 
 
 def fragmentation_strips(dev: DeviceView) -> list[Strip]:

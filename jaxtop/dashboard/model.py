@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from jaxtop.wire import protocol
+from jaxtop.wire.safe_text import safe_record
 from jaxtop.dashboard.accelerator import nvml_worth_saying
 from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, holders_part
 from jaxtop.dashboard.batch import UNMAPPED_KINDS, Batch
@@ -37,7 +38,7 @@ from jaxtop.dashboard.views import (
     CONNECTING, DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, ReplayView, Snapshot,
 )
 from jaxtop.wire.protocol import DIRECTIONS
-from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, device_row
+from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, counts_live_allocations, device_row
 
 __all__ = [
     "COARSE_MERGE_S", "CONNECTING", "DEVICE_SERIES", "DISCONNECTED", "EXITED", "HOLDERS_FIELDS", "LIVE",
@@ -77,6 +78,7 @@ class _DeviceState:
     latest: dict[str, Any] = field(default_factory=dict)
     history: History = field(default_factory=lambda: History(DEVICE_SERIES))
     prev_allocs: tuple[float, int] | None = None
+    allocs_live: bool = False  # num_allocs counts live allocations here (wire.timeline.LIVE_COUNT_NA)
     allocs_per_s: float | None = None
     buffer_map: tuple[tuple[int, int], ...] = ()
     map_complete: bool = True
@@ -309,6 +311,9 @@ class Model(HistoryFeed):
             proc.last_recv = self._clock()
             for record in records:
                 n += 1
+                # Every string the screens, snapshot and replay show comes
+                # from here: made terminal-safe once (jaxtop.wire.safe_text).
+                record = safe_record(record)
                 kind = record.get("type")
                 try:
                     self._apply(proc, kind, record, batch)
@@ -463,7 +468,10 @@ class Model(HistoryFeed):
             state.latest = dev
             num_allocs = number(dev.get("num_allocs"))
             if num_allocs is not None:
-                if state.prev_allocs is not None and t > state.prev_allocs[0]:
+                prev = state.prev_allocs[1] if state.prev_allocs is not None else None
+                if state.allocs_live or counts_live_allocations(state.platform, prev, num_allocs):
+                    state.allocs_live, state.allocs_per_s = True, None
+                elif state.prev_allocs is not None and t > state.prev_allocs[0]:
                     state.allocs_per_s = max(0.0, (num_allocs - state.prev_allocs[1]) / (t - state.prev_allocs[0]))
                 state.prev_allocs = (t, num_allocs)
             live = dev.get("live_arrays")
@@ -583,7 +591,8 @@ class Model(HistoryFeed):
             for p in self.processes.values():
                 for did in sorted(p.devices, key=device_order):
                     devices.append(device_view(p, p.devices[did], window_s, p.last_t))
-                procs.append(process_view(p, window_s, wall, mono, bool(replay), self._census_views))
+                procs.append(process_view(p, window_s, wall, mono, bool(replay), self._census_views,
+                                          self.ledgers.largest_call(p.pid)))
             n = len(devices)
             sel = -1 if selected < 0 or n == 0 else selected % n
             return Snapshot(

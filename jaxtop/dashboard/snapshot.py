@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 from jaxtop.wire import protocol
 from jaxtop.dashboard.accelerator import AcceleratorView
 from jaxtop.dashboard.history import Window
+from jaxtop.dashboard.ledger import JitFunction
+from jaxtop.wire.timeline import LIVE_COUNT_NA
 from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.dashboard.readings import (
     BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
     TopShapeView, TransferView, gpus_by_index, number,
 )
-from jaxtop.dashboard.views import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView
+from jaxtop.dashboard.views import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, unheld_of
 
 if TYPE_CHECKING:
     from jaxtop.dashboard.model import ProcessModel, _DeviceState
@@ -34,7 +36,7 @@ CensusViews = dict[int, tuple[dict[str, Any], OomCensus]]
 
 
 def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: float, replaying: bool,
-                 census_views: CensusViews) -> ProcessView:
+                 census_views: CensusViews, largest_call: JitFunction | None = None) -> ProcessView:
     """The view of one process.
 
     Args:
@@ -44,6 +46,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         mono: The model's clock now (the age of the last sample).
         replaying: A recording plays: uptime is measured to the last sample.
         census_views: The model's census views built so far (added to).
+        largest_call: The ledger's :meth:`LedgerView.largest_call`, if any.
     """
     end_t = p.last_t
     age = (mono - p.last_recv) if (p.last_recv is not None and p.state in (LIVE, STALE)) else None
@@ -91,6 +94,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         oom_censuses=tuple(census_view(c, census_views) for c in p.oom_censuses),
         jax_version=protocol.text_of(p.versions.get("jax")),
         accelerator=AcceleratorView.from_wire(p.accelerator),
+        largest_call=largest_call,
     )
 
 
@@ -99,14 +103,19 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
     d = s.latest
     live = protocol.obj_of(d.get("live_arrays"))
     gpu = gpus_by_index(p.latest.get("nvml")).get(p.jax_to_nvml.get(s.id))  # type: ignore[arg-type]
-    allocs_reason = None
+    allocs_reason = LIVE_COUNT_NA if s.allocs_live else None
     if d.get("num_allocs") is None:
         allocs_reason = "allocator reports no num_allocs" if d.get("source") == "memory_stats" else "no allocator statistics on this backend"
+    source = protocol.text_of(d.get("source")) or "?"
+    frag_na = protocol.fragmentation_na(s.platform)
+    live_age_s = _age(end_t, live.get("scanned_t"))
+    unheld = unheld_of(source, number(d.get("bytes_in_use")), number(live.get("bytes")), live_age_s,
+                       number(live.get("in_use_bytes")))
     return DeviceView(
         pid=p.pid,
         id=s.id,
         platform=s.platform,
-        source=protocol.text_of(d.get("source")) or "?",
+        source=source,
         bytes_in_use=number(d.get("bytes_in_use")),
         pool_bytes=number(d.get("pool_bytes")),
         bytes_limit=number(d.get("bytes_limit")),
@@ -116,8 +125,11 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
         live_bytes=number(live.get("bytes")),
         live_count=number(live.get("count")),
         nvml=GpuView.from_wire(gpu) if gpu else None,
-        fragmentation=number(d.get("fragmentation")),
-        fragmentation_reason=protocol.shown(d.get("fragmentation_reason")) if d.get("fragmentation_reason") else None,
+        # A recording from an agent that still sent the TPU's figure: the
+        # rule of today's agent applies (protocol.fragmentation_na).
+        fragmentation=None if frag_na else number(d.get("fragmentation")),
+        fragmentation_reason=frag_na or (protocol.shown(d.get("fragmentation_reason"))
+                                         if d.get("fragmentation_reason") else None),
         allocs_per_s=s.allocs_per_s if d.get("num_allocs") is not None else None,
         allocs_reason=allocs_reason,
         buffer_map=s.buffer_map,
@@ -128,8 +140,14 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
         map_live_bytes=s.map_live_bytes,
         unmapped=dict(s.unmapped),
         live_holes=number(live.get("holes")),
-        live_age_s=_age(end_t, live.get("scanned_t")),
+        live_age_s=live_age_s,
         map_age_s=_age(end_t, s.map_t),
+        in_use_at_scan_bytes=number(live.get("in_use_bytes")),
+        # Older agents said it only in the map's samples (``unmapped``).
+        not_ready_count=number(live.get("not_ready_count")) or number(s.unmapped.get("not_ready")),
+        not_ready_bytes=number(live.get("not_ready_bytes")),
+        unheld_bytes=unheld[0] if unheld else None,
+        unheld_exact=unheld[1] if unheld else False,
     )
 
 

@@ -161,7 +161,7 @@ def test_text_commands_show_the_escapes_and_obey_none(tmp_path, env):
 
 def test_snapshot_text_of_a_hostile_stream_obeys_none():
     """`jaxtop snapshot` prints the model's views: fed the hostile records."""
-    from jaxtop.cli.snapshot import _text
+    from jaxtop.dashboard.snapshot_text import snapshot_text as _text
     from jaxtop.dashboard.model import Model
 
     model = Model(clock=lambda: 0.0)
