@@ -1,117 +1,37 @@
 """Dashboard panels. Each one renders what the snapshot hands it and keeps
 no history of its own; drawing is done by the pure renderables in
-:mod:`jaxtop.widgets.render`."""
+:mod:`jaxtop.widgets.render`. The panel base lives in
+:mod:`jaxtop.widgets.panel_base`, the memory panels in
+:mod:`jaxtop.widgets.memory_panels` (both re-exported here)."""
 
 from __future__ import annotations
 
-import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from jaxtop.dashboard.history import Window
-from jaxtop.dashboard.model import (
-    DEVICE_SERIES, DISCONNECTED, EXITED, LIVE, PROCESS_SERIES, REPLAY, STALE, DeviceView, ProcessView, Snapshot,
-)
+from jaxtop.dashboard.model import DEVICE_SERIES, DISCONNECTED, EXITED, PROCESS_SERIES, DeviceView, ProcessView, Snapshot
 from jaxtop.dashboard.readings import TransferView
 from jaxtop.dashboard.views import D2D, D2H, DIRECTIONS, H2D
 from jaxtop.widgets.accelerator_lines import host_accelerator_line, host_title, pcie_shown
-from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, Series, Strip, TimelineStack, fmt_bytes, fmt_duration, fmt_rate
+from jaxtop.widgets.memory_panels import FragmentationPanel, MemoryMapPanel, MemoryPanel, queued_matters, queued_notes
+from jaxtop.widgets.panel_base import (
+    STALE_DETAIL_S, STATE_STYLE, WINDOW_LABEL, LoadingLine, Panel, _na, _or_na, fitted_title, fitting, panel_title,
+    short_command,
+)
+from jaxtop.widgets.render import Series, Strip, TimelineStack, fmt_bytes, fmt_duration, fmt_rate
 
-#: Seconds after which the memory and map panels say how old their live-array
-#: figures are (the agent scans many arrays less often, to stay cheap).
-STALE_DETAIL_S = 3.0
-
-STATE_STYLE = {LIVE: "bold green", STALE: "bold yellow", DISCONNECTED: "bold red", EXITED: "bold magenta", REPLAY: "bold cyan"}
-WINDOW_LABEL = {60.0: "1 min", 600.0: "10 min", 3600.0: "1 h", None: "whole run"}
-
-
-def panel_title(text: str, extra: str = "") -> Text:
-    line = Text(f" {text} ", style="bold reverse", no_wrap=True, overflow="ellipsis")
-    if extra:
-        line.append(f" {extra}", style="dim")
-    return line
-
-
-def fitting(choices: list[str], width: int) -> str:
-    """The first of ``choices`` (most detailed first) that fits in ``width``
-    cells, else the last: a narrow panel drops words, not halves of them."""
-    return next((c for c in choices if cell_len(c) <= width), choices[-1])
-
-
-def fitted_title(text: str, extras: list[str], width: int) -> Text:
-    """A panel title with the first of ``extras`` that fits beside it, or none."""
-    return panel_title(text, fitting([*extras, ""], width - cell_len(text) - 3))
-
-
-def _na(reason: str | None) -> Text:
-    return Text(f"n/a ({reason})" if reason else "n/a", style="dim")
-
-
-def _or_na(value: object) -> object:
-    """A figure as it is shown in running text: n/a when not measured."""
-    return "n/a" if value is None else value
-
-
-def short_command(argv: list[str]) -> str:
-    """The part of a command line that tells runs apart: no interpreter path,
-    no ``jaxtop run`` wrapper, the script by its file name."""
-    args = list(argv)
-    if args and os.path.basename(args[0]).startswith("python"):
-        args = args[1:]
-    if args[:3] == ["-m", "jaxtop", "run"]:
-        args = args[3:]
-    elif len(args) >= 2 and os.path.basename(args[0]) == "jaxtop" and args[1] == "run":
-        args = args[2:]
-    if args and os.sep in args[0]:
-        args[0] = os.path.basename(args[0])
-    return " ".join(args) or "?"
-
-
-class Panel(Widget):
-    """A titled box fed with snapshots."""
-
-    snapshot: reactive[Snapshot | None] = reactive(None, layout=False, always_update=True)
-    """The snapshot to draw; None until the first one arrives."""
-
-    TITLE = ""
-
-    draw: Callable[[Snapshot, int, int], RenderableType]
-    """Each panel's drawing: the snapshot into ``width`` x ``height`` cells."""
-
-    def render(self) -> RenderableType:
-        snap = self.snapshot
-        if snap is None:
-            return Group(panel_title(self.TITLE), Text("waiting for data…", style="dim"))
-        try:
-            return self.draw(snap, max(1, self.size.width), max(1, self.size.height))
-        except Exception as exc:  # a drawing bug must not take the dashboard down
-            return Group(panel_title(self.TITLE), Text(f"render error: {exc}", style="red"))
-
-class LoadingLine(Widget):
-    """One line shown while a backlog loads: how much is in, how far behind.
-
-    Not a Static: ``Static.update`` asks for a layout of the whole screen
-    (its content might change size), and the line changes at every frame
-    while a backlog loads; a full layout then cost 25-30 ms a frame on a
-    2-core VM, which a key pressed meanwhile waited for. This one's height is
-    fixed, so a new text is a repaint of one line.
-    """
-
-    DEFAULT_CSS = "LoadingLine { height: 1; }"
-
-    text: reactive[str] = reactive("", layout=False)
-    """What the line says ("loading backlog: N samples in, S s behind")."""
-
-    def render(self) -> RenderableType:
-        return Text(self.text, no_wrap=True, overflow="ellipsis")
+__all__ = [
+    "STALE_DETAIL_S", "EventsPanel", "FragmentationPanel", "HeaderBar", "HostPanel", "LoadingLine", "MemoryMapPanel",
+    "MemoryPanel", "OverviewPanel", "Panel", "TimelinePanel", "TransfersPanel", "fitted_title", "fitting",
+    "memory_strip", "panel_title", "queued_notes", "short_command",
+]
 
 
 class HeaderBar(Panel):
@@ -172,194 +92,6 @@ class HeaderBar(Panel):
             bottom.append("  no devices yet (waiting for the program to start JAX)", style="yellow")
         bottom.append(f"  window {WINDOW_LABEL.get(snap.window_s, snap.window_s)}", style="dim")
         return Group(top, bottom)
-
-
-class MemoryPanel(Panel):
-    """NVML used ≥ pool ≥ in use ≥ live arrays, against the limit, and the
-    in-use memory that belongs to no live array (work queued ahead)."""
-
-    TITLE = "Memory"
-
-    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
-        dev = snap.device
-        if dev is None:
-            return Group(panel_title(self.TITLE), Text("no device", style="dim"))
-        proc = snap.process_of(dev)
-        narrow = width < 50
-        layers = []
-        if dev.nvml is not None or dev.platform == "gpu":
-            # NVML's view only where NVIDIA GPUs are: on a GPU without it
-            # the reason is worth a line, on a TPU or CPU it is noise.
-            reason = None if dev.nvml is not None else (proc.nvml_status.na_reason if proc else None) or "no NVML"
-            layers.append(("NVML used", dev.nvml.memory_used_bytes if dev.nvml else None, "magenta", reason))
-        if dev.pool_bytes is not None or dev.platform != "tpu":
-            # The TPU runtime owns all of HBM up to bytes_limit and reports
-            # no pool: the limit line below is its pool.
-            pool_reason = None if dev.pool_bytes is not None else (
-                ("no pool on CPU" if narrow else "no allocator pool on CPU") if dev.source == "live_arrays"
-                else ("no pool reported" if narrow else "allocator reports no pool"))
-            layers.append(("pool", dev.pool_bytes, "blue", pool_reason))
-        layers.append(("in use" if dev.source == "memory_stats" else "in use*", dev.bytes_in_use, "green", None))
-        layers.append(("live arrays", dev.live_bytes, "cyan", None))
-        unheld = dev.unheld
-        if unheld is not None:
-            layers.append(("not in arrays", unheld[0], "yellow", None))
-        limit = dev.bytes_limit or (dev.nvml.memory_total_bytes if dev.nvml else None)
-        extra = []
-        if dev.live_age_s is not None and dev.live_age_s >= STALE_DETAIL_S:
-            # Many arrays: the agent scans them less often to stay cheap. It
-            # qualifies the bars above, so it goes first.
-            extra.append(f"live arrays as of {fmt_duration(dev.live_age_s)} ago")
-        if dev.cached_unused_bytes is not None:
-            extra.append(f"cached unused {fmt_bytes(dev.cached_unused_bytes)}")
-        if dev.headroom_bytes is not None:
-            extra.append(f"headroom {fmt_bytes(dev.headroom_bytes)}")
-        if dev.source == "live_arrays":
-            extra.append("*from live arrays")
-        label = dev.label
-        if dev.source == "live_arrays" and not (extra and height > 6):
-            # No room for the note: the asterisk is explained in the title.
-            label = fitting([f"{dev.label} · *from live arrays", f"{dev.label} · *live arrays", dev.label],
-                            width - len(self.TITLE) - 3)
-        body: list[RenderableType] = [panel_title(self.TITLE, label), LayersBar(layers, limit)]
-        room = height - len(layers) - 2  # lines left under the bars and the limit
-        stale = bool(extra) and extra[0].startswith("live arrays as of")
-        if stale and room > 0:
-            body.append(Text(extra.pop(0), style="yellow"))
-            room -= 1
-        if unheld is not None and _queued_matters(unheld[0], dev.bytes_in_use) and room > 0:
-            body.append(Text(fitting(queued_notes(dev, proc), width), style="yellow", no_wrap=True, overflow="ellipsis"))
-            room -= 1
-        if extra and room > 0:
-            body.append(Text(" · ".join(extra), style="dim"))
-        return Group(*body)
-
-
-def _queued_matters(unheld_bytes: int, in_use: int | None) -> bool:
-    """Worth a sentence: at least 64 MiB and a tenth of what is in use (a
-    runtime's own few MiB of scratch are not a finding)."""
-    return unheld_bytes >= 64 << 20 and (in_use is None or unheld_bytes >= 0.1 * in_use)
-
-
-def queued_notes(dev: DeviceView, proc: ProcessView | None) -> list[str]:
-    """What is known of the memory that belongs to no live array, longest
-    first (for :func:`fitting`): work dispatched ahead of the device (jax
-    returns before a step runs), the arrays still being computed, and what
-    one call of the largest jitted function holds (its new outputs and
-    temporaries, from the jit ledger) — about what each queued step adds."""
-    computing = dev.not_ready_count
-    call = proc.largest_call if proc is not None else None
-    accel = proc.accelerator if proc is not None else None
-    queue = accel.hlo_queue_size if accel is not None else None  # the TPU runtime's own count, where it answers
-    per_call = fmt_bytes(call.call_held_bytes) if call is not None else None
-    long, mid = ["work queued ahead (async dispatch)"], ["queued work (async dispatch)"]
-    if computing:
-        long.append(f"{computing} arrays still computing")
-        mid.append(f"{computing} computing")
-    if queue is not None:
-        long.append(f"{queue} programs in the runtime's queue")
-        mid.append(f"queue {queue}")
-    if call is not None:
-        long.append(f"one {call.name} call holds {per_call}")
-        mid.append(f"{call.name} {per_call}/call")
-    if not dev.unheld_exact and dev.live_age_s:
-        # An older agent's recording: in use now against a scan a moment older.
-        long.append(f"≈: live arrays scanned {fmt_duration(dev.live_age_s)} before")
-    short = (["queued work"] + ([f"queue {queue}"] if queue is not None else [])
-             + ([f"{call.name} {per_call}/call"] if call is not None else []))
-    return [" · ".join(long), " · ".join(mid), " · ".join(short), "queued work (async dispatch)", "queued work"]
-
-
-class FragmentationPanel(Panel):
-    """The allocator's fragmentation now and its largest free block, or
-    why there is none (the reason wrapped over the panel, not cut).
-
-    Their history is a strip of :class:`TimelinePanel`.
-    """
-
-    TITLE = "Fragmentation"
-
-    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
-        dev = snap.device
-        if dev is None:
-            return Group(panel_title(self.TITLE))
-        if dev.fragmentation is None:
-            reason = Text(f"n/a — {dev.fragmentation_reason}" if dev.fragmentation_reason else "n/a", style="dim")
-            free = dev.largest_free_block_bytes
-            if free is not None and dev.bytes_limit is not None and dev.bytes_in_use is not None:
-                # No figure of its own (TPU), but what the runtime reports.
-                facts = [f"largest free block {fmt_bytes(free)} of {fmt_bytes(dev.bytes_limit - dev.bytes_in_use)} free",
-                         f"largest free {fmt_bytes(free)} of {fmt_bytes(dev.bytes_limit - dev.bytes_in_use)}",
-                         f"largest free {fmt_bytes(free)}"]
-                return Group(panel_title(self.TITLE), Text(fitting(facts, width), no_wrap=True, overflow="ellipsis"),
-                             reason)
-            if dev.live_holes is None:
-                if dev.source == "live_arrays" and height >= 4:
-                    # Why the holes between live buffers are not shown either.
-                    return Group(panel_title(self.TITLE), reason,
-                                 Text(fitting(["no holes figure: it needs two live buffers of 64 KiB or more",
-                                               "holes: need two buffers ≥ 64 KiB", ""], width), style="dim"))
-                return Group(panel_title(self.TITLE), reason)
-            # No allocator figure (CPU): the holes between live buffers
-            # instead, under their own name, and why the allocator's is n/a.
-            extra = fitting(["holes between live buffers", "live-buffer holes", ""], width - len(self.TITLE) - 3)
-            why = dev.fragmentation_reason or "the allocator reports none"
-            full = f"the allocator's figure n/a — {why}"
-            if height >= 4:  # room to wrap the whole reason
-                note = Text(full, style="dim")
-            else:
-                note = Text(fitting([full, "the allocator's figure n/a on this backend", "allocator's n/a"], width),
-                            style="dim", no_wrap=True, overflow="ellipsis")
-            return Group(panel_title(self.TITLE, extra), Gauge(dev.live_holes, label="holes"), note)
-        parts: list[RenderableType] = [panel_title(self.TITLE), Gauge(dev.fragmentation, label="frag")]
-        free, pool_free = dev.largest_free_block_bytes, dev.cached_unused_bytes
-        if free is not None and height > 2:
-            choices = [f"largest free block {fmt_bytes(free)}", f"largest free {fmt_bytes(free)}"]
-            if pool_free is not None:
-                choices[:0] = [f"largest free block {fmt_bytes(free)} of {fmt_bytes(pool_free)} free in the pool",
-                               f"largest free block {fmt_bytes(free)} of {fmt_bytes(pool_free)} free",
-                               f"largest free {fmt_bytes(free)} of {fmt_bytes(pool_free)} free"]
-            parts.append(Text(fitting(choices, width), no_wrap=True, overflow="ellipsis"))
-        return Group(*parts)
-
-
-class MemoryMapPanel(Panel):
-    """Live buffers in address order, and the largest ones."""
-
-    TITLE = "Memory map"
-
-    def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
-        dev = snap.device
-        if dev is None:
-            return Group(panel_title(self.TITLE))
-        proc = snap.process_of(dev)
-        if proc is not None and proc.detail_na:
-            return Group(panel_title(self.TITLE), Text(f"n/a — {proc.detail_na}", style="dim"))
-        rows = 1 if height < 6 else 2
-        # The map and its counts come from the same scan: the latest
-        # live_bytes may be from a later one.
-        kwargs = {"rows": rows, "count": dev.map_live_count, "total_hint": dev.map_live_bytes, "unmapped": dev.unmapped,
-                  "complete": dev.map_complete}
-        the_map = MemoryMap(list(dev.buffer_map), **kwargs)
-        strip_rows = rows if dev.buffer_map else 0  # no addresses: a caption only
-        # Why buffers are missing from the map gets a line of its own when
-        # the panel has one to spare: it is what keeps the map consistent
-        # with the bytes beside it.
-        if the_map.has_note and height >= strip_rows + 4:
-            the_map = MemoryMap(list(dev.buffer_map), caption_lines=2, **kwargs)
-            used = strip_rows + 3
-        else:
-            used = strip_rows + 2
-        room = width - len(self.TITLE) - 3
-        subtitle = fitting(["buffers by address (█ used ▒ part ·free ≈cut)", "by address (█ used ·free)",
-                            "buffers by address"], room)
-        if dev.map_age_s is not None and dev.map_age_s >= STALE_DETAIL_S:
-            subtitle = fitting([f"buffers by address, {fmt_duration(dev.map_age_s)} ago", f"{fmt_duration(dev.map_age_s)} ago"],
-                               width - len(self.TITLE) - 3)
-        parts: list[RenderableType] = [panel_title(self.TITLE, subtitle), the_map]
-        for buf in dev.top_buffers[: max(0, height - used)]:
-            parts.append(Text(f" {fmt_bytes(buf.nbytes):>10}  {buf.dtype}{buf.shape}", no_wrap=True, overflow="ellipsis"))
-        return Group(*parts)
 
 
 class TimelinePanel(Panel):
@@ -427,7 +159,7 @@ def memory_strip(dev: DeviceView) -> Strip:
     )
     notes = []
     unheld = dev.unheld
-    if unheld is not None and _queued_matters(unheld[0], dev.bytes_in_use):
+    if unheld is not None and queued_matters(unheld[0], dev.bytes_in_use):
         notes.append(f"{'≈' if not unheld[1] else ''}{fmt_bytes(unheld[0])} not in arrays")
     if dev.allocs_per_s is not None:
         notes.append(fmt_rate(dev.allocs_per_s, "allocs"))
