@@ -52,7 +52,8 @@ DEVICE = (
     Figure("bytes_limit", "bytes", "Allocator's limit on the device."),
     Figure("largest_free_block_bytes", "bytes", "Largest free block in the allocator's pool."),
     Figure("fragmentation", "ratio", "1 - largest free block / free bytes in the pool (BFC allocator)."),
-    Figure("num_allocs", "count", "Allocations the allocator made since start.", counter=True),
+    Figure("num_allocs", "count", "The allocator's allocation count: made since start on GPU (BFC), alive now on TPU "
+           "(it falls there, so it is no counter).", counter=False),
     # memory_stats() passes these through where the allocator keeps them (GPU, TPU).
     Figure("largest_alloc_size", "bytes", "The largest allocation the allocator made."),
     Figure("bytes_reserved", "bytes", "Bytes reserved by the allocator beyond its pool."),
