@@ -116,7 +116,7 @@ def test_sparkline_tells_gone_from_unknown():
 # -- the Holders screen in the app ------------------------------------------------------------------------
 
 try:
-    from jaxtop.dashboard.model import ProcessModel
+    from jaxtop.dashboard.state import ProcessModel
 
     MODEL_FOLDS = hasattr(ProcessModel(1), "holders")  # the model folds holders itself once wired
 except Exception:  # pragma: no cover

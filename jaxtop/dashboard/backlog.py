@@ -25,7 +25,8 @@ from jaxtop.dashboard.readings import is_device_id
 from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, nvml_map
 
 if TYPE_CHECKING:
-    from jaxtop.dashboard.model import Event, ProcessModel, _DeviceState
+    from jaxtop.dashboard.events import Event
+    from jaxtop.dashboard.state import ProcessModel, _DeviceState
 
 #: While an agent's fine history loads after the present, what it brought
 #: so far goes into the timelines at most this often (a merge of every

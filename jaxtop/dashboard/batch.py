@@ -12,7 +12,7 @@ from jaxtop.wire import protocol
 from jaxtop.dashboard.history import History, _num
 
 if TYPE_CHECKING:
-    from jaxtop.dashboard.model import _DeviceState
+    from jaxtop.dashboard.state import _DeviceState
 
 #: Why a live buffer has no place in a scan's memory map (``live_arrays.unmapped``).
 UNMAPPED_KINDS = ("not_ready", "last_address", "sharded", "no_address")

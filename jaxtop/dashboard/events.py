@@ -1,16 +1,26 @@
-"""The model's events list: its bound, the lines a sample adds to it, and
-merging the events of a process rebuilt elsewhere."""
+"""The model's events list: an :class:`Event` line, the list's bound, the
+lines a sample adds to it, and merging the events of a process rebuilt
+elsewhere."""
 
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 from jaxtop.wire import protocol
 from jaxtop.wire.protocol import shown
 
-if TYPE_CHECKING:
-    from jaxtop.dashboard.model import Event
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the events list."""
+
+    t: float
+    pid: int
+    kind: str  # compile, donation, dropped, disconnect, error, exit, profile, info, ...
+    text: str
+
 
 #: Events kept, all processes together (the oldest go first).
 MAX_EVENTS = 500

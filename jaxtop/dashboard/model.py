@@ -16,29 +16,26 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
-
-import numpy as np
 
 from jaxtop.wire import protocol
 from jaxtop.wire.safe_text import safe_record
 from jaxtop.dashboard.accelerator import nvml_worth_saying
 from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, holders_part
 from jaxtop.dashboard.batch import UNMAPPED_KINDS, Batch
-from jaxtop.dashboard.events import MAX_EVENTS, merged_events, sample_events
+from jaxtop.dashboard.events import MAX_EVENTS, Event, merged_events, sample_events
 from jaxtop.dashboard.history import History
-from jaxtop.dashboard.holders import HoldersFold
 from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.dashboard.readings import (
     device_order, gpus_by_index, is_device_id, number, nvml_of_devices, odd_fields, odd_figures,
 )
 from jaxtop.dashboard.snapshot import MIN_SPAN_S, CensusViews, device_view, process_view
+from jaxtop.dashboard.state import ProcessModel, _DeviceState
 from jaxtop.dashboard.views import (
     CONNECTING, DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, ReplayView, Snapshot,
 )
 from jaxtop.wire.protocol import DIRECTIONS
-from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, counts_live_allocations, device_row
+from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, counts_live_allocations, device_row
 
 __all__ = [
     "COARSE_MERGE_S", "CONNECTING", "DEVICE_SERIES", "DISCONNECTED", "EXITED", "HOLDERS_FIELDS", "LIVE",
@@ -59,86 +56,6 @@ MAX_DEVICES = 64
 #: A live stream whose newest sample is this much older than the wall clock
 #: (or 3 intervals, if longer) is still loading its backlog.
 LOADING_LAG_S = 2.0
-
-
-@dataclass(frozen=True)
-class Event:
-    """One line of the events list."""
-
-    t: float
-    pid: int
-    kind: str  # compile, donation, dropped, disconnect, error, exit, profile, info, ...
-    text: str
-
-
-@dataclass
-class _DeviceState:
-    id: int
-    platform: str
-    latest: dict[str, Any] = field(default_factory=dict)
-    history: History = field(default_factory=lambda: History(DEVICE_SERIES))
-    prev_allocs: tuple[float, int] | None = None
-    allocs_live: bool = False  # num_allocs counts live allocations here (wire.timeline.LIVE_COUNT_NA)
-    allocs_per_s: float | None = None
-    buffer_map: tuple[tuple[int, int], ...] = ()
-    map_complete: bool = True
-    top_buffers: tuple[dict[str, Any], ...] = ()
-    map_live_count: int | None = None
-    map_live_bytes: int | None = None
-    map_t: float | None = None  # when the agent derived the map (None: not said)
-    unmapped: dict[str, int] = field(default_factory=dict)
-    past: History | None = None  # history rows received after the present, not yet merged
-
-
-class ProcessModel:
-    """State of one agent's stream."""
-
-    def __init__(self, pid: int, new_history: Callable[[tuple[str, ...]], History] = History) -> None:
-        self.pid = pid
-        self.hello: dict[str, Any] = {}
-        self.state = CONNECTING
-        self.devices: dict[int, _DeviceState] = {}
-        self.history = new_history(PROCESS_SERIES)
-        self.latest: dict[str, Any] = {}
-        self.last_t: float | None = None  # agent time of the last sample
-        self.last_recv: float | None = None  # our monotonic clock at receipt
-        self.rates: dict[str, dict[str, Any]] = {}
-        self.last_profile: dict[str, Any] | None = None
-        self.holders = HoldersFold()
-        self.oom_censuses: list[dict[str, Any]] = []  # oldest first, one per census id
-        self.backend: str | None = None
-        self.versions: dict[str, Any] = {}
-        self.nvml_status: dict[str, Any] = {}
-        self.jax_to_nvml: dict[int | str, int] = {}  # device id -> NVML index (the hello's nvml)
-        self.demo: dict[str, Any] | None = None
-        self.accelerator: dict[str, Any] | None = None  # the last `accelerator` (sent when it changes)
-        self.nvml_said = False  # the hello's NVML failure was weighed (accelerator.nvml_worth_saying)
-        self.started_t: float | None = None  # the process's start (process probe), not the agent's
-        self.samples = 0  # samples applied so far (a loading indicator counts them)
-        self.devices_refused = False  # a device beyond MAX_DEVICES was left out (said once)
-        self.interval_s = 0.1  # the hello's interval_s, where it is a positive number
-        self.odd_said: set[str] = set()  # what the stream held that could not be shown (each said once)
-        self.latest_checked: dict[str, Any] | None = None  # the latest sample whose figures were checked
-        # History sent after the present (hello.history.present_first): the
-        # coarse buckets go into the timelines as they come; the fine
-        # samples are gathered in `past` histories and merged now and then.
-        self.history_loading = False  # between a hello that announces it and history_end
-        self.coarse_done = True  # the coarse part of this connection's history is in
-        self.present_t: float | None = None  # this connection's present: history is older
-        self.history_floor: float | None = None  # the newest sample before it (events up to it were seen)
-        self.past: History | None = None
-        self.past_cursor: Cursor | None = None
-        self.past_samples = 0
-        self.past_last_t: float | None = None
-        self.past_merged_at = 0.0  # model clock
-        self.past_holders: list[dict[str, Any]] = []  # history samples' Holders fields, oldest first
-        # Coarse rows not merged yet: (history, bucket) -> (history, times, lows, highs).
-        self.coarse_pending: dict[tuple[int, float], tuple[History, list[Any], list[np.ndarray], list[np.ndarray]]] = {}
-        self.coarse_merges = 0  # merges of this connection's coarse history so far
-        self.coarse_step: float | None = None  # its bucket: coarser levels need no fine rows…
-        self.coarse_first_t: float | None = None  # …from where it starts
-        self.coarse_merged_at = 0.0  # model clock
-        self.present_holders: list[dict[str, Any]] = []  # the same of the present and later samples
 
 
 class Model(HistoryFeed):

@@ -22,7 +22,7 @@ from jaxtop.dashboard.readings import (
 from jaxtop.dashboard.views import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, unheld_of
 
 if TYPE_CHECKING:
-    from jaxtop.dashboard.model import ProcessModel, _DeviceState
+    from jaxtop.dashboard.state import ProcessModel, _DeviceState
 
 #: The shortest time axis drawn: a run's first sample alone still gets one.
 MIN_SPAN_S = 1.0

@@ -24,7 +24,7 @@ from jaxtop.dashboard.readings import (
 )
 
 if TYPE_CHECKING:
-    from jaxtop.dashboard.model import Event
+    from jaxtop.dashboard.events import Event
 
 __all__ = [
     "unheld_of", "D2D", "D2H", "DIRECTIONS", "H2D", "CONNECTING", "DISCONNECTED", "EXITED", "LIVE", "REPLAY", "STALE", "DeviceView", "ProcessView", "ReplayView",

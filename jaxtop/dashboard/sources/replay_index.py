@@ -39,6 +39,8 @@ from jaxtop.dashboard import history as history_module
 from jaxtop.dashboard import holders as holders_module
 from jaxtop.dashboard import ledger as ledger_module
 from jaxtop.dashboard import model as model_module
+from jaxtop.dashboard import state as state_module
+from jaxtop.dashboard import events as events_module
 from jaxtop.dashboard.history import History, HistoryLog
 from jaxtop.dashboard.model import REPLAY, Model
 from jaxtop.dashboard.sources.live import fast_decode
@@ -180,7 +182,8 @@ _ALLOWED = {
     ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
     ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
 }
-_MODEL_MODULES = {m.__name__: m for m in (model_module, holders_module, ledger_module, history_module)}
+_MODEL_MODULES = {m.__name__: m for m in (model_module, state_module, events_module, holders_module, ledger_module,
+                                          history_module)}
 
 
 class _ModelUnpickler(pickle.Unpickler):
