@@ -85,7 +85,8 @@ class HeaderBar(Panel):
         if dev is not None:
             bottom.append(f"  device {dev.label} ({snap.selected + 1}/{len(snap.devices)})", style="bold")
         elif snap.devices:
-            bottom.append(f"  overview: {len(snap.devices)} devices", style="bold")
+            n = len(snap.devices)
+            bottom.append(f"  overview: {n} device{'' if n == 1 else 's'}", style="bold")
         elif proc.external:
             bottom.append(f"  EXTERNAL VIEW: {proc.external}", style="bold black on cyan")
         else:
@@ -122,6 +123,10 @@ class TimelinePanel(Panel):
             return Group(panel_title(self.TITLE))
         start, end = proc.span
         window = WINDOW_LABEL.get(snap.window_s, "")
+        if snap.window_s is not None and end - start < snap.window_s - 1:
+            # The run is shorter than the window: the axis spans the run, and
+            # the title says so rather than a window the chart does not show.
+            window = f"{fmt_duration(end - start)} so far"
         bucket = max(dev.timeline.bucket_s, proc.history.bucket_s)
         buckets = f"{bucket:g}s buckets (min/max)" if bucket else "raw samples"
         rate = fmt_rate(dev.allocs_per_s, "allocs") if dev.allocs_per_s is not None else f"allocs/s n/a ({dev.allocs_reason})"
@@ -272,7 +277,9 @@ class HostPanel(Panel):
             line1 = _na(host.na_reason)
         else:
             rss = f" RSS {fmt_bytes(host.rss_bytes)} (peak {fmt_bytes(host.peak_rss_bytes)})"
-            cpu_text = f"  CPU {_or_na(host.cpu_percent)}%"
+            # One decimal whatever the source (Prometheus carries the float as
+            # computed: "3.3000000000000003").
+            cpu_text = f"  CPU {_or_na(None if host.cpu_percent is None else round(host.cpu_percent, 1))}%"
             # Narrow panels drop the thread count before anything is cut.
             choices = [f"{rss}{cpu_text}  threads {_or_na(host.threads)}", f"{rss}{cpu_text}", f"{rss}{cpu_text[1:]}", rss]
             line1 = Text(fitting(choices, width), no_wrap=True, overflow="ellipsis")

@@ -175,7 +175,11 @@ class Plot:
             if rows >= 3:
                 # Row rows//2 holds scale/2: at its centre when rows is odd,
                 # at its top edge when even (as the top label is row 0's).
-                self.labels[rows // 2] = axis_value(scale / 2, unit)
+                middle = axis_value(scale / 2, unit)
+                # A scale of 1 B reads "1 B / 0 B / 0 B": a middle label that
+                # repeats a neighbour's is rounding, not a tick.
+                if middle not in (self.labels[0], self.labels.get(rows - 1)):
+                    self.labels[rows // 2] = middle
 
     @property
     def label_width(self) -> int:

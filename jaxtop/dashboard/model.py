@@ -56,6 +56,8 @@ MAX_DEVICES = 64
 #: A live stream whose newest sample is this much older than the wall clock
 #: (or 3 intervals, if longer) is still loading its backlog.
 LOADING_LAG_S = 2.0
+#: Compile lines this close to the newest one fold into it (see _compile_event).
+COMPILE_FOLD_S = 10.0
 
 
 class Model(HistoryFeed):
@@ -427,9 +429,34 @@ class Model(HistoryFeed):
             row["pcie_rx_bytes_per_s"] = sum(rx) if rx else None
         batch.add(proc.history, t, tuple(row.get(name) for name in PROCESS_SERIES))
         for kind, text, et in sample_events(rec, t):
-            self._event(proc.pid, kind, text, et)
+            if kind == "compile":
+                self._compile_event(proc, rec, text, et)
+            else:
+                self._event(proc.pid, kind, text, et)
         for kind, text, et in self.ledgers.feed_sample(proc.pid, rec):
             self._event(proc.pid, kind, text, et)
+
+    def _compile_event(self, proc: ProcessModel, rec: dict[str, Any], text: str, t: Any) -> None:
+        """A sample's compiles, folded into the newest compile line while
+        compiles keep coming (within :data:`COMPILE_FOLD_S` of it and nothing
+        said in between): a storm of one compile a sample is one line that
+        counts, not 500 lines that push everything else out of the list."""
+        n = number(protocol.obj_of(rec.get("compile")).get("count")) or 0
+        fold = proc.compile_fold
+        when = protocol.timestamp(t)
+        last = self.events[-1] if self.events else None
+        if (fold is not None and last is fold[0] and when is not None and when - last.t <= COMPILE_FOLD_S
+                and n.__class__ is int):
+            self.events.pop()
+            total = fold[2] + n
+            since = time.strftime("%H:%M:%S", time.localtime(fold[1]))
+            text = f"{total} backend compiles since {since};" + text.split(";", 1)[-1]
+            self._event(proc.pid, "compile", text, when)
+            proc.compile_fold = (self.events[-1], fold[1], total)
+            return
+        self._event(proc.pid, "compile", text, t)
+        first = self.events[-1]
+        proc.compile_fold = (first, first.t, n) if n.__class__ is int else None
 
     def _new_device(self, proc: ProcessModel, did: Any, platform: Any, t: Any) -> _DeviceState | None:
         """A device first seen now, or None past :data:`MAX_DEVICES` (said once)."""

@@ -62,6 +62,8 @@ class ProcessModel:
         self.nvml_status: dict[str, Any] = {}
         self.jax_to_nvml: dict[int | str, int] = {}  # device id -> NVML index (the hello's nvml)
         self.demo: dict[str, Any] | None = None
+        # The newest compile line, when its fold began and the compiles in it.
+        self.compile_fold: tuple[Any, float, int] | None = None
         self.accelerator: dict[str, Any] | None = None  # the last `accelerator` (sent when it changes)
         self.nvml_said = False  # the hello's NVML failure was weighed (accelerator.nvml_worth_saying)
         self.started_t: float | None = None  # the process's start (process probe), not the agent's
