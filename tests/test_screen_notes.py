@@ -106,3 +106,23 @@ def test_cpu_percent_reads_one_decimal_whatever_the_source():
     model.feed(1, rec)
     text = _text(HostPanel().draw(model.snapshot(now=1001.0), 120, 4), 120)
     assert "CPU 3.3%" in text, text
+
+
+async def test_help_lists_the_screens_above_the_fold_at_80x24():
+    """J, H, O come before the navigation and window keys; the four windows
+    are one row; keys that do nothing with this source (live-only ones in a
+    replay) come last."""
+    from pathlib import Path
+
+    from jaxtop.dashboard.app import make_app
+    from jaxtop.dashboard.sources.replay import ReplaySource
+
+    source = ReplaySource(str(Path(__file__).parent / "fixtures" / "tpu" / "training-loop.jsonl.gz"))
+    app = make_app(source)
+    async with app.run_test(size=(80, 24)):
+        rows = app.help_rows()
+    keys = [k for k, _, _ in rows]
+    assert keys.index("J") < keys.index("tab d") and keys.index("O") < 8, keys
+    assert sum(k.startswith("1") for k in keys) == 1 and any("1 2 3 4" == k for k in keys), keys
+    actives = [active for _, _, active in rows]
+    assert actives == sorted(actives, reverse=True)  # the inactive ones last

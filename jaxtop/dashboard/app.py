@@ -73,6 +73,9 @@ SPEED_KEYS = Binding.Group("speed", compact=True)
 REPLAY_ACTIONS = frozenset({"seek", "seek_fraction", "seek_to", "step", "speed"})
 #: Actions that need running agents: offered while the source is live.
 LIVE_ACTIONS = frozenset({"profile", "holders_mark"})
+#: Help lists these first, in this order (the screens a key opens), then the rest.
+HELP_FIRST = {name: i for i, name in enumerate(("quit", "help", "jit", "holders", "holders_mark", "oom",
+                                                 "show_profile", "profile", "write", "pause"))}
 #: Actions the command palette does not list: Textual's own entries already
 #: cover them (Quit), or they are the palette itself.
 NOT_IN_PALETTE = frozenset({"quit", "command_palette"})
@@ -444,8 +447,22 @@ class JaxtopApp(App[None]):
         return True
 
     def help_rows(self) -> list[tuple[str, str, bool]]:
-        """The help screen's key list: one row per binding of the table."""
-        return [(self.keys_shown(b), b.tooltip or b.description, self.applies(b)) for b in self.action_table()]
+        """The help screen's key list: one row per binding of the table, the
+        keys that open a screen first and the four timeline windows as one
+        row, so that at 80x24 the screens are above the fold; keys that do
+        nothing with this source last."""
+        rows, windows = [], []
+        for b in self.action_table():
+            if b.action.startswith("window("):
+                windows.append((self.keys_shown(b), (b.tooltip or b.description).split(": ", 1)[-1]))
+                continue
+            rows.append((HELP_FIRST.get(parse_action(b.action)[1], len(HELP_FIRST)), self.keys_shown(b),
+                         b.tooltip or b.description, self.applies(b)))
+        if windows:
+            rows.append((len(HELP_FIRST), " ".join(k for k, _ in windows),
+                         "Timeline window: " + ", ".join(f"{k} {what}" for k, what in windows), True))
+        rows.sort(key=lambda r: (not r[3], r[0]))  # stable: the table's order within a rank
+        return [(keys, text, active) for _, keys, text, active in rows]
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """Textual's commands, then each action of the table that acts now.
