@@ -296,44 +296,66 @@ def list_agents(timeout_s: float = 1.0, on_refused: Callable[[str], None] | None
             socket in it was connected to.
     """
     directory = paths.check_socket_dir()
-    found: list[AgentInfo] = []
     try:
         entries = sorted(directory.glob("*.sock"))
     except OSError:
-        return found
+        return []
+    # Each agent is asked at once, not one after another: a silent or
+    # stopped agent (SIGSTOP, a debugger) costs its timeout once for the
+    # whole list, not once per agent (40 stopped agents took 40 s).
+    candidates = []
     for path in entries:
         try:
-            pid = int(path.stem)
+            candidates.append((int(path.stem), path))
         except ValueError:
             continue
-        if not pid_alive(pid):
-            _remove_stale(path)
-            continue
-        try:
-            agent = AgentConnection.open(pid, timeout_s)
-        except AgentNotFound:
-            continue
-        except ForeignAgent as exc:
-            if on_refused is not None:
-                on_refused(str(exc))
-            continue
-        hello: dict = {}
-        deadline = time.monotonic() + timeout_s
-        with agent:
-            # The stream opens with hello; a first record of another type
-            # means an agent without one, so stop there as well.
-            for line in agent.lines(should_stop=lambda end=deadline: time.monotonic() >= end):
-                if not line.strip():
-                    continue
-                try:
-                    first = protocol.decode(line)
-                except protocol.ProtocolError:
-                    continue
-                if first.get("type") == "hello":
-                    hello = first
-                break
-        found.append(AgentInfo(pid, path, list(hello.get("argv") or []), hello.get("started_t")))
+    if not candidates:
+        return []
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(LIST_WORKERS, len(candidates)), thread_name_prefix="jaxtop-ls") as pool:
+        answers = list(pool.map(lambda c: _ask_hello(c[0], c[1], timeout_s), candidates))
+    found: list[AgentInfo] = []
+    for answer in answers:
+        if isinstance(answer, AgentInfo):
+            found.append(answer)
+        elif isinstance(answer, str) and on_refused is not None:
+            on_refused(answer)
     return found
+
+
+#: Agents asked for their hello at once by :func:`list_agents`.
+LIST_WORKERS = 32
+
+
+def _ask_hello(pid: int, path: Path, timeout_s: float) -> AgentInfo | str | None:
+    """One socket of the directory: its agent's hello, the message why it is
+    left out (another uid serves it), or None (stale, gone)."""
+    if not pid_alive(pid):
+        _remove_stale(path)
+        return None
+    try:
+        agent = AgentConnection.open(pid, timeout_s)
+    except AgentNotFound:
+        return None
+    except ForeignAgent as exc:
+        return str(exc)
+    hello: dict = {}
+    deadline = time.monotonic() + timeout_s
+    with agent:
+        # The stream opens with hello; a first record of another type
+        # means an agent without one, so stop there as well.
+        for line in agent.lines(should_stop=lambda end=deadline: time.monotonic() >= end):
+            if not line.strip():
+                continue
+            try:
+                first = protocol.decode(line)
+            except protocol.ProtocolError:
+                continue
+            if first.get("type") == "hello":
+                hello = first
+            break
+    return AgentInfo(pid, path, list(hello.get("argv") or []), hello.get("started_t"))
 
 
 class RecordingOrder:
