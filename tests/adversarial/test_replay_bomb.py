@@ -23,10 +23,10 @@ def test_the_copy_of_a_compressed_bomb_stops_at_its_bound(tmp_path):
         for _ in range(300):  # ~300 MB uncompressed
             f.write(block)
     compressed = os.path.getsize(src)
-    assert compressed < 1 << 20  # 300 MB in under 1 MB
+    assert compressed < 2 << 20  # 300 MB in about 1 MB
     index = replay_index.build(str(src), str(tmp_path / "copy.jsonl"))
     copied = os.path.getsize(tmp_path / "copy.jsonl")
-    assert (32 << 20) <= copied <= (64 << 20), copied  # the floor of the bound: 100x under 1 MB is less
+    assert (32 << 20) <= copied <= max(64 << 20, 100 * compressed) < (300 << 20), copied
     bound, why = replay_index.copy_room(str(tmp_path / "copy.jsonl"), compressed)
     assert copied <= bound
     assert index.stats.stopped and "uncompressed copy was stopped" in index.stats.stopped and why in index.stats.stopped
