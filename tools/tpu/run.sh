@@ -17,6 +17,9 @@
 #         tests   pytest tests/tpu with a TPU required (pytest.txt, pytest.xml);
 #                 its cost test checks cost.json instead of measuring again
 #         demo    jaxtop demo --headless --json (demo.json, demo.md, demo.err)
+#         freeblock  benchmarks/largest_free_block.py: is the allocator's largest
+#                 free block a bound on one request (freeblock.json); it decides
+#                 whether jaxtop may show fragmentation on TPU
 #         record  fresh recordings for tests/fixtures/tpu/ (recordings/)
 #       summary.txt lists each step's exit status and time; the script exits
 #       non-zero when any step failed.
@@ -35,7 +38,7 @@ DEPS=(textual rich markdown-it-py mdurl mdit-py-plugins linkify-it-py uc-micro-p
       psutil nvidia-ml-py orjson msgspec typing-extensions pyte wcwidth
       pytest pluggy iniconfig packaging pytest-timeout pytest-asyncio)
 CHIP_PYTHON_VERSION=3.11
-ALL_STEPS=cost,tests,demo,record
+ALL_STEPS=cost,tests,demo,freeblock,record
 
 # Seconds each step may take before it is stopped (its partial output kept).
 : "${COST_TIMEOUT:=2400}"
@@ -219,6 +222,10 @@ chip() {
       (cd "$WORK" && "$py" -P -m jaxtop.demo.headless --markdown) <"$RESULTS/demo.json" >"$RESULTS/demo.md" \
         2>>"$RESULTS/demo.err" || true
     fi
+  fi
+  if wants freeblock; then
+    run_step freeblock "$DEMO_TIMEOUT" "$RESULTS/freeblock.json" \
+      env JAX_PLATFORMS=tpu "$py" -P "$REPO/benchmarks/largest_free_block.py"
   fi
   if wants record; then
     # The chip tests' training loop for 40 s, recorded as `jaxtop run --log`
