@@ -37,6 +37,7 @@ case $args in
   "-P -m pytest "*) echo "9 passed" ;;
   "-P -m jaxtop demo --headless --json") echo '{"rows": []}'; exit 1 ;;
   "-P -m jaxtop.demo.headless --markdown") echo "| table |" ;;
+  *benchmarks/largest_free_block.py*) echo '{"bound": true}' ;;
   *targets/fill.py*) touch "$JAXTOP_OOM_DIR/jaxtop-oom-1-20261206.json"; echo "RESOURCE_EXHAUSTED" >&2; exit 1 ;;
   "-P -m jaxtop run --log "*) echo "done 2000" ;;
   *) echo "fake python: unexpected call: $args" >&2; exit 99 ;;
@@ -93,9 +94,10 @@ def test_chip_mode_runs_every_step_in_order_and_reports_each(fake_chip, tmp_path
     assert res.returncode == 1, res.stdout + res.stderr
     summary = (results / "summary.txt").read_text().splitlines()
     rows = [line.split() for line in summary if line.split()[1] == "exit"]
-    assert [r[0] for r in rows] == ["cost", "tests", "demo", "record", "record-oom"]
+    assert [r[0] for r in rows] == ["cost", "tests", "demo", "freeblock", "record", "record-oom"]
     status = {r[0]: r[2] for r in rows}
-    assert status == {"cost": "0", "tests": "0", "demo": "1", "record": "0", "record-oom": "1"}
+    assert status == {"cost": "0", "tests": "0", "demo": "1", "freeblock": "0", "record": "0", "record-oom": "1"}
+    assert (results / "freeblock.json").read_text().strip() == '{"bound": true}'
     assert "record-oom: the census is in recordings/" in summary[-1]  # the OOM is the program's point
     assert res.stdout.rstrip().endswith("failed: demo")
     assert (results / "cost.json").read_text().strip() == '{"rows": []}'
