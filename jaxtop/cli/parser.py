@@ -224,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("targets", nargs="+", metavar="FILE|PID", help="the recording, or the pids")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
-    serve.add_argument("--token", help="the URL's token (default: a random one, printed)")
+    serve.add_argument("--token-file", metavar="FILE",
+                       help="the URL's token, from the first line of FILE, a file only you can read "
+                            "(default: a random one, printed in the URL; docs/security.md)")
 
     completions = sub.add_parser(
         "completions", help="print a shell completion script (bash, zsh or fish)",

@@ -527,11 +527,13 @@ class JaxtopApp(App[None]):
         pid = self._target_pid()
         if pid is None:
             return
-        error = self.source.send_command(pid, "memory_profile", {})
+        # In a browser the profile is written where WebDeliveries sends files from.
+        error = self.source.send_command(pid, "memory_profile", self.web.profile_args())
         if error:
             self.model.add_event(pid, "error", f"memory profile: {error}")
             self.notify(f"memory profile: {error}", severity="warning")
         else:
+            self.web.profile_requested()
             self.model.add_event(pid, "profile", "memory profile requested…")
             self.notify("memory profile requested; p shows it when it arrives", timeout=3)
         self.refresh_now()
