@@ -39,6 +39,18 @@ def _model_at(seconds: float) -> tuple[Model, float]:
     return model, t0 + seconds
 
 
+def _stalled_at_sample_400() -> Model:
+    """The chip's run whose live-array scan stalled, fed up to sample 400
+    (the scan then ~20 s old)."""
+    model = Model(clock=lambda: 0.0)
+    with gzip.open(FIXTURE.with_name("training-loop-stall.jsonl.gz"), "rb") as f:
+        for rec in protocol.iter_records(f):
+            model.feed(1, rec)
+            if rec.get("type") == "sample" and rec.get("seq") == 400:
+                break
+    return model
+
+
 def _panel_text(panel, snap, width, height) -> str:
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     console.print(panel.draw(snap, width, height))
@@ -195,13 +207,7 @@ def test_snapshot_text_says_the_layer_and_a_stale_scan_s_age():
     text = _text(model.snapshot(now=now))
     line = next(x for x in text.splitlines() if "not in arrays" in x)
     assert "≈10.3 GiB" in line and "jit_step" in line
-    stale = Model(clock=lambda: 0.0)
-    with gzip.open(FIXTURE.with_name("training-loop-stall.jsonl.gz"), "rb") as f:
-        for rec in protocol.iter_records(f):
-            stale.feed(1, rec)
-            if rec.get("type") == "sample" and rec.get("seq") == 400:
-                break
-    assert "scanned 2" in _text(stale.snapshot(now=0.0))  # ~20 s old in that run
+    assert "scanned 2" in _text(_stalled_at_sample_400().snapshot(now=0.0))  # ~20 s old in that run
 
 
 # -- the OOM census -----------------------------------------------------------------
@@ -222,13 +228,7 @@ def test_a_stale_scan_says_its_age_first_on_a_small_panel():
     how old the live arrays are before anything else, at 80x24's size."""
     from jaxtop.widgets.panels import MemoryPanel
 
-    model = Model(clock=lambda: 0.0)
-    with gzip.open(FIXTURE.with_name("training-loop-stall.jsonl.gz"), "rb") as f:
-        for rec in protocol.iter_records(f):
-            model.feed(1, rec)
-            if rec.get("type") == "sample" and rec.get("seq") == 400:
-                break
-    text = _panel_text(MemoryPanel(), model.snapshot(now=0.0), 40, 6)
+    text = _panel_text(MemoryPanel(), _stalled_at_sample_400().snapshot(now=0.0), 40, 6)
     assert "live arrays as of 2" in text, text  # "as of 21s ago"
 
 
