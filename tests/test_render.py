@@ -191,7 +191,8 @@ def test_timeline_keeps_a_single_spike_among_10000_points(width):
     top = rows[0]
     # The spike is the maximum, so its column reaches the top row, alone.
     marked = [i for i, ch in enumerate(top) if ch != " "]
-    assert len(marked) == 1 and top[marked[0]] == "█"
+    # Drawn as the range the column's points span (░), not as a level held.
+    assert len(marked) == 1 and top[marked[0]] == "░"
     # ...in the column its time falls in.
     assert marked[0] == int(4321 / 9999 * len(top))
     # The baseline of 1 GiB is drawn elsewhere (not lost either).
@@ -353,9 +354,12 @@ def test_memory_map_empty_and_total_hint():
     assert render(MemoryMap([]), 40) == ["no live buffers"]
     assert render(MemoryMap([(0, 0)]), 40) == ["no live buffers"]
     lines = render(MemoryMap([[4096, 1024]], rows=1, total_hint=5 * MiB), 120)  # JSON gives lists
-    assert lines[0] == "█" * 120
-    # The map covers the placed buffers only: said, so 1 KiB beside 5 MiB live is no contradiction.
+    # 1 KiB placed of 5 MiB: a strip would draw it as one solid block, as if
+    # it were the device's memory; the caption says what is placed instead.
+    assert lines[0].startswith("no map: <1% of the bytes have an address")
     assert lines[1] == "1 buffer, placed: 1.00 KiB of 5.00 MiB, span 1.00 KiB (0% gaps)"
+    lines = render(MemoryMap([[4096, 1024], [8192, 1024]], rows=1, total_hint=10 * 1024), 120)
+    assert lines[0].count("█") > 40  # a fifth placed: the strip is drawn
 
 
 SEVEN = [(0x7F00_0000_0000 + i * MiB, MiB) for i in range(7)]
@@ -457,7 +461,8 @@ def test_stack_strips_share_one_time_axis(width):
     assert sum("└" in line for line in lines) == 1 and lines[-1].index("└") == ticks.pop()
     assert lines[-1].endswith("now")
     # The top row of each strip holds only the burst: the same columns.
-    burst_cols = [{i for i, ch in enumerate(strip[0]) if ch == "█" and i > strip[0].index("┤")} for strip in rows.values()]
+    # (A column the burst fills part of draws its range: ░.)
+    burst_cols = [{i for i, ch in enumerate(strip[0]) if ch in "█░" and i > strip[0].index("┤")} for strip in rows.values()]
     assert burst_cols[0] and burst_cols[0] == burst_cols[1] == burst_cols[2]
     plot_w = len(lines[-1]) - lines[-1].index("└") - 1
     first = min(burst_cols[0]) - lines[-1].index("└") - 1

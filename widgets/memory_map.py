@@ -28,9 +28,10 @@ __all__ = ["REGION_GAP_BYTES", "MemoryMap"]
 #: them says nothing about how the memory is used.
 REGION_GAP_BYTES = 64 << 20
 
-#: Below this share of the scan's bytes placed, no strip is drawn (its cells
-#: would stand for buffers the map cannot place).
-MIN_PLACED_SHARE = 0.1
+#: Below one in this many of the scan's bytes placed, no strip is drawn (its
+#: cells would stand for buffers the map cannot place). An integer: sizes
+#: may be integers beyond a float's range.
+MIN_PLACED_FRACTION = 10
 
 # Floats reach 2**1024; measured in units of 2**(bits - _FLOAT_BITS) bytes,
 # any span keeps its cumulative sums well inside that.
@@ -163,12 +164,13 @@ class MemoryMap(Sized):
             chars[(centres >= starts[i] + lengths[i]) & (centres < starts[i + 1]) & (share == 0)] = "≈"
         strip = [(str(ch), "dim" if ch in "·≈" else self.style) for ch in chars]
         lines = [runs(strip[r * width : (r + 1) * width]) for r in range(self.rows)]
-        if not is_missing(self.total_hint) and self.total_hint > 0 and used < MIN_PLACED_SHARE * self.total_hint:
+        if not is_missing(self.total_hint) and self.total_hint > 0 and used * MIN_PLACED_FRACTION < self.total_hint:
             # A few bytes placed out of many (one shard of a sharded array
             # with an address) would fill the strip with a full bar, as if
             # the device's memory were one solid block: no strip, the caption.
             lines = [Text(f"no map: {pct(percent(used, self.total_hint))} of the bytes have an address",
                           style="dim", no_wrap=True, overflow="ellipsis")]
+            lines += [Text("") for _ in range(self.rows - 1)]  # the panel's layout stays as it was
         extent = _Extent(len(entries), used, span, compressed, regions if compressed else 1)
         lines.extend(Text(c, style="dim") for c in self._caption(extent, width))
         yield from fit(lines, width)

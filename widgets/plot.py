@@ -208,16 +208,22 @@ class Plot:
                         bottom = (rows - 1 - r) * 8
                         n = min(max(e - bottom, 0), 8)
                         if n:
-                            # Cells above the column's minimum are dimmed: the
-                            # range the value moved through within the column.
-                            grid[r][c] = (V_EIGHTHS[n], s.style if bottom < lo_level else f"dim {s.style}")
+                            # Cells above the column's minimum are the range the
+                            # value moved through within the column (a burst of
+                            # 33 transfers in one sample of a 10 s bucket), not
+                            # what it held: dimmed, and a full one drawn ░ so
+                            # that it reads so without colour too.
+                            if bottom < lo_level:
+                                grid[r][c] = (V_EIGHTHS[n], s.style)
+                            else:
+                                grid[r][c] = ("░" if n == 8 else V_EIGHTHS[n], f"dim {s.style}")
                 else:
                     r = rows - 1 - min(rows - 1, max(e - 1, 0) // 8)
                     under_ch, under_style = grid[r][c]
                     if e == 0 and under_ch != " ":
                         continue  # a zero line would hide the fill it lies on
                     style: str | Style = s.style
-                    if under_ch == "█":  # keep the fill visible behind the marker
+                    if under_ch in ("█", "░"):  # keep the fill visible behind the marker
                         style = Style.parse(s.style) + Style(bgcolor=Style.parse(str(under_style)).color)
                     grid[r][c] = ("─", style)
         return grid

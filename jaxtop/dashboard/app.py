@@ -62,6 +62,8 @@ HELP_NOTES = (
     "Holes are read only between buffers of 64 KiB or more (smaller ones sit among other heap data). "
     "\"not asked\": buffers whose address only a new Array would tell, one the program would see in "
     "jax.live_arrays() (device_put buffers; every buffer before jaxlib 0.10.1): counted, not placed.\n"
+    "Timelines: █ a level held through the column, ░ the range a value moved through within it (a burst "
+    "inside a 10 s bucket is ░, not a 10 s block).\n"
     "Transfer bytes are a lower bound (cached jit calls log no shapes). "
     "n/a always comes with the reason.\n"
 )
