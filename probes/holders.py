@@ -7,7 +7,8 @@ of the user's own code), and follows each site from profile to profile:
 
 * bytes and buffer count per site, per device;
 * growth: a site whose bytes or count keep rising across profiles is a
-  **leak suspect**, reported with its growth rate;
+  **leak suspect**, reported with its growth rate; one that has started
+  rising is **watched** first (``watching``, an event ``leak_watch``);
 * a **mark** (command ``holders_mark``): every later record says how each
   site changed since then.
 
@@ -24,9 +25,20 @@ The parts live beside this probe: the fold into sites in
 :mod:`jaxtop.probes.pprof`, the choice of the user's frame in
 :mod:`jaxtop.probes.frames`, growth in :mod:`jaxtop.probes.holders_growth`.
 
-The cadence adapts so that profiling never takes more than ``budget`` (0.04 %)
+The cadence adapts so that profiling takes no more than ``budget`` (0.04 %)
 of the wall time: after a profile that took 80 ms the next waits at least
-200 s. Stdlib + jax only; jax is never imported here, and no profile is taken
+200 s. That back-off is what let a 38 MiB/min leak go unflagged for minutes
+(5, 21, 49 s between profiles as each profile grew costlier), so while
+memory climbs steeply where no suspect explains it, or while a site is too
+new for its growth to be told (:meth:`GrowthTracker.young`: every site at
+the start, a line that starts allocating later), the cadence does not
+back off: profiles come every ``interval_s`` (every half of it while
+climbing), up to :data:`WATCH_BUDGET` of the time, paid from an allowance
+of profile seconds that fills at :data:`WATCH_SHARE` of the time up to
+:data:`WATCH_CREDIT_S`. So a program costs at most ``budget + WATCH_SHARE``
+of its time in profiles over a long run, whatever its memory does.
+
+Stdlib + jax only; jax is never imported here, and no profile is taken
 before the program has created its backend (creating one would change the
 program's allocator settings).
 """
@@ -52,6 +64,7 @@ from jaxtop.probes.holders_growth import (  # noqa: F401  (importable from here)
     MAX_TRACKED_SITES,
     GrowthTracker,
     describe_growth,
+    describe_watch,
 )
 from jaxtop.probes.jaxstate import backend_ready as _backend_ready
 from jaxtop.probes.jaxstate import jax_imported
@@ -68,6 +81,7 @@ __all__ = [
     "HoldersProbe",
     "site_text",
     "describe_growth",
+    "describe_watch",
     "jax_imported",
     "DEFAULT_INTERVAL_S",
     "DEFAULT_BUDGET",
@@ -84,6 +98,20 @@ MAX_SITES = 50
 #: Least time between two profiles asked for by commands (``holders_mark``,
 #: ``holders_profile``), whoever asks: a flood of requests costs one profile per this.
 DEMAND_MIN_INTERVAL_S = 1.0
+#: While memory climbs (or the program is young) profiles may take this
+#: share of the time instead of ``budget``: a 20 ms profile every 5 s ...
+WATCH_BUDGET = 0.004
+#: ... coming every this much of ``interval_s`` while memory climbs steeply
+#: (a steep leak is flagged after 3 rises of a floor of 3 profiles: halving
+#: the period brings the verdict 5 s sooner at the default 5 s) ...
+WATCH_INTERVAL_FACTOR = 0.5
+#: ... paid from an allowance of profile seconds that fills at this share of
+#: the time (as much again as ``budget``: over a long run profiling costs at
+#: most twice its budget, however often memory seems to climb) ...
+WATCH_SHARE = 0.0004
+#: ... and holds at most (and at first) this many seconds: 12 profiles of 20
+#: ms, enough to flag one steep leak or to see that a climb stopped.
+WATCH_CREDIT_S = 0.25
 
 
 def _capture_profile() -> bytes:
@@ -150,6 +178,9 @@ class HoldersProbe:
             ``timer`` measures what a profile costs.
         on_suspect: called with a one-line description when a site becomes
             a leak suspect (``install`` posts it as an agent event).
+        on_watch: called with a one-line description (``watching: ...``)
+            when a site starts being watched (``install`` posts it as a
+            ``leak_watch`` event).
     """
 
     def __init__(
@@ -164,6 +195,7 @@ class HoldersProbe:
         monotonic: Callable[[], float] = time.monotonic,
         timer: Callable[[], float] = time.perf_counter,
         on_suspect: Callable[[str], None] | None = None,
+        on_watch: Callable[[str], None] | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError("interval_s must be positive")
@@ -179,6 +211,7 @@ class HoldersProbe:
         self._mono = monotonic
         self._timer = timer
         self._on_suspect = on_suspect
+        self._on_watch = on_watch
         self._lock = ForkLock()
         self._take_lock = ForkLock()
         self.interval_s = self.base_interval_s  # current, after back-off
@@ -195,6 +228,14 @@ class HoldersProbe:
         self._mark: dict[str, Any] | None = None  # {"t", "seq", "sites": {key: (b, c)}, "bytes", "count"}
         self.cpu_s_total = 0.0
         self.wall_s_total = 0.0
+        # The allowance of profile seconds the cadence may spend without
+        # backing off (see the module docstring), and what it paid so far.
+        self.watch_held_s = WATCH_CREDIT_S
+        self._watch_fill_t: float | None = None
+        self._watch_next = False  # the next cadence profile is paid from it
+        self.watch_profiles = 0
+        self.watch_s_total = 0.0
+        self.cadence = "base"  # what set the current interval: base, young, climbing
 
     # -- wiring ---------------------------------------------------------------
     # -- the probe interface (jaxtop.probes.base): sample field ``holders`` -----
@@ -220,9 +261,12 @@ class HoldersProbe:
 
     def install(self, agent: Any) -> "HoldersProbe":
         """Make this the agent's holders probe (in place of the one it has):
-        its leak suspicions go to the agent as ``leak_suspect`` events."""
+        its leak suspicions go to the agent as ``leak_suspect`` events, the
+        sites it starts watching as ``leak_watch`` events."""
         if self._on_suspect is None and hasattr(agent, "post_event"):
             self._on_suspect = lambda text: agent.post_event("leak_suspect", text=text)
+        if self._on_watch is None and hasattr(agent, "post_event"):
+            self._on_watch = lambda text: agent.post_event("leak_watch", text=text)
         agent.add_probe(self)
         return self
 
@@ -254,6 +298,8 @@ class HoldersProbe:
         """The process was stopped for ``gap`` seconds (its memory did not
         change): the next cadence profile falls due that much later."""
         self._next_t += gap
+        if self._watch_fill_t is not None:
+            self._watch_fill_t += gap  # a stopped process earns no allowance
 
     def _demand_wait(self) -> float:
         """Least time between two profiles taken for commands."""
@@ -292,21 +338,68 @@ class HoldersProbe:
         self.cpu_s_total += time.thread_time() - started_cpu
         self.wall_s_total += seconds
         self.last, self.last_t, self.last_seconds = totals, t, seconds
-        # The cadence backs off so that profiling takes at most `budget` of the time.
-        self.interval_s = max(self.base_interval_s, seconds / self.budget)
-        self._next_t = self._mono() + self.interval_s
+        self._schedule(seconds, paid=reason == "cadence" and self._watch_next)
         record = self._record(totals, t, seconds, reason, in_use, mark)
         with self._lock:
             self._pending = record
-        if self._on_suspect is not None:
-            for key in became:
-                growth = self.tracker.growth(key)
-                if growth is not None:
-                    try:
-                        self._on_suspect("leak suspect: " + describe_growth(key, growth))
-                    except Exception:
-                        pass
+        self._tell(self._on_watch, self.tracker.new_watching, describe_watch, "")
+        self._tell(self._on_suspect, became, describe_growth, "leak suspect: ")
         return record
+
+    def _tell(self, callback: Callable[[str], None] | None, keys: list[SiteKey],
+              describe: Callable[[SiteKey, dict[str, Any]], str], prefix: str) -> None:
+        """One line per site to ``callback`` (the agent's event); never raises."""
+        if callback is None:
+            return
+        for key in keys:
+            growth = self.tracker.growth(key)
+            if growth is not None:
+                try:
+                    callback(prefix + describe(key, growth))
+                except Exception:
+                    pass
+
+    def _schedule(self, seconds: float, paid: bool) -> None:
+        """When the next cadence profile is due, after one that took ``seconds``.
+
+        It backs off so that profiling takes at most ``budget`` of the time,
+        unless a site is too new to tell or memory climbs steeply where no
+        suspect explains it (:meth:`GrowthTracker.climbing`): then it comes
+        at the base period (half of it while climbing), up to
+        :data:`WATCH_BUDGET` of the time, while the allowance lasts.
+
+        Args:
+            seconds: what the profile just taken cost.
+            paid: it was taken at the watch cadence: the allowance pays it.
+        """
+        now = self._mono()
+        if self._watch_fill_t is not None:
+            self.watch_held_s = min(WATCH_CREDIT_S,
+                                    self.watch_held_s + max(0.0, now - self._watch_fill_t) * WATCH_SHARE)
+        self._watch_fill_t = now
+        if paid:
+            self.watch_held_s -= seconds
+            self.watch_profiles += 1
+            self.watch_s_total += seconds
+        backed_off = max(self.base_interval_s, seconds / self.budget)
+        self.cadence = "base"
+        self._watch_next = False
+        if self.watch_held_s > 0:
+            if self.tracker.climbing():
+                self.cadence = "climbing"
+                period = self.base_interval_s * WATCH_INTERVAL_FACTOR
+            elif self.tracker.young():
+                self.cadence = "young"
+                period = self.base_interval_s
+            if self.cadence != "base":
+                watch = max(period, seconds / WATCH_BUDGET)
+                if watch < backed_off:
+                    self.interval_s, self._watch_next = watch, True
+                    self._next_t = now + self.interval_s
+                    return
+                self.cadence = "base"
+        self.interval_s = backed_off
+        self._next_t = now + self.interval_s
 
     def _record(self, totals: ProfileTotals, t: float, seconds: float, reason: str,
                 in_use: int | None, mark: dict[str, Any] | None) -> dict[str, Any]:
@@ -314,7 +407,8 @@ class HoldersProbe:
         listed = [k for k, _ in ranked[:self.max_sites]]
         chosen = set(listed)
         suspects = self.tracker.suspects()
-        extra = [k for k in suspects if k not in chosen]
+        watching = self.tracker.watching()
+        extra = [k for k in suspects + watching if k not in chosen]
         if mark is not None:
             # The largest changes since the mark are listed even when small now.
             base = mark["sites"]
@@ -339,6 +433,8 @@ class HoldersProbe:
             trend = self.tracker.trends.get(key)
             if trend is not None and trend.suspect:
                 rec["suspect"] = True
+            elif trend is not None and trend.watching:
+                rec["watching"] = True
             if mark is not None:
                 b0, c0 = mark["sites"].get(key, (0, 0))
                 rec["mark"] = {"bytes": rec["bytes"] - b0, "count": rec["count"] - c0}
@@ -359,6 +455,8 @@ class HoldersProbe:
             "other": {"bytes": totals.bytes - listed_bytes, "count": totals.count - listed_count,
                       "sites": sum(1 for k in totals.sites if k not in in_list)},
             "suspects": len(suspects),
+            "watching": len(watching),
+            "cadence": self.cadence,
             "cpu_s_total": round(self.cpu_s_total, 6),
         }
         if mark is not None:

@@ -271,9 +271,12 @@ def test_aggregate_a_real_profile_matches_the_programs_own_accounting(jax_cpu):
 
 # -- growth -> leak suspects ------------------------------------------------------------------------
 
-def run_tracker(series, rises=5, dt=5.0):
-    """``series``: one {site: (bytes, count)} per profile; returns the tracker and, per profile, the suspects."""
-    tracker = GrowthTracker(rises)
+def run_tracker(series, rises=5, dt=5.0, steep_bytes_per_min=None):
+    """``series``: one {site: (bytes, count)} per profile; returns the tracker and, per profile, the suspects.
+
+    The rule of ``rises`` alone by default: the steep rule, which flags
+    fast growth sooner, has its own tests (test_leak_early.py)."""
+    tracker = GrowthTracker(rises, steep_bytes_per_min=steep_bytes_per_min)
     flagged = []
     for i, sites in enumerate(series):
         tracker.update(T0 + i * dt, sites)
@@ -410,16 +413,24 @@ def make_probe(profiles, cost=0.0001, **kw):
 
 
 def test_probe_cadence_backs_off_to_stay_within_its_budget():
-    probe, clock, mono = make_probe(leak_profiles(3), cost=0.080, interval_s=5.0)  # a profile takes 80 ms
+    probe, clock, mono = make_probe(leak_profiles(4), cost=0.080, interval_s=5.0)  # a profile takes 80 ms
     rec = probe.sample()
     assert rec["seq"] == 1 and rec["seconds"] == pytest.approx(0.08)
+    # Every site is new: nothing can be told before its 3rd profile, so the
+    # first ones come on the watch budget (80 ms is 0.4 % of 20 s), paid from its allowance.
+    assert rec["interval_s"] == pytest.approx(20.0) and rec["cadence"] == "young"
+    mono.t += 20.0
+    assert probe.sample()["cadence"] == "young"
+    mono.t += 20.0
+    rec = probe.sample()
+    assert rec["seq"] == 3 and rec["cadence"] == "base"
     assert rec["interval_s"] == pytest.approx(200.0)  # 80 ms is 0.04 % of 200 s, more than the 5 s base
     mono.t += 5.0
     assert probe.sample() is None  # 5 s later: not yet
     mono.t += 194.0
     assert probe.sample() is None
     mono.t += 1.0
-    assert probe.sample()["seq"] == 2
+    assert probe.sample()["seq"] == 4
 
 
 def test_probe_records_sites_suspects_an_event_and_a_mark():
@@ -439,8 +450,10 @@ def test_probe_records_sites_suspects_an_event_and_a_mark():
     assert not sites["train.py:10"].get("suspect") and not sites["data.py:31"].get("suspect")
     assert sites["train.py:120"]["growth"]["count_per_min"] == pytest.approx(64 * 12)
     assert sites["train.py:120"]["devices"] == {"cpu:0": [7 * 64 * 32768, 7 * 64]}
-    assert [e["kind"] for e in agent.events] == ["leak_suspect"]
-    assert agent.events[0]["text"].startswith("leak suspect: train.py:120 log_metrics: +768 arrays/min")
+    # Watched first (two rises), then flagged: 24 MiB/min is steep, so after 3 rises, not 5.
+    assert [e["kind"] for e in agent.events] == ["leak_watch", "leak_suspect"]
+    assert agent.events[0]["text"].startswith("watching: train.py:120 log_metrics: +24.0 MiB/min, +768 arrays/min over ")
+    assert agent.events[1]["text"].startswith("leak suspect: train.py:120 log_metrics: +768 arrays/min")
 
     clock.t, mono.t = T0 + 41, 41.0
     reply = agent.commands["holders_mark"]({})
