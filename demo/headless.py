@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
 from typing import Any, TextIO
 
@@ -76,6 +78,24 @@ def markdown_table(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _profile_dir(given: str | None) -> str | None:
+    """Where the profiling strategy saves its profile: ``given`` or
+    ``$JAXTOP_PROFILE_DIR`` (the runner reads it), else jaxtop's own private
+    directory, not the working directory the runner falls back to (every
+    ``--headless`` run left a ``jaxtop-memprof-*.prof`` in the user's
+    project). The table's profiling row names the file either way."""
+    if given or os.environ.get("JAXTOP_PROFILE_DIR"):
+        return given
+    from jaxtop.probes.memory_profile import ProfileDirError, private_profile_dir
+
+    try:
+        return private_profile_dir()
+    except ProfileDirError as exc:
+        fallback = tempfile.mkdtemp(prefix="jaxtop-demo-")  # mode 0700, new: private too
+        print(f"jaxtop demo: {exc}; the profile goes to {fallback}", file=sys.stderr)
+        return fallback
+
+
 def run(steps: int, as_json: bool, small: bool, profile_dir: str | None = None) -> int:
     started = time.monotonic()
     import jaxtop
@@ -86,7 +106,7 @@ def run(steps: int, as_json: bool, small: bool, profile_dir: str | None = None) 
     jax.numpy.zeros(()).block_until_ready()
     from jaxtop.demo.runner import DemoRunner
 
-    runner = DemoRunner(handle.agent, small=small, steps=steps, profile_dir=profile_dir)
+    runner = DemoRunner(handle.agent, small=small, steps=steps, profile_dir=_profile_dir(profile_dir))
     rows = runner.run_all()
     if as_json:
         command = "jaxtop demo --headless --json" + (" --small" if small else "") + f" --steps {steps}"

@@ -43,6 +43,7 @@ from jaxtop.probes.pprof import (  # noqa: F401  (the decoder's names, importabl
 from jaxtop.wire.paths import write_atomic
 
 __all__ = [
+    "ProfileDirError",
     "ProfileDecodeError",
     "read_varint",
     "iter_fields",
@@ -50,6 +51,8 @@ __all__ = [
     "decode_profile",
     "summarize_profile",
     "take_profile",
+    "default_profile_dir",
+    "private_profile_dir",
     "MAX_PROFILE_FILES",
     "PROFILE_FILE_NAME",
     "STACK_DEPTH",
@@ -167,6 +170,89 @@ def _prune_profiles(directory: str, keep: int) -> None:
             os.unlink(os.path.join(directory, name))
         except OSError:
             pass
+
+
+class ProfileDirError(OSError):
+    """jaxtop's own profile directory cannot be made or is not private; the
+    message is one line naming the path and what to do."""
+
+
+def default_profile_dir() -> str:
+    """Where memory profiles go by default (not created): jaxtop's state
+    directory, ``$XDG_STATE_HOME/jaxtop/profiles``, else
+    ``~/.local/state/jaxtop/profiles``.
+
+    Not the program's working directory: profiles piled up in the user's
+    project (and in a directory others share, anyone could read which
+    functions allocated what).
+
+    Raises:
+        ProfileDirError: neither ``$XDG_STATE_HOME`` nor a home directory is known.
+    """
+    state = os.environ.get("XDG_STATE_HOME")
+    if not state or not os.path.isabs(state):  # the XDG spec: a relative value is to be ignored
+        home = os.path.expanduser("~")
+        if home == "~" or not os.path.isabs(home):
+            raise ProfileDirError("no home directory to keep memory profiles in: set JAXTOP_PROFILE_DIR")
+        state = os.path.join(home, ".local", "state")
+    return os.path.join(state, "jaxtop", "profiles")
+
+
+def _private_dir(path: str) -> None:
+    """Make ``path`` (its parent exists) a directory of ours, mode 0700, or
+    check the one there: a real directory, ours, no access for group or
+    others. One made here is given its mode through a descriptor (the umask
+    may have narrowed it), so a link swapped in meanwhile is never chmod'ed."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                if os.fstat(fd).st_uid == os.getuid():
+                    os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
+    st = os.lstat(path)
+    fix = "remove it (jaxtop makes it again, mode 0700) or set JAXTOP_PROFILE_DIR"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ProfileDirError(f"profile directory {path} is not a real directory (a symbolic link or a file): {fix}")
+    if st.st_uid != os.getuid():
+        raise ProfileDirError(f"profile directory {path} is not yours (uid {st.st_uid}): {fix}")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise ProfileDirError(f"profile directory {path} has mode {stat.S_IMODE(st.st_mode):04o}: group or "
+                              f"others could read or change the profiles in it; {fix}")
+
+
+def private_profile_dir() -> str:
+    """:func:`default_profile_dir`, made if missing (``jaxtop`` and
+    ``profiles`` mode 0700; the state directory above them as ``mkdir -p``
+    would) and checked private.
+
+    Returns:
+        The directory's path.
+
+    Raises:
+        ProfileDirError: it cannot be made, or it (or ``jaxtop`` above it) is
+            not a real directory of this user's that only this user may use.
+    """
+    path = default_profile_dir()
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(os.path.dirname(parent), exist_ok=True)
+        _private_dir(parent)
+        _private_dir(path)
+    except ProfileDirError:
+        raise
+    except OSError as exc:
+        raise ProfileDirError(f"cannot make the profile directory {path}: {exc.strerror or exc}; "
+                              "set JAXTOP_PROFILE_DIR") from None
+    return path
 
 
 def take_profile(

@@ -40,7 +40,10 @@ class MemoryProfileCommand:
                 a relative path (it would land in the program's working
                 directory), a path that does not exist or is not a directory.
                 The directory is never created. Without it: the directory in
-                ``$JAXTOP_PROFILE_DIR`` (which must exist too), else the
+                ``$JAXTOP_PROFILE_DIR`` (which must exist too), else
+                jaxtop's own, ``$XDG_STATE_HOME/jaxtop/profiles`` (default
+                ``~/.local/state/jaxtop/profiles``), made private (mode 0700)
+                if missing and refused if it is not private; never the
                 program's working directory.
 
         Returns:
@@ -104,12 +107,25 @@ def detach_command(agent: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
 def profile_directory(requested: Any) -> str:
     """Where ``memory_profile`` saves, checked (see :class:`MemoryProfileCommand`).
 
+    Without a ``requested`` directory nor ``$JAXTOP_PROFILE_DIR``, jaxtop's
+    own private directory: the working directory collected profiles in the
+    user's project (``s`` pressed a few times, ``jaxtop demo --headless``)
+    and, when shared, showed others which functions allocated what.
+
     Raises:
         CommandError: the directory is not acceptable.
     """
     if requested is None:
         env = os.environ.get("JAXTOP_PROFILE_DIR")
-        directory = os.path.abspath(env) if env else os.getcwd()
+        if env:
+            directory = os.path.abspath(env)
+        else:
+            from jaxtop.probes.memory_profile import ProfileDirError, private_profile_dir
+
+            try:
+                return private_profile_dir()
+            except ProfileDirError as exc:
+                raise CommandError(str(exc)) from None
     elif not isinstance(requested, str):
         raise CommandError(f"directory must be a string (an absolute path), not {type(requested).__name__}")
     elif not os.path.isabs(requested):

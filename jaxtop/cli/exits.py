@@ -36,7 +36,7 @@ environment:
   JAXTOP_PROMETHEUS_PUSH     push the last metrics to this Pushgateway URL at exit
   JAXTOP_JOB                 the run's name: the `job` label of its metrics
   JAXTOP_OOM_DIR             where out-of-memory censuses are written (default: the working directory)
-  JAXTOP_PROFILE_DIR         where memory profiles (`s`) are written (default: the working directory)
+  JAXTOP_PROFILE_DIR         where memory profiles (`s`) are written (default $XDG_STATE_HOME/jaxtop/profiles)
   JAXTOP_CACHE_DIR           where replay indexes are kept (default $XDG_CACHE_HOME/jaxtop)
   JAXTOP_SPOOL_MAX_BYTES     a dashboard's on-disk history per process (compressed; default 256 MiB)
   JAXTOP_MAX_CLIENTS         connections an agent serves at once (default 64)
