@@ -27,14 +27,19 @@ INSTALLED_AS = {"jaxtop": "jaxtop", "probes": "jaxtop/probes", "widgets": "jaxto
 # What each layer may import besides the standard library. Keys are source
 # paths relative to the repository root (a folder covers its modules).
 THIRD_PARTY_AGENT = {"jax", "jaxlib", "numpy", "psutil", "pynvml", "prometheus_client"}
+# libtpu's own monitoring (libtpu.sdk.tpumonitoring): read in-process on a
+# TPU backend only, once jax has imported libtpu.
+TPU_RUNTIME = {"libtpu", "libtpu.sdk"}
 WIRE = {"jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.paths", "jaxtop.wire.client", "jaxtop.wire.timeline"}
 MODEL = {"numpy", "jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.timeline", "jaxtop.wire", "jaxtop.dashboard.history",
          "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"} | {f"jaxtop.dashboard.{m}" for m in (
-    "model", "views", "readings", "oom_views", "ledger_views", "snapshot", "backlog", "batch", "events")}
+    "model", "views", "readings", "oom_views", "ledger_views", "snapshot", "backlog", "batch", "events", "state",
+    "accelerator")}
 ALLOWED = {
     # `forksafe`: probes/forksafe.py under the top-level name the stderr relay
     # (python -S, probes/ first on sys.path) imports it by.
-    "probes": THIRD_PARTY_AGENT | {"jaxtop", "jaxtop.wire.protocol", "jaxtop.probes", "jaxtop.wire", "forksafe"},
+    "probes": THIRD_PARTY_AGENT | TPU_RUNTIME | {"jaxtop", "jaxtop.wire.protocol", "jaxtop.probes", "jaxtop.wire",
+                                                 "forksafe"},
     "jaxtop/agent": THIRD_PARTY_AGENT | WIRE | {"jaxtop.wire"} | {"jaxtop.agent", "jaxtop.probes", "jaxtop.wire.prometheus", "jaxtop.agent.labels"},
     "jaxtop/agent/labels.py": {"jax", "jaxlib", "jaxtop.probes.forksafe"},  # forksafe: stdlib only
     "jaxtop/wire/protocol.py": set(),
@@ -49,7 +54,7 @@ ALLOWED = {
     # Widgets draw typed views: never a wire record, a probe or the agent.
     "widgets": {"numpy", "rich", "textual", "jaxtop", "jaxtop.widgets", "jaxtop.wire.units"}
     | {f"jaxtop.dashboard.{m}" for m in ("model", "views", "readings", "oom_views", "ledger_views", "oom_report",
-                                          "history", "holders", "ledger")},
+                                          "history", "holders", "ledger", "accelerator")},
     "jaxtop/dashboard/model.py": MODEL,
     "jaxtop/dashboard/views.py": MODEL,
     "jaxtop/dashboard/readings.py": MODEL,
@@ -59,6 +64,8 @@ ALLOWED = {
     "jaxtop/dashboard/backlog.py": MODEL,
     "jaxtop/dashboard/batch.py": MODEL,
     "jaxtop/dashboard/events.py": MODEL,
+    "jaxtop/dashboard/state.py": MODEL,
+    "jaxtop/dashboard/accelerator.py": MODEL,
     "jaxtop/dashboard/holders.py": set(),
     # The wire's number rules (protocol: stdlib only, as this module stays).
     "jaxtop/dashboard/ledger.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol"},

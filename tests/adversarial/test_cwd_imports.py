@@ -123,8 +123,8 @@ def test_the_served_dashboard_imports_nothing_from_the_working_directory(tmp_pat
     commands = []
 
     class Server:
-        def serve(self):
-            pass
+        def serve_socket(self, sock):
+            sock.close()
 
     def make_server(command, *args, **kw):
         commands.append(command)
