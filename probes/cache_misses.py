@@ -9,7 +9,9 @@ ledger reads those records for its recompile reasons:
 * :class:`CacheMissFilter` sees each record before any handler and hides
   the ones that exist only because jaxtop turned the option on;
 * :class:`ExplainSwitch` turns the option on when the program left it
-  alone, notices the program taking it over, and undoes everything.
+  alone, notices the program taking it over, and undoes everything;
+* :func:`subscribe_reasons` hands each recompile reason the ledger read to
+  others in the process (the budget's compile log names it in its report).
 
 Stdlib and jax only: this runs in the user's job.
 """
@@ -33,6 +35,9 @@ __all__ = [
     "PERSISTENT_CACHE_LOGGERS",
     "name_key",
     "parse_cache_miss",
+    "publish_reason",
+    "subscribe_reasons",
+    "unsubscribe_reasons",
 ]
 
 #: The config option, and its environment variable.
@@ -454,8 +459,7 @@ class MissBook:
         if defined_at:
             fn.defined_at = defined_at
         for reason in reasons:
-            fn.reasons.append(reason)
-            fn.reasons_total += 1
+            fn.add_reason(reason)
 
 
 def user_call_site(reason: dict[str, Any], frame: Any) -> None:
@@ -476,3 +480,31 @@ def user_call_site(reason: dict[str, Any], frame: Any) -> None:
     if not library:
         reason["traced_at"] = site
         reason["call_site"], reason["call_fn"] = f"{filename}:{line}", name
+
+
+# Replaced, never changed in place: publish_reason reads it without a lock.
+_reason_subscribers: tuple[Callable[[str, Any], None], ...] = ()
+
+
+def subscribe_reasons(fn: Callable[[str, Any], None]) -> None:
+    """Hand ``fn(key, reason)`` each tracing-cache miss the jit ledger reads:
+    the function's key (``jit_step``) and its recompile reason (None for a
+    first trace), on the thread that traced, before its compile event."""
+    global _reason_subscribers
+    if fn not in _reason_subscribers:
+        _reason_subscribers = _reason_subscribers + (fn,)
+
+
+def unsubscribe_reasons(fn: Callable[[str, Any], None]) -> None:
+    global _reason_subscribers
+    _reason_subscribers = tuple(s for s in _reason_subscribers if s != fn)
+
+
+def publish_reason(key: str, reason: dict[str, Any] | None) -> None:
+    """Hand one miss to every subscriber; an exception from one is dropped
+    (the thread is the program's)."""
+    for fn in _reason_subscribers:
+        try:
+            fn(key, reason)
+        except Exception:
+            pass

@@ -26,14 +26,21 @@ Three sources, all inside the user's process:
 
 The live-executable count is followed pass by pass: a count that climbs on
 every one of ``leak_passes`` consecutive passes, with nothing freed, by at
-least ``leak_min_growth`` executables is flagged as a leak (typically new
-``jax.jit`` closures created in a loop and kept alive).
+least ``leak_min_growth`` executables is flagged as a leak, with its cause
+where the ledger knows it (new ``jax.jit`` closures created in a loop and
+kept alive; a jitted function recompiled for ever-new shapes). Compiles are
+followed per function: one function that keeps compiling is flagged as a
+compile storm (:mod:`jaxtop.probes.compile_storm`), whether or not its
+executables stay alive (an op run eagerly over new shapes, a step fed
+unpadded batches, closures re-created in a loop).
 
 The parts live beside this module, and every name is importable from here:
 the cache-miss records in :mod:`jaxtop.probes.cache_misses`, one
-executable's analysis in :mod:`jaxtop.probes.jit_entries`, the tables and
-rows in :mod:`jaxtop.probes.jit_tables`, the compile events in
-:mod:`jaxtop.probes.compile_events`.
+executable's analysis in :mod:`jaxtop.probes.jit_entries`, the passes in
+:mod:`jaxtop.probes.jit_passes`, the tables and rows in
+:mod:`jaxtop.probes.jit_tables`, the compile events in
+:mod:`jaxtop.probes.compile_events`, compile storms in
+:mod:`jaxtop.probes.compile_storm`.
 
 Stdlib and jax only: this runs in the user's job.
 """
@@ -41,7 +48,6 @@ Stdlib and jax only: this runs in the user's job.
 from __future__ import annotations
 
 import collections
-import itertools
 import os
 import sys
 import threading
@@ -51,7 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxtop.probes import compile_events, jaxstate
-from jaxtop.probes.frames import eager_dispatch
+from jaxtop.probes.frames import eager_dispatch, jitted_name
 from jaxtop.probes.cache_misses import (  # noqa: F401  (importable from here)
     _MISS_PREFIX,
     _PERSISTENT_PREFIXES,
@@ -63,24 +69,22 @@ from jaxtop.probes.cache_misses import (  # noqa: F401  (importable from here)
     ExplainSwitch,
     MissBook,
     name_key,
+    publish_reason,
     user_call_site,
     parse_cache_miss,
 )
+from jaxtop.probes.compile_storm import StormDetector
 from jaxtop.probes.jit_entries import _DEVICE_SIZES, _HOST_SIZES, _Exe, _Fn, analyse  # noqa: F401
+from jaxtop.probes.jit_passes import CATCHUP_CREDIT_S, CATCHUP_PASS_S, LedgerPasses  # noqa: F401
 from jaxtop.probes.jit_tables import MAX_TABLE_EXECUTABLES, LedgerTables  # noqa: F401
 
 #: The duration event of one XLA compile (``fun_name=`` from jax 0.6.2).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+#: Names of jax's ops kept from unnamed compile events (jax < 0.6.2).
+MAX_OP_KEYS = 4096
 #: The duration event of an executable loaded from the persistent compilation
 #: cache (no compile event then): the next pass comes soon too.
 CACHE_LOAD_EVENT = "/jax/compilation_cache/cache_retrieval_time_sec"
-#: CPU seconds of analysing executables paid from a credit apart, once: a
-#: ledger started beside 5,000 executables analyses them in ~10 passes of
-#: up to CATCHUP_PASS_S rather than ~4 ms a second for minutes.
-CATCHUP_CREDIT_S = 1.0
-#: The most a pass adds to its budget from that credit (the program's
-#: threads get the GIL back every 5 ms meanwhile: sys.getswitchinterval()).
-CATCHUP_PASS_S = 0.05
 
 
 # Probes started in this process, for the fork handler below.
@@ -103,7 +107,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class JitLedgerProbe(LedgerTables):
+class JitLedgerProbe(LedgerPasses, LedgerTables):
     """The jit ledger of this process (see the module docstring).
 
     Call :meth:`start` once jax is imported, :meth:`sample` from the agent's
@@ -163,6 +167,8 @@ class JitLedgerProbe(LedgerTables):
             executable's identity.
         catchup_credit_s: CPU seconds of analysis a pass may take beyond
             ``budget_s`` (up to :data:`CATCHUP_PASS_S` each), once in all.
+        storms: the compile-storm thresholds (default: one function compiled
+            30 times in 60 s, over at least 5 s).
     """
 
     def __init__(self, interval_s: float = 1.0, full_every_s: float = 10.0, leak_passes: int = 5,
@@ -170,7 +176,7 @@ class JitLedgerProbe(LedgerTables):
                  max_functions: int = 500, max_full_executables: int = 64, max_delta_executables: int = 100,
                  trend_len: int = 120, explain: bool = True, cpu_share: float = 0.0005,
                  max_interval_s: float = 10.0, verify_every_s: float = 60.0,
-                 catchup_credit_s: float = CATCHUP_CREDIT_S) -> None:
+                 catchup_credit_s: float = CATCHUP_CREDIT_S, storms: StormDetector | None = None) -> None:
         self.interval_s = float(interval_s)
         self.full_every_s = float(full_every_s)
         self.leak_passes = int(leak_passes)
@@ -233,12 +239,18 @@ class JitLedgerProbe(LedgerTables):
         self._streak = 0
         self._streak_start: tuple[float, int] | None = None
         self._streak_sites: collections.Counter[str] = collections.Counter()
+        self._streak_keys: collections.Counter[str] = collections.Counter()  # functions of the streak's executables
+        self._growth_last: tuple[float, int] | None = None  # the last pass's count, ops left out
         self._leak: dict[str, Any] | None = None
         self._leak_reported: dict[str, Any] | None = None
         self._explain = ExplainSwitch(wanted=explain)
         self._misses_total = 0
         self._misses = MissBook()
         self._eager_live = 0  # live executables compiled by jax's eager dispatch
+        self._op_keys: dict[str, None] = {}  # jax < 0.6.2: names of ops compiled eagerly (an ordered set)
+        self._storms = storms if storms is not None else StormDetector()
+        self._storm: dict[str, Any] | None = None
+        self._storm_reported: dict[str, Any] | None = None
         self._quiet_passes = 0  # passes without growth since the leak flag went up
         self._listener_registered = False
         self._compile_reason: str | None = None
@@ -321,6 +333,16 @@ class JitLedgerProbe(LedgerTables):
             self._compiles_total += 1
             if not isinstance(name, str):
                 self._compiles_unattributed += 1
+                self._storms.note(now, None)
+                frame = sys._getframe(1)
+                if eager_dispatch(frame):
+                    # jax < 0.6.2: the op's name from the stack, so that its
+                    # executables count as ops when a pass finds them.
+                    op = jitted_name(frame)
+                    if op:
+                        self._op_keys[name_key(f"jit({op})")] = None
+                        if len(self._op_keys) > MAX_OP_KEYS:
+                            del self._op_keys[next(iter(self._op_keys))]
                 return
             if not self._fun_names_seen:
                 self._fun_names_seen = True
@@ -331,6 +353,7 @@ class JitLedgerProbe(LedgerTables):
             fn.touch(now)
             if eager_dispatch(sys._getframe(1)):
                 fn.eager_compiles += 1
+            self._storms.note(now, fn.key)
             self._misses.settle(fn)  # the misses that led to this compile: recompile reasons now
             self._stale(fn)
             self._dirty.add(fn.key)
@@ -340,198 +363,47 @@ class JitLedgerProbe(LedgerTables):
         parsed = parse_cache_miss(message)
         if parsed is None or not self.active:
             return
+        caller = sys._getframe(1)
         with self._lock:
-            self._misses_total += 1
-            key = parsed.get("key")
-            if not key:
-                return
-            reason = self._misses.reason(parsed, created)
-            if reason is not None:
-                user_call_site(reason, sys._getframe(1))
-            fn = self._fns.get(key)
-            if self._fun_names_seen or self._names_expected:
-                # A reason becomes a recompile when its compile comes: a
-                # function traced inside another's trace (a jitted helper
-                # called in a jitted step) is inlined and never compiles on
-                # its own, and is no row of the ledger either.
-                self._misses.wait(key, parsed.get("defined_at"), reason, self.max_reasons)
-                if fn is not None:
-                    fn.touch(created)
-                return
-            # jax < 0.6.2 names no function in its compile events: every
-            # reason is kept at once, as a function's row.
-            fn = self._fn(key)
-            fn.touch(created)
-            if parsed.get("defined_at"):
-                fn.defined_at = parsed["defined_at"]
-            self._stale(fn)
-            if reason is None:
-                return
-            fn.reasons.append(reason)
-            fn.reasons_total += 1
+            key, reason = self._take_miss(parsed, created, caller)
+        if key:
+            # The budget's compile log, on this (the compiling) thread and
+            # outside the ledger's lock.
+            publish_reason(key, reason)
+
+    def _take_miss(self, parsed: dict[str, Any], created: float, caller: Any) -> tuple[str | None, Any]:
+        """One parsed cache-miss record into the ledger (under the lock);
+        returns the function's key and its recompile reason (None for a
+        first trace)."""
+        self._misses_total += 1
+        key = parsed.get("key")
+        if not key:
+            return None, None
+        reason = self._misses.reason(parsed, created)
+        if reason is not None:
+            user_call_site(reason, caller)
+        fn = self._fns.get(key)
+        if self._fun_names_seen or self._names_expected:
+            # A reason becomes a recompile when its compile comes: a
+            # function traced inside another's trace (a jitted helper
+            # called in a jitted step) is inlined and never compiles on
+            # its own, and is no row of the ledger either.
+            self._misses.wait(key, parsed.get("defined_at"), reason, self.max_reasons)
+            if fn is not None:
+                fn.touch(created)
+            return key, reason
+        # jax < 0.6.2 names no function in its compile events: every
+        # reason is kept at once, as a function's row.
+        fn = self._fn(key)
+        fn.touch(created)
+        if parsed.get("defined_at"):
+            fn.defined_at = parsed["defined_at"]
+        self._stale(fn)
+        if reason is not None:
+            fn.add_reason(reason)
             self._dirty.add(key)
             self._news = True
-
-    # -- passes ----------------------------------------------------------------------
-    def _clients(self) -> list[Any]:
-        """Every initialised backend's client; never creates one."""
-        return jaxstate.clients()
-
-    def shift_deadlines(self, gap: float) -> None:
-        """The process was stopped for ``gap`` seconds (nothing compiled or
-        was freed meanwhile): every pass, whole table and check falls due
-        that much later."""
-        self._next_pass_mono += gap
-        self._prompt_mono += gap
-        if self._last_verify_mono is not None:
-            self._last_verify_mono += gap
-        if self._last_full_mono is not None:
-            self._last_full_mono += gap
-
-    def _pass_due(self, now: float) -> bool:
-        """Is a pass due at ``now`` (monotonic)? A few attribute reads."""
-        return now >= self._next_pass_mono or (self._hint and now >= self._prompt_mono)
-
-    def scan(self, verify: bool = False) -> None:
-        """One pass over the live executables (slow cadence; one thread at a time).
-
-        Lists them, finds the new and the freed ones (see the class
-        docstring), analyses new ones within ``budget_s``, and sets when the
-        next pass is due. The executables are listed and the new ones
-        analysed without the lock that the program's threads take in the
-        compile listener and the log filter: jaxlib calls never run while a
-        compiling thread waits.
-
-        Args:
-            verify: check every executable's identity (the ``jit_ledger``
-                command, the final sample; else every ``verify_every_s``).
-        """
-        t0 = time.perf_counter()
-        c0 = time.thread_time()
-        now = time.time()
-        mono = self._clock()
-        hinted, self._hint = self._hint, False
-        self._last_pass_mono = mono
-        if self._last_verify_mono is None or mono - self._last_verify_mono >= self._verify_gap:
-            verify = True
-        if not self._ordered:
-            verify = True
-        lists: list[list[Any]] = []  # per client, newest first
-        for client in self._clients():
-            lister = getattr(client, "live_executables", None)
-            if lister is None:
-                self._executables_reason = "this jaxlib's client has no live_executables()"
-                continue
-            try:
-                found = lister()
-            except Exception as exc:
-                self._executables_reason = f"live_executables() failed: {type(exc).__name__}: {exc}"
-                continue
-            if found:
-                lists.append(found if isinstance(found, list) else list(found))
-        id_lists = [list(map(id, found)) for found in lists]
-        prev = self._ids
-        cache = self._cache
-        fresh: list[Any] = []  # to analyse, in list order (newest first)
-        replaced: list[int] = []  # cached ids now another executable's
-        gone_keys: list[int] = []
-        changed = verify or self._pending > 0 or id_lists != prev
-        if not changed:
-            # The same id()s in the same order: an executable that took a
-            # freed one's id() would be the newest, first of its list.
-            for found in lists:
-                head = found[0]
-                entry = cache.get(id(head))
-                if entry is None or not entry.same(head):
-                    changed = True
-                    break
-        if changed:
-            if verify:
-                self._check_all(lists, fresh, replaced)
-                additive = False
-            else:
-                # New executables come first: the ones before the newest
-                # one already analysed.
-                heads = []
-                for found in lists:
-                    n = 0
-                    for e in found:
-                        entry = cache.get(id(e))
-                        if entry is not None and entry.same(e):
-                            break
-                        fresh.append(e)
-                        if entry is not None:
-                            replaced.append(id(e))
-                        n += 1
-                    heads.append(n)
-                # Only new ones before the lists of the last pass (nothing
-                # waited for analysis then, so those are the cache): nothing freed.
-                additive = (prev is not None and self._pending == 0 and len(prev) == len(id_lists)
-                            and all(ids[n:] == p for ids, n, p in zip(id_lists, heads, prev)))
-            if not additive:
-                id_set = set(itertools.chain.from_iterable(id_lists))
-                if not verify and len(id_set.difference(cache)) != len(fresh) - len(replaced):
-                    # Unknown ids after known ones: not the order assumed.
-                    # From now on every pass checks every executable.
-                    self._ordered = False
-                    fresh, replaced = [], []
-                    self._check_all(lists, fresh, replaced)
-                gone_keys = list(cache.keys() - id_set)
-            gone_keys.extend(replaced)
-        new: list[tuple[int, _Exe]] = []
-        analysis_cpu = 0.0
-        if fresh:
-            a0 = time.thread_time()
-            # Analysing an executable is paid once, when a pass first sees
-            # it (~40-90 us each): a program that holds thousands when the
-            # ledger starts, or makes them faster than one pass's budget,
-            # has them analysed from a credit of their own, in larger
-            # passes, rather than at the budget for minutes afterwards.
-            extra = min(self._catchup_credit_s, CATCHUP_PASS_S) if len(fresh) > 1 else 0.0
-            deadline = t0 + self.budget_s + extra
-            # live_executables() lists the newest first: analyse the oldest
-            # first, so that ids follow the order of compiles.
-            for e in reversed(fresh):
-                if new and time.perf_counter() > deadline:
-                    break
-                new.append((id(e), self._analyse(e, now)))
-            analysis_cpu = time.thread_time() - a0
-            if extra:
-                self._catchup_credit_s = max(0.0, self._catchup_credit_s - max(0.0, analysis_cpu - self.budget_s))
-        count, pending = sum(map(len, id_lists)), len(fresh) - len(new)
-        del lists, fresh  # never keep an executable past the pass
-        with self._lock:
-            self._apply_pass(now, count, pending, gone_keys, new)
-        self._ids = id_lists
-        if verify:
-            self._last_verify_mono = mono
-        # The cadence: CPU time (analysis excluded, it has its own budget)
-        # over the share allowed; every interval_s while things change.
-        self._check_s = max(1e-6, time.thread_time() - c0 - analysis_cpu)  # a clock too coarse reads 0
-        self._gap = max(self.interval_s, min(self.max_interval_s, self._check_s / self.cpu_share))
-        if verify:
-            self._verify_gap = max(self.verify_every_s, self._gap)
-        self._prompt_mono = mono + self.interval_s
-        busy = hinted or pending > 0 or bool(new) or bool(gone_keys)
-        self._next_pass_mono = mono + (self.interval_s if busy else self._gap)
-        self._pass_s = time.perf_counter() - t0
-
-    def _check_all(self, lists: list[list[Any]], fresh: list[Any], replaced: list[int]) -> None:
-        """Every executable's identity: the unknown ones into ``fresh``, and
-        those whose id() a cached one had into ``replaced`` too."""
-        cache = self._cache
-        for e in itertools.chain.from_iterable(lists):
-            entry = cache.get(id(e))
-            if entry is None or not entry.same(e):
-                fresh.append(e)
-                if entry is not None:
-                    replaced.append(id(e))
-
-    def _analyse(self, e: Any, now: float) -> _Exe:
-        """Everything the ledger keeps of one executable (:func:`analyse`)."""
-        ident = self._next_id
-        self._next_id += 1
-        return analyse(e, ident, now)
+        return key, reason
 
     def sample(self, force: bool = False, full: bool = False) -> dict[str, Any] | None:
         """The sample field ``jit``: changes since the last one, or the whole table.
@@ -571,8 +443,8 @@ class JitLedgerProbe(LedgerTables):
                 self._last_full_mono = now
                 out = self._full_locked(all_executables=False)
             else:
-                leak_changed = self._leak != self._leak_reported
-                if not (self._dirty or self._new_rows or self._gone or self._changed or leak_changed):
+                flags_changed = self._leak != self._leak_reported or self._storm != self._storm_reported
+                if not (self._dirty or self._new_rows or self._gone or self._changed or flags_changed):
                     return None
                 out = self._totals()
                 out["full"] = False
@@ -587,6 +459,7 @@ class JitLedgerProbe(LedgerTables):
             self._gone = []
             self._changed = False
             self._leak_reported = dict(self._leak) if self._leak else None
+            self._storm_reported = dict(self._storm) if self._storm else None
             return out
 
     def command(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ Stdlib only: this runs inside the user's job.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -353,17 +354,68 @@ def without_hooks(tb: Any) -> Any:
 _JAX_SRC = os.sep + "jax" + os.sep + "_src" + os.sep
 
 
-def _eager(names: Iterable[tuple[str, str]]) -> bool:
+def _jax_file(filename: str) -> bool:
+    """A file of jax itself: under ``jax/_src`` (recorded paths of any
+    installation) or this process's jax package directory."""
+    if _JAX_SRC in filename:
+        return True
+    module = sys.modules.get("jax")
+    path = getattr(module, "__file__", None) if module is not None else None
+    return bool(path) and filename.startswith(os.path.dirname(os.path.abspath(path)) + os.sep)
+
+
+def _jitted_source(frame: Any) -> str | None:
+    """The file that defines the function jax's ``cache_miss`` (``frame``)
+    traces and compiles, or None where it cannot be read.
+
+    ``cache_miss`` holds the jit's ``jit_info`` as a closure variable in every
+    jax since 0.4.30, and its ``fun_sourceinfo`` (``"sin at /…/ufuncs.py:584"``)
+    is jax's own account of the function, through ``functools.partial`` and
+    ``__wrapped__`` (so ``jax.jit(jax.grad(loss))`` names ``loss``'s file).
+    Where that is missing, the function itself (``fun``, a closure variable
+    from jax 0.4.31, ``jit_info.fun`` in 0.4.30) is unwrapped the same way.
+    """
+    try:
+        local = frame.f_locals  # a compile costs milliseconds; this, microseconds
+    except Exception:
+        return None
+    info = local.get("jit_info")
+    source = getattr(info, "fun_sourceinfo", None)
+    if isinstance(source, str):
+        # "name at file:line"; the name has no spaces (jax's contract).
+        _, sep, where = source.partition(" at ")
+        if sep:
+            return where.rpartition(":")[0] or where
+    fun = local.get("fun", getattr(info, "fun", None))
+    for _ in range(32):
+        inner = fun.func if isinstance(fun, functools.partial) else getattr(fun, "__wrapped__", None)
+        if inner is None:
+            break
+        fun = inner
+    code = getattr(fun, "__code__", None)
+    return getattr(code, "co_filename", None)
+
+
+def _eager(frames: Iterable[tuple[str, str, Any]]) -> bool:
+    # ``frames``: (function, file, live frame or None), innermost first.
     # Recorded tracebacks name functions by qualified name (``_cpp_pjit.<locals>.cache_miss``).
-    it = ((name.rpartition(".")[2], filename) for name, filename in names)
-    for name, filename in it:
+    it = ((name.rpartition(".")[2], filename, live) for name, filename, live in frames)
+    for name, filename, live in it:
         if name == "apply_primitive" and filename.endswith("dispatch.py"):
             return True  # a primitive run outside jit
         if name == "cache_miss" and filename.endswith("pjit.py"):
-            # A jitted function's first call: who called it? jax's own code
-            # (jnp.multiply, jax.random's helpers) or the program (or a
-            # library's wrapper, such as flax's nnx.jit).
-            for name, filename in it:
+            # A jitted function's first call for these arguments. Which
+            # function? One of jax's own (jnp.sin, jnp.linalg.norm and
+            # jax.nn.relu are jax.jit-wrapped, and a program calls them
+            # directly): an op run outside jit, like any other.
+            if live is not None:
+                source = _jitted_source(live)
+                if source is not None and _jax_file(source):
+                    return True
+            # Else who called it? jax's own code (jnp.multiply for x * 2,
+            # jax.random's helpers) or the program (or a library's wrapper,
+            # such as flax's nnx.jit).
+            for name, filename, _ in it:
                 if not filename.endswith("traceback_util.py"):
                     return _JAX_SRC in filename
             return False
@@ -372,24 +424,58 @@ def _eager(names: Iterable[tuple[str, str]]) -> bool:
 
 def eager_dispatch(frame: Any, limit: int = 80) -> bool:
     """True when a compile seen from ``frame`` is of one of jax's own
-    functions run outside any of the program's jits: a primitive
-    (``apply_primitive`` in ``jax/_src/dispatch.py`` on the stack) or one
-    of jax's jitted functions called by jax itself (``jnp.multiply`` for
-    ``x * 2``, ``jax.random``'s samplers): the caller of the jitted
-    function (the frame outside jax's ``pjit.py`` ``cache_miss``) lies in
-    ``jax/_src``. Such ops compile once per primitive, shape and dtype (a
-    model's eager set-up: dozens in its first seconds); none is a recompile
-    of the program's functions. At most ``limit`` frames are read.
+    functions run outside any of the program's jits:
+
+    * a primitive (``apply_primitive`` in ``jax/_src/dispatch.py`` on the
+      stack, jax < 0.4.36 or so);
+    * a jitted function defined in jax, whoever called it: ``jnp.sin``,
+      ``jnp.linalg.norm``, ``jax.nn.relu`` are ``jax.jit``-wrapped (some
+      ``inline=True``) and called by the program itself, and jax 0.10's
+      primitives are jitted ``prim_fun`` s of ``dispatch.py``;
+    * any jitted function called by jax itself (``jnp.multiply`` for
+      ``x * 2``, ``jnp.mean``'s ``_mean``, ``jax.random``'s samplers): the
+      caller of the jitted function (the frame outside jax's ``pjit.py``
+      ``cache_miss``) lies in ``jax/_src``.
+
+    Such ops compile once per primitive, shape and dtype (a model's eager
+    set-up: dozens in its first seconds); none is a recompile of the
+    program's functions. A program's ``jax.jit(jnp.sin)`` reads as the op it
+    wraps (it compiles exactly as the op does). At most ``limit`` frames are
+    read.
     """
-    def names():
+    def frames():
         f, n = frame, 0
         while f is not None and n < limit:
-            yield f.f_code.co_name, f.f_code.co_filename
+            yield f.f_code.co_name, f.f_code.co_filename, f
             f = f.f_back
             n += 1
-    return _eager(names())
+    return _eager(frames())
+
+
+def jitted_name(frame: Any, limit: int = 80) -> str | None:
+    """The name of the function jax's innermost ``cache_miss`` on the stack
+    of ``frame`` compiles (``sin`` for ``jnp.sin``), from jax's own account
+    of it (``jit_info.fun_sourceinfo``); None when there is none. jax before
+    0.6.2 names no function in its compile events: this does, for jax's ops."""
+    f, n = frame, 0
+    while f is not None and n < limit:
+        code = f.f_code
+        if code.co_name == "cache_miss" and code.co_filename.endswith("pjit.py"):
+            try:
+                source = getattr(f.f_locals.get("jit_info"), "fun_sourceinfo", None)
+            except Exception:
+                return None
+            name, sep, _ = source.partition(" at ") if isinstance(source, str) else ("", "", "")
+            return name if sep and name else None
+        f = f.f_back
+        n += 1
+    return None
 
 
 def eager_frames(frames: Iterable[Frame]) -> bool:
-    """:func:`eager_dispatch` for a recorded stack (``(function, file, line)``, innermost first)."""
-    return _eager((name, filename) for name, filename, _ in frames)
+    """:func:`eager_dispatch` for a recorded stack (``(function, file, line)``,
+    innermost first). A recorded stack holds no function objects: a jitted op
+    of jax that the program called itself (``jnp.sin(x)``) is told apart
+    only by a live stack (the jit ledger marks its executables by their
+    function's compile events)."""
+    return _eager((name, filename, None) for name, filename, _ in frames)

@@ -65,7 +65,7 @@ class _Fn:
     """
 
     __slots__ = ("key", "compiles", "compile_s", "seen_exes", "reasons", "reasons_total", "first_t", "last_t",
-                 "live", "code", "largest", "call_site", "defined_at", "row", "eager_compiles")
+                 "live", "code", "largest", "call_site", "defined_at", "row", "eager_compiles", "first_reason")
 
     def __init__(self, key: str, max_reasons: int) -> None:
         self.key = key
@@ -83,6 +83,23 @@ class _Fn:
         self.defined_at: str | None = None
         self.row: dict[str, Any] | None = None
         self.eager_compiles = 0  # compiles by jax's eager dispatch (ops outside jit)
+        # Its first recompile reason, kept past the newest max_reasons: where
+        # a run of changes started (f32[10] → f32[11] → … → f32[4000]).
+        self.first_reason: dict[str, Any] | None = None
+
+    def add_reason(self, reason: dict[str, Any]) -> None:
+        """One more recompile reason (the newest)."""
+        if self.first_reason is None:
+            self.first_reason = reason
+        self.reasons.append(reason)
+        self.reasons_total += 1
+
+    def story(self) -> list[dict[str, Any]]:
+        """Its recompile reasons kept, oldest first, led by its first one."""
+        reasons = list(self.reasons)
+        if self.first_reason is not None and (not reasons or reasons[0] is not self.first_reason):
+            reasons.insert(0, self.first_reason)
+        return reasons
 
     def touch(self, t: float) -> None:
         if self.first_t is None or t < self.first_t:

@@ -1,4 +1,4 @@
-"""The jit ledger's tables: functions, live executables, the leak flag, rows.
+"""The jit ledger's tables: functions, live executables, the leak and storm flags, rows.
 
 :class:`LedgerTables` is the half of
 :class:`jaxtop.probes.executables.JitLedgerProbe` that keeps what the passes
@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from jaxtop.probes.compile_storm import display_name, storm_cause
 from jaxtop.probes.jit_entries import _Exe, _Fn
 
 __all__ = ["LedgerTables", "MAX_TABLE_EXECUTABLES"]
@@ -70,6 +71,7 @@ class LedgerTables:
         for key, entry in new:
             cache[key] = entry
         new_entries = [entry for _, entry in new]
+        self._mark_ops(new_entries)
         self._pending = pending
         if gone:
             self._gone.extend(g.id for g in gone)
@@ -80,23 +82,52 @@ class LedgerTables:
             self._exe_version += 1
             self._rebuild_functions(now, new_entries, gone)
             self._code_bytes += sum(e.all_code for e in new_entries) - sum(g.all_code for g in gone)
+        if new_entries and not (self._fun_names_seen or self._names_expected):
+            # No compile event names a function (jax < 0.6.2): the new
+            # executables say which functions compiled (those freed between
+            # two passes are missed).
+            for e in new_entries:
+                self._storms.note(now, e.key)
         # Ops run outside jit compile once per primitive and shape (a model's
         # eager setup: hundreds in its first seconds): not closures.
         self._eager_live += sum(e.eager for e in new_entries) - sum(g.eager for g in gone)
         self._track_growth(now, count - self._eager_live, freed=len(gone), new_entries=new_entries)
+        self._update_storm(now)
         if count != self._live_count or changed:
             self._changed = True
-        if self._changed or self._dirty or self._new_rows or self._gone or self._leak != self._leak_reported:
+        if (self._changed or self._dirty or self._new_rows or self._gone or self._leak != self._leak_reported
+                or self._storm != self._storm_reported):
             self._news = True
         self._live_count = count
         self._pass_t = now
-        self._trend.append((round(now, 3), count - self._eager_live))
+        # The trend is the live count the samples carry (``live_count``, ops
+        # included) at the time they carry (``t``, to the microsecond): one
+        # point per pass, whichever field a reader takes it from.
+        self._trend.append((round(now, 6), count))
+
+    def _mark_ops(self, entries: list[_Exe]) -> None:
+        """Executables of a function every compile of which was an op run
+        outside jit are ops too, and so are those of an op named by an
+        unnamed compile event's stack (jax < 0.6.2): a recorded traceback
+        cannot tell a program's own call of ``jnp.sin`` (a jax.jit-wrapped
+        function of jax) from a call of its own jitted function; the compile
+        event's live stack can."""
+        for e in entries:
+            if e.eager:
+                continue
+            fn = self._fns.get(e.key)
+            if (fn is not None and fn.eager_compiles and fn.eager_compiles >= fn.compiles) or e.key in self._op_keys:
+                e.eager = True
+                e.row["eager"] = True  # not sent yet: rows go out with the next sample
 
     def _rebuild_functions(self, now: float, new_entries: list[_Exe], gone: list[_Exe]) -> None:
         """The functions of the new and freed executables: their live sets, incrementally."""
+        unnamed = not (self._fun_names_seen or self._names_expected)
         for entry in new_entries:
             fn = self._fn(entry.key)
             fn.seen_exes += 1
+            if unnamed and entry.eager:
+                fn.eager_compiles += 1  # no compile event names it (jax < 0.6.2): its executables count
             fn.touch(now)
             if entry.site:
                 fn.call_site = entry.site
@@ -120,18 +151,21 @@ class LedgerTables:
         flag goes down when the executables are released, or when the count
         has not grown for ``2 * leak_passes`` passes (a burst of compiles that
         ended: a loop making closures does not stop)."""
-        prev = self._trend[-1] if self._trend else None
+        prev, self._growth_last = self._growth_last, (now, count)
         if prev is None:
             return
         if count > prev[1] and freed == 0:
             if self._streak == 0:
                 self._streak_start = prev
                 self._streak_sites.clear()
+                self._streak_keys.clear()
             self._streak += 1
             self._quiet_passes = 0
             for entry in new_entries:
-                if entry.site and not entry.eager:
-                    self._streak_sites[entry.site] += 1
+                if not entry.eager:
+                    self._streak_keys[entry.key] += 1
+                    if entry.site:
+                        self._streak_sites[entry.site] += 1
         else:
             self._streak = 0
             if count <= prev[1]:
@@ -145,6 +179,7 @@ class LedgerTables:
             growth = count - start[1]
             seconds = now - start[0]
             where = f" ({os.path.basename(site.rsplit(':', 1)[0])}:{site.rsplit(':', 1)[1]})" if site else ""
+            key = self._streak_keys.most_common(1)[0][0] if self._streak_keys else None
             self._leak = {
                 "since_t": round(start[0], 3),
                 "from_count": start[1],
@@ -153,10 +188,65 @@ class LedgerTables:
                 "seconds": round(seconds, 3),
                 "passes": self._streak,
                 "site": site,
-                "message": f"live executables +{growth} in {seconds:.0f} s: jit closures created in a loop?{where}",
+                "function": key,
+                "message": f"live executables +{growth} in {seconds:.0f} s: {self._leak_cause(key)}{where}",
             }
         elif self._leak is not None and count <= self._leak["from_count"]:
             self._leak = None  # the executables were released
+
+    def _leak_cause(self, key: str | None) -> str:
+        """Why the live count grows: the recompiles of ``key`` (the function
+        most of the new executables belong to) where the ledger has their
+        reasons (argument types, a static argument), else new jit closures."""
+        fn = self._fns.get(key) if key is not None else None
+        if fn is not None and fn.reasons and fn.reasons[-1].get("kind") in ("types", "static", "other"):
+            return storm_cause(fn.key, max(fn.compiles, fn.seen_exes), False, fn.story(), self._explain_on())[1]
+        return "jit closures created in a loop?"
+
+    def _explain_on(self) -> bool:
+        return bool(self._explain.status(self._misses_total).get("enabled"))
+
+    def _update_storm(self, now: float) -> None:
+        """The storm flag (:mod:`jaxtop.probes.compile_storm`): up while one
+        function keeps compiling, its cause from the function's row; down
+        once its function has been quiet for the detector's ``quiet_s``."""
+        storms = self._storms
+        # A leak flag's function grew pass after pass: compiles that keep
+        # coming, whatever their span so far. The two flags then come
+        # together (one event on the dashboard, not a leak then a storm).
+        found = storms.storming(now, sustained=self._leak.get("function") if self._leak else None)
+        storm = self._storm
+        if found is None:
+            # A storm that slows below the thresholds stays one storm while
+            # its function still compiles (no second flag, no second event).
+            if storm is not None and not storms.still_going(storm["function"], now):
+                self._storm = None
+            return
+        key, compiles, first, last = found
+        fn = self._fns.get(key)
+        if fn is None:
+            return
+        total = max(fn.compiles, fn.seen_exes)
+        eager = bool(fn.eager_compiles) and fn.eager_compiles >= fn.compiles
+        if not eager and not fn.compiles and fn.live:
+            eager = all(e.eager for e in fn.live.values())  # no compile events (jax < 0.6.2): the executables say
+        kind, cause = storm_cause(key, total, eager, fn.story(), self._explain_on())
+        window = storms.window_s
+        span = max(1.0, float(last - first + 1))
+        where = f" ({os.path.basename(fn.call_site)})" if fn.call_site else ""
+        self._storm = {
+            "since_t": storm["since_t"] if storm is not None else float(first),
+            "t": round(storms.last_compile(key) or now, 3),
+            "function": key,
+            "name": display_name(key),
+            "kind": kind,
+            "compiles": compiles,
+            "compiles_total": total,
+            "window_s": window,
+            "rate_per_s": round(compiles / span, 2),
+            "site": fn.call_site,
+            "message": f"compile storm: {cause}; {compiles} compiles in the last {window:.0f} s{where}",
+        }
 
     # -- what goes out -------------------------------------------------------------------
     def _row(self, fn: _Fn) -> dict[str, Any]:
@@ -208,6 +298,7 @@ class LedgerTables:
             "compiles_unattributed": self._compiles_unattributed,
             "explain": self._explain.status(self._misses_total),
             "leak": dict(self._leak) if self._leak else None,
+            "storm": dict(self._storm) if self._storm else None,
         }
         if self._executables_reason:
             out["executables_reason"] = self._executables_reason

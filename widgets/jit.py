@@ -1,9 +1,9 @@
 """The jit ledger as a Rich renderable: pure, so tests render it without Textual.
 
 :class:`JitLedgerTable` draws one :class:`~jaxtop.dashboard.ledger.LedgerView`:
-a summary line, the live-executable count over time (the leak flag under
-it), a table of functions sorted by the chosen key, and the recompile
-reasons of the functions that have some, latest first.
+a summary line, the live-executable count over time (the compile-storm and
+leak flags under it), a table of functions sorted by the chosen key, and the
+recompile reasons of the functions that have some, latest first.
 """
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ class JitLedgerTable:
         notes = LedgerNotes.of(v)
         yield self._summary(v, notes)
         yield self._trend(v, width)
+        if notes.storm_message is not None:
+            yield Text(f"⚠ {notes.storm_message}", style="bold red")
         if notes.leak_message is not None:
             yield Text(f"⚠ {notes.leak_message}", style="bold red")
         for note in v.notes:
@@ -112,8 +114,9 @@ class JitLedgerTable:
         yield Text("")
         yield self._table(v, width)
         if any(f.eager for f in v.functions):
-            yield Text("op: jax's own op run outside jit (jnp.ones(n), x * 2, an initialiser), compiled once "
-                       "per shape and dtype: not a recompile, left out of the leak trend", style="dim")
+            yield Text("op: jax's own op run outside jit (jnp.sin(x), x * 2, an initialiser), compiled once "
+                       "per shape and dtype: not a recompile, nor a leak (a storm when its shapes never end)",
+                       style="dim")
         reasons = self._reasons(v, width)
         if reasons is not None:
             yield Text("")
@@ -125,7 +128,7 @@ class JitLedgerTable:
         line.append(f"{v.live_count if v.live_count is not None else 'n/a'}", style="bold")
         delta = v.trend_delta(60.0)
         if delta:
-            line.append(f" ({delta:+d} in 60 s)", style="bold red" if v.leak else "yellow")
+            line.append(f" ({delta:+d} in 60 s)", style="bold red" if v.leak or v.storm else "yellow")
         if v.pending:
             line.append(f", {v.pending} not analysed yet", style="dim")
         line.append("  code ", style="dim")

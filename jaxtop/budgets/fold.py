@@ -10,12 +10,13 @@ from the agent's stream, tests feed it readings made from plain dicts.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from jaxtop.budgets.reading import WIRE_FIELDS, Reading, wire_value
 from jaxtop.budgets.report import NOT_MEASURED, Measured
 from jaxtop.budgets.spec import Budget
+from jaxtop.probes.compile_storm import change_summary
 from jaxtop.wire.protocol import DIRECTIONS
 from jaxtop.wire.units import fmt_bytes
 
@@ -32,6 +33,9 @@ class CompileSite:
         eager: compiled by jax's eager dispatch (an op run outside jit, such
             as ``jnp.ones(n)`` at top level or a model's initialisers): one
             compile per primitive, shape and dtype, never a recompile.
+        reasons: the jit ledger's recompile reasons of these compiles (what
+            changed: ``{"kind": "types", "arg": "x", "old": "f32[10]",
+            "new": "f32[100]"}``), the first few and the newest.
     """
 
     name: str
@@ -39,6 +43,7 @@ class CompileSite:
     count: int = 0
     recompiled_t: float | None = None
     eager: bool = False
+    reasons: list[dict[str, Any]] = field(default_factory=list)
 
 
 class WindowState:
@@ -330,7 +335,7 @@ class WindowState:
             m.first_exceeded_s = max(0.0, min(times) - self.start_t)
         again.sort(key=lambda c: (-c.count, c.site))
         m.detail = [f"{c.name} at {c.site}: compiled {c.count} times ({c.count - 1} recompile(s))"
-                    for c in again[:8]]
+                    + (f": {change_summary(c.reasons)}" if c.reasons else "") for c in again[:8]]
         if len(again) > 8:
             m.detail.append(f"... and {len(again) - 8} more function(s)")
         eager = sum(c.count for c in sites if c.eager)
@@ -338,7 +343,8 @@ class WindowState:
         if eager:
             m.detail.append(f"not counted: {eager} compile(s) of ops run outside jit (jax's eager dispatch, "
                             "one per primitive and shape)")
-        m.data["functions"] = [{"name": c.name, "site": c.site, "compiles": c.count} for c in again]
+        m.data["functions"] = [{"name": c.name, "site": c.site, "compiles": c.count,
+                                "changed": change_summary(c.reasons)} for c in again]
         return m
 
     def _peak_measured(self, end: Reading | None) -> Measured:

@@ -23,9 +23,12 @@ from jaxtop.wire import protocol
 
 #: Points of the live-executable count kept per process (one per pass).
 MAX_TREND = 3600
-#: Recompile reasons of one function turned into events per folded field:
-#: a function recompiling on every call must not flood the event list.
+#: Recompile reasons of one function turned into events per
+#: :data:`EVENTS_WINDOW_S`: a function recompiling on every call must not
+#: flood the event list (the rest are folded into one event when the window
+#: ends, and a compile storm the agent flags is one event of its own).
 MAX_EVENTS_PER_FUNCTION = 3
+EVENTS_WINDOW_S = 60.0
 #: Recently freed executables kept for the screen.
 MAX_GONE = 64
 
@@ -147,6 +150,7 @@ class LedgerView:
     gone: tuple[dict[str, Any], ...] = ()
     trend: tuple[tuple[float, int], ...] = ()
     leak: dict[str, Any] | None = None
+    storm: dict[str, Any] | None = None  # one function compiling again and again, and why
     explain: dict[str, Any] = field(default_factory=dict)
     complete: bool = False  # a whole table was folded
     notes: tuple[str, ...] = ()
@@ -182,7 +186,10 @@ class _Table:
         self.reason: str | None = None
         self.joined_t: float | None = None
         self.reason_t: dict[str, float] = {}  # newest reason already turned into an event
+        # Per function: [window start, events in it, reasons folded, newest folded reason]
+        self.reason_window: dict[str, list[Any]] = {}
         self.leak_since: Any = None
+        self.storm_since: Any = None
 
     def fold(self, data: dict[str, Any], sample_t: float | None) -> list[tuple[str, str, float]]:
         t = _num(data.get("t")) or sample_t or 0.0
@@ -195,7 +202,7 @@ class _Table:
             return []
         self.available, self.reason = True, None
         for key in ("live_count", "code_bytes", "pending", "compiles_total", "compiles_unattributed", "explain",
-                    "leak", "executables_reason", "compiles_reason", "pass_s"):
+                    "leak", "storm", "executables_reason", "compiles_reason", "pass_s"):
             if key in data:
                 self.totals[key] = data[key]
         for key in ("executables_reason", "compiles_reason"):
@@ -208,7 +215,11 @@ class _Table:
             self.complete = True
             self.functions = {_name(r["name"]): r for r in rows}
             self.executables = {r["id"]: r for r in exes}
-            self._merge_trend(data.get("trend"))
+            # Agents before the storm flag kept their trend without ops while
+            # their fields' live_count held all executables: two series that
+            # zig-zag when interleaved. Theirs only fills in what came before
+            # this reader's first point.
+            self._merge_trend(data.get("trend"), before=None if "storm" in data else self._first_point_t())
         else:
             for r in rows:
                 self.functions[_name(r["name"])] = r
@@ -227,46 +238,101 @@ class _Table:
             del self.trend[:-MAX_TREND]
         return self._events(rows, data, t)
 
-    def _merge_trend(self, points: Any) -> None:
-        """Points the agent kept before this reader joined (a whole table's ``trend``)."""
+    def _first_point_t(self) -> float | None:
+        return self.trend[0][0] if self.trend else None
+
+    def _merge_trend(self, points: Any, before: float | None = None) -> None:
+        """Points of a whole table's ``trend`` this reader has not seen
+        (passes that changed nothing send no field; a reader that joined
+        late), only those before ``before`` when given."""
         if not isinstance(points, list):
             return
-        known = {t for t, _ in self.trend}
+        # Agents before the storm flag rounded a trend point's time to the
+        # millisecond and the field's own to the microsecond: one pass, two
+        # points. A point within the same millisecond is the same pass.
+        known = {round(t, 3) for t, _ in self.trend}
         for p in points:
             if isinstance(p, (list, tuple)) and len(p) == 2:
                 t, n = _num(p[0]), _int(p[1])
-                if t is not None and n is not None and t not in known:
-                    bisect.insort(self.trend, (t, n))
+                if t is None or n is None or round(t, 3) in known or (before is not None and t >= before):
+                    continue
+                bisect.insort(self.trend, (t, n))
+                known.add(round(t, 3))
         del self.trend[:-MAX_TREND]
 
     def _events(self, rows: list[dict[str, Any]], data: dict[str, Any], t: float) -> list[tuple[str, str, float]]:
-        """New recompile reasons and a new leak flag, as events for the event list.
+        """New recompile reasons, a new leak flag and a new compile storm, as
+        events for the event list.
 
-        Reasons from before this reader joined are history, not news.
+        Reasons from before this reader joined are history, not news. Each
+        function gives at most :data:`MAX_EVENTS_PER_FUNCTION` recompile
+        events per :data:`EVENTS_WINDOW_S`; the rest are folded into one
+        event when its window ends, and none while the agent flags that
+        function's compile storm (the storm is its one event).
         """
         events: list[tuple[str, str, float]] = []
+        storm = self.totals.get("storm")  # this field's, or the last one sent
+        storming = _name(storm.get("function")) if isinstance(storm, dict) else None
+        if isinstance(storm, dict):
+            if storm.get("since_t") != self.storm_since:
+                self.storm_since = storm.get("since_t")
+                events.append(("jit", protocol.shown(storm.get("message")), t))
+                window = self.reason_window.get(storming) if storming is not None else None
+                if window is not None:
+                    window[2], window[3] = 0, None  # its recompiles folded so far: the storm's event says them
+        elif "storm" in data:
+            self.storm_since = None
+        for name, window in list(self.reason_window.items()):
+            if t - window[0] >= EVENTS_WINDOW_S:
+                events.extend(self._folded(name, window, storming))
+                del self.reason_window[name]
         for row in rows:
             name = _name(row["name"])
             newest = self.reason_t.get(name, self.joined_t or 0.0)
             fresh = [r for r in protocol.list_of(row.get("reasons"))
                      if isinstance(r, dict) and (_num(r.get("t")) or 0.0) > newest]
-            for r in fresh[-MAX_EVENTS_PER_FUNCTION:]:
-                events.append(("jit", f"recompile {name}: {describe_reason(r)}", _num(r.get("t")) or t))
-            if fresh:
-                self.reason_t[name] = max(_num(r.get("t")) or 0.0 for r in fresh)
+            if not fresh:
+                continue
+            self.reason_t[name] = max(_num(r.get("t")) or 0.0 for r in fresh)
+            window = self.reason_window.setdefault(name, [t, 0, 0, None])
+            for r in fresh:
+                if name == storming:
+                    continue  # the storm's event says it
+                if window[1] < MAX_EVENTS_PER_FUNCTION:
+                    window[1] += 1
+                    events.append(("jit", f"recompile {name}: {describe_reason(r)}", _num(r.get("t")) or t))
+                else:
+                    window[2] += 1
+                    window[3] = r
         leak = data.get("leak")
         if isinstance(leak, dict):
             if leak.get("since_t") != self.leak_since:
                 self.leak_since = leak.get("since_t")
-                events.append(("jit", f"leak? {protocol.shown(leak.get('message'))}", t))
+                # A function's storm that keeps its executables is one event:
+                # the storm's (the screen shows both flags).
+                if storming is None or _name(leak.get("function")) != storming:
+                    events.append(("jit", f"leak? {protocol.shown(leak.get('message'))}", t))
         elif "leak" in data:
             self.leak_since = None
         return events
+
+    @staticmethod
+    def _folded(name: str, window: list[Any], storming: str | None) -> list[tuple[str, str, float]]:
+        """The one event for a function's recompiles left out of its window
+        (those of its storm are not counted: the storm event says them)."""
+        start, _, folded, latest = window
+        if not folded or name == storming:
+            return []
+        text = f"recompile {name}: {folded} more in {EVENTS_WINDOW_S:.0f} s"
+        if isinstance(latest, dict):
+            text += f", the latest {describe_reason(latest)}"
+        return [("jit", text, (_num(latest.get("t")) if isinstance(latest, dict) else None) or start)]
 
     def view(self, pid: int) -> LedgerView:
         tot = self.totals
         notes = tuple(protocol.shown(tot[k]) for k in ("executables_reason", "compiles_reason") if tot.get(k))
         leak = tot.get("leak") if isinstance(tot.get("leak"), dict) else None
+        storm = tot.get("storm") if isinstance(tot.get("storm"), dict) else None
         return LedgerView(
             pid=pid,
             t=protocol.timestamp(tot.get("t")),
@@ -281,6 +347,7 @@ class _Table:
             gone=tuple(dict(r) for r in self.gone),
             trend=tuple(self.trend),
             leak=dict(leak) if leak else None,
+            storm=dict(storm) if storm else None,
             explain=dict(protocol.obj_of(tot.get("explain"))),
             complete=self.complete,
             notes=notes,
