@@ -100,8 +100,11 @@ def test_run_python_m_module(child_env, tmp_path):
 
 
 def test_pythons_own_options_are_refused_with_what_to_do(child_env, script):
-    res = jaxtop("run", "python", "-u", script, env=child_env)
-    assert res.returncode == 2 and "python -u -m jaxtop run SCRIPT" in res.stderr
+    # -u, -O, -W, -X... are passed on (test_cli_habits_run.py); -i, -E, -I
+    # and -S would change what python does besides the program, or where it
+    # finds jaxtop itself.
+    res = jaxtop("run", "python", "-i", script, env=child_env)
+    assert res.returncode == 2 and "python -i -m jaxtop run SCRIPT" in res.stderr
 
 
 def test_bash_completion_completes_commands_options_and_pids(tmp_path):

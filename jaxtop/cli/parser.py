@@ -114,8 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     run.add_argument("-c", dest="code", metavar="CODE", help="run the program passed as a string (as python -c)")
     run.add_argument("target", nargs="*", metavar="SCRIPT [ARGS...]",
-                     help="the program and its arguments (`python SCRIPT`, `python -m MODULE` and "
-                          "`python -c CODE` are read the same way)")
+                     help="the program and its arguments (`python SCRIPT`, `python -m MODULE`, "
+                          "`python -c CODE` and `python - < SCRIPT` are read the same way)")
+    # python's own options (`jaxtop run python -u x.py`), put here by split_python_argv.
+    run.add_argument("--python-option", dest="python_options", action="append", default=[], metavar="OPT",
+                     help=argparse.SUPPRESS)
 
     ls = sub.add_parser("ls", help="list instrumented processes of this user",
                         description="One line per process with a jaxtop agent: pid, uptime, command. "
@@ -259,6 +262,8 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
             return argv[: i + 1], argv[i + 1 :]
         if arg == "-c" and i + 1 < len(argv):
             return argv[: i + 2], argv[i + 2 :]
+        if arg == "-":  # the script on stdin, as `python -` reads it
+            return argv[:i], argv[i:]
         if arg in _RUN_OPTIONS_WITH_VALUE:
             i += 2
             continue
@@ -277,20 +282,49 @@ def is_python(word: str) -> bool:
     return bool(re.fullmatch(r"python(\d+(\.\d+)*)?", name)) or word == sys.executable
 
 
+#: python's options that ``jaxtop run python`` passes on to the interpreter
+#: that runs the program: flags (``-OO``, ``-bb``, ``-vv`` repeat) ...
+PYTHON_FLAGS = "bBdOPqRuv"
+#: ... and the ones that take a value (``-W error``, ``-Wd``, ``-X dev``).
+PYTHON_VALUE_OPTIONS = "WX"
+
+
 def split_python_argv(run: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
-    """What follows ``python`` in ``jaxtop run python ...``: ``-m MODULE``,
-    ``-c CODE`` (as jaxtop run's own options) or a script; the program's
-    arguments. Python's other options are refused with what to do instead."""
+    """What follows ``python`` in ``jaxtop run python ...``: python's own
+    options that change how the program runs (:data:`PYTHON_FLAGS`, ``-W``,
+    ``-X``, grouped as python groups them: ``-uB``, ``-Wd``), then ``-m
+    MODULE``, ``-c CODE`` (as jaxtop run's own options), ``-`` or a script;
+    the program's arguments. python's options go to jaxtop run as
+    ``--python-option``; the ones that change where python finds modules
+    (``-E``, ``-I``, ``-s``, ``-S``: jaxtop itself must import) or what it
+    does besides the program (``-i``, ``-x``, ``-h``, ``-V``) are refused
+    with what to do instead."""
     if not argv:
-        run.error("run python: give a script, -m MODULE or -c CODE")
-    first = argv[0]
-    if first in ("-m", "-c"):
-        if len(argv) < 2:
-            run.error(f"run python {first}: argument expected")
-        return argv[:2], argv[2:]
-    if first.startswith(("-m", "-c")) and len(first) > 2:
-        return [first[:2], first[2:]], argv[1:]
-    if first.startswith("-") and first != "-":
-        run.error(f"run python {first}: python's own options are not jaxtop run's; start the interpreter "
-                  f"yourself: python {first} -m jaxtop run SCRIPT")
-    return [], argv
+        run.error("run python: give a script, -m MODULE, -c CODE or -")
+    options: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-":
+        word = argv[i]
+        if word == "--":
+            i += 1
+            break
+        j = 1
+        while j < len(word):
+            letter, rest = word[j], word[j + 1:]
+            if letter in "mc" or letter in PYTHON_VALUE_OPTIONS:
+                if not rest and i + 1 >= len(argv):
+                    run.error(f"run python -{letter}: argument expected")
+                value = rest or argv[i + 1]
+                i += 1 if rest else 2
+                if letter in "mc":
+                    return [f"-{letter}", value, *(f"--python-option={o}" for o in options)], argv[i:]
+                options += [f"-{letter}", value]
+                break
+            if letter not in PYTHON_FLAGS or word.startswith("--"):
+                run.error(f"run python {word}: python's {word if word.startswith('--') else '-' + letter} is not "
+                          f"one jaxtop run passes on; start the interpreter yourself: python {word} -m jaxtop run SCRIPT")
+            options.append(f"-{letter}")
+            j += 1
+        else:
+            i += 1
+    return [f"--python-option={o}" for o in options], argv[i:]
