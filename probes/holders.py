@@ -338,7 +338,7 @@ class HoldersProbe:
         self.cpu_s_total += time.thread_time() - started_cpu
         self.wall_s_total += seconds
         self.last, self.last_t, self.last_seconds = totals, t, seconds
-        self._schedule(seconds, paid=reason == "cadence" and self._watch_next)
+        self._schedule(seconds, paid=reason == "cadence" and self._watch_next, marked=reason == "mark")
         record = self._record(totals, t, seconds, reason, in_use, mark)
         with self._lock:
             self._pending = record
@@ -359,7 +359,7 @@ class HoldersProbe:
                 except Exception:
                     pass
 
-    def _schedule(self, seconds: float, paid: bool) -> None:
+    def _schedule(self, seconds: float, paid: bool, marked: bool = False) -> None:
         """When the next cadence profile is due, after one that took ``seconds``.
 
         It backs off so that profiling takes at most ``budget`` of the time,
@@ -368,9 +368,15 @@ class HoldersProbe:
         at the base period (half of it while climbing), up to
         :data:`WATCH_BUDGET` of the time, while the allowance lasts.
 
+        Right after a mark the next profile comes at the climbing period too:
+        the mark itself is a profile (every site ±0 against itself), and the
+        user who pressed it wants to see what changes since, not wait out a
+        backed-off interval (13 s and more) looking at zeros.
+
         Args:
             seconds: what the profile just taken cost.
             paid: it was taken at the watch cadence: the allowance pays it.
+            marked: the profile just taken is the mark.
         """
         now = self._mono()
         if self._watch_fill_t is not None:
@@ -385,7 +391,10 @@ class HoldersProbe:
         self.cadence = "base"
         self._watch_next = False
         if self.watch_held_s > 0:
-            if self.tracker.climbing():
+            if marked:
+                self.cadence = "marked"
+                period = self.base_interval_s * WATCH_INTERVAL_FACTOR
+            elif self.tracker.climbing():
                 self.cadence = "climbing"
                 period = self.base_interval_s * WATCH_INTERVAL_FACTOR
             elif self.tracker.young():

@@ -527,3 +527,23 @@ def test_many_sites_list_the_largest_the_suspects_and_sum_the_rest():
     assert listed[:10] == [f"train.py:{1079 - j}" for j in range(10)] and listed[10] == "train.py:7"
     assert rec["sites_total"] == 81 and rec["other"]["sites"] == 70
     assert rec["other"]["bytes"] + sum(s["bytes"] for s in rec["sites"]) == rec["bytes"]
+
+
+def test_the_profile_after_a_mark_comes_soon_whatever_the_back_off():
+    """A profile that costs 80 ms backs the cadence off to 200 s; a mark is
+    itself a profile (every site ±0 against it), so without a sooner one
+    the Holders screen showed zeros until the backed-off one."""
+    probe, clock, mono = make_probe(leak_profiles(12), cost=0.080, interval_s=5.0)
+    for _ in range(3):
+        rec = probe.sample()
+        mono.t += rec["interval_s"]
+    assert rec["cadence"] == "base" and rec["interval_s"] == pytest.approx(200.0)
+    mono.t += 1.0
+    reply = probe.cmd_mark({})
+    assert reply["seq"] == 4
+    marked = probe.sample()
+    assert marked["reason"] == "mark" and marked["cadence"] == "marked"
+    assert marked["interval_s"] <= 20.0  # the watch budget's period for 80 ms, not 200 s
+    mono.t += marked["interval_s"]
+    after = probe.sample()
+    assert after is not None and after["seq"] == 5 and after["mark"]["seq"] == 4
