@@ -235,12 +235,13 @@ class AgentLoop:
         self._tick(slow=False, final=True)
         self._emit({"type": protocol.EXIT, "t": time.time(), "pid": self.pid}, keep=False)
         if self.prometheus_push and self.stream.prometheus is not None:
-            from jaxtop.wire.prometheus import push
+            from jaxtop.wire.prometheus import push, redact
 
             try:
-                push(self.stream.prometheus, self.prometheus_push)
+                push(self.stream.prometheus, self.prometheus_push)  # bounded: 2 s in all
             except Exception as exc:  # (ImportError was checked at start)
-                self._notice(f"jaxtop: could not push the last metrics to {self.prometheus_push}: {exc}")
+                # The URL may carry a password: never echoed.
+                self._notice(f"jaxtop: could not push the last metrics to {redact(self.prometheus_push)}: {exc}")
         self._final_done.set()
 
 

@@ -22,42 +22,36 @@ admitting only the scraper's address on a non-loopback bind); or leave the
 endpoint off and re-export with ``jaxtop log PID --prometheus PORT`` from a
 process and place of your choosing.
 
-What any peer can cost the program is bounded: the server serves at most
-:data:`MAX_CONNECTIONS` connections at once (one thread each) and closes
-extra connections as soon as it accepts them; it answers at most
-:data:`SCRAPES_PER_S` requests a second on average; every read and write
-times out after :data:`SOCKET_TIMEOUT_S`. So it never holds more than
-``MAX_CONNECTIONS + 2`` file descriptors and ``MAX_CONNECTIONS + 1`` threads,
-however many connections are opened. A peer can at worst keep the metrics
-from other scrapers (by holding the connections), never the program's own
-descriptors or threads.
+What any peer can cost the program is bounded
+(:mod:`jaxtop.wire.prometheus_server`): one thread, at most
+:data:`MAX_CONNECTIONS` connections held at once (so never more than
+``MAX_CONNECTIONS + 2`` file descriptors, however many connections are
+opened), paced passes that bound its share of the GIL whatever the request
+rate, one deadline of :data:`SOCKET_TIMEOUT_S` for each whole exchange,
+bounded request heads, and an exposition rendered at most once a second
+and served from a cache. A scrape is answered on the pass that accepts it,
+so peers holding connections open do not keep it out.
 """
 
 from __future__ import annotations
 
-import errno
-import http.server
+import base64
 import os
 import socket
-import socketserver
-import threading
-import time
+import urllib.parse
 from typing import Any, Iterator
 
-from jaxtop.wire import protocol, schema
+from jaxtop.wire import http_deadline, protocol, schema
+from jaxtop.wire.prometheus_server import (  # noqa: F401  (re-exported: the limits are documented here)
+    CONTENT_TYPE, MAX_CONNECTIONS, SOCKET_TIMEOUT_S, MetricsServer, bind_address,
+)
 from jaxtop.wire.timeline import nvml_map
+
+#: A URL fit to print (its password replaced): the push notice names the gateway.
+redact = http_deadline.redact
 
 INSTALL_HINT = "prometheus-client is not installed: pip install 'jaxtop[prometheus]' (or prometheus-client)"
 DEFAULT_ADDR = "127.0.0.1"
-
-#: Connections served at once; more are closed as soon as accepted.
-MAX_CONNECTIONS = 8
-#: Seconds any one read or write on a connection may take before it is closed.
-SOCKET_TIMEOUT_S = 5.0
-#: Requests answered per second on average (bursts of SCRAPE_BURST); more are
-#: closed unanswered. Prometheus scrapes every few seconds at most.
-SCRAPES_PER_S = 10.0
-SCRAPE_BURST = 20
 
 _DEVICE_GAUGES = tuple(
     # (metric, sample key, help): the help is the sample's own (jaxtop.wire.schema)
@@ -284,89 +278,33 @@ def _one(cls: Any, name: str, text: str, labels: list[str], values: list[str], v
     return family
 
 
-class MetricsServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    """An HTTP server with bounded connections, threads and time.
-
-    Args:
-        address: ``(host, port)`` to bind.
-        handler: the request handler class.
-        family: the address family of ``host``.
-    """
-
-    daemon_threads = True
-    block_on_close = False  # and so keeps no list of its threads either
-    request_queue_size = 16
-
-    def __init__(self, address: tuple[str, int], handler: Any, family: int) -> None:
-        self.address_family = family
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._tokens = float(SCRAPE_BURST)
-        self._tokens_t = time.monotonic()
-        super().__init__(address, handler)
-
-    def get_request(self) -> Any:
-        try:
-            return super().get_request()
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                # The connection stays queued and the listener readable:
-                # rest (on this server's own thread) rather than spin.
-                time.sleep(0.1)
-            raise
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        """Within the request budget? (Runs on the serving thread only.)"""
-        now = time.monotonic()
-        self._tokens = min(float(SCRAPE_BURST), self._tokens + (now - self._tokens_t) * SCRAPES_PER_S)
-        self._tokens_t = now
-        if self._tokens < 1.0:
-            return False  # closed unanswered
-        self._tokens -= 1.0
-        return True
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # over the cap: closed at once
-            return
-        try:
-            request.settimeout(SOCKET_TIMEOUT_S)
-            super().process_request(request, client_address)  # starts its thread
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A peer that misbehaves is no news for the program's stderr."""
-
-
 def serve(state: StreamState, port: int, addr: str = DEFAULT_ADDR) -> MetricsServer:
     """Start the HTTP endpoint (a daemon thread); returns the server.
 
-    Stop it with ``server.shutdown()`` then ``server.server_close()``.
+    Stop it with ``server.shutdown()`` then ``server.server_close()``. What
+    a peer can cost the program is bounded (:mod:`jaxtop.wire.prometheus_server`).
 
     Raises:
         ImportError: prometheus-client is missing (message says how to install).
         OSError: the port cannot be bound.
     """
     try:
-        from prometheus_client.exposition import MetricsHandler
+        from prometheus_client import generate_latest
     except ImportError:
         raise ImportError(INSTALL_HINT) from None
-    # The address decides the family (an IPv6 address needs AF_INET6).
-    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    server = MetricsServer((sockaddr[0], port), MetricsHandler.factory(make_registry(state)), family)
-    thread = threading.Thread(target=server.serve_forever, name="jaxtop-prometheus", daemon=True)
-    thread.start()
+    registry = make_registry(state)
+    family, sockaddr = bind_address(addr, port)
+    # The state's records are replaced whole, never changed in place: the
+    # same objects mean the same exposition, and a scrape reuses it.
+    server = MetricsServer((sockaddr[0], port), family, render=lambda: generate_latest(registry),
+                           state_key=lambda: (state.sample, state.hello, state.backend, state.job),
+                           max_connections=MAX_CONNECTIONS, timeout_s=SOCKET_TIMEOUT_S)
+    server.start()
     return server
 
 
-#: Seconds a push at exit may take (the program is exiting: it waits that long at most).
+#: Seconds a push at exit may take in all, whatever the gateway does (the
+#: program is exiting and waits that long at most).
 PUSH_TIMEOUT_S = 2.0
 
 
@@ -377,19 +315,42 @@ def push(state: StreamState, url: str, timeout_s: float = PUSH_TIMEOUT_S) -> Non
     (a CI job) is seen all the same: Prometheus scrapes the gateway, with
     ``honor_labels: true`` (docs/cluster.md).
 
+    The whole push (name lookup, connect, send, the gateway's answer) ends
+    within ``timeout_s``, however slowly the gateway answers. A
+    ``user:password@`` in the URL is sent as basic authentication.
+
     Raises:
         ImportError: prometheus-client is missing.
-        OSError: the gateway cannot be reached or refused the metrics.
+        OSError: the gateway cannot be reached, refused the metrics or did
+            not answer in time (the message never holds the URL's password).
     """
     try:
-        from prometheus_client.exposition import push_to_gateway
+        from prometheus_client import generate_latest
     except ImportError:
         raise ImportError(INSTALL_HINT) from None
     job, host, pid = state.identity()[:3]
+    base = url if "://" in url else f"http://{url}"
+    path = "/metrics" + "".join(f"/{k}/{v}" for k, v in (
+        _grouping("job", job), _grouping("host", host), _grouping("pid", pid)))
     try:
-        push_to_gateway(url, job=job, registry=make_registry(state), grouping_key={"host": host, "pid": pid},
-                        timeout=timeout_s)
-    except Exception as exc:
-        if isinstance(exc, OSError):  # unreachable, refused (urllib's HTTPError is one)
-            raise
-        raise OSError(f"{type(exc).__name__}: {exc}") from exc  # a bad URL
+        parts = urllib.parse.urlsplit(base)
+        target = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + path, query="", fragment=""))
+    except ValueError as exc:
+        raise OSError(f"not a URL: {exc}") from None
+    answer = http_deadline.request("PUT", target, timeout_s, body=generate_latest(make_registry(state)),
+                                   headers={"Content-Type": CONTENT_TYPE.decode()}, max_bytes=4096, truncate=True)
+    if not 200 <= answer.status < 300:
+        # The gateway's own words, for the notice: one line, printable only.
+        words = " ".join(answer.body.decode("utf-8", "replace").split())
+        said = "".join(c if c.isprintable() else "?" for c in words)[:200]
+        raise OSError(f"the gateway answered {answer.status} {answer.reason}" + (f": {said}" if said else ""))
+
+
+def _grouping(name: str, value: str) -> tuple[str, str]:
+    """A Pushgateway grouping-key path element: a value with a ``/`` (or an
+    empty one) goes base64-encoded, as the gateway's API asks."""
+    if not value:
+        return f"{name}@base64", "="
+    if "/" in value:
+        return f"{name}@base64", base64.urlsafe_b64encode(value.encode()).decode()
+    return name, urllib.parse.quote(value, safe="")
