@@ -16,6 +16,15 @@ n/a, with the reason where the panel has one.
 Processes are told apart by ``(job, host, pid)``: two processes in two
 containers may both be pid 1. The model keys them by a number of its own;
 the screen shows their host and pid from their hello.
+
+What a server can cost the dashboard is bounded, whether it is hostile or
+just serves a very large job: each query ends within :data:`TIMEOUT_S` in
+all (a server that drips its answer is cut off), an answer is read to
+:data:`MAX_ANSWER_BYTES` at most (past it, a clear error), JSON nested too
+deep for the parser is an error, not a crash, and only the first
+:data:`MAX_PROCESSES` processes and :data:`MAX_DEVICES` devices are kept
+(every one kept costs the model its history, a few MB): the rest are
+dropped while the answer is parsed, and a notice says how many.
 """
 
 from __future__ import annotations
@@ -24,24 +33,41 @@ import json
 import math
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, Callable, Iterable
 
 from jaxtop.dashboard.sources.base import Source
-from jaxtop.wire import protocol
+from jaxtop.wire import http_deadline, protocol
 
-__all__ = ["PrometheusError", "PrometheusSource", "Series", "group", "records_for"]
+__all__ = ["Admission", "AnswerTooLargeError", "PrometheusError", "PrometheusSource", "Series", "group",
+           "parse_answer", "records_for"]
 
 #: How often Prometheus is asked (its scrapes come every few seconds at most).
 DEFAULT_POLL_S = 2.0
 #: History fetched on start (one range query).
 DEFAULT_BACKFILL_S = 600.0
-#: Seconds one HTTP request may take.
+#: Seconds one query may take in all: connect, send, and every byte of the answer.
 TIMEOUT_S = 10.0
-#: Series one answer may hold (64 hosts x 8 devices x ~15 metrics is ~8,000).
+#: Bytes one answer may have. A 64-host job's instant answer is ~2 MB; its
+#: backfill is kept under this by its step (:data:`MAX_BACKFILL_POINTS`).
+MAX_ANSWER_BYTES = 64 << 20
+#: Processes kept (the first seen); each costs the model ~3.4 MB of history.
+MAX_PROCESSES = 256
+#: Devices kept over all processes (64 hosts x 8); each costs ~3.1 MB of history.
+MAX_DEVICES = 512
+#: Devices (and NVML GPUs) kept per process.
+MAX_DEVICES_PER_PROCESS = 64
+#: Series kept per process (~15, and ~8 more per device).
+MAX_SERIES_PER_PROCESS = 1_000
+#: Series kept from one answer, all processes together.
 MAX_SERIES = 200_000
+#: Points kept per series (Prometheus's own limit for a range query).
+MAX_POINTS_PER_SERIES = 11_000
+#: Points the backfill asks for, all series together: its step grows with the job.
+MAX_BACKFILL_POINTS = 1_000_000
+#: Characters kept of a label name or value, and labels kept per series.
+MAX_LABEL_CHARS = 512
+MAX_LABELS = 64
 #: Keys of the model for processes over Prometheus (kept apart from real pids).
 KEY_BASE = 1_000_000_000
 
@@ -61,6 +87,10 @@ class PrometheusError(RuntimeError):
     """Prometheus could not be asked, or answered with an error."""
 
 
+class AnswerTooLargeError(PrometheusError):
+    """An answer over :data:`MAX_ANSWER_BYTES`: asking again gets the same."""
+
+
 def selector(job: str | None) -> str:
     """The series of ``job`` (a regular expression; every job when None)."""
     job_part = "" if job is None else f', job=~"{_escape(job)}"'
@@ -71,34 +101,108 @@ def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def parse_answer(payload: bytes) -> list[Series]:
-    """The series of a query API answer (vector or matrix).
+class Admission:
+    """Which processes and devices are kept, for a whole session: the first
+    :data:`MAX_PROCESSES` processes seen and, within them, the first devices
+    up to the caps. A process kept stays kept (the screen does not change
+    its set between polls); one over the cap is counted, not kept.
+
+    Args:
+        max_processes: see :data:`MAX_PROCESSES`.
+        max_devices: see :data:`MAX_DEVICES`.
+    """
+
+    def __init__(self, max_processes: int | None = None, max_devices: int | None = None) -> None:
+        self.max_processes = MAX_PROCESSES if max_processes is None else max_processes
+        self.max_devices = MAX_DEVICES if max_devices is None else max_devices
+        self._kept: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._devices = 0
+        self._series = 0
+        #: Series in the last answer, kept or not (what a backfill would bring).
+        self.series_seen = 0
+        #: Processes of the last answer that were not kept (hashes, at most 100,000).
+        self.left_out: set[int] = set()
+
+    def begin(self) -> None:
+        """A new answer: the per-answer counts start again."""
+        self.series_seen = self._series = 0
+        self.left_out = set()
+        for entry in self._kept.values():
+            entry["series"] = 0
+
+    def keep(self, labels: dict[str, str]) -> bool:
+        """Whether a series with ``labels`` is kept (and count it)."""
+        self.series_seen += 1
+        process = (labels.get("job", ""), labels.get("host", ""), labels.get("pid", ""))
+        entry = self._kept.get(process)
+        if entry is None:
+            if len(self._kept) >= self.max_processes:
+                if len(self.left_out) < 100_000:
+                    self.left_out.add(hash(process))
+                return False
+            entry = self._kept[process] = {"series": 0, "device": set(), "gpu": set()}
+        if entry["series"] >= MAX_SERIES_PER_PROCESS or self._series >= MAX_SERIES:
+            return False
+        new = [(name, labels[name]) for name in ("device", "gpu") if name in labels and labels[name] not in entry[name]]
+        for name, _ in new:
+            if len(entry[name]) >= MAX_DEVICES_PER_PROCESS or (name == "device" and self._devices >= self.max_devices):
+                return False
+        for name, ident in new:
+            entry[name].add(ident)
+            self._devices += name == "device"
+        entry["series"] += 1
+        self._series += 1
+        return True
+
+
+class _Kept(tuple):
+    """A series the parser kept: ``(labels, values)``, told apart from any
+    list or dict of the answer itself."""
+
+
+def parse_answer(payload: bytes, admission: Admission | None = None) -> list[Series]:
+    """The series of a query API answer (vector or matrix), those over the
+    caps left out as they are parsed (:class:`Admission`).
 
     Raises:
-        PrometheusError: not a successful answer of the query API.
+        PrometheusError: not a successful answer of the query API (also
+            JSON nested too deep to parse).
     """
+    admission = admission or Admission()
+    admission.begin()
+
+    def series_of(obj: dict[str, Any]) -> Any:
+        # Called for every JSON object as soon as it is parsed, innermost
+        # first: a series is turned into a compact tuple, or dropped at once
+        # (with its points) when over the caps, so an answer for thousands
+        # of processes never stands in memory as dicts and lists.
+        metric = obj.get("metric")
+        if not isinstance(metric, dict):
+            return obj
+        labels = {str(k)[:MAX_LABEL_CHARS]: str(v)[:MAX_LABEL_CHARS] for k, v in list(metric.items())[:MAX_LABELS]}
+        if not admission.keep(labels):
+            return None
+        points = obj.get("values") if "values" in obj else ([obj["value"]] if "value" in obj else [])
+        values = []
+        for point in points[-MAX_POINTS_PER_SERIES:] if isinstance(points, list) else ():
+            try:
+                values.append((float(point[0]), float(point[1])))
+            except (TypeError, ValueError, IndexError, KeyError):
+                continue
+        return _Kept((labels, values))
+
     try:
-        answer = json.loads(payload)
+        answer = json.loads(payload, object_hook=series_of)
+    except RecursionError:
+        raise PrometheusError("not a Prometheus answer: JSON nested too deeply") from None
     except ValueError as exc:
         raise PrometheusError(f"not a Prometheus answer: {exc}") from None
     if not isinstance(answer, dict) or answer.get("status") != "success":
         error = answer.get("error") if isinstance(answer, dict) else None
-        raise PrometheusError(f"Prometheus answered: {error or 'not a success'}")
-    data = answer.get("data") or {}
-    out: list[Series] = []
-    for item in (data.get("result") or [])[:MAX_SERIES]:
-        if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
-            continue
-        labels = {str(k): str(v) for k, v in item["metric"].items()}
-        points = item.get("values") or ([item["value"]] if "value" in item else [])
-        values = []
-        for point in points:
-            try:
-                values.append((float(point[0]), float(point[1])))
-            except (TypeError, ValueError, IndexError):
-                continue
-        out.append((labels, values))
-    return out
+        raise PrometheusError(f"Prometheus answered: {str(error)[:500] if error else 'not a success'}")
+    data = answer.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    return [item for item in result if isinstance(item, _Kept)] if isinstance(result, list) else []
 
 
 def group(series: Iterable[Series]) -> dict[tuple[str, str, str], list[Series]]:
@@ -257,7 +361,8 @@ class PrometheusSource(Source):
     """Every process of a job, read from a Prometheus server.
 
     Args:
-        url: the server (``http://host:9090``).
+        url: the server (``http://host:9090``; ``http://user:password@host:9090``
+            for basic authentication, the password never shown).
         job: the job's name, a regular expression (every job when None).
         poll_s: seconds between two queries.
         backfill_s: history fetched on start.
@@ -277,9 +382,13 @@ class PrometheusSource(Source):
         self._keys: dict[tuple[str, str, str], int] = {}
         self._previous: dict[int, dict[str, float]] = {}
         self._last_seq: dict[int, int] = {}
+        self._admission = Admission()
+        self._left_out_said = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # the last failure, for the screen
+        #: Processes the last answer had beyond those kept (0 when all are).
+        self.left_out = 0
 
     @property
     def pids(self) -> list[int]:
@@ -289,14 +398,17 @@ class PrometheusSource(Source):
         """One query API call; raises PrometheusError."""
         url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
         try:
-            return parse_answer(self._fetch(url))
+            series = parse_answer(self._fetch(url), self._admission)
         except PrometheusError:
             raise
         except (OSError, ValueError) as exc:
-            raise PrometheusError(f"cannot query {self.url}: {exc}") from None
+            raise PrometheusError(f"cannot query {http_deadline.redact(self.url)}: {exc}") from None
+        self.left_out = len(self._admission.left_out)
+        return series
 
     def check(self) -> int:
-        """Ask once: how many processes the job has (raises PrometheusError)."""
+        """Ask once: how many processes the job has, at most
+        :data:`MAX_PROCESSES` (raises PrometheusError)."""
         return len(group(self.query("query", query=selector(self.job))))
 
     def start(self, model: Any, on_update: Callable[[], None]) -> None:
@@ -307,15 +419,26 @@ class PrometheusSource(Source):
     def stop(self) -> None:
         self._stop.set()
 
+    def backfill_step_s(self) -> float:
+        """The backfill's step: the poll interval, or longer when the job's
+        series (as the last instant answer counted them) would bring more
+        than :data:`MAX_BACKFILL_POINTS` points."""
+        spread = self.backfill_s * self._admission.series_seen / MAX_BACKFILL_POINTS
+        return max(1.0, self.poll_s, math.ceil(spread))
+
     def poll(self, backfill: bool = False) -> int:
         """Ask Prometheus once and feed what is new; returns the samples fed."""
         now = time.time()
         if backfill and self.backfill_s > 0:
-            step = max(1.0, self.poll_s)
             series = self.query("query_range", query=selector(self.job), start=f"{now - self.backfill_s:.3f}",
-                                end=f"{now:.3f}", step=f"{step:g}")
+                                end=f"{now:.3f}", step=f"{self.backfill_step_s():g}")
         else:
             series = self.query("query", query=selector(self.job), time=f"{now:.3f}")
+        if self.left_out and not self._left_out_said:
+            self._left_out_said = True
+            self.model.add_notice(
+                f"Prometheus has {self.left_out}{'+' if self.left_out >= 100_000 else ''} more processes than the "
+                f"{self._admission.max_processes} shown (narrow them with --job)")
         fed = 0
         for process, items in sorted(group(series).items()):
             key = self._keys.get(process)
@@ -337,6 +460,11 @@ class PrometheusSource(Source):
                     self.on_update()
                 first = False
                 self.error = None
+            except AnswerTooLargeError as exc:
+                self.error = str(exc)
+                if first:  # the same again would fail the same: on with the present
+                    first = False
+                    self.model.add_notice(f"no history fetched: {exc}")
             except PrometheusError as exc:
                 self.error = str(exc)
             except Exception as exc:  # the reader thread must not die quietly
@@ -351,13 +479,20 @@ class PrometheusSource(Source):
 
 
 def _http_get(url: str) -> bytes:
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    """The body of a GET of ``url``, within :data:`TIMEOUT_S` in all and
+    :data:`MAX_ANSWER_BYTES`.
+
+    Raises:
+        AnswerTooLargeError: the answer is over the cap.
+        PrometheusError: an HTTP error that is not the query API's own.
+        OSError: the server could not be asked or did not answer in time.
+    """
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310 (the user's URL)
-            return response.read(64 << 20)
-    except urllib.error.HTTPError as exc:
-        body = exc.read(4096)
-        try:
-            return body if json.loads(body).get("status") == "error" else b""
-        except ValueError:
-            raise PrometheusError(f"HTTP {exc.code} from {url.split('?')[0]}") from None
+        answer = http_deadline.request("GET", url, TIMEOUT_S, headers={"Accept": "application/json"},
+                                       max_bytes=MAX_ANSWER_BYTES)
+    except http_deadline.AnswerTooLarge:
+        raise AnswerTooLargeError(f"Prometheus answered more than {MAX_ANSWER_BYTES >> 20} MiB: narrow the query "
+                                  "with --job") from None
+    if answer.status < 300 or answer.body.lstrip()[:1] == b"{":
+        return answer.body  # the query API's errors are JSON: parse_answer says what it said
+    raise PrometheusError(f"HTTP {answer.status} from {http_deadline.redact(url.split('?')[0])}")
