@@ -70,8 +70,7 @@ MAX_RECORD_LINE_BYTES = 16 * 1024 * 1024
 #: larger than that block fails has not been tried on the chip, so
 #: ``1 - largest free block / free`` (45-55 % there) is not shown as
 #: fragmentation; the largest free block is shown as the runtime reports it.
-TPU_FRAGMENTATION_NA = ("not shown on TPU: the runtime's largest free block is about half of the free HBM after the "
-                        "first jitted step, and whether a larger request fails is unverified")
+TPU_FRAGMENTATION_NA = "not shown on TPU: whether its largest free block bounds a request is unverified"
 
 
 def fragmentation_na(platform: Any) -> str | None:
