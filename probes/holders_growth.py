@@ -25,8 +25,8 @@ __all__ = ["FORGET_AFTER", "GrowthTracker", "LEAK_RISES", "MAX_TRACKED_SITES", "
 LEAK_RISES = 5
 #: Steep growth is flagged sooner: this many rises of a site's bytes ...
 STEEP_RISES = 3
-#: ... at this rate or more (bytes per minute: half a GiB an hour, a 16 GiB
-#: device filled within a day) ...
+#: ... at this rate or more (bytes per minute: 0.47 GiB an hour, a 16 GiB
+#: device filled in a day and a half) ...
 STEEP_BYTES_PER_MIN = 8 << 20
 #: ... over at least this many seconds. The rises are of the floor of three
 #: profiles each, so 3 rises already span 5 profiles; the span keeps a burst of
