@@ -368,10 +368,11 @@ class HoldersProbe:
         at the base period (half of it while climbing), up to
         :data:`WATCH_BUDGET` of the time, while the allowance lasts.
 
-        Right after a mark the next profile comes at the climbing period too:
-        the mark itself is a profile (every site ±0 against itself), and the
-        user who pressed it wants to see what changes since, not wait out a
-        backed-off interval (13 s and more) looking at zeros.
+        Right after a mark the next profile comes at the base period too
+        when the budget had backed it off: the mark itself is a profile
+        (every site ±0 against itself), and the user who pressed it wants to
+        see what changes since, not wait out a backed-off interval (13 s and
+        more) looking at zeros.
 
         Args:
             seconds: what the profile just taken cost.
@@ -391,9 +392,9 @@ class HoldersProbe:
         self.cadence = "base"
         self._watch_next = False
         if self.watch_held_s > 0:
-            if marked:
+            if marked and backed_off > self.base_interval_s:
                 self.cadence = "marked"
-                period = self.base_interval_s * WATCH_INTERVAL_FACTOR
+                period = self.base_interval_s
             elif self.tracker.climbing():
                 self.cadence = "climbing"
                 period = self.base_interval_s * WATCH_INTERVAL_FACTOR
