@@ -554,11 +554,35 @@ def main(argv):
         if relay.saw_guard and len(data) < READ_BYTES and not relay.final:
             kick_fd = wait_between_batches(batch_s, kick_fd)
     relay.finish()
-    # Give the agent a moment to take the last reports, without hanging.
-    if relay.report_fd is not None and relay.report_backlog:
-        os.set_blocking(relay.report_fd, True)
-        relay.flush_reports()
+    hand_over_last_reports(relay)
     return 0
+
+
+#: How long the relay, at the end of the stream, waits for the agent to take
+#: the reports still owed to it.
+LAST_REPORTS_S = 1.0
+
+
+def hand_over_last_reports(relay, seconds=LAST_REPORTS_S):
+    """Give the agent a moment to take the last reports, never more.
+
+    A write that waits for room would wait as long as any process holds the
+    report pipe's read end without reading it (a stopped agent; a forked
+    child's copy, before the capture closed those), and this process holds
+    the original stderr: whoever reads that to its end waited too.
+    """
+    deadline = time.monotonic() + seconds
+    while relay.report_fd is not None and relay.report_backlog:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            select.select([], [relay.report_fd], [], left)
+        except InterruptedError:
+            continue
+        except (OSError, ValueError):
+            return
+        relay.flush_reports()
 
 
 if __name__ == "__main__":

@@ -42,10 +42,36 @@ import stat
 import subprocess
 import sys
 import time
+import weakref
 from typing import Any, Callable
 from jaxtop.probes.forksafe import ForkLock
 
 _RELAY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_relay.py")
+
+# Every capture made in this process, for the fork handler below.
+_captures: "weakref.WeakSet[StderrCapture]" = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """In a child made by ``os.fork()``: let go of each capture's descriptors.
+
+    The child keeps fd 2 (its writes still reach the relay while one runs)
+    but none of the capture's other descriptors: they are the parent's, and
+    the child, whose agent is inert, restarts no relay and reads no report.
+    Kept, they did harm as long as the child lived: its copy of the spare
+    read end kept the fd-2 pipe open after the relay was gone, so that the
+    child's writes to stderr waited forever on a full pipe instead of failing
+    as they would without jaxtop; its copy of the report pipe's read end,
+    never read, kept the relay waiting to hand over its last reports, and
+    the relay holds the original stderr; a copy of the relay's own end,
+    taken while a relay was being started, hid that relay's death from the
+    parent, which then never started another.
+    """
+    for capture in list(_captures):
+        try:
+            capture._forget_in_child()
+        except Exception:
+            pass  # never disturb the child
 
 
 #: The capture pipe's size where Linux lets us set it (its default is 64 KiB).
@@ -209,6 +235,11 @@ class StderrCapture:
         # that a relay waiting between batches reads the marker at once.
         self._kick_w: int | None = None
         self._relay: subprocess.Popen | None = None
+        # Descriptors made but not yet in their place: start()'s, then the
+        # new relay's pipe ends while it is being started. A fork meanwhile
+        # must not leave them to the child (see _forget_in_child).
+        self._opening: tuple[int, ...] = ()
+        self._spawning: tuple[int, ...] = ()
         self._restarts = 0
         self._shown: set[str] = set()
         self._silenced = ""
@@ -221,6 +252,7 @@ class StderrCapture:
         self._acked = 0
         self.active = False
         self.reason: str | None = None  # why the capture ended early
+        _captures.add(self)
 
     @property
     def relay_pid(self) -> int | None:
@@ -252,18 +284,22 @@ class StderrCapture:
         if _nobody_reads(2):
             raise CaptureError("stderr is a pipe nobody reads; left as it is, so writes to it fail as without jaxtop")
         saved = os.dup(2)  # non-inheritable
+        self._opening = (saved,)  # listed for a fork meanwhile, as in _spawn
         pty = _open_terminal_like(saved) if os.isatty(saved) else None
         if pty is not None:
             data_r, data_w = pty
             self.kind = "pty"
         else:
             data_r, data_w = os.pipe()
+            self._opening = (saved, data_r, data_w)
             _grow_pipe(data_w)
             self.kind = "pipe"
+        self._opening = (saved, data_r, data_w)
         merge = _same_stream(1, 2)
         try:
             self._relay, self._report_r = self._spawn(saved, data_r)
         except CaptureError:
+            self._opening = ()
             for fd in (saved, data_r, data_w):
                 os.close(fd)
             raise
@@ -280,14 +316,22 @@ class StderrCapture:
             except OSError:
                 self._saved_fd1 = None
         os.dup2(data_w, 2)  # the new fd 2 is inheritable, as the old one was
-        os.close(data_w)
         self._saved_fd, self._data_r = saved, data_r
+        self._opening = (data_w,)
+        os.close(data_w)
+        self._opening = ()
         self.active = True
 
     def _spawn(self, saved: int, data_r: int) -> tuple[subprocess.Popen, int]:
         """A relay reading ``data_r`` and writing to ``saved``; with its report fd."""
+        # Every descriptor is first recorded, then closed, never the other
+        # way round: a fork in between must find each open one listed (the
+        # child closes its copies: _forget_in_child) and no closed one, whose
+        # number another thread may already have been given.
         report_r, report_w = os.pipe()
+        self._spawning = (report_r, report_w)
         kick_r, kick_w = os.pipe()
+        self._spawning = (report_r, report_w, kick_r, kick_w)
         visibility = ",".join(sorted(self._shown)) + "|" + self._silenced
         try:
             # A script path, not -m or -c: sys.path[0] is then the script's
@@ -306,14 +350,19 @@ class StderrCapture:
                 start_new_session=False,
             )
         except OSError as exc:
+            self._spawning = ()
             for fd in (report_r, report_w, kick_r, kick_w):
                 os.close(fd)
             raise CaptureError(f"cannot start the stderr relay: {exc}") from None
+        self._spawning = (report_r, kick_r, kick_w)
         os.close(report_w)
+        self._spawning = (report_r, kick_w)
         os.close(kick_r)
         os.set_blocking(report_r, False)
         os.set_blocking(kick_w, False)
         old, self._kick_w = self._kick_w, kick_w
+        self._report_r = report_r  # (the caller sets it too)
+        self._spawning = ()
         if old is not None:
             _close_quietly(old)
         return relay, report_r
@@ -483,15 +532,32 @@ class StderrCapture:
         return True
 
     def _close_reports(self) -> None:
+        # Forgotten before closed, as in _spawn: a fork in between must not
+        # have the child close a number that is no longer ours.
         kick, self._kick_w = self._kick_w, None
         if kick is not None:
             _close_quietly(kick)
-        if self._report_r is not None:
-            try:
-                os.close(self._report_r)
-            except OSError:
-                pass
-            self._report_r = None
+        report, self._report_r = self._report_r, None
+        if report is not None:
+            _close_quietly(report)
+
+    def _forget_in_child(self) -> None:
+        """This copy is a fork child's (see :func:`_forget_in_child`): close
+        every descriptor it holds but fd 2 (and fd 1 where it shares the
+        pipe), and never act on the parent's relay. fd 2 stays the pipe: the
+        child's writes reach the relay as long as it runs, and fail (EPIPE)
+        once no process reads the pipe any more."""
+        fds = {self._data_r, self._report_r, self._kick_w, self._saved_fd, self._saved_fd1,
+               *self._opening, *self._spawning}
+        self._data_r = self._report_r = self._kick_w = self._saved_fd = self._saved_fd1 = None
+        self._opening = self._spawning = ()
+        self._relay = None  # the parent's child: never waited for nor killed from here
+        self._poller = None
+        self.active = False  # never gives fd 2 back, writes no marker, waits for no sync
+        self.reason = "a forked child's copy of the capture: the relay and its reports are the parent's"
+        for fd in fds:
+            if fd is not None:
+                _close_quietly(fd)
 
     def _release_fd2(self) -> None:
         """Point fd 2 at the original stderr again and close our pipe ends.
@@ -591,3 +657,7 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
