@@ -21,6 +21,7 @@ from jaxtop.budgets.fold import CompileSite, WindowState
 from jaxtop.budgets.reading import Reading
 from jaxtop.budgets.report import Measured, Report, check
 from jaxtop.budgets.spec import METRICS, Budget
+from jaxtop.probes.forksafe import ForkLock
 from jaxtop.wire.protocol import DIRECTIONS
 
 
@@ -34,7 +35,11 @@ class _Stream:
         from jaxtop.wire.client import AgentConnection
 
         self.conn = AgentConnection.open(agent.pid)
-        self.cond = threading.Condition()
+        # Taken by the reader thread for every sample and by the program's
+        # thread at each window's edge: on a ForkLock, so that a child forked
+        # while the reader held it does not wait forever. A plain lock under
+        # the condition, not a re-entrant one: nothing here takes it twice.
+        self.cond = threading.Condition(ForkLock())
         self.latest: Reading | None = None
         self.fields: dict[str, Any] = {}
         self.hello: dict[str, Any] = {}
