@@ -486,7 +486,9 @@ def test_the_token_is_printed_once_and_never_logged(tmp_path, child_env):
         asyncio.run(traffic())
         output = served.stop()
     lines = [line for line in output.splitlines() if token in line]
-    assert lines == [f"jaxtop serve: open {url}"], output[-3000:]
+    assert lines == [f"jaxtop serve: open {url}  (Ctrl+C stops it)"], output[-3000:]
+    # textual-serve's banner (its escaped command, an address without the token) is not printed.
+    assert "Serving" not in output and "Press Ctrl+C" not in output, output[-3000:]
 
 
 @pytest.mark.slow

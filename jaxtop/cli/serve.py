@@ -109,6 +109,11 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
             finally:
                 JaxtopServer.sessions -= 1
 
+        async def on_startup(self, app: web.Application) -> None:
+            """Nothing: textual-serve's banner shows the command it runs
+            (escaped past reading) and its address without the token, which
+            answers 403; the one line to open is printed before serving."""
+
         def initialize_logging(self) -> None:
             # textual-serve's own handler prints tracebacks with their local
             # variables (the request, its path: the token); aiohttp's errors
@@ -174,6 +179,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             why += "; another server has the port: choose another with --port"
         print(f"jaxtop serve: cannot listen on {netloc_of(args.host, args.port)}: {why}", file=sys.stderr)
         return EXIT_LISTEN
-    print(f"jaxtop serve: open http://{netloc_of(args.host, args.port)}/{token}/", flush=True)
+    print(f"jaxtop serve: open http://{netloc_of(args.host, args.port)}/{token}/  (Ctrl+C stops it)", flush=True)
     server.serve_socket(sock)
     return 0
