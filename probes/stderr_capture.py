@@ -551,9 +551,13 @@ class StderrCapture:
                *self._opening, *self._spawning}
         self._data_r = self._report_r = self._kick_w = self._saved_fd = self._saved_fd1 = None
         self._opening = self._spawning = ()
-        self._relay = None  # the parent's child: never waited for nor killed from here
         self._poller = None
-        self.active = False  # never gives fd 2 back, writes no marker, waits for no sync
+        # Never gives fd 2 back, writes no marker, waits for no sync, and so
+        # never waits for the relay (the parent's child) nor starts one.
+        # _relay stays: dropped here, its Popen's finaliser would run inside
+        # os.fork() and warn (a ResourceWarning) through sys.stderr, whose
+        # lock another thread of the parent may have held at the fork.
+        self.active = False
         self.reason = "a forked child's copy of the capture: the relay and its reports are the parent's"
         for fd in fds:
             if fd is not None:
