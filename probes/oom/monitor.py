@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from .census import DEFAULT_BUDGET_S, OOM_CENSUS, build_census
 from .exceptions import error_classes, exception_text, find_oom_exception, jax_imported, type_name
@@ -48,6 +49,26 @@ GRACE_S = 1.0
 #: On GPU, how long a census first waits for the allocator's lines to come
 #: through the stderr relay (they are written just before the error).
 SYNC_S = 0.3
+
+# Every monitor made in this process, for the fork handler below.
+_monitors: "weakref.WeakSet[OomMonitor]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a child made by ``os.fork()``: no census is under way.
+
+    One census at a time is marked under the lock (``_running``); the
+    thread that was taking one at the fork is not in the child, so its mark
+    would never be cleared and the child refused every census of its own.
+    The forking thread itself is never inside one (a census does not fork).
+    """
+    for monitor in list(_monitors):
+        monitor._running = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class OomMonitor:
     """Takes censuses when the program runs out of memory.
@@ -88,6 +109,7 @@ class OomMonitor:
         self._patched: list[tuple[type, Any]] = []  # (class, its own __init__ or None)
         self._seq = 0
         self.installed = False
+        _monitors.add(self)
 
     # -- installing ------------------------------------------------------------
     def _install(self) -> None:

@@ -128,6 +128,52 @@ def test_a_child_measures_although_another_thread_held_the_meters_condition(chil
     assert run.stdout.split() == [b"child", b"0"], run.stdout
 
 
+FORK_DURING_A_CENSUS = r"""
+import os, signal, threading
+from jaxtop.probes.oom import monitor as oom
+
+m = oom.install(directory=os.environ["CENSUS_DIR"], note=False, profile=False)
+real_build = oom.build_census
+inside, release = threading.Event(), threading.Event()
+
+
+def slow_build(**kwargs):  # another thread's census, under way at the fork
+    inside.set()
+    release.wait(10)
+    return real_build(**kwargs)
+
+
+oom.build_census = slow_build
+t = threading.Thread(target=lambda: m.census("RESOURCE_EXHAUSTED: out of memory", {"how": "test"}), name="worker")
+t.start()
+assert inside.wait(5)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(5)
+    oom.build_census = real_build
+    census = m.census("RESOURCE_EXHAUSTED: out of memory in the child", {"how": "test"}, force=True)
+    os._exit(0 if census is not None else 5)  # 5: refused, as if a census were still running
+release.set()
+t.join()
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+oom.uninstall()
+"""
+
+
+def test_a_child_takes_its_own_census_although_another_thread_was_taking_one_at_the_fork(child_env, tmp_path):
+    """The OOM monitor takes one census at a time, marked under its lock;
+    the mark of a census another thread had under way stayed in the child,
+    where no thread would ever clear it: every census refused."""
+    script = tmp_path / "fork_in_census.py"
+    script.write_text(FORK_DURING_A_CENSUS)
+    env = dict(child_env, CENSUS_DIR=str(tmp_path))
+    with open(tmp_path / "stderr", "wb") as err:
+        run = subprocess.run([PY, str(script)], env=env, stdout=subprocess.PIPE, stderr=err, timeout=60)
+    assert run.returncode == 0, (tmp_path / "stderr").read_bytes()[-2000:]
+    assert run.stdout.split() == [b"child", b"0"], run.stdout
+
+
 #: Blocking primitives the in-process code may make, where no thread of the
 #: program waits on them in a child: set and waited for by jaxtop's own
 #: threads, or read with ``is_set()``, which takes no lock.
