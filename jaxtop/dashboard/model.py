@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from jaxtop.wire import protocol
-from jaxtop.wire.safe_text import safe_record
+from jaxtop.wire.safe_text import safe_record, terminal_safe
 from jaxtop.dashboard.accelerator import nvml_worth_saying
 from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, holders_part
 from jaxtop.dashboard.batch import UNMAPPED_KINDS, Batch
@@ -167,7 +167,9 @@ class Model(HistoryFeed):
         # A record's own time where it is one (a number any clock can show),
         # else now: the events list sorts and prints every time.
         when = protocol.timestamp(t)
-        self.events.append(Event(when if when is not None else time.time(), pid, kind, text))
+        # Texts made here quote records, errors and paths: shown, never obeyed.
+        self.events.append(Event(when if when is not None else time.time(), pid, terminal_safe(kind),
+                                 terminal_safe(text)))
         self.version += 1
 
     def _odd(self, proc: ProcessModel, what: str, text: str, t: Any = None) -> None:
@@ -179,7 +181,7 @@ class Model(HistoryFeed):
 
     def add_notice(self, text: str) -> None:
         with self._lock:
-            self.notices.append(text)
+            self.notices.append(terminal_safe(text))
             self.version += 1
 
     def set_state(self, pid: int, state: str, why: str | None = None) -> None:
