@@ -38,13 +38,13 @@ import os
 import secrets
 import select
 import signal
-import stat
 import subprocess
 import sys
 import time
 import weakref
 from typing import Any, Callable
 from jaxtop.probes.forksafe import ForkLock
+from jaxtop.probes.stderr_pipe import grow_pipe, nobody_reads, open_terminal_like, same_stream
 
 _RELAY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_relay.py")
 
@@ -75,107 +75,8 @@ def _forget_in_child() -> None:
 
 
 #: The capture pipe's size where Linux lets us set it (its default is 64 KiB).
-#: The relay sleeps up to BATCH_S after a read that held guard lines, so it
-#: wakes less often; the pipe must hold what the program writes meanwhile, or
-#: the program's write to stderr would wait for the relay.
-PIPE_BYTES = 1 << 20
-
-
-def _grow_pipe(fd: int) -> None:
-    try:
-        import fcntl
-
-        setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
-        if setsize is not None:
-            fcntl.fcntl(fd, setsize, PIPE_BYTES)
-    except OSError:
-        pass  # over the system's limit: the default size, and the relay reads sooner
-
-
-def _same_stream(a: int, b: int) -> bool:
-    """True when fds ``a`` and ``b`` write to one stream, so the order of
-    writes between them is visible (``2>&1``, both the terminal, one pipe)."""
-    try:
-        sa, sb = os.fstat(a), os.fstat(b)
-    except OSError:
-        return False
-    if (sa.st_dev, sa.st_ino) != (sb.st_dev, sb.st_ino):
-        return False
-    if stat.S_ISREG(sa.st_mode):
-        # One file opened twice (`>f 2>f`) has two offsets: the program's
-        # writes overwrite each other there, and merging them would change
-        # where bytes land. Only one open file (same offset, same flags) is
-        # one stream.
-        try:
-            import fcntl
-
-            return (os.lseek(a, 0, os.SEEK_CUR) == os.lseek(b, 0, os.SEEK_CUR)
-                    and fcntl.fcntl(a, fcntl.F_GETFL) == fcntl.fcntl(b, fcntl.F_GETFL))
-        except (OSError, ImportError):
-            return False
-    return True
-
-
-def copy_terminal_size(src: int, dst: int) -> None:
-    """Give terminal ``dst`` the size of terminal ``src`` (rows, columns and
-    pixels); nothing when either is not a terminal."""
-    try:
-        import fcntl
-        import termios
-
-        size = fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8)
-        fcntl.ioctl(dst, termios.TIOCSWINSZ, size)
-    except (OSError, ImportError, AttributeError):
-        pass
-
-
-def _open_terminal_like(real: int) -> tuple[int, int] | None:
-    """A pseudo-terminal standing in for terminal ``real``: (master, slave),
-    or None where none can be opened (then a pipe is used)."""
-    try:
-        import termios
-
-        master, slave = os.openpty()
-    except (OSError, ImportError, AttributeError):
-        return None
-    try:
-        attrs = termios.tcgetattr(real)
-        attrs[1] &= ~termios.OPOST  # the real terminal processes output; ours passes bytes as written
-        termios.tcsetattr(slave, termios.TCSANOW, attrs)
-    except (OSError, termios.error):
-        pass  # a pty's defaults: still a terminal to the program
-    try:
-        attrs = termios.tcgetattr(slave)
-        if attrs[1] & termios.OPOST:
-            attrs[1] &= ~termios.OPOST
-            termios.tcsetattr(slave, termios.TCSANOW, attrs)
-    except (OSError, termios.error):
-        for fd in (master, slave):
-            os.close(fd)
-        return None  # bytes would be changed on the way: a pipe instead
-    copy_terminal_size(real, slave)
-    return master, slave
-
-
 #: New relays started after one died, at most, before the capture gives up.
 MAX_RESTARTS = 3
-
-
-def _nobody_reads(fd: int) -> bool:
-    """True when ``fd`` is a pipe or socket whose reading end is closed.
-
-    Writes to it fail (EPIPE): a program run plainly sees that on its first
-    write to stderr, and with its stderr captured it would not.
-    """
-    try:
-        mode = os.fstat(fd).st_mode
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-            return False
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (OSError, AttributeError, ValueError):
-        return False
 
 
 def _how_it_ended(code: int | None) -> str:
@@ -281,21 +182,21 @@ class StderrCapture:
             os.fstat(2)
         except OSError:
             raise CaptureError("fd 2 is closed") from None
-        if _nobody_reads(2):
+        if nobody_reads(2):
             raise CaptureError("stderr is a pipe nobody reads; left as it is, so writes to it fail as without jaxtop")
         saved = os.dup(2)  # non-inheritable
         self._opening = (saved,)  # listed for a fork meanwhile, as in _spawn
-        pty = _open_terminal_like(saved) if os.isatty(saved) else None
+        pty = open_terminal_like(saved) if os.isatty(saved) else None
         if pty is not None:
             data_r, data_w = pty
             self.kind = "pty"
         else:
             data_r, data_w = os.pipe()
             self._opening = (saved, data_r, data_w)
-            _grow_pipe(data_w)
+            grow_pipe(data_w)
             self.kind = "pipe"
         self._opening = (saved, data_r, data_w)
-        merge = _same_stream(1, 2)
+        merge = same_stream(1, 2)
         try:
             self._relay, self._report_r = self._spawn(saved, data_r)
         except CaptureError:

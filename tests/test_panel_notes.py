@@ -8,7 +8,8 @@ import io
 
 from rich.console import Console
 
-from test_render import SEVEN, MiB, render
+from test_render import MiB, render
+from test_render_memory_map import SEVEN
 from jaxtop.widgets.render import MemoryMap
 
 
@@ -61,7 +62,7 @@ def test_rates_leave_the_screen_when_the_process_exits():
 def test_in_use_asterisk_and_map_glyphs_are_explained_at_any_height():
     """`in use*` on CPU comes with what the * means even when the panel has
     no line for the note; the map's glyphs are named beside it and in help."""
-    from jaxtop.dashboard.app import HELP_NOTES
+    from jaxtop.dashboard.modals import HELP_NOTES
     from jaxtop.dashboard.model import Model
     from jaxtop.testing import synthetic
     from jaxtop.widgets.panels import MemoryMapPanel, MemoryPanel
@@ -87,7 +88,7 @@ def test_memory_map_says_why_device_put_buffers_are_unplaced():
     (_, short) = render(MemoryMap(SEVEN, rows=1, count=10, total_hint=15 * MiB, unmapped={"no_address": 3}), 60)
     assert "3 not asked" in short
 
-    from jaxtop.dashboard.app import HELP_NOTES
+    from jaxtop.dashboard.modals import HELP_NOTES
 
     assert "(device_put buffers; every buffer before jaxlib 0.10.1)" in HELP_NOTES.replace("\n", " ")
     assert '"not asked": buffers whose address only a new Array would tell' in HELP_NOTES

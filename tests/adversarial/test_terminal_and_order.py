@@ -102,7 +102,7 @@ def test_separate_files_are_left_separate(tmp_path, child_env):
 
 
 def test_same_stream_is_one_open_file_not_one_path(tmp_path):
-    from jaxtop.probes.stderr_capture import _same_stream
+    from jaxtop.probes.stderr_pipe import same_stream as _same_stream
 
     path = tmp_path / "f"
     a = os.open(path, os.O_WRONLY | os.O_CREAT)
