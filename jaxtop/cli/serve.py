@@ -134,11 +134,9 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
             self.initialize_logging()
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
+            if sys.platform != "win32":  # asyncio has no signal handlers there
+                for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, self.request_exit)
-                except NotImplementedError:
-                    pass
             web.run_app(self._make_app(), sock=sock, handle_signals=False, loop=loop,
                         print=lambda *args: None, access_log=None)
 
