@@ -4,6 +4,7 @@ once the program has returned.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -29,6 +30,7 @@ class RunBudget:
         self.report_path = report_path
         self.meter: Meter | None = None
         self.window: Window | None = None
+        self._pid = os.getpid()  # the process whose run this is (a forked worker's is not)
         self.error: str | None = None
 
     def start(self, agent: Any) -> None:
@@ -57,6 +59,12 @@ class RunBudget:
             then exits with :data:`EXIT_BUDGET`.
         """
         stream = out or sys.stderr
+        if os.getpid() != self._pid:
+            # A worker the program forked, ending through `jaxtop run` as the
+            # parent would: the window and the meter's connection are the
+            # parent's (one socket, shared: closing it here would end the
+            # parent's stream). The run is the parent's to check.
+            return False
         if self.window is None or self.meter is None:
             if program_ok:
                 print(f"jaxtop run: the budget could not be checked: {self.error or 'not started'}", file=stream)
