@@ -393,7 +393,9 @@ class JaxMemoryProbe:
                 detail = detail_of(list(dev.rows.values()))
                 if dev.unmapped:
                     detail["unmapped"] = dict(dev.unmapped)
-                detail["map_t"] = now
+                # The time of the scan whose buffers it shows (it is derived
+                # later, on its own cadence): what a reader's "Ns ago" means.
+                detail["map_t"] = self._live_t if self._live_t is not None else now
                 self._detail[dev_id] = detail
                 self._detail_new.add(dev_id)
                 entries += len(detail["map"]) + len(detail["top"])

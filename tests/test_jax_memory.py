@@ -502,8 +502,9 @@ def test_a_pending_buffer_is_asked_again_until_it_has_an_address(cpu_jax, monkey
 
 
 def test_the_detail_is_carried_once_per_derivation(cpu_jax, monkeypatch):
-    """Samples carry the map only when it was derived anew (map_t says when):
-    a reader keeps the last one it saw."""
+    """Samples carry the map only when it was derived anew: a reader keeps
+    the last one it saw. Its map_t is the scan it shows (1.0), not when it
+    was derived (1.5): a stale map's age on screen is the data's age."""
     d0 = FakeDevice(0, [None], "cpu")
     arrays = [FakeArray(d0, 0x40)]
     probe = _probe_over(monkeypatch, arrays, [d0])
@@ -512,7 +513,7 @@ def test_the_detail_is_carried_once_per_derivation(cpu_jax, monkeypatch):
     probe.refresh_detail(now=1.5)
     assert not probe.detail_stale()
     first = probe.sample(include_map=True)[0]["live_arrays"]
-    assert first["map"] == [[0x40, 16]] and first["map_t"] == 1.5
+    assert first["map"] == [[0x40, 16]] and first["map_t"] == 1.0
     assert "map" not in probe.sample(include_map=True)[0]["live_arrays"]
     probe.scan_live_arrays(now=2.0, detail=False)  # nothing changed
     assert not probe.detail_stale()
