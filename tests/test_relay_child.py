@@ -86,7 +86,7 @@ def test_relay_process_is_byte_exact_on_a_megabyte_of_random_bytes(tmp_path):
 def test_relay_batches_longer_only_when_the_pipe_holds_a_mebibyte():
     import fcntl
 
-    from jaxtop.probes.stderr_capture import PIPE_BYTES, _grow_pipe
+    from jaxtop.probes.stderr_pipe import PIPE_BYTES, grow_pipe as _grow_pipe
 
     r, w = os.pipe()
     try:
