@@ -15,7 +15,6 @@ measures each strategy's variants back to back and returns the table.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any, Callable
@@ -41,7 +40,7 @@ class DemoRunner:
         small: the smallest sizes (CI).
         steps: measured steps per variant.
         profile_dir: where memory profiles go; default ``$JAXTOP_PROFILE_DIR``,
-            else the current directory.
+            else jaxtop's private state directory (as the agent's own).
     """
 
     def __init__(self, agent: Any, small: bool = False, steps: int = MEASURE_STEPS,
@@ -176,7 +175,17 @@ class DemoRunner:
         """
         from jaxtop.probes.memory_profile import take_profile
 
-        directory = self.profile_dir or os.environ.get("JAXTOP_PROFILE_DIR") or os.getcwd()
+        directory = self.profile_dir
+        if directory is None:
+            # Where the agent's own profiles go: $JAXTOP_PROFILE_DIR, else
+            # jaxtop's private state directory, never the working directory.
+            from jaxtop.agent.clients import CommandError
+            from jaxtop.agent.commands import profile_directory
+
+            try:
+                directory = profile_directory(None)
+            except CommandError as exc:  # the directory is not acceptable: said why
+                return {"profile_error": str(exc)}
         result = take_profile(directory)
         if "error" in result:
             return {"profile_error": result["error"]}
