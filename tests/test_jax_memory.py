@@ -502,9 +502,8 @@ def test_a_pending_buffer_is_asked_again_until_it_has_an_address(cpu_jax, monkey
 
 
 def test_the_detail_is_carried_once_per_derivation(cpu_jax, monkeypatch):
-    """Samples carry the map only when it was derived anew: a reader keeps
-    the last one it saw. Its map_t is the scan it shows (1.0), not when it
-    was derived (1.5): a stale map's age on screen is the data's age."""
+    """Samples carry the map only when it was derived anew (a reader keeps the
+    last one); its map_t is the scan it shows (1.0), not its derivation (1.5)."""
     d0 = FakeDevice(0, [None], "cpu")
     arrays = [FakeArray(d0, 0x40)]
     probe = _probe_over(monkeypatch, arrays, [d0])
