@@ -13,11 +13,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 
+from loopback_http import LoopbackServer
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import prometheus as source_mod
 from jaxtop.dashboard.sources.prometheus import PrometheusSource
@@ -26,29 +26,20 @@ T = 1_800_000_000.0
 JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
 
 
-class Server:
+class Server(LoopbackServer):
     """A loopback HTTP server that answers every request with ``answer(conn)``
     (the request read whole first); closed by :meth:`close`."""
 
     def __init__(self, answer) -> None:
         self.answer = answer
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.stop = threading.Event()
-        self.requests = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        self.listener.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.requests += 1
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+    @property
+    def requests(self) -> int:
+        return self.connections
+
+    def handle(self, conn: socket.socket) -> None:
+        self._one(conn)
 
     def _one(self, conn: socket.socket) -> None:
         with conn:
@@ -63,10 +54,6 @@ class Server:
                 self.answer(conn, self.stop)
             except OSError:
                 pass  # the client gave up: as it should
-
-    def close(self) -> None:
-        self.stop.set()
-        self.listener.close()
 
 
 def deep(conn, stop) -> None:

@@ -10,18 +10,18 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
+from loopback_http import LoopbackServer
 from jaxtop.testing import synthetic
 from jaxtop.wire import prometheus
 
 pytest.importorskip("prometheus_client")
 
 
-class Gateway:
+class Gateway(LoopbackServer):
     """A loopback stand-in for a Pushgateway: reads each request whole, then
     answers it as ``mode`` says: ``ok`` (204), ``drip`` (a 200 a byte every
     0.25 s, for 8 s at most) or ``hang`` (never, for 8 s at most)."""
@@ -29,22 +29,10 @@ class Gateway:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.requests: list[bytes] = []
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        self.listener.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+    def handle(self, conn: socket.socket) -> None:
+        self._answer(conn)
 
     def _answer(self, conn: socket.socket) -> None:
         with conn:
