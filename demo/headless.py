@@ -41,6 +41,8 @@ def _cells(r: dict[str, Any], missing: str = "-") -> tuple[str, ...]:
     unit = r.get("unit", "")
     if r.get("ok") is None and r.get("within_spread"):
         ok = within_text(r.get("spread"), unit, precise=True)
+    elif r.get("ok") is None and r.get("nothing_to_lower"):
+        ok = "no change needed"
     else:
         ok = {True: "yes", False: "NO", None: "(informational)"}[r.get("ok")]
     metric = r["metric"] if variants == ["off", "on"] or None in variants else f"{r['metric']} ({variants[0]} → {variants[1]})"

@@ -16,7 +16,8 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from jaxtop.dashboard.model import Snapshot
-from jaxtop.demo.metrics import NO, WITHIN, YES, fmt_metric, fmt_spread, outcome, spread_of, why_not, within_text
+from jaxtop.demo.metrics import (NO, NOTHING, WITHIN, YES, fmt_metric, fmt_spread, nothing_text, outcome, spread_of,
+                                 why_not, within_text)
 from jaxtop.widgets.panels import Panel, panel_title
 from jaxtop.widgets.render import fmt_bytes
 
@@ -25,8 +26,8 @@ WIDE = 110
 
 
 def judge(expect: str, before: Any, after: Any, spread: float | None = None) -> tuple[str, str]:
-    """(mark, style) for a measured change: ✓, ✗, or ≈ for a change no
-    larger than the metric's spread."""
+    """(mark, style) for a measured change: ✓, ✗, ≈ for a change no
+    larger than the metric's spread, or 0 where there was nothing to lower."""
     if before is None or after is None:
         return "", "dim"
     result = outcome(expect, before, after, spread)
@@ -36,6 +37,8 @@ def judge(expect: str, before: Any, after: Any, spread: float | None = None) -> 
         return "✗", "red"
     if result == WITHIN:
         return "≈", "yellow"
+    if result == NOTHING:
+        return "0", "yellow"
     return "", "dim"
 
 
@@ -115,7 +118,7 @@ class StrategiesPanel(Panel):
             text.append(f"{fmt_metric(before, m['unit'])} → {fmt_metric(after, m['unit'])}", style="bold")
             mark, style = judge(m.get("expect", ""), before, after, metric_spread(m, results.get(a), results.get(b)))
             if mark:
-                text.append(f" {mark}", style=style)
+                text.append(" nothing to lower" if mark == "0" else f" {mark}", style=style)
             if not all_metrics:
                 break
         if not text:
@@ -189,6 +192,9 @@ class StrategiesPanel(Panel):
                     line.no_wrap = False
                 elif mark == "≈":
                     line.append(f" ≈ {within_text(spread, m['unit'])}", style=style)
+                    line.no_wrap = False
+                elif mark == "0":
+                    line.append(f" {nothing_text(before, spread, m['unit'])}", style=style)
                     line.no_wrap = False
                 elif mark:
                     line.append(f" {mark}", style=style)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import jax
 
-from jaxtop.demo.metrics import NO, WITHIN, YES, fmt_metric, outcome, spread_of, why_not
+from jaxtop.demo.metrics import NO, NOTHING, WITHIN, YES, fmt_metric, nothing_text, outcome, spread_of, why_not
 from jaxtop.demo.profile_site import demo_site
 from jaxtop.demo.strategies import Metric, Profiling, Scale, Strategy, build
 from jaxtop.probes.jax_memory import fragmentation, normalize_stats
@@ -478,10 +478,13 @@ def _row(name: str, strategy: Strategy, metric: Metric, measured: dict[str, dict
     result = outcome(metric.expect, off, on, row["spread"])
     row["ok"] = {YES: True, NO: False}.get(result)
     row["within_spread"] = result == WITHIN
+    row["nothing_to_lower"] = result == NOTHING
     source = measured.get(b, {}).get(f"{metric.key}_source") or measured.get(a, {}).get(f"{metric.key}_source")
     notes = [f"source: {source}"] if source else []
     if result == NO:
         notes.insert(0, why_not(metric.expect, metric.caveat))
+    elif result == NOTHING:
+        notes.insert(0, nothing_text(off, row["spread"], metric.unit, precise=True))
     if notes:
         row["note"] = "; ".join(notes)
     return row

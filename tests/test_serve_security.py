@@ -441,18 +441,24 @@ def test_a_recording_cannot_send_a_file_to_the_browser(tmp_path, child_env):
                         for kind in ("keyDown", "keyUp"):  # escape: back from the profile screen
                             await tools.call("Input.dispatchKeyEvent", type=kind, key="Escape", code="Escape",
                                              windowsVirtualKeyCode=27)
-                        await asyncio.sleep(1.0)
-                        await tools.key("w")  # what the dashboard writes itself still goes
-                        deadline = time.monotonic() + 60
-                        while time.monotonic() < deadline and not list(downloads.glob("*.jsonl")):
-                            await asyncio.sleep(0.3)
+                        await settle(tools, 8.0)
+                        # What the dashboard writes itself still goes. On a loaded
+                        # machine a key can land before the screen takes keys again:
+                        # asked once more (each ``w`` writes a whole session).
+                        for _ in range(2):
+                            await tools.key("w")
+                            deadline = time.monotonic() + 30
+                            while time.monotonic() < deadline and not list(downloads.glob("*.jsonl")):
+                                await asyncio.sleep(0.3)
+                            if list(downloads.glob("*.jsonl")):
+                                break
                         await asyncio.sleep(2.0)
                         return unasked
 
             unasked = asyncio.run(drive())
     assert unasked == [], "a file named by the recording was sent to the browser"
     names = sorted(p.name for p in downloads.iterdir())
-    assert len(names) == 1 and names[0].endswith(".jsonl"), names
+    assert names and all(name.endswith(".jsonl") for name in names), names
     for path in downloads.iterdir():
         assert SECRET not in path.read_text(errors="replace")
 

@@ -8,6 +8,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from jaxtop.dashboard.views import DeviceView, ProcessView, Snapshot
+from jaxtop.wire.protocol import TPU_FREE_BLOCK_NOTE
 from jaxtop.widgets.panel_base import STALE_DETAIL_S, Panel, fitting, panel_title
 from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, fmt_bytes, fmt_duration
 
@@ -64,8 +65,16 @@ class MemoryPanel(Panel):
         if stale and room > 0:
             body.append(Text(extra.pop(0), style="yellow"))
             room -= 1
-        if unheld is not None and queued_matters(unheld[0], dev.bytes_in_use) and room > 0:
-            body.append(Text(fitting(queued_notes(dev, proc), width), style="yellow", no_wrap=True, overflow="ellipsis"))
+        if unheld is not None and queued_matters(unheld[0], dev.unheld_base) and room > 0:
+            # Live arrays and what no array holds are of the scan, in use of
+            # the latest sample: where they differ it is said first, on a
+            # line of its own where there is room for both.
+            apart = dev.scan_in_use_differs and room >= 2
+            if apart:
+                body.append(Text(fitting(scan_notes(dev), width), style="yellow", no_wrap=True, overflow="ellipsis"))
+                room -= 1
+            body.append(Text(fitting(queued_notes(dev, proc, scan=not apart), width), style="yellow", no_wrap=True,
+                             overflow="ellipsis"))
             room -= 1
         if extra and room > 0:
             body.append(Text(" · ".join(extra), style="dim"))
@@ -78,7 +87,16 @@ def queued_matters(unheld_bytes: int, in_use: int | None) -> bool:
     return unheld_bytes >= 64 << 20 and (in_use is None or unheld_bytes >= 0.1 * in_use)
 
 
-def queued_notes(dev: DeviceView, proc: ProcessView | None) -> list[str]:
+def scan_notes(dev: DeviceView) -> list[str]:
+    """The moment of the live-array rows where in use has moved since
+    (:attr:`DeviceView.scan_in_use_differs`), longest first."""
+    at_scan = fmt_bytes(dev.in_use_at_scan_bytes)
+    ago = f" {fmt_duration(dev.live_age_s)} ago" if dev.live_age_s is not None and dev.live_age_s >= 1 else ""
+    return [f"live arrays and not in arrays: of the scan{ago}, when {at_scan} was in use",
+            f"arrays rows: of the scan{ago}, {at_scan} in use", f"scan{ago}: {at_scan} in use", f"scan: {at_scan} in use"]
+
+
+def queued_notes(dev: DeviceView, proc: ProcessView | None, scan: bool = True) -> list[str]:
     """What is known of the memory that belongs to no live array, longest
     first (for :func:`fitting`): work dispatched ahead of the device (jax
     returns before a step runs), the arrays still being computed, and what
@@ -90,6 +108,14 @@ def queued_notes(dev: DeviceView, proc: ProcessView | None) -> list[str]:
     queue = accel.hlo_queue_size if accel is not None else None  # the TPU runtime's own count, where it answers
     per_call = fmt_bytes(call.call_held_bytes) if call is not None else None
     long, mid = ["work queued ahead (async dispatch)"], ["queued work (async dispatch)"]
+    first: list[str] = []
+    if scan and dev.scan_in_use_differs:
+        # No line of its own for the scan's moment: said first, or the rows
+        # seem not to add up.
+        notes = scan_notes(dev)
+        long.insert(0, notes[0])
+        mid.insert(0, notes[2])
+        first = [notes[3]]
     if computing:
         long.append(f"{computing} arrays still computing")
         mid.append(f"{computing} computing")
@@ -102,9 +128,11 @@ def queued_notes(dev: DeviceView, proc: ProcessView | None) -> list[str]:
     if not dev.unheld_exact and dev.live_age_s:
         # An older agent's recording: in use now against a scan a moment older.
         long.append(f"≈: live arrays scanned {fmt_duration(dev.live_age_s)} before")
-    short = (["queued work"] + ([f"queue {queue}"] if queue is not None else [])
+    short = (first + ["queued work"] + ([f"queue {queue}"] if queue is not None else [])
              + ([f"{call.name} {per_call}/call"] if call is not None else []))
-    return [" · ".join(long), " · ".join(mid), " · ".join(short), "queued work (async dispatch)", "queued work"]
+    shortest = [" · ".join(first + ["queued work"])] if first else []
+    return [" · ".join(long), " · ".join(mid), " · ".join(short), *shortest, "queued work (async dispatch)",
+            "queued work"]
 
 
 class FragmentationPanel(Panel):
@@ -124,10 +152,14 @@ class FragmentationPanel(Panel):
             reason = Text(f"n/a — {dev.fragmentation_reason}" if dev.fragmentation_reason else "n/a", style="dim")
             free = dev.largest_free_block_bytes
             if free is not None and dev.bytes_limit is not None and dev.bytes_in_use is not None:
-                # No figure of its own (TPU), but what the runtime reports.
-                facts = [f"largest free block {fmt_bytes(free)} of {fmt_bytes(dev.bytes_limit - dev.bytes_in_use)} free",
-                         f"largest free {fmt_bytes(free)} of {fmt_bytes(dev.bytes_limit - dev.bytes_in_use)}",
-                         f"largest free {fmt_bytes(free)}"]
+                # No figure of its own (TPU), but what the runtime reports,
+                # marked where it is known to be no bound on a request.
+                total = fmt_bytes(dev.bytes_limit - dev.bytes_in_use)
+                note = f" ({TPU_FREE_BLOCK_NOTE})" if dev.platform == "tpu" else ""
+                block = fmt_bytes(free)
+                facts = [f"{total} free · runtime's largest free block {block}{note}",
+                         f"{total} free · largest block {block}{note}",
+                         f"largest block {block}{note}", f"block {block}{note}", f"block {block}"]
                 return Group(panel_title(self.TITLE), Text(fitting(facts, width), no_wrap=True, overflow="ellipsis"),
                              reason)
             if dev.live_holes is None:

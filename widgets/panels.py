@@ -19,6 +19,7 @@ from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.model import DEVICE_SERIES, DISCONNECTED, EXITED, PROCESS_SERIES, DeviceView, ProcessView, Snapshot
 from jaxtop.dashboard.readings import TransferView
 from jaxtop.dashboard.views import D2D, D2H, DIRECTIONS, H2D
+from jaxtop.wire.protocol import TPU_FREE_BLOCK_NOTE
 from jaxtop.widgets.accelerator_lines import host_accelerator_line, host_title, pcie_shown
 from jaxtop.widgets.memory_panels import FragmentationPanel, MemoryMapPanel, MemoryPanel, queued_matters, queued_notes
 from jaxtop.widgets.panel_base import (
@@ -164,8 +165,9 @@ def memory_strip(dev: DeviceView) -> Strip:
     )
     notes = []
     unheld = dev.unheld
-    if unheld is not None and queued_matters(unheld[0], dev.bytes_in_use):
-        notes.append(f"{'≈' if not unheld[1] else ''}{fmt_bytes(unheld[0])} not in arrays")
+    if unheld is not None and queued_matters(unheld[0], dev.unheld_base):
+        at_scan = " at the scan" if dev.scan_in_use_differs else ""
+        notes.append(f"{'≈' if not unheld[1] else ''}{fmt_bytes(unheld[0])} not in arrays{at_scan}")
     if dev.allocs_per_s is not None:
         notes.append(fmt_rate(dev.allocs_per_s, "allocs"))
     return Strip("memory", series, unit="bytes", weight=4, note="  ".join(notes), min_rows=3)
@@ -180,7 +182,8 @@ def fragmentation_strips(dev: DeviceView) -> list[Strip]:
     either, one n/a line with the allocator's reason stands for both.
     """
     frag = _series(dev.timeline, DEVICE_SERIES, "fragmentation", "fragmentation", "yellow", "fill")
-    free = _series(dev.timeline, DEVICE_SERIES, "largest_free_block_bytes", "largest free block", "green", "fill")
+    free_label = f"largest free block ({TPU_FREE_BLOCK_NOTE})" if dev.platform == "tpu" else "largest free block"
+    free = _series(dev.timeline, DEVICE_SERIES, "largest_free_block_bytes", free_label, "green", "fill")
     reason = dev.fragmentation_reason or "the allocator reports no fragmentation"
     if frag is None and free is None:
         holes = _series(dev.timeline, DEVICE_SERIES, "live_holes", "holes among live buffers", "yellow", "fill")

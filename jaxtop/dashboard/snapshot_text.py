@@ -71,6 +71,8 @@ def _device_lines(dev: DeviceView, proc: ProcessView) -> list[str]:
     if dev.unheld_bytes is not None:
         text = f"           not in arrays {'≈' if not dev.unheld_exact else ''}{fmt_bytes(dev.unheld_bytes)}"
         text += " (in use that no live array holds: on an accelerator, work queued ahead by async dispatch)"
+        if dev.scan_in_use_differs:
+            text += f"; of {fmt_bytes(dev.in_use_at_scan_bytes)} in use at the scan"
         if dev.not_ready_count:
             text += f"; {dev.not_ready_count} arrays still computing ({fmt_bytes(dev.not_ready_bytes)})"
         queue = proc.accelerator.hlo_queue_size if proc.accelerator is not None else None

@@ -40,6 +40,10 @@ case $args in
   *benchmarks/largest_free_block.py*) echo '{"bound": true}' ;;
   *targets/fill.py*) touch "$JAXTOP_OOM_DIR/jaxtop-oom-1-20261206.json"; echo "RESOURCE_EXHAUSTED" >&2; exit 1 ;;
   "-P -m jaxtop run --log "*) echo "done 2000" ;;
+  "-P -m jaxtop run "*targets/train.py*) echo "done 2200" ;;
+  "-P -m jaxtop snapshot --timeout 1 "*) exit 0 ;;
+  "-P -m jaxtop snapshot "*) echo "pid 1 snapshot text" ;;
+  *tools/tpu/screen.py*) echo "----- ${args#*screen.py } -----" ;;
   *) echo "fake python: unexpected call: $args" >&2; exit 99 ;;
 esac
 """
@@ -94,11 +98,16 @@ def test_chip_mode_runs_every_step_in_order_and_reports_each(fake_chip, tmp_path
     assert res.returncode == 1, res.stdout + res.stderr
     summary = (results / "summary.txt").read_text().splitlines()
     rows = [line.split() for line in summary if line.split()[1] == "exit"]
-    assert [r[0] for r in rows] == ["cost", "tests", "demo", "freeblock", "record", "record-oom"]
+    assert [r[0] for r in rows] == ["cost", "tests", "demo", "freeblock", "record", "record-oom", "screens"]
     status = {r[0]: r[2] for r in rows}
-    assert status == {"cost": "0", "tests": "0", "demo": "1", "freeblock": "0", "record": "0", "record-oom": "1"}
+    assert status == {"cost": "0", "tests": "0", "demo": "1", "freeblock": "0", "record": "0", "record-oom": "1",
+                      "screens": "0"}
     assert (results / "freeblock.json").read_text().strip() == '{"bound": true}'
-    assert "record-oom: the census is in recordings/" in summary[-1]  # the OOM is the program's point
+    assert any("record-oom: the census is in recordings/" in line for line in summary)  # the OOM is the program's point
+    # The dashboards at both sizes and the snapshot's text, from processes on CPU beside the chip's owner.
+    screens = (results / "screens.txt").read_text()
+    assert "pid 1 snapshot text" in screens
+    assert "----- 120 40 " in screens and "----- 80 24 " in screens
     assert res.stdout.rstrip().endswith("failed: demo")
     assert (results / "cost.json").read_text().strip() == '{"rows": []}'
     assert (results / "demo.md").read_text().strip() == "| table |"
@@ -119,6 +128,11 @@ def test_chip_mode_runs_every_step_in_order_and_reports_each(fake_chip, tmp_path
     assert f"-m pytest {REPO}/tests/tpu --rootdir {REPO}" in by_kind["tests"][4]
     assert all(by_kind[k][2] == "tpu" for k in ("cost", "demo", "record", "oom"))  # no fallback to CPU
     assert "--sizes 10000,50000" in by_kind["cost"][4] and f"--json-out {results}/cost.json" in by_kind["cost"][4]
+    # The screens: the loop on the chip, the dashboards on CPU (one process at a time may open the chip).
+    loop = [c for c in steps if "targets/train.py" in c[4] and "--log" not in c[4]]
+    dashboards = [c for c in steps if "tools/tpu/screen.py" in c[4]]
+    assert [c[2] for c in loop] == ["tpu"] and sorted(c[2] for c in dashboards) == ["cpu", "cpu"]
+    assert all(c[4].endswith(f"-m jaxtop attach {c[4].split()[-1]}") for c in dashboards)
 
 
 def test_dry_run_says_what_it_would_do_and_does_nothing(fake_chip, tmp_path):

@@ -21,6 +21,8 @@
 #                 free block a bound on one request (freeblock.json); it decides
 #                 whether jaxtop may show fragmentation on TPU
 #         record  fresh recordings for tests/fixtures/tpu/ (recordings/)
+#         screens the dashboard at 120x40 and 80x24 and `jaxtop snapshot`,
+#                 attached to the training loop (screens.txt)
 #       summary.txt lists each step's exit status and time; the script exits
 #       non-zero when any step failed.
 #
@@ -38,7 +40,7 @@ DEPS=(textual rich markdown-it-py mdurl mdit-py-plugins linkify-it-py uc-micro-p
       psutil nvidia-ml-py orjson msgspec typing-extensions pyte wcwidth
       pytest pluggy iniconfig packaging pytest-timeout pytest-asyncio)
 CHIP_PYTHON_VERSION=3.11
-ALL_STEPS=cost,tests,demo,freeblock,record
+ALL_STEPS=cost,tests,demo,freeblock,record,screens
 
 # Seconds each step may take before it is stopped (its partial output kept).
 : "${COST_TIMEOUT:=2400}"
@@ -103,6 +105,32 @@ download() {
 
 DRY_RUN=0
 FAILED=()
+
+# screens PY: the dashboard as a user reads it on the chip. The training loop
+# runs on the TPU under `jaxtop run`; once its agent answers, dashboards
+# attach from other processes (on CPU: only one process may open the chip) in
+# pseudo-terminals of 120x40 and 80x24 (tools/tpu/screen.py), and
+# `jaxtop snapshot` prints its text. The screens go to stdout.
+screens() {
+  local py=$1 pid i
+  JAX_PLATFORMS=tpu "$py" -P -m jaxtop run "$REPO/tests/tpu/targets/train.py" --seconds 45 --width 4096 --layers 8 \
+    --batch 512 >"$RESULTS/screens-train.txt" 2>&1 &
+  pid=$!
+  for i in $(seq 60); do
+    JAX_PLATFORMS=cpu "$py" -P -m jaxtop snapshot --timeout 1 "$pid" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  sleep 8  # past the first steps: run-ahead builds up
+  JAX_PLATFORMS=cpu "$py" -P "$REPO/tools/tpu/screen.py" 120 40 10 k:J 3 k:esc k:H 4 -- \
+    "$py" -P -m jaxtop attach "$pid" >"$RESULTS/screens-120x40.txt" 2>&1 &
+  JAX_PLATFORMS=cpu "$py" -P "$REPO/tools/tpu/screen.py" 80 24 10 -- \
+    "$py" -P -m jaxtop attach "$pid" >"$RESULTS/screens-80x24.txt" 2>&1 &
+  sleep 6
+  echo "=== jaxtop snapshot $pid (text)"
+  JAX_PLATFORMS=cpu "$py" -P -m jaxtop snapshot "$pid" || echo "snapshot: exit $?"
+  wait
+  for f in "$RESULTS"/screens-*.txt; do echo "=== $f"; cat "$f"; done
+}
 
 # run_step NAME TIMEOUT OUTFILE COMMAND...: one step, its stdout and stderr
 # into OUTFILE (stderr apart when ERRFILE is set), its status in the summary.
@@ -224,7 +252,7 @@ chip() {
     fi
   fi
   if wants freeblock; then
-    run_step freeblock "$DEMO_TIMEOUT" "$RESULTS/freeblock.json" \
+    ERRFILE=$RESULTS/freeblock.err run_step freeblock "$DEMO_TIMEOUT" "$RESULTS/freeblock.json" \
       env JAX_PLATFORMS=tpu "$py" -P "$REPO/benchmarks/largest_free_block.py"
   fi
   if wants record; then
@@ -242,6 +270,9 @@ chip() {
       echo "record-oom: the census is in recordings/ (the program's exit 1 is its OOM)" | tee -a "$RESULTS/summary.txt"
     fi
   fi
+  if wants screens; then
+    run_step screens "$RECORD_TIMEOUT" "$RESULTS/screens.txt" bash "$REPO/tools/tpu/run.sh" screens-step "$py" "$RESULTS"
+  fi
   if [ "$DRY_RUN" = 1 ]; then
     return 0
   fi
@@ -256,6 +287,7 @@ chip() {
 case ${1:-} in
   wheels) [ $# -eq 2 ] || die "usage: tools/tpu/run.sh wheels DIR"; build_wheels "$2" ;;
   chip) shift; chip "$@" ;;
+  screens-step) [ $# -eq 3 ] || die "usage (run by chip): tools/tpu/run.sh screens-step PY RESULTS"; RESULTS=$3; screens "$2" ;;
   -h|--help|help) usage ;;
   *) usage >&2; exit 2 ;;
 esac
