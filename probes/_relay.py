@@ -74,6 +74,19 @@ LOG_LINE_RE = re.compile(
 #: jaxlib). Reported as "U <line>" so the agent says n/a instead of 0.
 UNKNOWN_GUARD_RE = re.compile(rb"[^\n]*\] " + _DIRECTIONS + rb"[^\n]*")
 UNKNOWN_REPORTS_MAX = 5
+#: When and on which thread each guard line was written, read from its header
+#: (abseil: time and thread id; TSL: time, and a thread id where it has one).
+#: Groups: abseil's time and thread, or TSL's time and thread; then the
+#: direction's two words' first letters.
+STAMP_RE = re.compile(
+    rb"(?:[IWEF]\d{4} (\d\d:\d\d:\d\d\.\d+)" + _SP + rb"+(\d+)" + _SP + rb"+" + _FILE_LINE
+    + rb"|\d{4}-\d\d-\d\d (\d\d:\d\d:\d\d\.\d+): [IWEF](?:" + _SP + rb"+(\d+))?" + _SP + rb"+" + _FILE_LINE + rb")"
+    rb"(h|d)\w*-to-(h|d)\w* transfer:"
+)
+#: Direction codes in a stamp report: the first letters of its two words.
+_STAMP_DIRECTION = {(b"h", b"d"): b"h2d", (b"d", b"h"): b"d2h", (b"d", b"d"): b"d2d"}
+#: Stamps kept per read at most (a flood is still counted by ``G``).
+STAMPS_PER_READ_MAX = 20000
 # Every guard line holds this; bytes without it hold none (a memchr-fast test).
 _GUARD_MARK = b" transfer:"
 # Every log header ends with it.
@@ -204,6 +217,7 @@ class Relay:
         self.oom = OomLineScanner()
         self.unknown_reports = 0
         self.counts = {}  # guard message -> lines since the last report
+        self.stamps = []  # b"dir,thread,time" of each guard line since the last report
         # Bytes not judged yet: the end of the last read when it may be the
         # start of a log line or of a marker.
         self.buf = b""
@@ -254,6 +268,21 @@ class Relay:
         if len(self.report_backlog) < REPORT_BACKLOG_MAX:
             self.report_backlog += data
 
+    def stamp(self, data):
+        """Note when and on which thread each guard line in ``data`` was
+        written, for the agent to tell which call of the program made it
+        (reported as ``T dir,thread,HH:MM:SS.ffffff ...``; thread 0 where
+        the header has none)."""
+        stamps = self.stamps
+        for match in STAMP_RE.finditer(data):
+            if len(stamps) >= STAMPS_PER_READ_MAX:
+                return
+            when = match.group(1) or match.group(3)
+            thread = match.group(2) or match.group(4) or b"0"
+            direction = _STAMP_DIRECTION.get((match.group(5), match.group(6)))
+            if direction is not None:
+                stamps.append(direction + b"," + thread + b"," + when)
+
     def count(self, messages):
         """Count guard lines by message until the next report."""
         if messages:
@@ -268,10 +297,13 @@ class Relay:
         few messages over and over, so one read of the pipe turns hundreds
         of lines into a handful of reports."""
         counts, self.counts = self.counts, {}
+        stamps, self.stamps = self.stamps, []
         if not counts or self.report_fd is None:
             return
         if len(self.report_backlog) < REPORT_BACKLOG_MAX:
             self.report_backlog += b"".join(b"G %d %s\n" % (n, message) for message, n in counts.items())
+            if stamps:
+                self.report_backlog += b"T " + b" ".join(stamps) + b"\n"
 
     def flush_reports(self):
         while self.report_backlog and self.report_fd is not None:
@@ -338,6 +370,8 @@ class Relay:
         when what is left still holds a guard message: a guard line that
         came in after a partial line of the program's.
         """
+        if _GUARD_MARK in data:
+            self.stamp(data)
         if self.keep_all:
             if _GUARD_MARK not in data:
                 self.forward(data)

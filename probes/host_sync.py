@@ -219,6 +219,9 @@ class HostSyncProbe:
         self._backend_checked = False
         self.reason: str | None = None  # why the probe is not counting
         self.started = False
+        #: Told of each counted read, on the reading thread, after it:
+        #: ``(site, kind, time)`` (the transfer-sites probe).
+        self.on_read: Callable[[SiteKey, str, float], None] | None = None
         _probes.add(self)
 
     # -- the probe interface (jaxtop.probes.base): sample field ``host_syncs`` --
@@ -439,6 +442,10 @@ class HostSyncProbe:
                 self._kinds[kind] = self._kinds.get(kind, 0) + 1
                 self.total += 1
                 self._version += 1
+            listener = self.on_read
+            if listener is not None:
+                # After the read: its device-to-host guard line is written.
+                listener(site, kind, now)
         except Exception:
             pass  # counting must never disturb the read
 

@@ -116,8 +116,12 @@ class StderrCapture:
         on_guard_lines: Callable[[str, int], None],
         on_notice: Callable[[str], None] | None = None,
         on_oom_line: Callable[[str], None] | None = None,
+        on_guard_stamps: Callable[[bytes], None] | None = None,
     ) -> None:
         self._on_guard_lines = on_guard_lines
+        # When and on which thread each guard line was written: the relay's
+        # ``T dir,thread,HH:MM:SS.ffffff ...`` reports, passed on raw.
+        self._on_guard_stamps = on_guard_stamps
         self._on_notice = on_notice
         self._on_oom_line = on_oom_line  # an allocator's out-of-memory line (O <line>)
         #: The first guard-like line the relay could not parse (None: none seen).
@@ -333,6 +337,9 @@ class StderrCapture:
                 except ValueError:
                     continue
                 self._on_guard_lines(message.decode("utf-8", "replace"), count)
+            elif line.startswith(b"T "):  # T <stamp> ...: when and where the lines above were written
+                if self._on_guard_stamps is not None:
+                    self._on_guard_stamps(line[2:])
             elif line.startswith(b"U "):  # U <line>: guard-like text in a form not recognised
                 if self.unrecognised is None:
                     self.unrecognised = line[2:].decode("utf-8", "replace")

@@ -54,6 +54,7 @@ from jaxtop.probes.oom import OomProbe
 from jaxtop.probes.process import ProcessProbe
 from jaxtop.probes.tpu_monitoring import TpuMonitoringProbe
 from jaxtop.probes.transfer_guard import TransferCounter
+from jaxtop.probes.transfer_sites import TransferSitesProbe
 from jaxtop.wire import paths
 from jaxtop.wire.prometheus import DEFAULT_ADDR as DEFAULT_PROMETHEUS_ADDR, job_name
 
@@ -187,6 +188,13 @@ class Agent(AgentLoop):
         # (`host_syncs`), named pytrees (`labels`).
         self.holders = HoldersProbe().install(self)
         self.host_sync = HostSyncProbe().install(self)
+        # Which line made each implicit transfer (`transfer_sites`): the
+        # guard lines' stamps from the capture, matched with the calls and
+        # host reads the program's threads note.
+        self.transfer_sites = TransferSitesProbe(enabled=capture_stderr)
+        self.capture_probe.on_stamps = self.transfer_sites.take_stamps
+        self.host_sync.on_read = self.transfer_sites.on_read
+        self.add_probe(self.transfer_sites)
         labels.install(self)
 
     # -- lifecycle (called on a user thread: must not raise) -----------------

@@ -58,11 +58,15 @@ class CaptureProbe:
         self.guard: GuardController | None = None
         self.reason: str | None = None if enabled else "stderr capture disabled"
         self._cache: dict[str, Any] | None = None
+        #: Who takes the guard lines' stamps (when and on which thread each
+        #: was written): the transfer-sites probe, or nobody.
+        self.on_stamps: Callable[[bytes], None] | None = None
 
     def start(self) -> None:
         if not self.enabled or self.capture is not None:
             return
-        capture = StderrCapture(self._on_guard_lines, on_notice=self._on_notice, on_oom_line=self._on_oom_line)
+        capture = StderrCapture(self._on_guard_lines, on_notice=self._on_notice, on_oom_line=self._on_oom_line,
+                                on_guard_stamps=self._on_guard_stamps)
         try:
             capture.start()
         except CaptureError as exc:
@@ -113,6 +117,10 @@ class CaptureProbe:
         parsed = self._parse(message)
         if parsed is not None:
             self.transfers.add(parsed, n)
+
+    def _on_guard_stamps(self, stamps: bytes) -> None:
+        if self.on_stamps is not None:
+            self.on_stamps(stamps)
 
     def _on_notice(self, text: str) -> None:
         """The relay lost its way (killed, or the terminal went away). Once it

@@ -1,0 +1,618 @@
+"""Which line of the program makes each implicit transfer (sample field ``transfer_sites``).
+
+JAX's transfer guard logs one line per implicit transfer, and a jitted call
+served by jaxlib's C++ fast path logs ``host-to-device transfer:`` with
+nothing else: no function, no argument, no line. Nothing in Python runs
+around the transfer itself. What does run, on the thread that made the call:
+
+* jax's *post hook* (``jax._src.api._post_hook_state``, the hook
+  ``jax_debug_nans`` uses): jaxlib calls it after every fast-path call of a
+  jitted function or an eager op, with the function and its arguments;
+* the *slow path*: a call that goes through Python (the first call of each
+  signature, a function whose fast path is off) shards each argument with
+  ``pxla.shard_arg_handlers[type(arg)]``, a dict looked up on every call;
+* a *host read* (``float(x)``, ``np.asarray(x)``): the host-sync probe's hook.
+
+Each of those notes, after the transfers it may have made, a *record*:
+thread, time, the user's innermost frame (:mod:`jaxtop.probes.frames`), the
+function called. The stderr relay notes each guard line's *stamp*: the
+thread id and the time (to the microsecond) from its log header. On the
+agent's thread a line goes to the first record after it on its thread, of
+its kind (a call for host-to-device and device-to-device, a read for
+device-to-host): every line a call logs is written before jaxlib returns
+and calls the hook. A line with no such record within
+:data:`MATCH_WINDOW_S` is *unattributed*, counted apart with the reason,
+never guessed.
+
+What the argument was (kind, shape, dtype) is observed on the slow path
+(the values pass through the handler) and, for a fast-path call, read from
+the hook's arguments on the first calls of a site and again every
+:data:`DESCRIBE_EVERY_S` (said so: "inferred").
+
+Cost in the program's thread: one hook call per jitted call (a frame walk
+cached per code object, one tuple appended to a deque), whether or not it
+transferred; ``benchmarks/transfer_sites.py`` measures it beside JAX's own
+logging.
+
+Standard library only, and jax once it is imported (this runs inside the
+user's job).
+"""
+
+from __future__ import annotations
+
+import bisect
+import inspect
+import os
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from jaxtop.probes.base import Tick
+from jaxtop.probes.frames import COMPREHENSIONS, HOOK_CODES, LIBRARY, LibraryFilter, jitted_name
+
+__all__ = ["ArgInfo", "TransferSitesProbe", "describe_value", "parse_stamps"]
+
+#: A line waits this long for its record (the call it belongs to returns
+#: after it), then counts as unattributed.
+MATCH_WINDOW_S = 3.0
+#: Records are kept this long after they are read from the program's threads.
+RETAIN_S = 6.0
+#: Records the program's threads can leave between two ticks (100 ms apart):
+#: 650,000 jitted calls a second before any is lost.
+RING = 1 << 16
+#: A fast-path site's arguments are read again this often (seconds).
+DESCRIBE_EVERY_S = 30.0
+#: Sites sent, the busiest first; the rest are summed under "other sites".
+SITES_SENT = 50
+#: Sites kept at most (a program with ever-new lines: the rest counted apart).
+MAX_SITES = 2000
+#: Arguments described per call at most.
+MAX_ARGS = 32
+#: Frames walked from the hook to the user's code at most.
+MAX_WALK = 48
+
+#: The kinds of a transferred value, as a user names them.
+NUMPY, PY_SCALAR, NUMPY_SCALAR, OTHER_DEVICE = "NumPy array", "Python scalar", "NumPy scalar", "another device's array"
+_PY_SCALARS = (bool, int, float, complex)
+
+
+@dataclass(frozen=True)
+class ArgInfo:
+    """One transferred value of a call: its name in the call, kind, shape, dtype and size."""
+
+    name: str
+    kind: str
+    shape: str
+    nbytes: int | None
+
+    def wire(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "shape": self.shape, "bytes": self.nbytes}
+
+
+def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[ArgInfo], prefix: str = "") -> None:
+    """Append what of ``value`` a call would copy to the device (its host
+    leaves: NumPy arrays and scalars, Python scalars, in lists, tuples and
+    dicts), under ``name``; jax Arrays (already on a device) are skipped."""
+    if len(out) >= MAX_ARGS:
+        return
+    if array_type is not None and isinstance(value, array_type):
+        return
+    kind = None
+    if type(value) in _PY_SCALARS:
+        dtype = {bool: "bool", int: "int", float: "float", complex: "complex"}[type(value)]
+        out.append(ArgInfo(name, prefix + PY_SCALAR, f"{dtype}[]", None))
+        return
+    if np is not None:
+        if isinstance(value, np.ndarray):
+            kind = NUMPY
+        elif isinstance(value, np.generic):
+            kind = NUMPY_SCALAR
+    if kind is not None:
+        shape = ",".join(str(d) for d in value.shape)
+        out.append(ArgInfo(name, prefix + kind, f"{value.dtype}[{shape}]", int(value.nbytes)))
+        return
+    if isinstance(value, (list, tuple)):
+        what = "list of " if isinstance(value, list) else prefix
+        for i, item in enumerate(value):
+            describe_value(f"{name}[{i}]", item, np, array_type, out, what)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            describe_value(f"{name}[{key!r}]", item, np, array_type, out, prefix)
+
+
+def _literal_kind(x: Any) -> tuple[str, str, int | None]:
+    """Kind, shape and bytes of a value met on the slow path. jax wraps a
+    Python scalar it canonicalised as a typed literal (``TypedFloat``, or a
+    ``TypedNdArray`` of a weak type)."""
+    tname = type(x).__name__
+    dtype = getattr(x, "dtype", None)
+    shape = getattr(x, "shape", None)
+    if shape is None and dtype is not None:
+        shape = ()  # a typed scalar
+    text = f"{dtype}[{','.join(str(d) for d in shape)}]" if dtype is not None and shape is not None else tname
+    nbytes = getattr(x, "nbytes", None)
+    if not isinstance(nbytes, int) and shape == () and isinstance(getattr(dtype, "itemsize", None), int):
+        nbytes = dtype.itemsize
+    nbytes = int(nbytes) if isinstance(nbytes, int) else None
+    if type(x) in _PY_SCALARS or tname.startswith("Typed") and tname != "TypedNdArray":
+        return PY_SCALAR, text, nbytes
+    if tname == "TypedNdArray":
+        weak = getattr(getattr(x, "aval", None), "weak_type", False)
+        return (PY_SCALAR if weak else NUMPY), text, nbytes
+    if tname == "ArrayImpl":
+        return OTHER_DEVICE, text, nbytes
+    if "ndarray" in tname:
+        return NUMPY, text, nbytes
+    return (NUMPY_SCALAR if hasattr(x, "dtype") else tname), text, nbytes
+
+
+def parse_stamps(data: bytes, now: float) -> list[tuple[str, int, float]]:
+    """The relay's ``dir,thread,HH:MM:SS.ffffff`` stamps as ``(direction,
+    thread id, Unix time)``. The log header has local time of day only: the
+    day is the one of ``now`` (the line is at most seconds old), the day
+    before where that puts it ahead of ``now``."""
+    local = time.localtime(now)
+    midnight = now - (local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec + (now % 1.0))
+    out = []
+    for item in data.split():
+        try:
+            direction, thread, when = item.split(b",")
+            h, m, s = when.split(b":")
+            t = midnight + int(h) * 3600 + int(m) * 60 + float(s)
+        except ValueError:
+            continue
+        if t > now + 300:
+            t -= 86400.0
+        out.append((direction.decode(), int(thread), t))
+    return out
+
+
+@dataclass
+class _Site:
+    """One (direction, line, callee): what went through it."""
+
+    count: int = 0
+    interval: int = 0
+    calls: int = 0
+    bytes: int = 0
+    bytes_unknown: int = 0
+    args: tuple[ArgInfo, ...] = ()
+    observed: bool = False  # the arguments seen passing (slow path), not read from a later call
+    described_t: float = -1e18
+    last_t: float = 0.0
+    callee: str = ""
+    history: deque = field(default_factory=lambda: deque(maxlen=60))  # per-tick counts, for a sparkline
+
+    def merge(self, described: tuple[ArgInfo, ...], observed: bool, t: float) -> None:
+        """Take what a call's arguments were. A call's own arguments, named
+        (the hook's), replace what the slow path saw (unnamed, one record
+        per kind of value); the slow path's records of one call add up."""
+        named = any(a.name for a in described)
+        if named or not self.args or not any(a.name for a in self.args):
+            if named or t - self.described_t > 1.0:
+                self.args = described
+            else:
+                self.args = tuple(dict.fromkeys(self.args + described))[:MAX_ARGS]
+            self.observed = observed and not named
+            self.described_t = t
+
+
+class TransferSitesProbe:
+    """Records in the program's threads; matching and the field on the agent's.
+
+    Args:
+        filt: what counts as library code (the user's line is the innermost
+            frame outside it).
+    """
+
+    name = "transfer_sites"
+    needs_jax = True
+
+    def __init__(self, filt: LibraryFilter = LIBRARY, enabled: bool = True) -> None:
+        self._filt = filt
+        self.enabled = enabled
+        self._records: deque = deque(maxlen=RING)  # (kind, ident, t, fun, code, line, args) from any thread
+        self._user: dict[Any, bool] = {}  # code object -> is it the user's
+        self._want: dict[Any, int] = {}  # function -> calls of it still to describe
+        self._prev_hook: Any = None
+        self._our_hook: Any = None
+        self._hook_state: Any = None
+        self._handlers: dict[Any, Any] = {}  # type -> the handler we replaced
+        self._handler_table: Any = None
+        self._np: Any = None
+        self._array_type: Any = None
+        self._tls = threading.local()
+        self._stamps: list[bytes] = []
+        self._stamps_lock = threading.Lock()
+        # Agent thread only, from here on.
+        self._by_thread: dict[int, tuple[list[float], list[tuple]]] = {}  # ident -> (times, records), calls
+        self._reads: dict[int, tuple[list[float], list[tuple]]] = {}  # ident -> (times, records), reads
+        self._pending: list[tuple[str, int, float]] = []
+        self._native: dict[int, int] = {}  # native thread id -> ident
+        self._sites: dict[tuple, _Site] = {}
+        self._unattributed: dict[str, int] = {}
+        self._reasons: dict[str, int] = {}
+        self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
+        self._names: dict[Any, tuple[str, bool, tuple[str, ...]]] = {}
+        self._changed = True
+        self.reason: str | None = None
+
+    # -- the probe interface ---------------------------------------------------------------
+    def start(self) -> None:
+        """Install the post hook and wrap the slow path's handlers (after ``import jax``)."""
+        if not self.enabled:
+            self.reason = "transfers are not captured (stderr capture is off): nothing to attribute"
+            return
+        try:
+            from jax._src import api
+            from jax._src.interpreters import pxla
+        except Exception as exc:  # a jax without them: say so
+            self.reason = f"no jax post hook to attribute transfers with: {type(exc).__name__}: {exc}"
+            return
+        import numpy
+
+        self._np = numpy
+        try:
+            import jax
+
+            self._array_type = jax.Array
+        except Exception:
+            self._array_type = None
+        state = getattr(api, "_post_hook_state", None)
+        if state is None:
+            self.reason = "this jax has no post hook (jax._src.api._post_hook_state): transfers are not attributed to lines"
+        else:
+            self._hook_state = state
+            self._our_hook = self._make_hook()
+            self._install_hook()
+        table = getattr(pxla, "shard_arg_handlers", None)
+        if isinstance(table, dict):
+            self._handler_table = table
+            self._wrap_handlers()
+
+    def stop(self) -> None:
+        state, ours = self._hook_state, self._our_hook
+        if state is not None and ours is not None:
+            try:
+                if state.get_global() is ours:
+                    state.set_global(self._prev_hook)
+            except Exception:
+                pass
+        table = self._handler_table
+        if table is not None:
+            for t, original in self._handlers.items():
+                if getattr(table.get(t), "_jaxtop_original", None) is original:
+                    table[t] = original
+            self._handlers.clear()
+
+    def take_stamps(self, data: bytes) -> None:
+        """The relay's stamps (called from the capture, on the agent's thread)."""
+        with self._stamps_lock:
+            self._stamps.append(data)
+
+    def on_read(self, site: tuple[str, int, str], kind: str, t: float) -> None:
+        """A host read the host-sync probe counted (on the reading thread)."""
+        self._records.append(("read", threading.get_ident(), t, None, site, kind, None))
+
+    def on_tick(self, tick: Tick) -> dict[str, Any] | None:
+        if tick.slow:
+            self._install_hook()  # jax_debug_nans switched on or off sets the hook anew
+            self._wrap_handlers()  # a handler jax registered since
+        self._drain()
+        with self._stamps_lock:
+            stamps, self._stamps = self._stamps, []
+        for data in stamps:
+            self._pending.extend(parse_stamps(data, tick.now))
+        self._match(tick.now, tick.final)
+        for site in self._sites.values():
+            if site.interval or site.history:
+                site.history.append(site.interval)
+        if not self._changed and not tick.final:
+            for site in self._sites.values():
+                site.interval = 0
+            return None
+        self._changed = False
+        out = self.field()
+        for site in self._sites.values():
+            site.interval = 0
+        return out
+
+    # -- in the program's threads ------------------------------------------------------------
+    def _make_hook(self) -> Callable[..., None]:
+        append = self._records.append
+        user = self._user
+        is_library = self._filt.is_library
+        want = self._want
+        getframe, ident, now = sys._getframe, threading.get_ident, time.time
+        probe = self
+
+        def jaxtop_transfer_sites_hook(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
+            try:
+                frame, depth = getframe(1), 0
+                while frame is not None:
+                    code = frame.f_code
+                    mine = user.get(code)
+                    if mine is None:
+                        mine = user[code] = not is_library(code.co_filename)
+                    if mine:
+                        break
+                    frame = frame.f_back
+                    depth += 1
+                    if depth >= MAX_WALK:
+                        frame = None
+                site = None if frame is None else (code, frame.f_lineno)
+                described = None
+                if fun in want:
+                    described = probe._describe_call(fun, args, kwargs)
+                append(("call", ident(), now(), fun, site, None, described))
+            except Exception:
+                pass
+            prev = probe._prev_hook
+            if prev is not None:
+                prev(fun, args, kwargs, out)  # the user's (jax_debug_nans): its errors are theirs
+
+        HOOK_CODES.add(jaxtop_transfer_sites_hook.__code__)
+        return jaxtop_transfer_sites_hook
+
+    def _describe_call(self, fun: Any, args: Any, kwargs: Any) -> tuple[ArgInfo, ...]:
+        left = self._want.get(fun, 0) - 1
+        if left <= 0:
+            self._want.pop(fun, None)
+        else:
+            self._want[fun] = left
+        _, _, params = self._name_of(fun)
+        info = getattr(fun, "_jit_info", None)
+        static = set(getattr(info, "static_argnums", ()) or ())
+        static_names = set(getattr(info, "static_argnames", ()) or ())
+        out: list[ArgInfo] = []
+        for i, value in enumerate(args):
+            if i not in static:
+                describe_value(params[i] if i < len(params) else f"arg{i}", value, self._np, self._array_type, out)
+        for key, value in (kwargs or {}).items():
+            if key not in static_names:
+                describe_value(key, value, self._np, self._array_type, out)
+        return tuple(out)
+
+    def _wrap_handlers(self) -> None:
+        table = self._handler_table
+        if table is None:
+            return
+        for t, handler in list(table.items()):
+            if getattr(handler, "_jaxtop_original", None) is not None or t in self._handlers:
+                continue
+            wrapped = self._wrap(handler)
+            self._handlers[t] = handler
+            table[t] = wrapped
+
+    def _wrap(self, handler: Callable[..., Any]) -> Callable[..., Any]:
+        tls = self._tls
+        append = self._records.append
+        probe = self
+
+        def jaxtop_shard_arg(xs: Any, *rest: Any, **kw: Any) -> Any:
+            if getattr(tls, "inside", False):  # a handler calling shard_args again: the outer one records
+                return handler(xs, *rest, **kw)
+            tls.inside = True
+            try:
+                result = handler(xs, *rest, **kw)
+            finally:
+                tls.inside = False
+            try:
+                frame = sys._getframe(1)
+                site, callee = probe._user_site(frame)
+                described = tuple(ArgInfo("", *_literal_kind(x)) for x in list(xs)[:MAX_ARGS])
+                append(("call", threading.get_ident(), time.time(), callee, site, "observed", described))
+            except Exception:
+                pass
+            return result
+
+        jaxtop_shard_arg._jaxtop_original = handler  # type: ignore[attr-defined]
+        HOOK_CODES.add(jaxtop_shard_arg.__code__)
+        return jaxtop_shard_arg
+
+    def _user_site(self, frame: Any) -> tuple[Any, str | None]:
+        """(the user's (code, line), the jitted function's name) above a slow-path frame."""
+        callee = jitted_name(frame)
+        depth = 0
+        while frame is not None and depth < MAX_WALK:
+            code = frame.f_code
+            mine = self._user.get(code)
+            if mine is None:
+                mine = self._user[code] = not self._filt.is_library(code.co_filename)
+            if mine:
+                return (code, frame.f_lineno), callee
+            frame = frame.f_back
+            depth += 1
+        return None, callee
+
+    def _install_hook(self) -> None:
+        state, ours = self._hook_state, self._our_hook
+        if state is None or ours is None:
+            return
+        try:
+            current = state.get_global()
+            if current is not ours:
+                self._prev_hook = current  # jax's own (debug_nans) or None: called after ours
+                state.set_global(ours)
+        except Exception as exc:
+            self.reason = f"jax's post hook could not be set: {type(exc).__name__}: {exc}"
+
+    # -- on the agent's thread -----------------------------------------------------------------
+    def _name_of(self, fun: Any) -> tuple[str, bool, tuple[str, ...]]:
+        """(name, is it one of jax's own ops, parameter names) of a jitted function."""
+        known = self._names.get(fun)
+        if known is not None:
+            return known
+        if isinstance(fun, str) or fun is None:
+            return (fun or "?", False, ())
+        inner = getattr(fun, "_fun", None) or getattr(fun, "__wrapped__", None)
+        name = getattr(inner, "__name__", None) or getattr(fun, "__name__", "?")
+        module = getattr(inner, "__module__", "") or ""
+        op = bool(getattr(inner, "_apply_primitive", False)) or module.startswith("jax.")
+        try:
+            params = tuple(inspect.signature(inner).parameters) if inner is not None else ()
+        except (TypeError, ValueError):
+            params = ()
+        known = (str(name), op, params)
+        if len(self._names) < 10000:
+            self._names[fun] = known
+        return known
+
+    def _drain(self) -> None:
+        """Move the program threads' records into per-thread lists (sorted by time)."""
+        records = self._records
+        full = len(records) >= RING
+        first_t = None
+        while True:
+            try:
+                kind, ident, t, fun, site, how, described = records.popleft()
+            except IndexError:
+                break
+            if first_t is None:
+                first_t = t
+            if kind == "read":
+                key = ("d2h", site[0], site[1], site[2], "read" if how is None else str(how))
+                self._store(self._reads, ident, t, (key, None, False))
+                continue
+            if site is None:
+                where = ("", 0, "<no user frame>")
+            else:
+                code, line = site
+                name = code.co_name
+                where = (code.co_filename, line, name)
+            name, op, _ = self._name_of(fun)
+            self._store(self._by_thread, ident, t, ((where, name, op), described, how == "observed"))
+        if full and first_t is not None:
+            self._lost_before = max(self._lost_before, first_t)  # the ring overflowed: older lines may lack theirs
+
+    @staticmethod
+    def _store(table: dict, ident: int, t: float, value: tuple) -> None:
+        times, values = table.setdefault(ident, ([], []))
+        if times and t < times[-1]:  # the clock stepped back: keep the list sorted
+            i = bisect.bisect_right(times, t)
+            times.insert(i, t)
+            values.insert(i, value)
+        else:
+            times.append(t)
+            values.append(value)
+
+    def _thread(self, native: int) -> int | None:
+        ident = self._native.get(native)
+        if ident is None:
+            self._native = {th.native_id: th.ident for th in threading.enumerate()
+                            if th.native_id is not None and th.ident is not None}
+            ident = self._native.get(native)
+        return ident
+
+    def _match(self, now: float, final: bool) -> None:
+        waiting = []
+        for direction, native, t in self._pending:
+            ident = self._thread(native) if native else None
+            if ident is None:
+                self._give_up(direction, "made by a thread without Python code (or a log header without a thread)")
+                continue
+            table = self._reads if direction == "d2h" else self._by_thread
+            times, values = table.get(ident, ([], []))
+            i = bisect.bisect_left(times, t)
+            if i < len(times) and times[i] - t <= MATCH_WINDOW_S:
+                if t < self._lost_before:
+                    self._give_up(direction, "calls came faster than jaxtop could note them")
+                    continue
+                self._credit(direction, values[i], times[i], id(values[i]))
+            elif final or now - t > MATCH_WINDOW_S:
+                self._give_up(direction, "no jax call returned after it on its thread" if direction != "d2h"
+                              else "no host read returned after it on its thread")
+            else:
+                waiting.append((direction, native, t))
+        self._pending = waiting
+        horizon = now - RETAIN_S
+        if waiting:
+            horizon = min(horizon, min(t for _, _, t in waiting) - 1.0)
+        for table in (self._by_thread, self._reads):
+            for ident in list(table):
+                times, values = table[ident]
+                cut = bisect.bisect_left(times, horizon)
+                if cut:
+                    del times[:cut], values[:cut]
+                if not times:
+                    del table[ident]
+
+    def _credit(self, direction: str, value: tuple, t: float, record_id: int) -> None:
+        if direction == "d2h":
+            (_, filename, line, function, name), described, observed = value
+            key, op = (direction, filename, line, function), False
+        else:
+            (where, name, op), described, observed = value
+            key = (direction, where[0], where[1], where[2])
+        site = self._sites.get(key)
+        if site is None:
+            if len(self._sites) >= MAX_SITES:
+                self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart")
+                return
+            site = self._sites[key] = _Site()
+            if direction != "d2h":
+                self._ask_description(name)  # the next calls' arguments, named
+        if direction == "d2h":
+            site.callee = f"host read ({name})"
+        elif not site.callee or not observed:
+            # The fast path knows an op from a function of the user's; the
+            # slow path only the name.
+            site.callee = name + (" (op)" if op else "")
+        site.count += 1
+        site.interval += 1
+        if site.last_t != t:  # a new call (one call can make several lines)
+            site.calls += 1
+            site.last_t = t
+        if described is not None:
+            site.merge(described, observed, t)
+        elif direction != "d2h" and t - site.described_t > DESCRIBE_EVERY_S:
+            site.described_t = t
+            self._ask_description(name)
+        sizes = [a.nbytes for a in site.args]
+        if site.args and all(isinstance(n, int) for n in sizes):
+            site.bytes += sizes[min(len(sizes) - 1, (site.count - 1) % len(sizes))]
+        else:
+            site.bytes_unknown += 1
+        self._changed = True
+
+    def _ask_description(self, name: str) -> None:
+        """Describe the next calls of the function named ``name`` (the hook reads their arguments)."""
+        for fun, known in list(self._names.items()):
+            if known[0] == name and not isinstance(fun, str):
+                self._want[fun] = 2
+
+    def _give_up(self, direction: str, reason: str) -> None:
+        self._unattributed[direction] = self._unattributed.get(direction, 0) + 1
+        self._reasons[reason] = self._reasons.get(reason, 0) + 1
+        self._changed = True
+
+    def field(self) -> dict[str, Any]:
+        """The wire ``transfer_sites`` object."""
+        ranked = sorted(self._sites.items(), key=lambda kv: -kv[1].count)
+        sites = []
+        for (direction, filename, line, function), s in ranked[:SITES_SENT]:
+            kinds = {a.kind for a in s.args}
+            sites.append({
+                "direction": direction, "file": filename, "line": line, "function": function, "callee": s.callee,
+                "count_total": s.count, "count": s.interval, "calls_total": s.calls,
+                "bytes_total": s.bytes if not s.bytes_unknown else None,
+                "args": [a.wire() for a in s.args],
+                # "transfer": the values seen passing to the device (slow path);
+                # "call": a call's arguments at this line, read by the hook.
+                "args_seen": "transfer" if s.observed else ("call" if s.args else None),
+                "scalar": bool(kinds) and all(k.endswith(PY_SCALAR) for k in kinds),
+                "history": list(s.history)[-30:],
+            })
+        rest = ranked[SITES_SENT:]
+        return {
+            "sites": sites,
+            "sites_total": len(self._sites),
+            "other": {"count_total": sum(s.count for _, s in rest)} if rest else None,
+            "unattributed": dict(self._unattributed),
+            "unattributed_reasons": dict(self._reasons),
+            "pending": len(self._pending),
+        }
