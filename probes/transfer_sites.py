@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import bisect
 import inspect
-import os
 import sys
 import threading
 import time
@@ -51,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from jaxtop.probes.base import Tick
-from jaxtop.probes.frames import COMPREHENSIONS, HOOK_CODES, LIBRARY, LibraryFilter, jitted_name
+from jaxtop.probes.frames import HOOK_CODES, LIBRARY, LibraryFilter, jitted_name
 
 __all__ = ["ArgInfo", "TransferSitesProbe", "describe_value", "parse_stamps"]
 
@@ -103,7 +102,9 @@ def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[Ar
     kind = None
     if type(value) in _PY_SCALARS:
         dtype = {bool: "bool", int: "int", float: "float", complex: "complex"}[type(value)]
-        out.append(ArgInfo(name, prefix + PY_SCALAR, f"{dtype}[]", None))
+        # What jax makes of it: a weakly typed 32-bit value (64-bit with jax_enable_x64).
+        size = 1 if dtype == "bool" else (8 if _x64() else 4) * (2 if dtype == "complex" else 1)
+        out.append(ArgInfo(name, prefix + PY_SCALAR, f"{dtype}[]", size))
         return
     if np is not None:
         if isinstance(value, np.ndarray):
@@ -112,7 +113,10 @@ def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[Ar
             kind = NUMPY_SCALAR
     if kind is not None:
         shape = ",".join(str(d) for d in value.shape)
-        out.append(ArgInfo(name, prefix + kind, f"{value.dtype}[{shape}]", int(value.nbytes)))
+        nbytes = int(value.nbytes)
+        if value.dtype.itemsize == 8 and value.dtype.kind in "fiuc" and not _x64():
+            nbytes //= 2  # jax copies 64-bit values as 32-bit ones unless jax_enable_x64 is on
+        out.append(ArgInfo(name, prefix + kind, f"{value.dtype}[{shape}]", nbytes))
         return
     if isinstance(value, (list, tuple)):
         what = "list of " if isinstance(value, list) else prefix
@@ -122,6 +126,15 @@ def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[Ar
     if isinstance(value, dict):
         for key, item in value.items():
             describe_value(f"{name}[{key!r}]", item, np, array_type, out, prefix)
+
+
+def _x64() -> bool:
+    """Whether jax keeps 64-bit values (``jax_enable_x64``)."""
+    jax = sys.modules.get("jax")
+    try:
+        return bool(jax.config.jax_enable_x64) if jax is not None else False
+    except Exception:
+        return False
 
 
 def _literal_kind(x: Any) -> tuple[str, str, int | None]:
@@ -163,12 +176,43 @@ def parse_stamps(data: bytes, now: float) -> list[tuple[str, int, float]]:
             direction, thread, when = item.split(b",")
             h, m, s = when.split(b":")
             t = midnight + int(h) * 3600 + int(m) * 60 + float(s)
+            native = int(thread)
         except ValueError:
             continue
         if t > now + 300:
             t -= 86400.0
-        out.append((direction.decode(), int(thread), t))
+        out.append((direction.decode("ascii", "replace"), native, t))
     return out
+
+
+class _GlobalStateSlot:
+    """jax before 0.5 keeps the post hook on jaxlib's global jit state."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def get_global(self) -> Any:
+        return self._state.post_hook
+
+    def set_global(self, hook: Any) -> None:
+        self._state.post_hook = hook
+
+
+def _hook_slot(api: Any) -> Any:
+    """Where this jax keeps the post hook it calls after every fast-path
+    call: a config state (``api._post_hook_state``, jax 0.5 and later) or
+    jaxlib's global jit state (``jax_jit.global_state().post_hook``)."""
+    state = getattr(api, "_post_hook_state", None)
+    if state is not None and hasattr(state, "get_global") and hasattr(state, "set_global"):
+        return state
+    jax_jit = getattr(api, "jax_jit", None)
+    try:
+        global_state = jax_jit.global_state() if jax_jit is not None else None
+    except Exception:
+        global_state = None
+    if global_state is not None and hasattr(global_state, "post_hook"):
+        return _GlobalStateSlot(global_state)
+    return None
 
 
 @dataclass
@@ -262,9 +306,9 @@ class TransferSitesProbe:
             self._array_type = jax.Array
         except Exception:
             self._array_type = None
-        state = getattr(api, "_post_hook_state", None)
+        state = _hook_slot(api)
         if state is None:
-            self.reason = "this jax has no post hook (jax._src.api._post_hook_state): transfers are not attributed to lines"
+            self.reason = "this jax has no post hook for jitted calls: transfers are not attributed to lines"
         else:
             self._hook_state = state
             self._our_hook = self._make_hook()
@@ -508,14 +552,29 @@ class TransferSitesProbe:
             ident = self._native.get(native)
         return ident
 
+    @staticmethod
+    def _only_thread(table: dict, t: float) -> int | None:
+        """For a line whose header names no thread (older jaxlib's TSL
+        header): the one thread that noted calls around it, or None when
+        several did (then which one made it is unknowable)."""
+        found = None
+        for ident, (times, _) in table.items():
+            i = bisect.bisect_left(times, t - 1.0)
+            if i < len(times) and times[i] <= t + MATCH_WINDOW_S:
+                if found is not None:
+                    return None
+                found = ident
+        return found
+
     def _match(self, now: float, final: bool) -> None:
         waiting = []
         for direction, native, t in self._pending:
-            ident = self._thread(native) if native else None
-            if ident is None:
-                self._give_up(direction, "made by a thread without Python code (or a log header without a thread)")
-                continue
             table = self._reads if direction == "d2h" else self._by_thread
+            ident = self._thread(native) if native else self._only_thread(table, t)
+            if ident is None:
+                self._give_up(direction, "made by a thread without Python code" if native else
+                              "its log line names no thread (jaxlib before 0.5) and several threads called jax")
+                continue
             times, values = table.get(ident, ([], []))
             i = bisect.bisect_left(times, t)
             if i < len(times) and times[i] - t <= MATCH_WINDOW_S:

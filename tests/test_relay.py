@@ -92,9 +92,18 @@ class Rig:
         return self._out
 
     @property
-    def reports(self) -> bytes:
+    def all_reports(self) -> bytes:
         self._rep += _drain(self.rep_r)
         return self._rep
+
+    @property
+    def reports(self) -> bytes:
+        """The reports but the stamps (``T`` lines: tests/test_transfer_sites.py's)."""
+        return b"".join(line for line in self.all_reports.splitlines(keepends=True) if not line.startswith(b"T "))
+
+    @property
+    def stamps(self) -> list[bytes]:
+        return [s for line in self.all_reports.splitlines() if line.startswith(b"T ") for s in line[2:].split()]
 
     def close(self):
         for fd in (self.out_r, self.out_w, self.rep_r, self.rep_w):
@@ -196,6 +205,13 @@ def test_guard_lines_are_reported_and_hidden(rig):
     r = rig().feed(b"before\n" + GUARD_H2D + b"middle\n" + GUARD_CACHED + GUARD_D2D + b"after\n")
     assert r.out == b"before\nmiddle\nafter\n"
     assert r.reports == G(GUARD_H2D) + G(GUARD_CACHED) + G(GUARD_D2D)
+
+
+def test_each_guard_line_is_stamped_with_its_thread_and_time(rig):
+    # What the agent needs to tell which call of the program made a line.
+    r = rig().feed(b"before\n" + GUARD_H2D + GUARD_CACHED + b"x " + GUARD_D2D + GUARD_TSL + GUARD_TSL_TID + GUARD_OLD)
+    assert r.stamps == [b"h2d,2146,18:34:30.919532", b"h2d,2146,18:34:30.920001", b"d2d,6082,19:10:03.642390",
+                        b"h2d,0,19:09:21.852989", b"d2d,4242,19:09:21.900001", b"d2h,31337,09:01:02.000017"]
 
 
 def test_guard_lines_of_passed_directions_still_reach_the_user(rig):
@@ -313,13 +329,18 @@ def _run(data, cuts):
         relay.feed(data[start:cut])
         start = cut
     relay.finish()
-    counts, syncs = {}, []
+    counts, syncs, stamps = {}, [], 0
     for report in bytes(relay.report_backlog).split(b"\n")[:-1]:
+        if report.startswith(b"T "):
+            stamps += len(report.split()) - 1
+            continue
         kind, n, *rest = report.split(b" ", 2)
         if kind == b"G":
             counts[rest[0]] = counts.get(rest[0], 0) + int(n)
         else:
             syncs.append(int(n))
+    # One stamp per guard line counted, whatever the cuts.
+    assert stamps == sum(counts.values())
     return bytes(relay.out), counts, syncs
 
 
@@ -493,7 +514,7 @@ def test_terminal_gone_keeps_draining(rig):
     r.feed(b"x" * 10 + b"\n", GUARD_H2D, b"y\n")  # EPIPE, not an exception
     assert r.relay.out_broken
     # "B" once, so the capture gives the program its stderr back.
-    assert r._rep + _drain(r.rep_r) == b"B\n" + G(GUARD_H2D)
+    assert r.reports == b"B\n" + G(GUARD_H2D)
 
 
 def test_a_non_blocking_terminal_is_waited_for_not_dropped(rig):

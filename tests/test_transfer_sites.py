@@ -1,0 +1,307 @@
+"""Which line makes each implicit transfer: the agent's side (probes/transfer_sites.py).
+
+Pure layer first (the stamps' clock, the matching of lines to the calls
+noted on their thread, what is said when a line has no call), then the
+probe in this process on real jitted calls (the post hook, the slow path,
+jax_debug_nans still raising), then a real program under ``jaxtop run``.
+The per-line counts of whole programs are checked against JAX's own guard
+errors in tests/test_transfer_sites_oracle.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxtop.probes.base import Tick
+from jaxtop.probes.transfer_sites import MATCH_WINDOW_S, NUMPY, PY_SCALAR, TransferSitesProbe, describe_value, parse_stamps
+
+
+def _stamp(direction: str, native: int, t: float) -> bytes:
+    """A relay stamp for Unix time ``t`` (local time of day, to the microsecond)."""
+    lt = time.localtime(t)
+    return f"{direction},{native},{lt.tm_hour:02d}:{lt.tm_min:02d}:{lt.tm_sec:02d}.{int(t % 1 * 1e6):06d}".encode()
+
+
+class _Code:
+    """Stands for a code object: what the matcher reads of one."""
+
+    def __init__(self, filename: str, name: str) -> None:
+        self.co_filename, self.co_name = filename, name
+
+
+def _probe() -> TransferSitesProbe:
+    probe = TransferSitesProbe()
+    probe._native = {threading.get_native_id(): threading.get_ident()}
+    return probe
+
+
+def _call(probe: TransferSitesProbe, t: float, line: int, callee: str = "step", described=None,
+          ident: int | None = None) -> None:
+    probe._records.append(("call", ident or threading.get_ident(), t, callee, (_Code("/w/train.py", "main"), line),
+                           None, described))
+
+
+def _sites(field) -> dict[tuple[str, int, str], int]:
+    return {(s["direction"], s["line"], s["callee"]): s["count_total"] for s in field["sites"]}
+
+
+# -- pure: the clock of a stamp --------------------------------------------------------------
+
+def test_a_stamp_reads_back_as_the_moment_it_was_written():
+    now = time.time()
+    (direction, native, t), = parse_stamps(_stamp("h2d", 77, now - 0.25), now)
+    assert (direction, native) == ("h2d", 77) and t == pytest.approx(now - 0.25, abs=2e-6)
+
+
+def test_a_stamp_from_just_before_midnight_is_of_the_day_before():
+    # Read at 00:00:01 local time, a line stamped 23:59:59.5 is 1.5 s old, not a day ahead.
+    lt = time.localtime()
+    midnight = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, 0, 0, 0, 0, 0, -1))
+    (_, _, t), = parse_stamps(b"d2h,5,23:59:59.500000", midnight + 1.0)
+    assert t == pytest.approx(midnight - 0.5, abs=1e-3)
+
+
+def test_malformed_stamps_are_skipped():
+    now = time.time()
+    assert parse_stamps(b"h2d,1 nonsense h2d,x,12:00:00.0 " + _stamp("d2d", 3, now), now)[0][0] == "d2d"
+    assert len(parse_stamps(b"h2d,1 nonsense h2d,x,12:00:00.0", now)) == 0
+
+
+# -- pure: lines to calls ---------------------------------------------------------------------
+
+def test_each_line_goes_to_the_first_call_after_it_on_its_thread():
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time() - 1.0
+    # Call A at line 10 logs two lines, then returns (its record); call B at line 20 one line.
+    _call(probe, t0 + 0.000010, 10)
+    _call(probe, t0 + 0.000050, 20, callee="sin")
+    probe.take_stamps(b" ".join([_stamp("h2d", me, t0 + 0.000002), _stamp("h2d", me, t0 + 0.000004),
+                                 _stamp("h2d", me, t0 + 0.000030)]))
+    field = probe.on_tick(Tick(now=time.time()))
+    assert _sites(field) == {("h2d", 10, "step"): 2, ("h2d", 20, "sin"): 1}
+    assert field["unattributed"] == {} and field["pending"] == 0
+    calls = {s["line"]: s["calls_total"] for s in field["sites"]}
+    assert calls == {10: 1, 20: 1}  # two lines of one call
+
+
+def test_a_line_waits_for_its_call_to_return():
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time()
+    probe.take_stamps(_stamp("h2d", me, t0))
+    assert probe.on_tick(Tick(now=t0 + 0.1))["pending"] == 1  # the call is still running
+    _call(probe, t0 + 0.2, 30)
+    field = probe.on_tick(Tick(now=t0 + 0.3))
+    assert _sites(field) == {("h2d", 30, "step"): 1} and field["pending"] == 0
+
+
+def test_a_line_no_call_follows_is_unattributed_with_the_reason_never_guessed():
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time() - 10
+    probe.take_stamps(_stamp("h2d", me, t0))
+    _call(probe, t0 + MATCH_WINDOW_S + 1.0, 40)  # a later call, too late to be the one
+    field = probe.on_tick(Tick(now=time.time()))
+    assert field["sites"] == []
+    assert field["unattributed"] == {"h2d": 1}
+    assert list(field["unattributed_reasons"]) == ["no jax call returned after it on its thread"]
+
+
+def test_a_line_of_an_unknown_thread_is_unattributed():
+    probe = _probe()
+    t0 = time.time() - 1
+    _call(probe, t0 + 0.001, 10)
+    probe.take_stamps(_stamp("h2d", 999_999_999, t0))
+    field = probe.on_tick(Tick(now=time.time()))
+    assert field["unattributed"] == {"h2d": 1} and "thread without Python code" in next(iter(field["unattributed_reasons"]))
+
+
+def test_a_header_without_a_thread_is_matched_only_where_one_thread_calls_jax():
+    """jaxlib before 0.5 (TSL's header) names no thread."""
+    probe = _probe()
+    t0 = time.time() - 1
+    _call(probe, t0 + 0.001, 10)
+    probe.take_stamps(_stamp("h2d", 0, t0))
+    assert _sites(probe.on_tick(Tick(now=time.time()))) == {("h2d", 10, "step"): 1}
+    # Two threads calling jax around the line: which one made it is unknowable.
+    _call(probe, t0 + 0.5, 11)
+    _call(probe, t0 + 0.5001, 12, ident=12345)
+    probe.take_stamps(_stamp("h2d", 0, t0 + 0.4))
+    field = probe.on_tick(Tick(now=time.time()))
+    assert field["unattributed"] == {"h2d": 1} and "several threads" in next(iter(field["unattributed_reasons"]))
+
+
+def test_a_host_read_line_goes_to_the_read_not_to_a_call():
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time() - 1
+    probe.on_read(("/w/train.py", 50, "main"), "float", t0 + 0.00002)
+    probe._records[-1] = probe._records[-1][:2] + (t0 + 0.00002,) + probe._records[-1][3:]
+    _call(probe, t0 + 0.00001, 49)  # a call that returned between: not the read's
+    probe.take_stamps(_stamp("d2h", me, t0))
+    field = probe.on_tick(Tick(now=time.time()))
+    assert _sites(field) == {("d2h", 50, "host read (float)"): 1}
+
+
+def test_an_overflowing_ring_leaves_its_lines_unattributed(monkeypatch):
+    from jaxtop.probes import transfer_sites
+
+    monkeypatch.setattr(transfer_sites, "RING", 4)
+    probe, me = _probe(), threading.get_native_id()
+    probe._records = transfer_sites.deque(maxlen=4)
+    t0 = time.time() - 1
+    for i in range(10):  # ten calls, the ring keeps the last four
+        _call(probe, t0 + i * 0.001 + 0.0005, 60 + i)
+    probe.take_stamps(b" ".join(_stamp("h2d", me, t0 + i * 0.001) for i in range(10)))
+    field = probe.on_tick(Tick(now=time.time()))
+    # Records older than the first one kept may be lost, one of them between
+    # that record and the line before it: only the lines after it are matched.
+    assert _sites(field) == {("h2d", 67, "step"): 1, ("h2d", 68, "step"): 1, ("h2d", 69, "step"): 1}
+    assert field["unattributed"] == {"h2d": 7}
+
+
+# -- pure: what was transferred ---------------------------------------------------------------
+
+def test_a_calls_host_values_are_described_by_name_kind_shape_and_size():
+    import jax
+
+    out = []
+    describe_value("batch", {"x": np.ones((8, 4), np.float32), "w": jax.numpy.ones(3), "n": [1.0, 2]}, np,
+                   jax.Array, out)
+    assert [(a.name, a.kind, a.shape, a.nbytes) for a in out] == [
+        ("batch['x']", NUMPY, "float32[8,4]", 128),
+        ("batch['n'][0]", "list of " + PY_SCALAR, "float[]", 4),
+        ("batch['n'][1]", "list of " + PY_SCALAR, "int[]", 4),
+    ]
+    out = []
+    describe_value("x", np.ones(3), np, jax.Array, out)  # float64: copied as float32 without jax_enable_x64
+    assert out[0].nbytes == 12
+
+
+# -- the probe in this process ------------------------------------------------------------------
+
+@pytest.fixture
+def installed():
+    pytest.importorskip("jax")
+    probe = _probe()
+    probe.start()
+    assert probe.reason is None, probe.reason
+    yield probe
+    probe.stop()
+
+
+def test_the_hook_notes_each_fast_path_call_with_the_users_line(installed):
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(lambda x, y: x * y)
+    x = jnp.ones(3)
+    f(x, 2.0)  # compiles: the slow path
+    installed._records.clear()
+    for _ in range(5):
+        f(x, 2.0)
+    line = sys._getframe().f_lineno - 1
+    calls = [r for r in installed._records if r[0] == "call"]
+    assert len(calls) == 5
+    assert {(r[4][0].co_filename, r[4][1]) for r in calls} == {(__file__, line)}
+
+
+def test_the_slow_path_notes_what_it_copied(installed):
+    import jax
+
+    g = jax.jit(lambda x, n: x + n)
+    installed._records.clear()
+    g(np.ones((2, 3), np.float32), 1.5)  # first call: arguments sharded in Python
+    observed = [r for r in installed._records if r[5] == "observed"]
+    kinds = sorted(a.kind for r in observed for a in r[6])
+    assert kinds == sorted([NUMPY, PY_SCALAR])
+
+
+def test_debug_nans_still_raises_through_the_chained_hook(installed):
+    """jax_debug_nans uses the same hook: switched on after jaxtop's, jaxtop
+    puts its own back in front and calls jax's after it, whose error is the
+    program's."""
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_debug_nans", True)
+    try:
+        installed.on_tick(Tick(now=time.time(), slow=True))
+        h = jax.jit(lambda x: jnp.sqrt(x) + 0.0)
+        h(jnp.ones(2))
+        before = len(installed._records)
+        with pytest.raises(FloatingPointError):
+            h(-jnp.ones(2)).block_until_ready()
+        assert len(installed._records) > before  # and jaxtop noted the call
+    finally:
+        jax.config.update("jax_debug_nans", False)
+    installed.on_tick(Tick(now=time.time(), slow=True))
+    f, x = jax.jit(lambda x: jnp.log(x)), jnp.ones(2)
+    f(x)
+    before = len(installed._records)
+    f(x)
+    assert len(installed._records) == before + 1  # still noting calls with debug_nans off again
+
+
+def test_stop_gives_jax_its_hook_and_handlers_back():
+    pytest.importorskip("jax")
+    from jax._src import api
+    from jax._src.interpreters import pxla
+
+    handlers = dict(pxla.shard_arg_handlers)
+    probe = _probe()
+    probe.start()
+    assert api._post_hook_state.get_global() is probe._our_hook
+    probe.stop()
+    assert api._post_hook_state.get_global() is None
+    assert pxla.shard_arg_handlers == handlers
+
+
+# -- a real program under jaxtop run ---------------------------------------------------------------
+
+PROGRAM = '''
+import time
+import numpy as np
+import jax, jax.numpy as jnp
+
+@jax.jit
+def step(w, batch, lr):
+    return w - lr * (batch["x"].sum() + batch["y"].sum())
+
+w = jnp.ones((4,))
+for i in range(40):
+    batch = {"x": np.ones((8, 4), np.float32), "y": np.zeros((8,), np.float32)}
+    w = step(w, batch, 0.1)  # LINE_STEP
+    s = jnp.sin(np.ones(3, np.float32))  # LINE_SIN
+    time.sleep(0.01)
+'''
+
+
+def _line(source: str, tag: str) -> int:
+    return next(i for i, text in enumerate(source.splitlines(), 1) if tag in text)
+
+
+@pytest.mark.slow
+def test_a_program_under_jaxtop_run_names_every_line(tmp_path, child_env):
+    program = tmp_path / "train.py"
+    program.write_text(PROGRAM)
+    log = tmp_path / "run.jsonl"
+    res = subprocess.run([sys.executable, "-m", "jaxtop", "run", "--log", str(log), str(program)],
+                         capture_output=True, text=True, timeout=120, env=child_env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    samples = [json.loads(line) for line in log.read_text().splitlines()]
+    field = [s["transfer_sites"] for s in samples if s.get("type") == "sample" and s.get("transfer_sites")][-1]
+    counts = {(s["line"], s["callee"]): s["count_total"] for s in field["sites"] if s["file"] == str(program)}
+    assert counts[(_line(PROGRAM, "LINE_STEP"), "step")] == 40 * 3  # x, y and lr, every call
+    assert counts[(_line(PROGRAM, "LINE_SIN"), "sin (op)")] == 40
+    assert field["unattributed"] == {}
+    total = [s["transfers"]["h2d"]["count_total"] for s in samples if s.get("type") == "sample"][-1]
+    assert sum(s["count_total"] for s in field["sites"] if s["direction"] == "h2d") == total
+    step = next(s for s in field["sites"] if s["callee"] == "step")
+    assert {(a["name"], a["kind"]) for a in step["args"]} >= {("lr", PY_SCALAR)} or step["args_seen"] == "transfer"
