@@ -45,6 +45,7 @@ import inspect
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -70,6 +71,8 @@ SITES_SENT = 50
 MAX_SITES = 2000
 #: Arguments described per call at most.
 MAX_ARGS = 32
+#: Lines of the user's whose first call was described, at most (then no more first-call descriptions).
+MAX_SEEN = 100_000
 #: Frames walked from the hook to the user's code at most.
 MAX_WALK = 48
 
@@ -228,13 +231,20 @@ class _Site:
     observed: bool = False  # the arguments seen passing (slow path), not read from a later call
     described_t: float = -1e18
     last_t: float = 0.0
+    asked_t: float = -1e18  # when the hook was last asked to read this line's call's arguments
     callee: str = ""
     history: deque = field(default_factory=lambda: deque(maxlen=60))  # per-tick counts, for a sparkline
+
+    @property
+    def named(self) -> bool:
+        return any(a.name for a in self.args)
 
     def merge(self, described: tuple[ArgInfo, ...], observed: bool, t: float) -> None:
         """Take what a call's arguments were. A call's own arguments, named
         (the hook's), replace what the slow path saw (unnamed, one record
         per kind of value); the slow path's records of one call add up."""
+        if not described:
+            return  # a call that passed nothing to copy says nothing of those that did
         named = any(a.name for a in described)
         if named or not self.args or not any(a.name for a in self.args):
             if named or t - self.described_t > 1.0:
@@ -262,6 +272,7 @@ class TransferSitesProbe:
         self._records: deque = deque(maxlen=RING)  # (kind, ident, t, fun, code, line, args) from any thread
         self._user: dict[Any, bool] = {}  # code object -> is it the user's
         self._want: dict[Any, int] = {}  # function -> calls of it still to describe
+        self._seen: dict[Any, None] = {}  # (code, line) of the user's calls seen by the hook
         self._prev_hook: Any = None
         self._our_hook: Any = None
         self._hook_state: Any = None
@@ -371,6 +382,7 @@ class TransferSitesProbe:
         user = self._user
         is_library = self._filt.is_library
         want = self._want
+        seen = self._seen
         getframe, ident, now = sys._getframe, threading.get_ident, time.time
         probe = self
 
@@ -390,8 +402,19 @@ class TransferSitesProbe:
                         frame = None
                 site = None if frame is None else (code, frame.f_lineno)
                 described = None
+                shape = (site, *map(type, args))
+                if shape not in seen:
+                    # The first call at a line with these kinds of argument:
+                    # what it passes, named, so that a line is described
+                    # from its first transfer.
+                    if len(seen) < MAX_SEEN:
+                        seen[shape] = None
+                    want[fun] = max(want.get(fun, 0), 1)
                 if fun in want:
-                    described = probe._describe_call(fun, args, kwargs)
+                    try:
+                        described = probe._describe_call(fun, args, kwargs)
+                    except Exception:
+                        want.pop(fun, None)
                 append(("call", ident(), now(), fun, site, None, described))
             except Exception:
                 pass
@@ -448,7 +471,9 @@ class TransferSitesProbe:
             try:
                 frame = sys._getframe(1)
                 site, callee = probe._user_site(frame)
-                described = tuple(ArgInfo("", *_literal_kind(x)) for x in list(xs)[:MAX_ARGS])
+                described = probe._slow_call_args(frame)
+                if not described:
+                    described = tuple(ArgInfo("", *_literal_kind(x)) for x in list(xs)[:MAX_ARGS])
                 append(("call", threading.get_ident(), time.time(), callee, site, "observed", described))
             except Exception:
                 pass
@@ -457,6 +482,37 @@ class TransferSitesProbe:
         jaxtop_shard_arg._jaxtop_original = handler  # type: ignore[attr-defined]
         HOOK_CODES.add(jaxtop_shard_arg.__code__)
         return jaxtop_shard_arg
+
+    def _slow_call_args(self, frame: Any) -> tuple[ArgInfo, ...]:
+        """The call's host values, named, read from jax's ``cache_miss``
+        frame above a slow-path shard (its ``args``, ``kwargs`` and the
+        jitted Python function); () where there is none (an eager op's
+        internals, another jax)."""
+        depth = 0
+        while frame is not None and depth < MAX_WALK:
+            code = frame.f_code
+            if code.co_name == "cache_miss" and code.co_filename.endswith("pjit.py"):
+                local = frame.f_locals
+                fun, info = local.get("fun"), local.get("jit_info")
+                args, kwargs = local.get("args") or (), local.get("kwargs") or {}
+                try:
+                    params = tuple(inspect.signature(fun).parameters) if callable(fun) else ()
+                except (TypeError, ValueError):
+                    params = ()
+                static = set(getattr(info, "static_argnums", ()) or ())
+                static_names = set(getattr(info, "static_argnames", ()) or ())
+                out: list[ArgInfo] = []
+                for i, value in enumerate(args):
+                    if i not in static:
+                        describe_value(params[i] if i < len(params) else f"arg{i}", value, self._np,
+                                       self._array_type, out)
+                for key, value in kwargs.items():
+                    if key not in static_names:
+                        describe_value(key, value, self._np, self._array_type, out)
+                return tuple(out)
+            frame = frame.f_back
+            depth += 1
+        return ()
 
     def _user_site(self, frame: Any) -> tuple[Any, str | None]:
         """(the user's (code, line), the jitted function's name) above a slow-path frame."""
@@ -529,7 +585,11 @@ class TransferSitesProbe:
                 name = code.co_name
                 where = (code.co_filename, line, name)
             name, op, _ = self._name_of(fun)
-            self._store(self._by_thread, ident, t, ((where, name, op), described, how == "observed"))
+            try:
+                ref = None if isinstance(fun, str) or fun is None else weakref.ref(fun)
+            except TypeError:
+                ref = None
+            self._store(self._by_thread, ident, t, ((where, name, op), described, how == "observed", ref))
         if full and first_t is not None:
             self._lost_before = max(self._lost_before, first_t)  # the ring overflowed: older lines may lack theirs
 
@@ -605,7 +665,7 @@ class TransferSitesProbe:
             (_, filename, line, function, name), described, observed = value
             key, op = (direction, filename, line, function), False
         else:
-            (where, name, op), described, observed = value
+            (where, name, op), described, observed, ref = value
             key = (direction, where[0], where[1], where[2])
         site = self._sites.get(key)
         if site is None:
@@ -613,8 +673,6 @@ class TransferSitesProbe:
                 self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart")
                 return
             site = self._sites[key] = _Site()
-            if direction != "d2h":
-                self._ask_description(name)  # the next calls' arguments, named
         if direction == "d2h":
             site.callee = f"host read ({name})"
         elif not site.callee or not observed:
@@ -628,21 +686,19 @@ class TransferSitesProbe:
             site.last_t = t
         if described is not None:
             site.merge(described, observed, t)
-        elif direction != "d2h" and t - site.described_t > DESCRIBE_EVERY_S:
-            site.described_t = t
-            self._ask_description(name)
+        if direction != "d2h" and (not site.named or t - site.asked_t > DESCRIBE_EVERY_S) and t > site.asked_t:
+            fun = ref() if ref is not None else None
+            if fun is not None:
+                # The next calls' arguments, named, read by the hook; again
+                # now and then (what a line passes can change).
+                self._want[fun] = 2
+                site.asked_t = t + (1.0 if not site.named else 0.0)
         sizes = [a.nbytes for a in site.args]
         if site.args and all(isinstance(n, int) for n in sizes):
             site.bytes += sizes[min(len(sizes) - 1, (site.count - 1) % len(sizes))]
         else:
             site.bytes_unknown += 1
         self._changed = True
-
-    def _ask_description(self, name: str) -> None:
-        """Describe the next calls of the function named ``name`` (the hook reads their arguments)."""
-        for fun, known in list(self._names.items()):
-            if known[0] == name and not isinstance(fun, str):
-                self._want[fun] = 2
 
     def _give_up(self, direction: str, reason: str) -> None:
         self._unattributed[direction] = self._unattributed.get(direction, 0) + 1

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from jaxtop.budgets.sites import SiteName, parse_site_name, site_count, site_detail, unattributed, worst_sites
 from jaxtop.budgets.reading import WIRE_FIELDS, Reading, wire_value
 from jaxtop.budgets.report import NOT_MEASURED, Measured
 from jaxtop.budgets.spec import Budget
@@ -98,7 +99,35 @@ class WindowState:
                 return now
             before = wire_value(s, name)
             return None if before is None else now - before
+        site = parse_site_name(name)
+        if isinstance(site, SiteName):
+            now = site_count(reading.fields, site)
+            if now is None:
+                return None
+            return float(now - ((site_count(s.fields, site) or 0) if s is not None else 0))
         return None
+
+    def _sites(self, end: Reading | None) -> dict[str, Measured]:
+        """Every per-line limit of the budget (``h2d@train.py:27``)."""
+        out: dict[str, Measured] = {}
+        for limit in self.budget.limits:
+            site = parse_site_name(limit.name)
+            if not isinstance(site, SiteName):
+                continue
+            value = self._total(end, limit.name) if end is not None else None
+            if value is None:
+                out[limit.name] = Measured(na="transfers were not attributed to lines (no transfer_sites field: "
+                                           "the agent's stderr capture or jax's post hook is off)")
+                continue
+            unknown = (unattributed(end.fields) or 0) - ((unattributed(self.start.fields) or 0) if self.start else 0)
+            m = Measured(value=value, first_exceeded_s=self.first.get(limit.name))
+            m.detail = site_detail(end.fields, site)
+            if unknown > 0 and value <= limit.value:
+                # The line may have made some of them: no pass on a lower bound.
+                m = Measured(na=f"{unknown} implicit transfer(s) in the window could not be tied to a line; "
+                             f"{int(value)} were made at {site.path}:{site.line}")
+            out[limit.name] = m
+        return out
 
     def _isolated(self, now: int | None, before: int | None) -> int | None:
         """A process-wide maximum as the window's: known only when the window
@@ -220,6 +249,11 @@ class WindowState:
                 out[d] = Measured(na=no_stream)
                 continue
             m = Measured(value=float(value), first_exceeded_s=first(d))
+            if end is not None and value:
+                # The lines that made them first, then their shapes.
+                worst = worst_sites(self.start.fields if self.start else None, end.fields, d)
+                m.detail = [f"{count} at {text}" for count, text in worst]
+                m.data["sites"] = [{"count": count, "site": text} for count, text in worst]
             self._shape_detail(m, d, end, shapes, shapes_complete)
             out[d] = m
         if any(d in transfer_na for d in DIRECTIONS):
@@ -292,6 +326,7 @@ class WindowState:
                                          f"this window ({int(now)}); the window's own cannot be isolated")
         if "host_syncs" in exact:  # the probe's own count at both edges: exact, up to the window's end
             out["host_syncs"] = Measured(value=float(exact["host_syncs"]), first_exceeded_s=first("host_syncs"))
+        out.update(self._sites(end))
         return out
 
     def _shape_detail(self, m: Measured, d: str, end: Reading | None,

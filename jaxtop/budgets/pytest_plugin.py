@@ -100,6 +100,7 @@ class _Session:
         self.last_item: str | None = None
         self._pyproject: Any = ...
         self.measured: dict[str, dict[str, float]] = {}  # test id -> metric -> value (the session summary)
+        self.worst_site: dict[tuple[str, str], str] = {}  # (test id, metric) -> the line that made most
 
     # -- the agent --------------------------------------------------------------------
     def ensure(self) -> Any:
@@ -402,6 +403,10 @@ def _note(state: _Session, nodeid: str, report: Any) -> None:
     for r in report.results:
         value = r.measured.value
         if r.limit.name in SUMMARY_METRICS and value is not None:
+            if value >= got.get(r.limit.name, value):
+                sites = r.measured.data.get("sites") if isinstance(r.measured.data, dict) else None
+                if sites:  # the line that made most of them, for the summary
+                    state.worst_site[(nodeid, r.limit.name)] = f"{sites[0]['site']} x{sites[0]['count']}"
             got[r.limit.name] = max(value, got.get(r.limit.name, value))
 
 
@@ -545,7 +550,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"{metric}: the worst {len(ranked)} of {len(state.measured)} measured tests")
         for value, nodeid in ranked:
             shown = fmt_bytes(value) if metric == "peak" else f"{value:,.0f}"
-            terminalreporter.write_line(f"  {shown:>12}  {nodeid}")
+            site = state.worst_site.get((nodeid, metric))
+            terminalreporter.write_line(f"  {shown:>12}  {nodeid}" + (f"  (most at {site})" if site else ""))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

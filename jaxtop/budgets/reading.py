@@ -22,6 +22,11 @@ WIRE_FIELDS: dict[str, tuple[str, str, str]] = {
     "host_syncs_per_step": ("host_syncs", "per_step_max", "max"),
 }
 
+#: Sample fields kept whole, as last sent (a probe sends them when they
+#: change): the implicit transfers per line of the program, for limits such
+#: as ``h2d@train.py:27`` (jaxtop.budgets.sites).
+KEPT_FIELDS = ("transfer_sites",)
+
 #: Shapes per direction as the agent sends them: the 5 most frequent.
 TOP_SHAPES_SENT = 5
 
@@ -108,7 +113,7 @@ class Reading:
             r.rss = _opt_int(proc.get("rss_bytes"))
             r.peak_rss = _opt_int(proc.get("peak_rss_bytes"))
         r.fields = dict(fields or {})
-        for name, _key, _kind in WIRE_FIELDS.values():
+        for name in (*(f for f, _key, _kind in WIRE_FIELDS.values()), *KEPT_FIELDS):
             if isinstance(rec.get(name), dict):
                 r.fields[name] = rec[name]
         return r

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from jaxtop.budgets.spec import METRICS, Budget, Limit
+from jaxtop.budgets.spec import Budget, Limit, metric_of
 from jaxtop.wire.paths import write_atomic
 from jaxtop.wire.units import NA, fmt_bytes, is_missing
 
@@ -198,7 +198,8 @@ def _result_lines(r: LimitResult, width: int) -> list[str]:
     kind, m = r.limit.kind, r.measured
     name = r.limit.name.ljust(width)
     limit = fmt_value(kind, r.limit.value)
-    about = METRICS[r.limit.name].about
+    metric = metric_of(r.limit.name)
+    about = metric.about if metric is not None else ""
     if r.status == "n/a":
         return [f"  {name}  n/a: {m.na}"]
     if m.value is None:  # within, by a bound

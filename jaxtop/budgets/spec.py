@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from jaxtop.budgets.sites import SiteName, parse_site_name
 from jaxtop.wire.protocol import DIRECTIONS
 
 _DIRECTION_WORDS = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-to-device"}
@@ -84,8 +85,20 @@ def _metric_defs() -> dict[str, MetricDef]:
     return {m.name: m for m in defs}
 
 
-#: Every name a budget may use.
+#: Every name a budget may use, but the per-line ones (``h2d@train.py:27``).
 METRICS: dict[str, MetricDef] = _metric_defs()
+
+
+def metric_of(name: str) -> MetricDef | None:
+    """The metric a name limits: one of :data:`METRICS`, or the implicit
+    transfers made at one line of the program (:mod:`jaxtop.budgets.sites`)."""
+    metric = METRICS.get(name)
+    if metric is not None:
+        return metric
+    site = parse_site_name(name)
+    if isinstance(site, SiteName):
+        return MetricDef(name, "count", "transfer_sites", site.about)
+    return None
 
 #: Names measured from the transfer guard's log lines (stderr capture).
 TRANSFER_NAMES = frozenset(n for n, m in METRICS.items() if m.wire.startswith("transfers"))
@@ -110,7 +123,8 @@ class Limit:
     @property
     def kind(self) -> str:
         """``count``, ``bytes`` or ``rate``."""
-        return METRICS[self.name].kind
+        metric = metric_of(self.name)
+        return metric.kind if metric is not None else "count"
 
 
 @dataclass(frozen=True)
@@ -150,7 +164,8 @@ _VALUE_RE = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-z/]*)\s*$")
 def _unknown_name(name: str, source: str) -> BudgetError:
     close = difflib.get_close_matches(name, list(METRICS), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return BudgetError(f"{source}: unknown name {_shown(name)!r}{hint} (names: {', '.join(METRICS)})")
+    return BudgetError(f"{source}: unknown name {_shown(name)!r}{hint} (names: {', '.join(METRICS)}; "
+                       "and per line of the program, e.g. h2d@train.py:27)")
 
 
 def _shown(value: Any) -> str:
@@ -174,8 +189,11 @@ def parse_value(name: str, value: Any, source: str = "budget") -> Limit:
             where none belongs, a fraction of a count.
     """
     name = str(name).strip()
-    metric = METRICS.get(name)
+    metric = metric_of(name)
     if metric is None:
+        site = parse_site_name(name)
+        if isinstance(site, str):
+            raise BudgetError(f"{source}: {_shown(name)!r}: {site}")
         raise _unknown_name(name, source)
     where = f"{source}: {name}"
     if isinstance(value, str):
