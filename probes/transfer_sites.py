@@ -32,7 +32,8 @@ the hook's arguments on the first calls of a site and again every
 Cost in the program's thread: one hook call per jitted call (a frame walk
 cached per code object, one tuple appended to a deque), whether or not it
 transferred; ``benchmarks/transfer_sites.py`` measures it beside JAX's own
-logging.
+logging. ``JAXTOP_TRANSFER_SITES=0`` installs nothing (transfers are then
+counted, not tied to lines).
 
 Standard library only, and jax once it is imported (this runs inside the
 user's job).
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import inspect
+import os
 import sys
 import threading
 import time
@@ -63,6 +65,9 @@ RETAIN_S = 6.0
 #: Records the program's threads can leave between two ticks (100 ms apart):
 #: 650,000 jitted calls a second before any is lost.
 RING = 1 << 16
+#: The post hook is taken out after this long without an implicit transfer
+#: (seconds), and put back with the next one.
+QUIET_S = 120.0
 #: A fast-path site's arguments are read again this often (seconds).
 DESCRIBE_EVERY_S = 30.0
 #: Sites sent, the busiest first; the rest are summed under "other sites".
@@ -71,8 +76,6 @@ SITES_SENT = 50
 MAX_SITES = 2000
 #: Arguments described per call at most.
 MAX_ARGS = 32
-#: Lines of the user's whose first call was described, at most (then no more first-call descriptions).
-MAX_SEEN = 100_000
 #: Frames walked from the hook to the user's code at most.
 MAX_WALK = 48
 
@@ -251,7 +254,7 @@ class _Site:
                 self.args = described
             else:
                 self.args = tuple(dict.fromkeys(self.args + described))[:MAX_ARGS]
-            self.observed = observed and not named
+            self.observed = observed
             self.described_t = t
 
 
@@ -269,10 +272,23 @@ class TransferSitesProbe:
     def __init__(self, filt: LibraryFilter = LIBRARY, enabled: bool = True) -> None:
         self._filt = filt
         self.enabled = enabled
-        self._records: deque = deque(maxlen=RING)  # (kind, ident, t, fun, code, line, args) from any thread
-        self._user: dict[Any, bool] = {}  # code object -> is it the user's
+        # Noted on the program's threads, read on the agent's (perf_counter times):
+        self._calls: deque = deque(maxlen=RING)  # after a fast-path call: (ident, t, fun, code, lasti[, args])
+        self._slow: deque = deque(maxlen=RING)  # after a slow-path shard: (ident, t, callee, (code, line), args)
+        self._reads_in: deque = deque(maxlen=RING)  # after a host read: (ident, t, site, kind)
+        self._lines: dict[tuple[int, int], int] = {}  # (id(code), lasti) -> line
+        self._wall_offset = time.time() - time.perf_counter()
+        self._offset_fixed: float | None = None  # tests: record times are wall times already
+        # The hook is taken out while no implicit transfer comes (then the
+        # program's jitted calls run nothing of jaxtop's): when, and the
+        # spans it was out, whose lines cannot be tied to a call.
+        self._hook_in_t: float | None = None
+        self._last_stamp_t = -1e18
+        self._hook_out: list[tuple[float, float]] = []  # (out since, back at)
+        self._out_since: float | None = None
+        self._user: dict[str, bool] = {}  # file name -> is it the user's
         self._want: dict[Any, int] = {}  # function -> calls of it still to describe
-        self._seen: dict[Any, None] = {}  # (code, line) of the user's calls seen by the hook
+        self._fun_args: dict[str, tuple[ArgInfo, ...]] = {}  # a function's arguments as last seen named, by name
         self._prev_hook: Any = None
         self._our_hook: Any = None
         self._hook_state: Any = None
@@ -301,6 +317,10 @@ class TransferSitesProbe:
         """Install the post hook and wrap the slow path's handlers (after ``import jax``)."""
         if not self.enabled:
             self.reason = "transfers are not captured (stderr capture is off): nothing to attribute"
+            return
+        if os.environ.get("JAXTOP_TRANSFER_SITES", "").strip().lower() in ("0", "off", "no", "false"):
+            # The program's own threads then run no hook of jaxtop's.
+            self.reason = "switched off ($JAXTOP_TRANSFER_SITES=0): transfers are counted, not tied to lines"
             return
         try:
             from jax._src import api
@@ -351,15 +371,24 @@ class TransferSitesProbe:
 
     def on_read(self, site: tuple[str, int, str], kind: str, t: float) -> None:
         """A host read the host-sync probe counted (on the reading thread)."""
-        self._records.append(("read", threading.get_ident(), t, None, site, kind, None))
+        self._reads_in.append((threading.get_ident(), time.perf_counter(), site, kind))
 
     def on_tick(self, tick: Tick) -> dict[str, Any] | None:
-        if tick.slow:
-            self._install_hook()  # jax_debug_nans switched on or off sets the hook anew
-            self._wrap_handlers()  # a handler jax registered since
-        self._drain()
         with self._stamps_lock:
             stamps, self._stamps = self._stamps, []
+        if stamps:
+            self._last_stamp_t = tick.now
+            if self._out_since is not None:  # transfers again: the hook back in
+                self._hook_out.append((self._out_since, tick.now))
+                self._out_since = None
+                self._install_hook()
+        if tick.slow and self._out_since is None:
+            self._install_hook()  # jax_debug_nans switched on or off sets the hook anew
+            if self._hook_in_t is not None and tick.now - max(self._last_stamp_t, self._hook_in_t) > QUIET_S:
+                self._take_hook_out(tick.now)
+        if tick.slow:
+            self._wrap_handlers()  # a handler jax registered since
+        self._drain()
         for data in stamps:
             self._pending.extend(parse_stamps(data, tick.now))
         self._match(tick.now, tick.final)
@@ -378,44 +407,42 @@ class TransferSitesProbe:
 
     # -- in the program's threads ------------------------------------------------------------
     def _make_hook(self) -> Callable[..., None]:
-        append = self._records.append
+        append = self._calls.append
         user = self._user
         is_library = self._filt.is_library
         want = self._want
-        seen = self._seen
-        getframe, ident, now = sys._getframe, threading.get_ident, time.time
+        getframe, ident, clock = sys._getframe, threading.get_ident, time.perf_counter
         probe = self
 
+        # Every jitted call of the program runs this, transfer or not: each
+        # step was timed (benchmarks/transfer_sites.py). The record is the
+        # least that identifies the call: the line is worked out on the
+        # agent's thread from the code object and the instruction offset
+        # (a frame's f_lineno decodes the line table), the wall time from
+        # perf_counter, and the dict is keyed by file name (a code object's
+        # hash reads its whole bytecode).
         def jaxtop_transfer_sites_hook(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
             try:
-                frame, depth = getframe(1), 0
-                while frame is not None:
-                    code = frame.f_code
-                    mine = user.get(code)
-                    if mine is None:
-                        mine = user[code] = not is_library(code.co_filename)
-                    if mine:
-                        break
+                frame = getframe(1)
+                code = frame.f_code
+                mine = user.get(code.co_filename)
+                if mine is None:
+                    mine = user[code.co_filename] = not is_library(code.co_filename)
+                depth = 0
+                while not mine:
                     frame = frame.f_back
                     depth += 1
-                    if depth >= MAX_WALK:
-                        frame = None
-                site = None if frame is None else (code, frame.f_lineno)
-                described = None
-                shape = (site, *map(type, args))
-                if shape not in seen:
-                    # The first call at a line with these kinds of argument:
-                    # what it passes, named, so that a line is described
-                    # from its first transfer.
-                    if len(seen) < MAX_SEEN:
-                        seen[shape] = None
-                    want[fun] = max(want.get(fun, 0), 1)
-                if fun in want:
-                    try:
-                        described = probe._describe_call(fun, args, kwargs)
-                    except Exception:
-                        want.pop(fun, None)
-                append(("call", ident(), now(), fun, site, None, described))
+                    if frame is None or depth >= MAX_WALK:
+                        break
+                    code = frame.f_code
+                    mine = user.get(code.co_filename)
+                    if mine is None:
+                        mine = user[code.co_filename] = not is_library(code.co_filename)
+                if want and fun in want:
+                    append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1,
+                            probe._describe_call(fun, args, kwargs)))
+                else:
+                    append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1))
             except Exception:
                 pass
             prev = probe._prev_hook
@@ -425,12 +452,18 @@ class TransferSitesProbe:
         HOOK_CODES.add(jaxtop_transfer_sites_hook.__code__)
         return jaxtop_transfer_sites_hook
 
-    def _describe_call(self, fun: Any, args: Any, kwargs: Any) -> tuple[ArgInfo, ...]:
+    def _describe_call(self, fun: Any, args: Any, kwargs: Any) -> tuple[ArgInfo, ...] | None:
         left = self._want.get(fun, 0) - 1
         if left <= 0:
             self._want.pop(fun, None)
         else:
             self._want[fun] = left
+        try:
+            return self._describe_args(fun, args, kwargs)
+        except Exception:
+            return None
+
+    def _describe_args(self, fun: Any, args: Any, kwargs: Any) -> tuple[ArgInfo, ...]:
         _, _, params = self._name_of(fun)
         info = getattr(fun, "_jit_info", None)
         static = set(getattr(info, "static_argnums", ()) or ())
@@ -457,7 +490,7 @@ class TransferSitesProbe:
 
     def _wrap(self, handler: Callable[..., Any]) -> Callable[..., Any]:
         tls = self._tls
-        append = self._records.append
+        append = self._slow.append
         probe = self
 
         def jaxtop_shard_arg(xs: Any, *rest: Any, **kw: Any) -> Any:
@@ -474,7 +507,7 @@ class TransferSitesProbe:
                 described = probe._slow_call_args(frame)
                 if not described:
                     described = tuple(ArgInfo("", *_literal_kind(x)) for x in list(xs)[:MAX_ARGS])
-                append(("call", threading.get_ident(), time.time(), callee, site, "observed", described))
+                append((threading.get_ident(), time.perf_counter(), callee, site, described))
             except Exception:
                 pass
             return result
@@ -520,9 +553,9 @@ class TransferSitesProbe:
         depth = 0
         while frame is not None and depth < MAX_WALK:
             code = frame.f_code
-            mine = self._user.get(code)
+            mine = self._user.get(code.co_filename)
             if mine is None:
-                mine = self._user[code] = not self._filt.is_library(code.co_filename)
+                mine = self._user[code.co_filename] = not self._filt.is_library(code.co_filename)
             if mine:
                 return (code, frame.f_lineno), callee
             frame = frame.f_back
@@ -538,8 +571,21 @@ class TransferSitesProbe:
             if current is not ours:
                 self._prev_hook = current  # jax's own (debug_nans) or None: called after ours
                 state.set_global(ours)
+                self._hook_in_t = time.time()
         except Exception as exc:
             self.reason = f"jax's post hook could not be set: {type(exc).__name__}: {exc}"
+
+    def _take_hook_out(self, now: float) -> None:
+        """No implicit transfer for :data:`QUIET_S`: the program's jitted
+        calls run nothing of jaxtop's until the next one."""
+        state, ours = self._hook_state, self._our_hook
+        try:
+            if state is not None and state.get_global() is ours:
+                state.set_global(self._prev_hook)
+        except Exception:
+            return
+        self._out_since = now
+        self._hook_in_t = None
 
     # -- on the agent's thread -----------------------------------------------------------------
     def _name_of(self, fun: Any) -> tuple[str, bool, tuple[str, ...]]:
@@ -562,36 +608,63 @@ class TransferSitesProbe:
             self._names[fun] = known
         return known
 
+    def _line_of(self, code: Any, lasti: int) -> int:
+        """The line of instruction offset ``lasti`` in ``code`` (what a
+        frame's f_lineno would have said), cached."""
+        key = (id(code), lasti)
+        line = self._lines.get(key)
+        if line is None:
+            line = code.co_firstlineno
+            for start, end, number in code.co_lines():
+                if start <= lasti < end and number is not None:
+                    line = number
+                    break
+            if len(self._lines) > 200_000:
+                self._lines.clear()
+            self._lines[key] = line
+        return line
+
     def _drain(self) -> None:
         """Move the program threads' records into per-thread lists (sorted by time)."""
-        records = self._records
-        full = len(records) >= RING
+        offset = self._offset_fixed if self._offset_fixed is not None else time.time() - time.perf_counter()
+        self._wall_offset = offset
         first_t = None
-        while True:
-            try:
-                kind, ident, t, fun, site, how, described = records.popleft()
-            except IndexError:
-                break
-            if first_t is None:
-                first_t = t
-            if kind == "read":
-                key = ("d2h", site[0], site[1], site[2], "read" if how is None else str(how))
-                self._store(self._reads, ident, t, (key, None, False))
-                continue
-            if site is None:
-                where = ("", 0, "<no user frame>")
-            else:
-                code, line = site
-                name = code.co_name
-                where = (code.co_filename, line, name)
-            name, op, _ = self._name_of(fun)
-            try:
-                ref = None if isinstance(fun, str) or fun is None else weakref.ref(fun)
-            except TypeError:
-                ref = None
-            self._store(self._by_thread, ident, t, ((where, name, op), described, how == "observed", ref))
-        if full and first_t is not None:
-            self._lost_before = max(self._lost_before, first_t)  # the ring overflowed: older lines may lack theirs
+        for queue in (self._calls, self._slow, self._reads_in):
+            full = len(queue) >= RING
+            head = None
+            while True:
+                try:
+                    record = queue.popleft()
+                except IndexError:
+                    break
+                t = record[1] + offset
+                if head is None:
+                    head = t
+                if queue is self._reads_in:
+                    ident, _, site, kind = record
+                    key = ("d2h", site[0], site[1], site[2], str(kind))
+                    self._store(self._reads, ident, t, (key, None, False))
+                    continue
+                if queue is self._calls:
+                    ident, _, fun, code, lasti = record[:5]
+                    described = record[5] if len(record) > 5 else None
+                    line = self._line_of(code, lasti) if code is not None else 0
+                    observed = False
+                else:
+                    ident, _, fun, site, described = record
+                    code, line = site if site is not None else (None, 0)
+                    observed = True
+                where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
+                name, op, _ = self._name_of(fun)
+                try:
+                    ref = None if isinstance(fun, str) or fun is None else weakref.ref(fun)
+                except TypeError:
+                    ref = None
+                self._store(self._by_thread, ident, t, ((where, name, op), described, observed, ref))
+            if full and head is not None:
+                first_t = head if first_t is None else max(first_t, head)
+        if first_t is not None:
+            self._lost_before = max(self._lost_before, first_t)  # a ring overflowed: older lines may lack theirs
 
     @staticmethod
     def _store(table: dict, ident: int, t: float, value: tuple) -> None:
@@ -611,6 +684,12 @@ class TransferSitesProbe:
                             if th.native_id is not None and th.ident is not None}
             ident = self._native.get(native)
         return ident
+
+    def _while_out(self, t: float) -> bool:
+        """Whether the hook was out at ``t`` (its calls left no record)."""
+        if self._out_since is not None and t >= self._out_since - 1.0:
+            return True
+        return any(since - 1.0 <= t < back for since, back in self._hook_out[-16:])
 
     @staticmethod
     def _only_thread(table: dict, t: float) -> int | None:
@@ -636,6 +715,10 @@ class TransferSitesProbe:
                               "its log line names no thread (jaxlib before 0.5) and several threads called jax")
                 continue
             times, values = table.get(ident, ([], []))
+            if self._while_out(t):
+                self._give_up(direction, f"made while jaxtop's hook was out (no implicit transfer for {QUIET_S:.0f} s "
+                              "before it); the next ones are tied to lines again")
+                continue
             i = bisect.bisect_left(times, t)
             if i < len(times) and times[i] - t <= MATCH_WINDOW_S:
                 if t < self._lost_before:
@@ -686,6 +769,12 @@ class TransferSitesProbe:
             site.last_t = t
         if described is not None:
             site.merge(described, observed, t)
+            if direction != "d2h" and any(a.name for a in described):
+                self._fun_args[name] = described
+        elif direction != "d2h" and not site.args and name in self._fun_args:
+            # This line's calls were not read yet: what the same function
+            # was passed elsewhere, marked as read from a call.
+            site.merge(self._fun_args[name], False, t)
         if direction != "d2h" and (not site.named or t - site.asked_t > DESCRIBE_EVERY_S) and t > site.asked_t:
             fun = ref() if ref is not None else None
             if fun is not None:

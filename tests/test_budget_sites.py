@@ -160,4 +160,5 @@ def test_pytest_budget_on_a_line_and_the_summary_names_the_worst_line(pytester, 
     assert outcomes.get("passed") == 1 and outcomes.get("failed") == 1, result.stdout.str()[-3000:]
     out = result.stdout.str()
     assert f"h2d@test_lines.py:{feed_line}  7 > 0" in out
-    assert f"(most at test_lines.py:{feed_line} (<lambda>: x) x7)" in out, out
+    # The line and the function; its arguments are read on later calls of the line.
+    assert f"(most at test_lines.py:{feed_line} (<lambda>" in out and ") x7)" in out, out

@@ -39,13 +39,14 @@ class _Code:
 def _probe() -> TransferSitesProbe:
     probe = TransferSitesProbe()
     probe._native = {threading.get_native_id(): threading.get_ident()}
+    probe._offset_fixed = 0.0  # the records below are given in wall time
     return probe
 
 
 def _call(probe: TransferSitesProbe, t: float, line: int, callee: str = "step", described=None,
           ident: int | None = None) -> None:
-    probe._records.append(("call", ident or threading.get_ident(), t, callee, (_Code("/w/train.py", "main"), line),
-                           None, described))
+    """A call noted at wall time ``t`` (as the slow path notes one: its line known)."""
+    probe._slow.append((ident or threading.get_ident(), t, callee, (_Code("/w/train.py", "main"), line), described))
 
 
 def _sites(field) -> dict[tuple[str, int, str], int]:
@@ -139,8 +140,7 @@ def test_a_header_without_a_thread_is_matched_only_where_one_thread_calls_jax():
 def test_a_host_read_line_goes_to_the_read_not_to_a_call():
     probe, me = _probe(), threading.get_native_id()
     t0 = time.time() - 1
-    probe.on_read(("/w/train.py", 50, "main"), "float", t0 + 0.00002)
-    probe._records[-1] = probe._records[-1][:2] + (t0 + 0.00002,) + probe._records[-1][3:]
+    probe._reads_in.append((threading.get_ident(), t0 + 0.00002, ("/w/train.py", 50, "main"), "float"))
     _call(probe, t0 + 0.00001, 49)  # a call that returned between: not the read's
     probe.take_stamps(_stamp("d2h", me, t0))
     field = probe.on_tick(Tick(now=time.time()))
@@ -152,7 +152,7 @@ def test_an_overflowing_ring_leaves_its_lines_unattributed(monkeypatch):
 
     monkeypatch.setattr(transfer_sites, "RING", 4)
     probe, me = _probe(), threading.get_native_id()
-    probe._records = transfer_sites.deque(maxlen=4)
+    probe._slow = transfer_sites.deque(maxlen=4)
     t0 = time.time() - 1
     for i in range(10):  # ten calls, the ring keeps the last four
         _call(probe, t0 + i * 0.001 + 0.0005, 60 + i)
@@ -201,23 +201,22 @@ def test_the_hook_notes_each_fast_path_call_with_the_users_line(installed):
     f = jax.jit(lambda x, y: x * y)
     x = jnp.ones(3)
     f(x, 2.0)  # compiles: the slow path
-    installed._records.clear()
+    installed._calls.clear()
     for _ in range(5):
         f(x, 2.0)
     line = sys._getframe().f_lineno - 1
-    calls = [r for r in installed._records if r[0] == "call"]
+    calls = list(installed._calls)
     assert len(calls) == 5
-    assert {(r[4][0].co_filename, r[4][1]) for r in calls} == {(__file__, line)}
+    assert {(r[3].co_filename, installed._line_of(r[3], r[4])) for r in calls} == {(__file__, line)}
 
 
 def test_the_slow_path_notes_what_it_copied(installed):
     import jax
 
     g = jax.jit(lambda x, n: x + n)
-    installed._records.clear()
+    installed._slow.clear()
     g(np.ones((2, 3), np.float32), 1.5)  # first call: arguments sharded in Python
-    observed = [r for r in installed._records if r[5] == "observed"]
-    described = {(a.name, a.kind, a.shape) for r in observed for a in r[6]}
+    described = {(a.name, a.kind, a.shape) for r in installed._slow for a in r[4]}
     assert described == {("x", NUMPY, "float32[2,3]"), ("n", PY_SCALAR, "float[]")}
 
 
@@ -233,18 +232,18 @@ def test_debug_nans_still_raises_through_the_chained_hook(installed):
         installed.on_tick(Tick(now=time.time(), slow=True))
         h = jax.jit(lambda x: jnp.sqrt(x) + 0.0)
         h(jnp.ones(2))
-        before = len(installed._records)
+        before = len(installed._calls)
         with pytest.raises(FloatingPointError):
             h(-jnp.ones(2)).block_until_ready()
-        assert len(installed._records) > before  # and jaxtop noted the call
+        assert len(installed._calls) > before  # and jaxtop noted the call
     finally:
         jax.config.update("jax_debug_nans", False)
     installed.on_tick(Tick(now=time.time(), slow=True))
     f, x = jax.jit(lambda x: jnp.log(x)), jnp.ones(2)
     f(x)
-    before = len(installed._records)
+    before = len(installed._calls)
     f(x)
-    assert len(installed._records) == before + 1  # still noting calls with debug_nans off again
+    assert len(installed._calls) == before + 1  # still noting calls with debug_nans off again
 
 
 def test_stop_gives_jax_its_hook_and_handlers_back():

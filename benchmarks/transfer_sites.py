@@ -1,0 +1,171 @@
+"""What tying each implicit transfer to its line costs, beside JAX's own logging.
+
+Three arms, each workload in a fresh child process, the arms interleaved
+``--rounds`` times (these machines are noisy: only side-by-side runs compare):
+
+* ``jax-log``: no jaxtop; JAX's transfer guard at ``log``, its lines to a
+  pipe the parent drains (what the guard costs by itself: JAX's price);
+* ``counts``: jaxtop's agent with the transfer-sites probe off
+  (``JAXTOP_TRANSFER_SITES=0``): transfers counted, not tied to lines;
+* ``sites``: jaxtop's agent as shipped.
+
+Workloads, timed in the program's thread (median ns per call over blocks):
+
+* ``numpy``: a jitted call fed a NumPy array: one implicit transfer a call;
+* ``device``: the same call fed a device array: no transfer (what the hook
+  costs every jitted call that transfers nothing);
+* ``eager``: an eager op on device arrays (``x + 1``): no transfer.
+
+Then ``paced``: 1,000 transfers a second for ``--paced-s`` seconds; the
+CPU of the agent's threads (process CPU minus the main thread's) and of the
+stderr relay (a child process), as % of one core.
+
+    .venv/bin/python benchmarks/transfer_sites.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+CHILD = r'''
+import json, os, sys, time, threading
+mode, workload, calls, blocks, paced_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+if mode != "jax-log":
+    import jaxtop
+    handle = jaxtop.instrument()
+import numpy as np
+import jax, jax.numpy as jnp
+f = jax.jit(lambda x: x * 2.0)
+host = np.ones((16,), np.float32)
+dev = jax.device_put(host)
+g = lambda: None
+if workload == "numpy":
+    def one(): f(host)
+elif workload == "device":
+    def one(): f(dev)
+else:
+    def one(): dev + 1.0
+for _ in range(2000):  # compiled, warmed, the agent's first ticks past
+    one()
+jax.block_until_ready(dev)
+time.sleep(1.0)
+out = {}
+if workload != "paced":
+    per = []
+    for _ in range(blocks):
+        t = time.perf_counter_ns()
+        for _ in range(calls):
+            one()
+        per.append((time.perf_counter_ns() - t) / calls)
+        time.sleep(0.05)
+    out["ns_per_call"] = per
+else:
+    def one(): f(host)
+    relay = None
+    try:
+        import psutil
+        kids = psutil.Process().children()
+        relay = kids[0] if kids else None
+        r0 = relay.cpu_times() if relay else None
+    except Exception:
+        relay = None
+    main0, proc0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
+    n, next_t = 0, time.perf_counter()
+    while time.perf_counter() - wall0 < paced_s:
+        one(); n += 1
+        next_t += 0.001
+        pause = next_t - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+    wall = time.perf_counter() - wall0
+    others = (time.process_time() - proc0) - (time.thread_time() - main0)
+    out["transfers_per_s"] = n / wall
+    out["other_threads_pct_core"] = 100 * others / wall
+    if relay is not None:
+        r1 = relay.cpu_times()
+        out["relay_pct_core"] = 100 * ((r1.user - r0.user) + (r1.system - r0.system)) / wall
+print("RESULT " + json.dumps(out), flush=True)
+'''
+
+ARMS = ("jax-log", "counts", "sites")
+
+
+def run_child(arm: str, workload: str, args: argparse.Namespace, script: Path) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("JAXTOP_TRANSFER_SITES", None)
+    if arm == "jax-log":
+        env["JAX_TRANSFER_GUARD"] = "log"
+    else:
+        env.pop("JAX_TRANSFER_GUARD", None)
+        env["JAXTOP_SOCKET_DIR"] = args.sockdir
+        if arm == "counts":
+            env["JAXTOP_TRANSFER_SITES"] = "0"
+    proc = subprocess.Popen([sys.executable, str(script), arm, workload, str(args.calls), str(args.blocks),
+                             str(args.paced_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # The guard's lines (jax-log arm) drained as jaxtop's relay drains them.
+    errors: list[bytes] = []
+    drain = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
+    drain.start()
+    out, _ = proc.communicate(timeout=600)
+    drain.join()
+    for line in out.decode().splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{arm}/{workload} gave no result: {b''.join(errors)[-2000:].decode(errors='replace')}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--calls", type=int, default=20000, help="calls per timed block")
+    p.add_argument("--blocks", type=int, default=5)
+    p.add_argument("--paced-s", type=float, default=10.0)
+    p.add_argument("--json-out")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        args.sockdir = tmp
+        script = Path(tmp) / "child.py"
+        script.write_text(CHILD)
+        results: dict[tuple[str, str], list[dict]] = {}
+        for r in range(args.rounds):
+            order = ARMS if r % 2 == 0 else tuple(reversed(ARMS))
+            for workload in ("numpy", "device", "eager", "paced"):
+                for arm in order:
+                    results.setdefault((arm, workload), []).append(run_child(arm, workload, args, script))
+    table = {}
+    print(f"{'workload':<8} {'arm':<8} {'ns/call':>9}   (median of {args.rounds} rounds x {args.blocks} blocks)")
+    for workload in ("numpy", "device", "eager"):
+        for arm in ARMS:
+            per = [ns for res in results[(arm, workload)] for ns in res["ns_per_call"]]
+            table[(arm, workload)] = statistics.median(per)
+            print(f"{workload:<8} {arm:<8} {table[(arm, workload)]:9.0f}")
+    print()
+    for workload, what in (("numpy", "per transfer (one a call)"), ("device", "per jitted call, no transfer"),
+                           ("eager", "per eager op, no transfer")):
+        jax_price = table[("counts", workload)] - table[("jax-log", workload)]
+        sites = table[("sites", workload)] - table[("counts", workload)]
+        print(f"{what:<30}: jaxtop counting {jax_price:+6.0f} ns vs JAX's logging alone; "
+              f"tying to lines {sites:+6.0f} ns more")
+    print()
+    for arm in ARMS:
+        paced = results[(arm, "paced")]
+        rate = statistics.median(r["transfers_per_s"] for r in paced)
+        others = statistics.median(r["other_threads_pct_core"] for r in paced)
+        relay = [r["relay_pct_core"] for r in paced if "relay_pct_core" in r]
+        print(f"paced {arm:<8}: {rate:6.0f} transfers/s; other threads {others:5.2f} % of a core"
+              + (f"; relay {statistics.median(relay):5.2f} %" if relay else ""))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({f"{a}/{w}": v for (a, w), v in results.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
