@@ -287,10 +287,15 @@ class TransferSitesProbe:
         self._hook_out: list[tuple[float, float]] = []  # (out since, back at)
         self._out_since: float | None = None
         self._user: dict[str, bool] = {}  # file name -> is it the user's
-        self._want: dict[Any, int] = {}  # function -> calls of it still to describe
+        # id(function) -> calls of it still to describe. Keyed by id: a jitted
+        # function may be unhashable (flax's nnx.jit wraps objects that define __eq__).
+        self._want: dict[int, int] = {}
         self._fun_args: dict[str, tuple[ArgInfo, ...]] = {}  # a function's arguments as last seen named, by name
         self._prev_hook: Any = None
         self._our_hook: Any = None
+        self._active = False  # the hook notes calls (False: taken out, or stopped)
+        self._local_hooks: dict[int, Any] = {}  # id(jax's hook) -> ours chained to it, for thread-local settings
+        self._debug_states: list[tuple[Any, Any]] = []  # (jax's debug_nans/infs state, its thread-local hook)
         self._hook_state: Any = None
         self._handlers: dict[Any, Any] = {}  # type -> the handler we replaced
         self._handler_table: Any = None
@@ -308,7 +313,8 @@ class TransferSitesProbe:
         self._unattributed: dict[str, int] = {}
         self._reasons: dict[str, int] = {}
         self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
-        self._names: dict[Any, tuple[str, bool, tuple[str, ...]]] = {}
+        # id(function) -> (a weak reference to it, (name, op, parameters)).
+        self._names: dict[int, tuple[Any, tuple[str, bool, tuple[str, ...]]]] = {}
         self._changed = True
         self.reason: str | None = None
 
@@ -344,12 +350,66 @@ class TransferSitesProbe:
             self._hook_state = state
             self._our_hook = self._make_hook()
             self._install_hook()
+            self._keep_thread_local_hooks()
         table = getattr(pxla, "shard_arg_handlers", None)
         if isinstance(table, dict):
             self._handler_table = table
             self._wrap_handlers()
 
+    def _keep_thread_local_hooks(self) -> None:
+        """jax sets the post hook per thread too, whenever ``debug_nans`` or
+        ``debug_infs`` is set for a thread, and jax does so itself: an op
+        evaluated through ``core.jaxpr_as_fun`` runs under
+        ``debug_nans(False)``, after which the thread's own hook is None and
+        the global one (jaxtop's) is never called on it again (flax's
+        ``nnx.jit`` train steps on the main thread went unnoticed). After each
+        such setting, jaxtop's hook goes in front of what jax set there."""
+        from jax._src import config
+
+        state = self._hook_state
+        if not hasattr(state, "get_local") or not hasattr(state, "set_local"):
+            return  # jax before 0.5: a thread's None falls back to the global hook
+        for name in ("debug_nans", "debug_infs"):
+            debug = getattr(config, name, None)
+            original = getattr(debug, "_update_thread_local_hook", None)
+            if original is None or getattr(original, "_jaxtop_original", None) is not None:
+                continue
+
+            def update(value: Any, original: Any = original) -> None:
+                original(value)
+                self._fix_thread_local()
+
+            update._jaxtop_original = original  # type: ignore[attr-defined]
+            try:
+                debug._update_thread_local_hook = update
+            except Exception:
+                continue
+            self._debug_states.append((debug, original))
+        self._fix_thread_local()
+
+    def _fix_thread_local(self) -> None:
+        """This thread's post hook, as jax just set it, with jaxtop's in front."""
+        state = self._hook_state
+        try:
+            local = state.get_local()
+            if local is None:
+                state.set_local(self._local_hooks.setdefault(0, self._make_hook(chained=None)))
+            elif callable(local) and getattr(local, "__code__", None) not in HOOK_CODES:
+                hook = self._local_hooks.get(id(local))
+                if hook is None:
+                    hook = self._local_hooks[id(local)] = self._make_hook(chained=local)
+                state.set_local(hook)
+        except Exception:
+            pass
+
     def stop(self) -> None:
+        self._active = False
+        for debug, original in self._debug_states:
+            try:
+                debug._update_thread_local_hook = original
+            except Exception:
+                pass
+        self._debug_states.clear()
         state, ours = self._hook_state, self._our_hook
         if state is not None and ours is not None:
             try:
@@ -406,7 +466,9 @@ class TransferSitesProbe:
         return out
 
     # -- in the program's threads ------------------------------------------------------------
-    def _make_hook(self) -> Callable[..., None]:
+    def _make_hook(self, chained: Any = "global") -> Callable[..., None]:
+        """The hook; after its note it calls jax's own hook: the global one
+        (``chained="global"``), the given one, or none (None)."""
         append = self._calls.append
         user = self._user
         is_library = self._filt.is_library
@@ -423,6 +485,8 @@ class TransferSitesProbe:
         # hash reads its whole bytecode).
         def jaxtop_transfer_sites_hook(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
             try:
+                if not probe._active:
+                    raise LookupError  # taken out (a thread kept it locally): only jax's own below
                 frame = getframe(1)
                 code = frame.f_code
                 mine = user.get(code.co_filename)
@@ -438,14 +502,14 @@ class TransferSitesProbe:
                     mine = user.get(code.co_filename)
                     if mine is None:
                         mine = user[code.co_filename] = not is_library(code.co_filename)
-                if want and fun in want:
+                if want and id(fun) in want:
                     append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1,
                             probe._describe_call(fun, args, kwargs)))
                 else:
                     append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1))
             except Exception:
                 pass
-            prev = probe._prev_hook
+            prev = probe._prev_hook if chained == "global" else chained
             if prev is not None:
                 prev(fun, args, kwargs, out)  # the user's (jax_debug_nans): its errors are theirs
 
@@ -453,11 +517,11 @@ class TransferSitesProbe:
         return jaxtop_transfer_sites_hook
 
     def _describe_call(self, fun: Any, args: Any, kwargs: Any) -> tuple[ArgInfo, ...] | None:
-        left = self._want.get(fun, 0) - 1
+        left = self._want.get(id(fun), 0) - 1
         if left <= 0:
-            self._want.pop(fun, None)
+            self._want.pop(id(fun), None)
         else:
-            self._want[fun] = left
+            self._want[id(fun)] = left
         try:
             return self._describe_args(fun, args, kwargs)
         except Exception:
@@ -572,6 +636,7 @@ class TransferSitesProbe:
                 self._prev_hook = current  # jax's own (debug_nans) or None: called after ours
                 state.set_global(ours)
                 self._hook_in_t = time.time()
+            self._active = True
         except Exception as exc:
             self.reason = f"jax's post hook could not be set: {type(exc).__name__}: {exc}"
 
@@ -586,15 +651,16 @@ class TransferSitesProbe:
             return
         self._out_since = now
         self._hook_in_t = None
+        self._active = False
 
     # -- on the agent's thread -----------------------------------------------------------------
     def _name_of(self, fun: Any) -> tuple[str, bool, tuple[str, ...]]:
         """(name, is it one of jax's own ops, parameter names) of a jitted function."""
-        known = self._names.get(fun)
-        if known is not None:
-            return known
         if isinstance(fun, str) or fun is None:
             return (fun or "?", False, ())
+        kept = self._names.get(id(fun))
+        if kept is not None and kept[0]() is fun:
+            return kept[1]
         inner = getattr(fun, "_fun", None) or getattr(fun, "__wrapped__", None)
         name = getattr(inner, "__name__", None) or getattr(fun, "__name__", "?")
         module = getattr(inner, "__module__", "") or ""
@@ -604,8 +670,13 @@ class TransferSitesProbe:
         except (TypeError, ValueError):
             params = ()
         known = (str(name), op, params)
-        if len(self._names) < 10000:
-            self._names[fun] = known
+        try:
+            ref = weakref.ref(fun)
+        except TypeError:
+            return known
+        if len(self._names) >= 10000:
+            self._names.clear()
+        self._names[id(fun)] = (ref, known)
         return known
 
     def _line_of(self, code: Any, lasti: int) -> int:
@@ -780,7 +851,7 @@ class TransferSitesProbe:
             if fun is not None:
                 # The next calls' arguments, named, read by the hook; again
                 # now and then (what a line passes can change).
-                self._want[fun] = 2
+                self._want[id(fun)] = 2
                 site.asked_t = t + (1.0 if not site.named else 0.0)
         sizes = [a.nbytes for a in site.args]
         if site.args and all(isinstance(n, int) for n in sizes):

@@ -246,6 +246,30 @@ def test_debug_nans_still_raises_through_the_chained_hook(installed):
     assert len(installed._calls) == before + 1  # still noting calls with debug_nans off again
 
 
+def test_calls_are_noted_after_jax_sets_a_threads_own_hook(installed):
+    """jax evaluates some ops under ``debug_nans(False)`` (core.jaxpr_as_fun),
+    which leaves the thread's own post hook None: the global one was then
+    never called on that thread again (flax's nnx.jit train steps on the main
+    thread went unnoticed)."""
+    import jax
+    from jax._src import config
+
+    f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
+    f(x)
+    with config.debug_nans(False):
+        pass
+    before = len(installed._calls)
+    f(x)
+    assert len(installed._calls) == before + 1
+    with jax.debug_nans(True):  # the user's own setting for the thread: jax's check still runs, after jaxtop's note
+        g = jax.jit(lambda x: jax.numpy.log(x) + 0.0)
+        g(x)
+        before = len(installed._calls)
+        with pytest.raises(FloatingPointError):
+            g(-x).block_until_ready()
+        assert len(installed._calls) > before
+
+
 def test_stop_gives_jax_its_hook_and_handlers_back():
     pytest.importorskip("jax")
     from jax._src import api
