@@ -113,7 +113,7 @@ def test_jaxtop_run_fails_on_the_line_that_transfers_and_passes_the_one_that_doe
     assert run.returncode == 3, run.stderr[-2000:]
     assert f"h2d@train.py:{numpy_line}  20 > 0" in run.stderr
     assert f"h2d@train.py:{placed_line}  0 <= 0: ok" in run.stderr
-    assert "batch: NumPy array float32[8,4]" in run.stderr  # what the line passed
+    assert "NumPy array float32[8,4]" in run.stderr  # what the line passed
     run = subprocess.run([sys.executable, "-m", "jaxtop", "run", "--budget", f"h2d@train.py:{placed_line}=0",
                           str(program)], capture_output=True, text=True, timeout=120, env=child_env)
     assert run.returncode == 0, run.stderr[-2000:]

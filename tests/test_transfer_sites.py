@@ -23,6 +23,18 @@ from jaxtop.probes.base import Tick
 from jaxtop.probes.transfer_sites import MATCH_WINDOW_S, NUMPY, PY_SCALAR, TransferSitesProbe, describe_value, parse_stamps
 
 
+def _new_jax() -> bool:
+    try:
+        from jax._src import api
+    except ImportError:
+        return False
+    return hasattr(api, "_post_hook_state")
+
+
+#: jax 0.5 and later: the post hook is a config state, per thread too.
+NEW_JAX = _new_jax()
+
+
 def _stamp(direction: str, native: int, t: float) -> bytes:
     """A relay stamp for Unix time ``t`` (local time of day, to the microsecond)."""
     lt = time.localtime(t)
@@ -217,6 +229,8 @@ def test_the_slow_path_notes_what_it_copied(installed):
     installed._slow.clear()
     g(np.ones((2, 3), np.float32), 1.5)  # first call: arguments sharded in Python
     described = {(a.name, a.kind, a.shape) for r in installed._slow for a in r[4]}
+    if not NEW_JAX:  # jax before 0.5: cache_miss holds no function to name the parameters by
+        described = {(("x", "n")[int(name[3:])], kind, shape) for name, kind, shape in described}
     assert described == {("x", NUMPY, "float32[2,3]"), ("n", PY_SCALAR, "float[]")}
 
 
@@ -261,6 +275,8 @@ def test_calls_are_noted_after_jax_sets_a_threads_own_hook(installed):
     before = len(installed._calls)
     f(x)
     assert len(installed._calls) == before + 1
+    if not NEW_JAX:
+        return  # jax before 0.5: a thread's own hook (debug_nans) replaces the global one: no note there
     with jax.debug_nans(True):  # the user's own setting for the thread: jax's check still runs, after jaxtop's note
         g = jax.jit(lambda x: jax.numpy.log(x) + 0.0)
         g(x)
@@ -275,12 +291,15 @@ def test_stop_gives_jax_its_hook_and_handlers_back():
     from jax._src import api
     from jax._src.interpreters import pxla
 
+    from jaxtop.probes.transfer_sites import _hook_slot
+
     handlers = dict(pxla.shard_arg_handlers)
     probe = _probe()
     probe.start()
-    assert api._post_hook_state.get_global() is probe._our_hook
+    slot = _hook_slot(api)
+    assert slot.get_global() is probe._our_hook
     probe.stop()
-    assert api._post_hook_state.get_global() is None
+    assert slot.get_global() is None
     assert pxla.shard_arg_handlers == handlers
 
 
