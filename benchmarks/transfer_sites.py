@@ -17,8 +17,9 @@ Workloads, timed in the program's thread (median ns per call over blocks):
 * ``eager``: an eager op on device arrays (``x + 1``): no transfer.
 
 Then ``paced``: 1,000 transfers a second for ``--paced-s`` seconds; the
-CPU of the agent's threads (process CPU minus the main thread's) and of the
-stderr relay (a child process), as % of one core.
+CPU of jaxtop's threads (their own thread clocks), of every thread but the
+main one (XLA's too), and of the stderr relay (a child process), as % of one
+core.
 
     .venv/bin/python benchmarks/transfer_sites.py --rounds 3
 """
@@ -77,6 +78,9 @@ else:
         r0 = relay.cpu_times() if relay else None
     except Exception:
         relay = None
+    agents = [t for t in threading.enumerate() if t.name.startswith("jaxtop")]
+    clocks = [time.pthread_getcpuclockid(t.ident) for t in agents]
+    agent0 = sum(time.clock_gettime(c) for c in clocks)
     main0, proc0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
     n, next_t = 0, time.perf_counter()
     while time.perf_counter() - wall0 < paced_s:
@@ -89,6 +93,7 @@ else:
     others = (time.process_time() - proc0) - (time.thread_time() - main0)
     out["transfers_per_s"] = n / wall
     out["other_threads_pct_core"] = 100 * others / wall
+    out["agent_threads_pct_core"] = 100 * (sum(time.clock_gettime(c) for c in clocks) - agent0) / wall
     if relay is not None:
         r1 = relay.cpu_times()
         out["relay_pct_core"] = 100 * ((r1.user - r0.user) + (r1.system - r0.system)) / wall
@@ -128,6 +133,8 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=20000, help="calls per timed block")
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--paced-s", type=float, default=10.0)
+    p.add_argument("--workloads", default="numpy,device,eager,paced",
+                   help="which of numpy, device, eager, paced (default all)")
     p.add_argument("--json-out")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,12 +144,13 @@ def main() -> int:
         results: dict[tuple[str, str], list[dict]] = {}
         for r in range(args.rounds):
             order = ARMS if r % 2 == 0 else tuple(reversed(ARMS))
-            for workload in ("numpy", "device", "eager", "paced"):
+            for workload in args.workloads.split(","):
                 for arm in order:
                     results.setdefault((arm, workload), []).append(run_child(arm, workload, args, script))
     table = {}
     print(f"{'workload':<8} {'arm':<8} {'ns/call':>9}   (median of {args.rounds} rounds x {args.blocks} blocks)")
-    for workload in ("numpy", "device", "eager"):
+    timed = [w for w in ("numpy", "device", "eager") if w in args.workloads.split(",")]
+    for workload in timed:
         for arm in ARMS:
             per = [ns for res in results[(arm, workload)] for ns in res["ns_per_call"]]
             table[(arm, workload)] = statistics.median(per)
@@ -150,18 +158,22 @@ def main() -> int:
     print()
     for workload, what in (("numpy", "per transfer (one a call)"), ("device", "per jitted call, no transfer"),
                            ("eager", "per eager op, no transfer")):
+        if workload not in timed:
+            continue
         jax_price = table[("counts", workload)] - table[("jax-log", workload)]
         sites = table[("sites", workload)] - table[("counts", workload)]
         print(f"{what:<30}: jaxtop counting {jax_price:+6.0f} ns vs JAX's logging alone; "
               f"tying to lines {sites:+6.0f} ns more")
     print()
-    for arm in ARMS:
+    for arm in ARMS if "paced" in args.workloads.split(",") else ():
         paced = results[(arm, "paced")]
         rate = statistics.median(r["transfers_per_s"] for r in paced)
         others = statistics.median(r["other_threads_pct_core"] for r in paced)
         relay = [r["relay_pct_core"] for r in paced if "relay_pct_core" in r]
-        print(f"paced {arm:<8}: {rate:6.0f} transfers/s; other threads {others:5.2f} % of a core"
-              + (f"; relay {statistics.median(relay):5.2f} %" if relay else ""))
+        agent = statistics.median(r["agent_threads_pct_core"] for r in paced)
+        print(f"paced {arm:<8}: {rate:6.0f} transfers/s; jaxtop's threads {agent:5.2f} % of a core"
+              f" (all but the main thread {others:5.2f} %)"
+              + (f"; relay process {statistics.median(relay):5.2f} %" if relay else ""))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({f"{a}/{w}": v for (a, w), v in results.items()}, indent=1))
     return 0

@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import inspect
 import os
+import re
 import sys
 import threading
 import time
@@ -169,25 +170,29 @@ def _literal_kind(x: Any) -> tuple[str, str, int | None]:
     return (NUMPY_SCALAR if hasattr(x, "dtype") else tname), text, nbytes
 
 
+_STAMP = re.compile(rb"(h2d|d2h|d2d),(\d+),(\d\d:\d\d):(\d\d(?:\.\d+)?)")
+_DIRECTION_NAMES = {b"h2d": "h2d", b"d2h": "d2h", b"d2d": "d2d"}
+
+
 def parse_stamps(data: bytes, now: float) -> list[tuple[str, int, float]]:
     """The relay's ``dir,thread,HH:MM:SS.ffffff`` stamps as ``(direction,
-    thread id, Unix time)``. The log header has local time of day only: the
-    day is the one of ``now`` (the line is at most seconds old), the day
-    before where that puts it ahead of ``now``."""
+    thread id, Unix time)``; anything else in ``data`` is skipped. The log
+    header has local time of day only: the day is the one of ``now`` (the
+    line is at most seconds old), the day before where that puts it ahead
+    of ``now``. (A thousand stamps a second: the hour and minute, nearly
+    always the same, are worked out once per report.)"""
     local = time.localtime(now)
     midnight = now - (local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec + (now % 1.0))
+    late = now + 300
+    bases: dict[bytes, float] = {}
+    names = _DIRECTION_NAMES
     out = []
-    for item in data.split():
-        try:
-            direction, thread, when = item.split(b",")
-            h, m, s = when.split(b":")
-            t = midnight + int(h) * 3600 + int(m) * 60 + float(s)
-            native = int(thread)
-        except ValueError:
-            continue
-        if t > now + 300:
-            t -= 86400.0
-        out.append((direction.decode("ascii", "replace"), native, t))
+    for direction, thread, hour_minute, sec in _STAMP.findall(data):
+        base = bases.get(hour_minute)
+        if base is None:
+            base = bases[hour_minute] = midnight + int(hour_minute[:2]) * 3600 + int(hour_minute[3:]) * 60
+        t = base + float(sec)
+        out.append((names[direction], int(thread), t if t <= late else t - 86400.0))
     return out
 
 
@@ -235,12 +240,15 @@ class _Site:
     described_t: float = -1e18
     last_t: float = 0.0
     asked_t: float = -1e18  # when the hook was last asked to read this line's call's arguments
+    sizes: tuple[int, ...] = ()  # the arguments' sizes, where every one is known
+    _named: bool = False  # some argument has a name
     callee: str = ""
     history: deque = field(default_factory=lambda: deque(maxlen=60))  # per-tick counts, for a sparkline
 
     @property
     def named(self) -> bool:
-        return any(a.name for a in self.args)
+        return self._named
+
 
     def merge(self, described: tuple[ArgInfo, ...], observed: bool, t: float) -> None:
         """Take what a call's arguments were. A call's own arguments, named
@@ -256,6 +264,9 @@ class _Site:
                 self.args = tuple(dict.fromkeys(self.args + described))[:MAX_ARGS]
             self.observed = observed
             self.described_t = t
+            self._named = any(a.name for a in self.args)
+            sizes = tuple(a.nbytes for a in self.args)
+            self.sizes = sizes if sizes and all(isinstance(n, int) for n in sizes) else ()
 
 
 class TransferSitesProbe:
@@ -294,6 +305,7 @@ class TransferSitesProbe:
         self._prev_hook: Any = None
         self._our_hook: Any = None
         self._active = False  # the hook notes calls (False: taken out, or stopped)
+        self._running = False  # started, with something to note calls by
         self._local_hooks: dict[int, Any] = {}  # id(jax's hook) -> ours chained to it, for thread-local settings
         self._debug_states: list[tuple[Any, Any]] = []  # (jax's debug_nans/infs state, its thread-local hook)
         self._hook_state: Any = None
@@ -310,6 +322,7 @@ class TransferSitesProbe:
         self._pending: list[tuple[str, int, float]] = []
         self._native: dict[int, int] = {}  # native thread id -> ident
         self._sites: dict[tuple, _Site] = {}
+        self._known: dict[tuple, _Site] = {}  # (direction, id(function), code, offset) -> its site
         self._unattributed: dict[str, int] = {}
         self._reasons: dict[str, int] = {}
         self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
@@ -355,6 +368,7 @@ class TransferSitesProbe:
         if isinstance(table, dict):
             self._handler_table = table
             self._wrap_handlers()
+        self._running = self._hook_state is not None or self._handler_table is not None
 
     def _keep_thread_local_hooks(self) -> None:
         """jax sets the post hook per thread too, whenever ``debug_nans`` or
@@ -403,7 +417,7 @@ class TransferSitesProbe:
             pass
 
     def stop(self) -> None:
-        self._active = False
+        self._active = self._running = False
         for debug, original in self._debug_states:
             try:
                 debug._update_thread_local_hook = original
@@ -426,6 +440,8 @@ class TransferSitesProbe:
 
     def take_stamps(self, data: bytes) -> None:
         """The relay's stamps (called from the capture, on the agent's thread)."""
+        if not self._running:
+            return  # not started, switched off, or no jax to hook: nothing to tie them to
         with self._stamps_lock:
             self._stamps.append(data)
 
@@ -434,6 +450,8 @@ class TransferSitesProbe:
         self._reads_in.append((threading.get_ident(), time.perf_counter(), site, kind))
 
     def on_tick(self, tick: Tick) -> dict[str, Any] | None:
+        if not self._running:
+            return None
         with self._stamps_lock:
             stamps, self._stamps = self._stamps, []
         if stamps:
@@ -696,13 +714,17 @@ class TransferSitesProbe:
         return line
 
     def _drain(self) -> None:
-        """Move the program threads' records into per-thread lists (sorted by time)."""
+        """Move the program threads' records into per-thread lists (sorted by
+        time). Most calls transfer nothing: a record is only filed here, and
+        worked out (its line, its function's name) when a line is tied to it."""
         offset = self._offset_fixed if self._offset_fixed is not None else time.time() - time.perf_counter()
         self._wall_offset = offset
         first_t = None
+        store = self._store
         for queue in (self._calls, self._slow, self._reads_in):
             full = len(queue) >= RING
             head = None
+            table = self._reads if queue is self._reads_in else self._by_thread
             while True:
                 try:
                     record = queue.popleft()
@@ -711,31 +733,43 @@ class TransferSitesProbe:
                 t = record[1] + offset
                 if head is None:
                     head = t
-                if queue is self._reads_in:
-                    ident, _, site, kind = record
-                    key = ("d2h", site[0], site[1], site[2], str(kind))
-                    self._store(self._reads, ident, t, (key, None, False))
-                    continue
                 if queue is self._calls:
-                    ident, _, fun, code, lasti = record[:5]
-                    described = record[5] if len(record) > 5 else None
-                    line = self._line_of(code, lasti) if code is not None else 0
-                    observed = False
+                    # The function by id (a weak reference kept once per function):
+                    # a record must not keep a jitted function, and its executables, alive.
+                    fun = record[2]
+                    self._name_of(fun)
+                    value = (0, id(fun), record[3], record[4], record[5] if len(record) > 5 else None)
+                elif queue is self._slow:
+                    value = (1, record[2], record[3], record[4])
                 else:
-                    ident, _, fun, site, described = record
-                    code, line = site if site is not None else (None, 0)
-                    observed = True
-                where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
-                name, op, _ = self._name_of(fun)
-                try:
-                    ref = None if isinstance(fun, str) or fun is None else weakref.ref(fun)
-                except TypeError:
-                    ref = None
-                self._store(self._by_thread, ident, t, ((where, name, op), described, observed, ref))
+                    value = (2, record[2], record[3])
+                store(table, record[0], t, value)
             if full and head is not None:
                 first_t = head if first_t is None else max(first_t, head)
         if first_t is not None:
             self._lost_before = max(self._lost_before, first_t)  # a ring overflowed: older lines may lack theirs
+
+    def _resolve(self, value: tuple) -> tuple[tuple, str, bool, Any, bool, Any]:
+        """(site key without direction, callee name, op, arguments, observed, function) of a filed record."""
+        kind = value[0]
+        if kind == 2:
+            (_, (filename, line, function), how) = value
+            return (filename, line, function), f"host read ({how})", False, None, False, None
+        if kind == 1:
+            _, callee, site, described = value
+            code, line = site if site is not None else (None, 0)
+            name, op = (callee or "?"), False
+            fun = None
+            observed = True
+        else:
+            _, fun_id, code, lasti, described = value
+            kept = self._names.get(fun_id)
+            name, op, _ = kept[1] if kept is not None else ("?", False, ())
+            fun = kept[0]() if kept is not None else None
+            line = self._line_of(code, lasti) if code is not None else 0
+            observed = False
+        where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
+        return where, name, op, described, observed, fun
 
     @staticmethod
     def _store(table: dict, ident: int, t: float, value: tuple) -> None:
@@ -777,30 +811,59 @@ class TransferSitesProbe:
         return found
 
     def _match(self, now: float, final: bool) -> None:
-        waiting = []
+        """Tie each waiting line to the first record after it on its thread.
+        Lines are taken per (direction, thread), the records' times searched
+        in C, and the lines of one call credited to it together."""
+        waiting: list[tuple[str, int, float]] = []
+        groups: dict[tuple[str, int], list[float]] = {}
         for direction, native, t in self._pending:
+            group = groups.get((direction, native))
+            if group is None:
+                group = groups[(direction, native)] = []
+            group.append(t)
+        out = self._out_since is not None or bool(self._hook_out)
+        bisect_left = bisect.bisect_left
+        for (direction, native), lines in groups.items():
             table = self._reads if direction == "d2h" else self._by_thread
-            ident = self._thread(native) if native else self._only_thread(table, t)
-            if ident is None:
-                self._give_up(direction, "made by a thread without Python code" if native else
-                              "its log line names no thread (jaxlib before 0.5) and several threads called jax")
-                continue
-            times, values = table.get(ident, ([], []))
-            if self._while_out(t):
-                self._give_up(direction, f"made while jaxtop's hook was out (no implicit transfer for {QUIET_S:.0f} s "
-                              "before it); the next ones are tied to lines again")
-                continue
-            i = bisect.bisect_left(times, t)
-            if i < len(times) and times[i] - t <= MATCH_WINDOW_S:
-                if t < self._lost_before:
-                    self._give_up(direction, "calls came faster than jaxtop could note them")
+            if out:
+                kept = [t for t in lines if not self._while_out(t)]
+                for _ in range(len(lines) - len(kept)):
+                    self._give_up(direction, f"made while jaxtop's hook was out (no implicit transfer for "
+                                  f"{QUIET_S:.0f} s before it); the next ones are tied to lines again")
+                lines = kept
+            if native:
+                ident = self._thread(native)
+                if ident is None:
+                    for _ in lines:
+                        self._give_up(direction, "made by a thread without Python code")
                     continue
-                self._credit(direction, values[i], times[i], id(values[i]))
-            elif final or now - t > MATCH_WINDOW_S:
-                self._give_up(direction, "no jax call returned after it on its thread" if direction != "d2h"
-                              else "no host read returned after it on its thread")
-            else:
-                waiting.append((direction, native, t))
+                by_ident = [(ident, lines)]
+            else:  # no thread in the header: per line, the one thread calling jax then
+                by_ident_map: dict[int | None, list[float]] = {}
+                for t in lines:
+                    by_ident_map.setdefault(self._only_thread(table, t), []).append(t)
+                for _ in by_ident_map.pop(None, ()):
+                    self._give_up(direction, "its log line names no thread (jaxlib before 0.5) and several "
+                                  "threads called jax")
+                by_ident = list(by_ident_map.items())
+            for ident, lines in by_ident:
+                times, values = table.get(ident, ((), ()))
+                found: dict[int, int] = {}
+                size = len(times)
+                for t in lines:
+                    i = bisect_left(times, t)
+                    if i < size and times[i] - t <= MATCH_WINDOW_S:
+                        if t < self._lost_before:
+                            self._give_up(direction, "calls came faster than jaxtop could note them")
+                        else:
+                            found[i] = found.get(i, 0) + 1
+                    elif final or now - t > MATCH_WINDOW_S:
+                        self._give_up(direction, "no jax call returned after it on its thread" if direction != "d2h"
+                                      else "no host read returned after it on its thread")
+                    else:
+                        waiting.append((direction, native, t))
+                for i, n in found.items():
+                    self._credit(direction, values[i], times[i], n)
         self._pending = waiting
         horizon = now - RETAIN_S
         if waiting:
@@ -814,27 +877,42 @@ class TransferSitesProbe:
                 if not times:
                     del table[ident]
 
-    def _credit(self, direction: str, value: tuple, t: float, record_id: int) -> None:
-        if direction == "d2h":
-            (_, filename, line, function, name), described, observed = value
-            key, op = (direction, filename, line, function), False
-        else:
-            (where, name, op), described, observed, ref = value
-            key = (direction, where[0], where[1], where[2])
+    def _credit(self, direction: str, value: tuple, t: float, n: int = 1) -> None:
+        """``n`` lines of ``direction`` made by the call (or read) ``value`` noted at ``t``."""
+        if value[0] == 0 and value[4] is None:
+            # The common case, a fast-path call at a line already described: counts only.
+            site = self._known.get((direction, value[1], value[2], value[3]))
+            if site is not None and site.named and t - site.asked_t <= DESCRIBE_EVERY_S:
+                site.count += n
+                site.interval += n
+                site.calls += 1
+                site.last_t = t
+                sizes = site.sizes
+                if sizes:
+                    site.bytes += sum(sizes[(site.count - n + k) % len(sizes)] for k in range(n))
+                else:
+                    site.bytes_unknown += n
+                self._changed = True
+                return
+        where, name, op, described, observed, fun = self._resolve(value)
+        key = (direction, *where)
         site = self._sites.get(key)
         if site is None:
             if len(self._sites) >= MAX_SITES:
-                self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart")
+                for _ in range(n):
+                    self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart")
                 return
             site = self._sites[key] = _Site()
+        if value[0] == 0 and len(self._known) < 4 * MAX_SITES:
+            self._known[(direction, value[1], value[2], value[3])] = site
         if direction == "d2h":
-            site.callee = f"host read ({name})"
+            site.callee = name
         elif not site.callee or not observed:
             # The fast path knows an op from a function of the user's; the
             # slow path only the name.
             site.callee = name + (" (op)" if op else "")
-        site.count += 1
-        site.interval += 1
+        site.count += n
+        site.interval += n
         if site.last_t != t:  # a new call (one call can make several lines)
             site.calls += 1
             site.last_t = t
@@ -847,17 +925,17 @@ class TransferSitesProbe:
             # was passed elsewhere, marked as read from a call.
             site.merge(self._fun_args[name], False, t)
         if direction != "d2h" and (not site.named or t - site.asked_t > DESCRIBE_EVERY_S) and t > site.asked_t:
-            fun = ref() if ref is not None else None
             if fun is not None:
                 # The next calls' arguments, named, read by the hook; again
                 # now and then (what a line passes can change).
                 self._want[id(fun)] = 2
                 site.asked_t = t + (1.0 if not site.named else 0.0)
-        sizes = [a.nbytes for a in site.args]
-        if site.args and all(isinstance(n, int) for n in sizes):
-            site.bytes += sizes[min(len(sizes) - 1, (site.count - 1) % len(sizes))]
+        sizes = site.sizes
+        if sizes:
+            # The values a call copies, in order (a call logs one line each).
+            site.bytes += sum(sizes[(site.count - n + k) % len(sizes)] for k in range(n))
         else:
-            site.bytes_unknown += 1
+            site.bytes_unknown += n
         self._changed = True
 
     def _give_up(self, direction: str, reason: str) -> None:

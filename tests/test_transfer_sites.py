@@ -52,6 +52,7 @@ def _probe() -> TransferSitesProbe:
     probe = TransferSitesProbe()
     probe._native = {threading.get_native_id(): threading.get_ident()}
     probe._offset_fixed = 0.0  # the records below are given in wall time
+    probe._running = True  # as if started: the records are made by hand
     return probe
 
 
