@@ -23,7 +23,7 @@ import pytest
 
 from conftest import PY
 
-FORMATS = ["csv", "perfetto", "holders-csv", "labels-csv", "host-syncs-csv"]
+FORMATS = ["csv", "perfetto", "holders-csv", "labels-csv", "host-syncs-csv", "transfer-sites-csv"]
 #: File names that run commands or split when a completion inserts them bare.
 HOSTILE = ["n;id>PWNED;.jsonl", "s p a c e.jsonl", "d$(touch PWNED2).jsonl", "b`touch PWNED3`.jsonl"]
 

@@ -34,7 +34,7 @@ WIRE = {"jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.paths", "jaxtop.wire.clie
 MODEL = {"numpy", "jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.timeline", "jaxtop.wire", "jaxtop.dashboard.history",
          "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"} | {f"jaxtop.dashboard.{m}" for m in (
     "model", "views", "readings", "oom_views", "ledger_views", "snapshot", "backlog", "batch", "events", "state",
-    "accelerator")}
+    "accelerator", "transfer_sites")}
 ALLOWED = {
     # `forksafe`: probes/forksafe.py under the top-level name the stderr relay
     # (python -S, probes/ first on sys.path) imports it by.
@@ -54,7 +54,7 @@ ALLOWED = {
     # Widgets draw typed views: never a wire record, a probe or the agent.
     "widgets": {"numpy", "rich", "textual", "jaxtop", "jaxtop.widgets", "jaxtop.wire.units"}
     | {f"jaxtop.dashboard.{m}" for m in ("model", "views", "readings", "oom_views", "ledger_views", "oom_report",
-                                          "history", "holders", "ledger", "accelerator")},
+                                          "history", "holders", "ledger", "accelerator", "transfer_sites")},
     "jaxtop/dashboard/model.py": MODEL,
     "jaxtop/dashboard/views.py": MODEL,
     "jaxtop/dashboard/readings.py": MODEL,
@@ -67,6 +67,7 @@ ALLOWED = {
     "jaxtop/dashboard/state.py": MODEL,
     "jaxtop/dashboard/accelerator.py": MODEL,
     "jaxtop/dashboard/holders.py": set(),
+    "jaxtop/dashboard/transfer_sites.py": set(),
     # The wire's number rules (protocol: stdlib only, as this module stays).
     "jaxtop/dashboard/ledger.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol"},
     "jaxtop/dashboard/history.py": {"numpy"},

@@ -27,6 +27,7 @@ from jaxtop.widgets.panel_base import (
     short_command,
 )
 from jaxtop.widgets.render import Series, Strip, TimelineStack, fmt_bytes, fmt_duration, fmt_rate
+from jaxtop.widgets.transfer_sites import scalar_lines, site_rows, tail_line
 
 __all__ = [
     "STALE_DETAIL_S", "EventsPanel", "FragmentationPanel", "HeaderBar", "HostPanel", "LoadingLine", "MemoryMapPanel",
@@ -219,9 +220,41 @@ def _all_nan(values: Any) -> bool:
 
 
 class TransfersPanel(Panel):
-    """Implicit h2d / d2h / d2d per second, totals, frequent shapes, PCIe (GPU)."""
+    """Implicit h2d / d2h / d2d per second and totals, then which lines make
+    them (the ``transfer_sites`` field: :mod:`jaxtop.widgets.transfer_sites`),
+    or, from an agent that names no line, the most frequent shape; PCIe (GPU).
+
+    While there are sites to show the panel takes the class ``-sites`` and
+    asks for the lines they need (the app's CSS caps them); short panels fold
+    the direction table into one line so that the busiest lines still fit at
+    80x24.
+    """
 
     TITLE = "Transfers (implicit)"
+    #: Panels shorter than this fold the direction table into one line.
+    TABLE_MIN_HEIGHT = 10
+
+    _rows_wanted: int | None = None
+
+    def watch_snapshot(self, snap: Snapshot | None) -> None:
+        """Take the lines the sites need: every array line, the scalar and
+        the tail lines under the direction table (the app's CSS caps it at
+        a share of the column); the CSS's own height without sites."""
+        proc = snap.process_of(snap.device) if snap is not None else None
+        has_sites = _has_sites(proc)
+        self.set_class(has_sites, "-sites")
+        wanted = None
+        if has_sites and snap is not None and proc is not None and proc.transfer_sites is not None:
+            view = proc.transfer_sites
+            summary = view.scalar_summary()
+            width = self.size.width or 200
+            extra = ((len(scalar_lines(summary, width)) if summary is not None else 0)
+                     + (tail_line(view, width, 0) is not None) + (self._pcie_line(snap, proc) is not None))
+            arrays = len(view.arrays)
+            wanted = max(self.TABLE_MIN_HEIGHT, 5 + (1 + arrays if arrays else 0) + extra)
+        if wanted != self._rows_wanted:
+            self._rows_wanted = wanted
+            self.styles.height = wanted  # None: the app's CSS decides
 
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         proc = snap.process_of(snap.device)
@@ -230,6 +263,22 @@ class TransfersPanel(Panel):
         cap = proc.capture
         if cap.available is False:
             return Group(panel_title(self.TITLE), _na(cap.na_reason))
+        ended = proc.state in (EXITED, DISCONNECTED)  # no rate now; the totals stand
+        note = f"{proc.state}: totals only" if ended else "bytes are a lower bound"
+        title = panel_title(self.TITLE, note if width >= 46 else "")
+        pcie = self._pcie_line(snap, proc) if height > 6 else None
+        if _has_sites(proc):
+            return self._with_sites(proc, title, pcie, width, height, ended)
+        parts: list[RenderableType] = [title, self._direction_table(proc, width, ended)]
+        if proc.top_shapes and height > 5:
+            top = proc.top_shapes[0]
+            parts.append(Text(f" top: {top.direction} {top.shape} ×{top.count}", style="dim", no_wrap=True, overflow="ellipsis"))
+        if pcie is not None:
+            parts.append(pcie)
+        return Group(*parts)
+
+    @staticmethod
+    def _direction_table(proc: ProcessView, width: int, ended: bool) -> Table:
         # Narrow panels drop the byte rate; the direction and the totals are
         # what must stay legible at 80x24. Their history is a strip of the
         # timelines, on the same time axis as memory.
@@ -240,7 +289,6 @@ class TransfersPanel(Panel):
         for _ in headers:
             table.add_column(no_wrap=True, overflow="ellipsis")
         table.add_row(Text("dir", style="dim"), *(Text(h, style="dim") for h in headers))
-        ended = proc.state in (EXITED, DISCONNECTED)  # no rate now; the totals stand
         for d in DIRECTIONS:
             r = proc.transfers.get(d) or TransferView()
             cells: list[RenderableType] = [Text(d, style="bold"), Text("–" if ended else fmt_rate(r.count_per_s, ""))]
@@ -248,19 +296,77 @@ class TransfersPanel(Panel):
                 cells.append(Text("–" if ended else fmt_bytes(r.bytes_known_per_s)))
             cells.append(Text(f"{_or_na(r.count_total)} ({fmt_bytes(r.bytes_known_total)})"))
             table.add_row(*cells)
-        note = f"{proc.state}: totals only" if ended else "bytes are a lower bound"
-        parts: list[RenderableType] = [panel_title(self.TITLE, note if width >= 46 else ""), table]
-        if proc.top_shapes and height > 5:
-            top = proc.top_shapes[0]
-            parts.append(Text(f" top: {top.direction} {top.shape} ×{top.count}", style="dim", no_wrap=True, overflow="ellipsis"))
-        dev = snap.device
-        if dev is not None and dev.nvml and height > 6:
-            parts.append(Text(
-                f" PCIe TX {fmt_bytes(dev.nvml.pcie_tx_bytes_per_s)}/s  RX {fmt_bytes(dev.nvml.pcie_rx_bytes_per_s)}/s",
-                no_wrap=True))
-        elif height > 6 and pcie_shown(proc, dev, snap.devices):  # NVML's, so a GPU's only
-            parts.append(Text(" PCIe n/a (no NVML device)", style="dim"))
+        return table
+
+    @staticmethod
+    def _direction_line(proc: ProcessView, width: int, ended: bool) -> Text:
+        """The three directions on one line, detail dropped to fit."""
+        def each(detail: int) -> str:
+            parts = []
+            for d in DIRECTIONS:
+                r = proc.transfers.get(d) or TransferView()
+                rate = "–" if ended else fmt_rate(r.count_per_s, "")
+                if detail == 2:
+                    nbytes = "–" if ended else fmt_bytes(r.bytes_known_per_s)
+                    parts.append(f"{d} {rate} ≥{nbytes}/s ×{_or_na(r.count_total)}")
+                elif detail == 1:
+                    parts.append(f"{d} {rate} ×{_or_na(r.count_total)}")
+                else:
+                    parts.append(f"{d} {rate}")
+            return " " + " · ".join(parts)
+
+        return Text(fitting([each(2), each(1), each(0)], width), no_wrap=True, overflow="ellipsis")
+
+    def _with_sites(self, proc: ProcessView, title: Text, pcie: Text | None, width: int, height: int,
+                    ended: bool) -> RenderableType:
+        view = proc.transfer_sites
+        assert view is not None
+        parts: list[RenderableType] = [title]
+        if height >= self.TABLE_MIN_HEIGHT:
+            parts.append(self._direction_table(proc, width, ended))
+            used = 5
+        else:
+            parts.append(self._direction_line(proc, width, ended))
+            used = 2
+        summary = view.scalar_summary()
+        scalars = scalar_lines(summary, width, ended) if summary is not None else []
+        arrays = view.arrays
+        room = height - used - min(1, len(scalars)) - (1 if pcie is not None else 0)
+        # The last line says what is not among the lines above (more lines,
+        # unattributed transfers); it takes a line only when there is any.
+        header = room >= 3
+        fit = max(0, room - (1 if header else 0))
+        if tail_line(view, width, max(0, len(arrays) - fit)) is not None:
+            fit = max(0, fit - 1)
+        shown = arrays[:fit]
+        rows = site_rows(shown, width, ended, header=header and bool(shown))
+        parts.extend(rows)
+        tail = tail_line(view, width, len(arrays) - len(shown), ended)
+        left = height - used - len(rows) - (tail is not None) - (pcie is not None)
+        parts.extend(scalars[:max(1, left)] if scalars else [])  # the advice where a line is left for it
+        if tail is not None:
+            parts.append(tail)
+        if pcie is not None:
+            parts.append(pcie)
         return Group(*parts)
+
+    @staticmethod
+    def _pcie_line(snap: Snapshot, proc: ProcessView) -> Text | None:
+        dev = snap.device
+        if dev is not None and dev.nvml:
+            return Text(
+                f" PCIe TX {fmt_bytes(dev.nvml.pcie_tx_bytes_per_s)}/s  RX {fmt_bytes(dev.nvml.pcie_rx_bytes_per_s)}/s",
+                no_wrap=True)
+        if pcie_shown(proc, dev, snap.devices):  # NVML's, so a GPU's only
+            return Text(" PCIe n/a (no NVML device)", style="dim")
+        return None
+
+
+def _has_sites(proc: ProcessView | None) -> bool:
+    """Whether the panel lists transfer sites for ``proc`` (some line or
+    some unattributed transfer is known)."""
+    view = proc.transfer_sites if proc is not None else None
+    return view is not None and bool(view.sites or view.unattributed_total)
 
 
 class HostPanel(Panel):

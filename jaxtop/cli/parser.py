@@ -187,11 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         "and failed donations).",
     )
     export.add_argument("file", help="a JSON-lines recording (plain or .gz)")
-    export.add_argument("--format", choices=("csv", "perfetto", "holders-csv", "labels-csv", "host-syncs-csv"),
+    export.add_argument("--format", choices=("csv", "perfetto", "holders-csv", "labels-csv", "host-syncs-csv",
+                                             "transfer-sites-csv"),
                         required=True,
                         help="csv: a row per sample and device; perfetto: a trace; holders-csv, labels-csv, "
                              "host-syncs-csv: a row per allocation site, labelled tree or reading line of each "
-                             "record that carried one")
+                             "record that carried one; transfer-sites-csv: a row per line whose implicit "
+                             "transfers grew, and per change of the unattributed ones")
     export.add_argument("-o", "--output", metavar="OUT", help="where to write (default: FILE with .csv / .perfetto.json; - for stdout)")
     export.add_argument("--with-jax-profile", metavar="DIR",
                         help="perfetto: merge the newest jax.profiler trace under DIR (jax.profiler.trace(DIR)) on "

@@ -26,6 +26,7 @@ from jaxtop.dashboard.modals import HelpScreen, ProfileScreen
 from jaxtop.dashboard.model import Model, Snapshot
 from jaxtop.dashboard.oom_screen import OomScreen
 from jaxtop.dashboard.sources import LiveSource, ReplaySource, Source
+from jaxtop.dashboard.transfer_sites_screen import TransferSitesScreen
 from jaxtop.dashboard.web import WebDeliveries
 from jaxtop.widgets.panels import (
     EventsPanel, FragmentationPanel, HeaderBar, HostPanel, LoadingLine, MemoryMapPanel, MemoryPanel,
@@ -55,7 +56,7 @@ REPLAY_ACTIONS = frozenset({"seek", "seek_fraction", "seek_to", "step", "speed"}
 LIVE_ACTIONS = frozenset({"profile", "holders_mark"})
 #: Help lists these first, in this order (the screens a key opens), then the rest.
 HELP_FIRST = {name: i for i, name in enumerate(("quit", "help", "jit", "holders", "holders_mark", "oom",
-                                                 "show_profile", "profile", "write", "pause"))}
+                                                 "transfer_sites", "show_profile", "profile", "write", "pause"))}
 #: Actions the command palette does not list: Textual's own entries already
 #: cover them (Quit), or they are the palette itself.
 NOT_IN_PALETTE = frozenset({"quit", "command_palette"})
@@ -67,7 +68,10 @@ class JaxtopApp(App[None]):
     TITLE = "jaxtop"
     # Short terminals (80x24) give the timelines the lines that the
     # transfer table's last two (top shape, PCIe) and one event line take
-    # on taller ones: three strips need at least 2 lines each.
+    # on taller ones: three strips need at least 2 lines each. While the
+    # agent names the lines that make transfers (TransfersPanel's "-sites"),
+    # the panel takes the lines they need, up to a third of the column
+    # (two lines more than without them at 80x24).
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     CSS = """
     Screen { layout: vertical; }
@@ -80,9 +84,11 @@ class JaxtopApp(App[None]):
     #host { height: 4; }
     #timeline { height: 1fr; min-height: 6; }
     #transfers { height: 7; }
+    #transfers.-sites { max-height: 38%; }
     #overview { height: 1fr; display: none; }
     #events { height: 5; }
     Screen.-short #transfers { height: 5; }
+    Screen.-short #transfers.-sites { max-height: 7; }
     Screen.-short #events { height: 4; }
     Panel { padding: 0 1 0 0; }
     """
@@ -115,6 +121,8 @@ class JaxtopApp(App[None]):
                 tooltip="Mark now: the Holders screen then shows each site's change since this moment"),
         Binding("O", "oom", "OOM", show=False,
                 tooltip="Out-of-memory census: what held the memory when the program ran out"),
+        Binding("T", "transfer_sites", "transfer sites", show=False,
+                tooltip="Transfer sites: which line makes each implicit transfer, with what, and its history"),
         Binding("left", "seek(-10)", "-10s", group=SEEK_KEYS, tooltip="Replay: seek back 10 s"),
         Binding("right", "seek(10)", "+10s", group=SEEK_KEYS, tooltip="Replay: seek forward 10 s"),
         Binding("left_square_bracket", "seek_fraction(-0.1)", "-10%", show=False, tooltip="Replay: seek back a tenth of the recording"),
@@ -473,6 +481,9 @@ class JaxtopApp(App[None]):
     def action_oom(self) -> None:
         proc = self._target_process()
         self.push_screen(OomScreen(proc.oom_censuses if proc else None))
+
+    def action_transfer_sites(self) -> None:
+        self.push_screen(TransferSitesScreen.for_app(self))
 
     def action_show_profile(self) -> None:
         pid = self._target_pid()

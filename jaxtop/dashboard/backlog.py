@@ -21,6 +21,7 @@ from jaxtop.dashboard.batch import Batch
 from jaxtop.dashboard.events import MAX_EVENTS, sample_events
 from jaxtop.dashboard.history import History, _num
 from jaxtop.dashboard.holders import HoldersFold
+from jaxtop.dashboard.transfer_sites import TransferSitesFold
 from jaxtop.dashboard.readings import is_device_id
 from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, nvml_map
 
@@ -35,8 +36,10 @@ PAST_MERGE_S = 1.0
 #: The same for its coarse history: the first part at once (the first frame
 #: needs it), the rest at most this often, and when it ends.
 COARSE_MERGE_S = 0.25
-#: Sample fields the Holders screen folds (:class:`HoldersFold`).
-HOLDERS_FIELDS = ("holders", "labels", "host_syncs")
+#: Sparse sample fields folded in time order once a history is in: the
+#: Holders screen's (:class:`HoldersFold`) and the transfer sites
+#: (:class:`TransferSitesFold`).
+HOLDERS_FIELDS = ("holders", "labels", "host_syncs", "transfer_sites")
 
 
 class HistoryFeed:
@@ -183,7 +186,8 @@ class HistoryFeed:
 
     def _history_end(self, proc: ProcessModel) -> None:
         """The history is in (or its connection ended): merge what came, and
-        fold the Holders fields in time order, history first."""
+        fold the Holders fields and the transfer sites in time order, history
+        first."""
         if proc.coarse_pending:
             self._merge_coarse(proc)
         self._merge_past(proc)
@@ -198,6 +202,10 @@ class HistoryFeed:
                     seen.add(holders["seq"])
                 fold.feed(part)
             proc.holders = fold
+            sites = TransferSitesFold()
+            for part in proc.past_holders + proc.present_holders:
+                sites.feed(part)
+            proc.transfer_sites = sites
         proc.past_holders, proc.present_holders = [], []
         proc.history_loading = False
         proc.coarse_done = True

@@ -33,6 +33,10 @@ HELP_NOTES = (
     "inside a 10 s bucket is ░, not a 10 s block).\n"
     "Transfer bytes are a lower bound (cached jit calls log no shapes). "
     "n/a always comes with the reason.\n"
+    "Transfer lines (an agent that names them): the line (train.py:27), the jitted function or jax op called "
+    "there, its largest argument and how many more; ~ marks an argument read from a call at that line after "
+    "the call (inferred), not seen passing to the device. Python scalars are summed on a line of their own; "
+    "transfers not tied to a line are counted apart (unattributed), never guessed. T lists every line.\n"
 )
 
 

@@ -364,6 +364,7 @@ class Model(HistoryFeed):
         proc.last_t = t
         proc.latest = rec
         proc.holders.feed(rec)
+        proc.transfer_sites.feed(rec)
         if isinstance(rec.get("oom_census"), dict):  # an agent that sends the census inside a sample
             self._oom_census(proc, rec["oom_census"])
         if isinstance(rec.get("demo"), dict):

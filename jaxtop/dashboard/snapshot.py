@@ -91,6 +91,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         external=protocol.text_of(external.get("note")),
         nvml=NvmlView.from_wire(latest.get("nvml")),
         holders=p.holders.view(),
+        transfer_sites=p.transfer_sites.view(p.last_t, p.interval_s),
         oom_censuses=tuple(census_view(c, census_views) for c in p.oom_censuses),
         jax_version=protocol.text_of(p.versions.get("jax")),
         accelerator=AcceleratorView.from_wire(p.accelerator),

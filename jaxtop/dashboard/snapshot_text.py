@@ -1,6 +1,6 @@
 """``jaxtop snapshot PID`` as text: every panel's figures, and the screens
-behind them (who holds the memory, the jit ledger), for a bug report or a
-script's log.
+behind them (who holds the memory, which lines make the transfers, the jit
+ledger), for a bug report or a script's log.
 
 Pure: frozen views in, text out (the CLI fetches them, this formats them).
 Every string in the views came through the model, which made it terminal
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from jaxtop.dashboard.ledger import LedgerView, describe_reason
 from jaxtop.dashboard.ledger_views import LedgerNotes
-from jaxtop.dashboard.views import DeviceView, ProcessView, Snapshot
+from jaxtop.dashboard.transfer_sites import SCALAR_ADVICE, TransferSiteView
+from jaxtop.dashboard.views import DISCONNECTED, EXITED, DeviceView, ProcessView, Snapshot
 from jaxtop.wire.units import fmt_bytes, na
 
 __all__ = ["snapshot_text"]
@@ -36,6 +37,7 @@ def snapshot_text(snap: Snapshot, ledgers: dict[int, LedgerView] | None = None) 
         for dev in (d for d in snap.devices if d.pid == p.pid):
             out.extend(_device_lines(dev, p))
         out.extend(_holders_lines(p))
+        out.extend(_transfer_sites_lines(p))
         ledger = (ledgers or {}).get(p.pid)
         if ledger is not None:
             out.extend(_ledger_lines(ledger))
@@ -118,6 +120,48 @@ def _holders_lines(p: ProcessView) -> list[str]:
             out.append(f"    {s.count:>8}  {s.site} in {s.function}")
     elif h.syncs_available is False and h.syncs_reason:
         out.append(f"  host reads: {na(h.syncs_reason)}")
+    return out
+
+
+def _rate(value: float | None, ended: bool) -> str:
+    return "–" if ended else (na() if value is None else f"{value:.3g}/s")
+
+
+def _site_line(s: TransferSiteView, ended: bool) -> str:
+    nbytes = na() if s.bytes_total is None else fmt_bytes(s.bytes_total)
+    args = s.args_text() or "args not seen"
+    return (f"    {s.direction} {s.count_total:>8,}  {_rate(s.count_per_s, ended):>8}  bytes>= {nbytes:>9}  "
+            f"{s.where} in {s.function}: {s.callee}  {args}")
+
+
+def _transfer_sites_lines(p: ProcessView) -> list[str]:
+    """Which lines make the implicit transfers: the busiest array lines,
+    the Python scalars apart, the transfers not tied to a line."""
+    v = p.transfer_sites
+    if v is None:
+        return []
+    ended = p.state in (EXITED, DISCONNECTED)
+    out = [f"  transfer sites: {v.sites_total} lines, {v.unattributed_total} unattributed"
+           + (f", {v.pending} waiting for their call" if v.pending else "")
+           + " (~: arguments read from a call at that line, inferred)"]
+    for s in v.arrays[:TOP]:
+        out.append(_site_line(s, ended))
+    if len(v.arrays) > TOP or v.sites_total > len(v.sites):
+        out.append(f"    … {len(v.arrays) - min(TOP, len(v.arrays)) + v.sites_total - len(v.sites)} more lines")
+    summary = v.scalar_summary()
+    if summary is not None:
+        rate = f"×{summary.count_total:,}" if ended or summary.count_per_s is None else f"{summary.count_per_s:.3g}/s"
+        site = summary.busiest
+        about = f"{summary.names or site.callee} in {site.callee}, {site.where}" if site is not None else ""
+        lines = f"{summary.lines} line{'' if summary.lines == 1 else 's'}"
+        out.append(f"    Python scalars {rate} at {lines} ({about}): {SCALAR_ADVICE}")
+        for s in v.scalars[:TOP]:
+            out.append(_site_line(s, ended))
+    if v.unattributed_total:
+        by_dir = ", ".join(f"{d} {n}" for d, n in sorted(v.unattributed.items()) if n)
+        out.append(f"    unattributed {v.unattributed_total} ({by_dir}), never guessed:")
+        for reason, n in sorted(v.unattributed_reasons.items(), key=lambda kv: -kv[1])[:TOP]:
+            out.append(f"      {n:>8}  {reason}")
     return out
 
 

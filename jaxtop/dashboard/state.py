@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxtop.dashboard.history import History
 from jaxtop.dashboard.holders import HoldersFold
+from jaxtop.dashboard.transfer_sites import TransferSitesFold
 from jaxtop.dashboard.views import CONNECTING
 from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor
 
@@ -56,6 +57,7 @@ class ProcessModel:
         self.rates: dict[str, dict[str, Any]] = {}
         self.last_profile: dict[str, Any] | None = None
         self.holders = HoldersFold()
+        self.transfer_sites = TransferSitesFold()  # which line makes each implicit transfer
         self.oom_censuses: list[dict[str, Any]] = []  # oldest first, one per census id
         self.backend: str | None = None
         self.versions: dict[str, Any] = {}

@@ -18,6 +18,7 @@ from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.holders import HoldersView
 from jaxtop.dashboard.ledger import JitFunction
 from jaxtop.dashboard.oom_views import OomCensus
+from jaxtop.dashboard.transfer_sites import TransferSitesView
 from jaxtop.dashboard.readings import (
     BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
     TopShapeView, TransferView,
@@ -210,6 +211,10 @@ class ProcessView:
     #: The jitted function whose call holds the most while queued (outputs
     #: and temporaries: :meth:`LedgerView.largest_call`), from the ledger.
     largest_call: JitFunction | None = None
+    #: Which line of the program makes each implicit transfer (the
+    #: ``transfer_sites`` field, sent when it changes); None where the
+    #: stream carried none (an older agent, transfer capture off).
+    transfer_sites: TransferSitesView | None = None
 
     @property
     def who(self) -> str:

@@ -168,7 +168,7 @@ def write_csv(path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> prot
     return convert.run(path, _CsvWriter, out, fast, jobs)
 
 
-# ----------------------------------------------------- holders, labels, host syncs
+# ----------------------------------------- holders, labels, host syncs, transfer sites
 # Sparse sample fields, one long table each: a row per (record, site) or
 # (record, tree). Samples without the field write nothing, and their shapes
 # get an emitter that does nothing, so a long recording still streams fast.
@@ -247,8 +247,65 @@ class _HostSyncsCsvWriter(_SparseCsvWriter):
                 for site in (sites if isinstance(sites, list) else ()) if isinstance(site, dict)]
 
 
+def _arg_cell(arg: Any) -> str:
+    """``batch['x'] NumPy array float32[8,4] 128 B`` (unnamed: what jax's slow path saw)."""
+    if not isinstance(arg, dict):
+        return ""
+    size = arg.get("bytes")
+    parts = [str(arg.get("name") or "(unnamed)"), str(arg.get("kind") or ""), str(arg.get("shape") or ""),
+             f"{size} B" if _is_int(size) else ""]
+    return " ".join(p for p in parts if p)
+
+
+class _TransferSitesCsvWriter(_SparseCsvWriter):
+    """A row per (sample, site) whose count grew since the previous record
+    that carried the field (its ``count``), and a row per direction whose
+    unattributed total changed (``callee`` reads ``(unattributed)``, ``args``
+    the reasons so far)."""
+
+    FIELD = "transfer_sites"
+    COLUMNS = ("t", "pid", "direction", "file", "line", "function", "callee", "count", "count_total", "calls_total",
+               "bytes_total", "args", "args_seen", "scalar")
+
+    def __init__(self, out: IO[str], part: bool = False) -> None:
+        super().__init__(out, part)
+        self.unattributed: list[list[Any]] = []  # [direction, total] pairs, sorted: the last totals written
+
+    def state(self) -> list[Any]:
+        return [self.pid, self.unattributed]
+
+    def set_state(self, state: list[Any]) -> None:
+        self.pid, self.unattributed = state[0], [list(p) for p in state[1]]
+
+    def rows(self, field: dict[str, Any], rec: dict[str, Any]) -> list[list[Any]]:
+        t = rec.get("t")
+        out = []
+        sites = field.get("sites")
+        for site in sites if isinstance(sites, list) else ():
+            if not isinstance(site, dict) or not (_is_int(site.get("count")) and site["count"] > 0):
+                continue
+            args = site.get("args")
+            out.append([t, self.pid, site.get("direction"), site.get("file"), site.get("line"), site.get("function"),
+                        site.get("callee"), site.get("count"), site.get("count_total"), site.get("calls_total"),
+                        site.get("bytes_total"),
+                        "; ".join(_arg_cell(a) for a in (args if isinstance(args, list) else ())),
+                        site.get("args_seen"), site.get("scalar") is True])
+        totals = _dict(field.get("unattributed"))
+        now = sorted([str(d), n] for d, n in totals.items() if _is_int(n))
+        if now != self.unattributed:
+            before = dict((d, n) for d, n in self.unattributed)
+            reasons = "; ".join(f"{k}: {v}" for k, v in sorted(_dict(field.get("unattributed_reasons")).items()))
+            for d, n in now:
+                if n != before.get(d):
+                    out.append([t, self.pid, d, "", "", "", "(unattributed)", n - before.get(d, 0), n, "", "",
+                                reasons, "", ""])
+            self.unattributed = now
+        return out
+
+
 #: ``jaxtop export --format`` names of the long tables.
-SPARSE_CSV = {"holders-csv": _HoldersCsvWriter, "labels-csv": _LabelsCsvWriter, "host-syncs-csv": _HostSyncsCsvWriter}
+SPARSE_CSV = {"holders-csv": _HoldersCsvWriter, "labels-csv": _LabelsCsvWriter, "host-syncs-csv": _HostSyncsCsvWriter,
+              "transfer-sites-csv": _TransferSitesCsvWriter}
 
 
 def write_sparse_csv(kind: str, path: str, out: IO[str], fast: bool = True, jobs: int = 1) -> protocol.ReadStats:

@@ -140,6 +140,7 @@ if msgspec is not None:
         holders: Any = msgspec.UNSET
         labels: Any = msgspec.UNSET
         host_syncs: Any = msgspec.UNSET
+        transfer_sites: Any = msgspec.UNSET
 
     decode_sparse_sample = msgspec.json.Decoder(SparseSample).decode
 else:

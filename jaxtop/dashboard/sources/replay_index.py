@@ -41,6 +41,7 @@ from jaxtop.dashboard import holders as holders_module
 from jaxtop.dashboard import ledger as ledger_module
 from jaxtop.dashboard import model as model_module
 from jaxtop.dashboard import state as state_module
+from jaxtop.dashboard import transfer_sites as transfer_sites_module
 from jaxtop.dashboard import events as events_module
 from jaxtop.dashboard.history import History, HistoryLog
 from jaxtop.dashboard.model import REPLAY, Model
@@ -184,7 +185,7 @@ _ALLOWED = {
     ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
 }
 _MODEL_MODULES = {m.__name__: m for m in (model_module, state_module, events_module, holders_module, ledger_module,
-                                          history_module)}
+                                          history_module, transfer_sites_module)}
 
 
 class _ModelUnpickler(pickle.Unpickler):
