@@ -23,6 +23,8 @@
 #         record  fresh recordings for tests/fixtures/tpu/ (recordings/)
 #         screens the dashboard at 120x40 and 80x24 and `jaxtop snapshot`,
 #                 attached to the training loop (screens.txt)
+#         sites   implicit transfers per line of the training loop, jaxtop's
+#                 against JAX's own guard (tools/tpu/compare_sites.py; sites.txt)
 #       summary.txt lists each step's exit status and time; the script exits
 #       non-zero when any step failed.
 #
@@ -40,7 +42,7 @@ DEPS=(textual rich markdown-it-py mdurl mdit-py-plugins linkify-it-py uc-micro-p
       psutil nvidia-ml-py orjson msgspec typing-extensions pyte wcwidth
       pytest pluggy iniconfig packaging pytest-timeout pytest-asyncio)
 CHIP_PYTHON_VERSION=3.11
-ALL_STEPS=cost,tests,demo,freeblock,record,screens
+ALL_STEPS=cost,tests,demo,freeblock,record,screens,sites
 
 # Seconds each step may take before it is stopped (its partial output kept).
 : "${COST_TIMEOUT:=2400}"
@@ -269,6 +271,19 @@ chip() {
       for i in "${!FAILED[@]}"; do [ "${FAILED[$i]}" = record-oom ] && unset 'FAILED[i]'; done
       echo "record-oom: the census is in recordings/ (the program's exit 1 is its OOM)" | tee -a "$RESULTS/summary.txt"
     fi
+  fi
+  if wants sites; then
+    # Which line made each implicit transfer, on the chip: the training loop
+    # under jaxtop, then under tests/transfer_oracle.py (JAX's own guard, line
+    # by line), compared.
+    local args=("$REPO/tests/tpu/targets/train.py" --steps 200 --width 1024 --layers 4 --batch 256)
+    run_step sites-run "$RECORD_TIMEOUT" "$RESULTS/sites-run.txt" \
+      env JAX_PLATFORMS=tpu "$py" -P -m jaxtop run --log "$RESULTS/sites.jsonl" "${args[@]}"
+    run_step sites-oracle "$RECORD_TIMEOUT" "$RESULTS/sites-oracle.txt" \
+      env JAX_PLATFORMS=tpu "$py" -P "$REPO/tests/transfer_oracle.py" --table --json-out "$RESULTS/sites-oracle.json" \
+      "${args[@]}"
+    run_step sites "$RECORD_TIMEOUT" "$RESULTS/sites.txt" \
+      "$py" -P "$REPO/tools/tpu/compare_sites.py" "$RESULTS/sites.jsonl" "$RESULTS/sites-oracle.json"
   fi
   if wants screens; then
     run_step screens "$RECORD_TIMEOUT" "$RESULTS/screens.txt" bash "$REPO/tools/tpu/run.sh" screens-step "$py" "$RESULTS"
