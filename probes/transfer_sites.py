@@ -42,30 +42,27 @@ user's job).
 from __future__ import annotations
 
 import bisect
-import inspect
-import os
 import re
-import sys
 import threading
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from jaxtop.probes.base import Tick
-from jaxtop.probes.frames import HOOK_CODES, LIBRARY, LibraryFilter, jitted_name
+from jaxtop.probes.forksafe import ForkLock
+from jaxtop.probes.frames import LIBRARY, LibraryFilter
+from jaxtop.probes.transfer_notes import RING, CallNotes, _hook_slot
+from jaxtop.probes.transfer_values import MAX_ARGS, NUMPY, PY_SCALAR, ArgInfo, describe_value
 
-__all__ = ["ArgInfo", "TransferSitesProbe", "describe_value", "parse_stamps"]
+__all__ = ["ArgInfo", "MAX_ARGS", "NUMPY", "PY_SCALAR", "RING", "TransferSitesProbe", "describe_value", "parse_stamps",
+           "_hook_slot"]
 
 #: A line waits this long for its record (the call it belongs to returns
 #: after it), then counts as unattributed.
 MATCH_WINDOW_S = 3.0
 #: Records are kept this long after they are read from the program's threads.
 RETAIN_S = 6.0
-#: Records the program's threads can leave between two ticks (100 ms apart):
-#: 650,000 jitted calls a second before any is lost.
-RING = 1 << 16
 #: The post hook is taken out after this long without an implicit transfer
 #: (seconds), and put back with the next one.
 QUIET_S = 120.0
@@ -75,100 +72,6 @@ DESCRIBE_EVERY_S = 30.0
 SITES_SENT = 50
 #: Sites kept at most (a program with ever-new lines: the rest counted apart).
 MAX_SITES = 2000
-#: Arguments described per call at most.
-MAX_ARGS = 32
-#: Frames walked from the hook to the user's code at most.
-MAX_WALK = 48
-
-#: The kinds of a transferred value, as a user names them.
-NUMPY, PY_SCALAR, NUMPY_SCALAR, OTHER_DEVICE = "NumPy array", "Python scalar", "NumPy scalar", "another device's array"
-_PY_SCALARS = (bool, int, float, complex)
-
-
-@dataclass(frozen=True)
-class ArgInfo:
-    """One transferred value of a call: its name in the call, kind, shape, dtype and size."""
-
-    name: str
-    kind: str
-    shape: str
-    nbytes: int | None
-
-    def wire(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "shape": self.shape, "bytes": self.nbytes}
-
-
-def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[ArgInfo], prefix: str = "") -> None:
-    """Append what of ``value`` a call would copy to the device (its host
-    leaves: NumPy arrays and scalars, Python scalars, in lists, tuples and
-    dicts), under ``name``; jax Arrays (already on a device) are skipped."""
-    if len(out) >= MAX_ARGS:
-        return
-    if array_type is not None and isinstance(value, array_type):
-        return
-    kind = None
-    if type(value) in _PY_SCALARS:
-        dtype = {bool: "bool", int: "int", float: "float", complex: "complex"}[type(value)]
-        # What jax makes of it: a weakly typed 32-bit value (64-bit with jax_enable_x64).
-        size = 1 if dtype == "bool" else (8 if _x64() else 4) * (2 if dtype == "complex" else 1)
-        out.append(ArgInfo(name, prefix + PY_SCALAR, f"{dtype}[]", size))
-        return
-    if np is not None:
-        if isinstance(value, np.ndarray):
-            kind = NUMPY
-        elif isinstance(value, np.generic):
-            kind = NUMPY_SCALAR
-    if kind is not None:
-        shape = ",".join(str(d) for d in value.shape)
-        nbytes = int(value.nbytes)
-        if value.dtype.itemsize == 8 and value.dtype.kind in "fiuc" and not _x64():
-            nbytes //= 2  # jax copies 64-bit values as 32-bit ones unless jax_enable_x64 is on
-        out.append(ArgInfo(name, prefix + kind, f"{value.dtype}[{shape}]", nbytes))
-        return
-    if isinstance(value, (list, tuple)):
-        what = "list of " if isinstance(value, list) else prefix
-        for i, item in enumerate(value):
-            describe_value(f"{name}[{i}]", item, np, array_type, out, what)
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            describe_value(f"{name}[{key!r}]", item, np, array_type, out, prefix)
-
-
-def _x64() -> bool:
-    """Whether jax keeps 64-bit values (``jax_enable_x64``)."""
-    jax = sys.modules.get("jax")
-    try:
-        return bool(jax.config.jax_enable_x64) if jax is not None else False
-    except Exception:
-        return False
-
-
-def _literal_kind(x: Any) -> tuple[str, str, int | None]:
-    """Kind, shape and bytes of a value met on the slow path. jax wraps a
-    Python scalar it canonicalised as a typed literal (``TypedFloat``, or a
-    ``TypedNdArray`` of a weak type)."""
-    tname = type(x).__name__
-    dtype = getattr(x, "dtype", None)
-    shape = getattr(x, "shape", None)
-    if shape is None and dtype is not None:
-        shape = ()  # a typed scalar
-    text = f"{dtype}[{','.join(str(d) for d in shape)}]" if dtype is not None and shape is not None else tname
-    nbytes = getattr(x, "nbytes", None)
-    if not isinstance(nbytes, int) and shape == () and isinstance(getattr(dtype, "itemsize", None), int):
-        nbytes = dtype.itemsize
-    nbytes = int(nbytes) if isinstance(nbytes, int) else None
-    if type(x) in _PY_SCALARS or tname.startswith("Typed") and tname != "TypedNdArray":
-        return PY_SCALAR, text, nbytes
-    if tname == "TypedNdArray":
-        weak = getattr(getattr(x, "aval", None), "weak_type", False)
-        return (PY_SCALAR if weak else NUMPY), text, nbytes
-    if tname == "ArrayImpl":
-        return OTHER_DEVICE, text, nbytes
-    if "ndarray" in tname:
-        return NUMPY, text, nbytes
-    return (NUMPY_SCALAR if hasattr(x, "dtype") else tname), text, nbytes
-
 
 _STAMP = re.compile(rb"(h2d|d2h|d2d),(\d+),(\d\d:\d\d):(\d\d(?:\.\d+)?)")
 _DIRECTION_NAMES = {b"h2d": "h2d", b"d2h": "d2h", b"d2d": "d2d"}
@@ -194,36 +97,6 @@ def parse_stamps(data: bytes, now: float) -> list[tuple[str, int, float]]:
         t = base + float(sec)
         out.append((names[direction], int(thread), t if t <= late else t - 86400.0))
     return out
-
-
-class _GlobalStateSlot:
-    """jax before 0.5 keeps the post hook on jaxlib's global jit state."""
-
-    def __init__(self, state: Any) -> None:
-        self._state = state
-
-    def get_global(self) -> Any:
-        return self._state.post_hook
-
-    def set_global(self, hook: Any) -> None:
-        self._state.post_hook = hook
-
-
-def _hook_slot(api: Any) -> Any:
-    """Where this jax keeps the post hook it calls after every fast-path
-    call: a config state (``api._post_hook_state``, jax 0.5 and later) or
-    jaxlib's global jit state (``jax_jit.global_state().post_hook``)."""
-    state = getattr(api, "_post_hook_state", None)
-    if state is not None and hasattr(state, "get_global") and hasattr(state, "set_global"):
-        return state
-    jax_jit = getattr(api, "jax_jit", None)
-    try:
-        global_state = jax_jit.global_state() if jax_jit is not None else None
-    except Exception:
-        global_state = None
-    if global_state is not None and hasattr(global_state, "post_hook"):
-        return _GlobalStateSlot(global_state)
-    return None
 
 
 @dataclass
@@ -269,7 +142,7 @@ class _Site:
             self.sizes = sizes if sizes and all(isinstance(n, int) for n in sizes) else ()
 
 
-class TransferSitesProbe:
+class TransferSitesProbe(CallNotes):
     """Records in the program's threads; matching and the field on the agent's.
 
     Args:
@@ -281,41 +154,18 @@ class TransferSitesProbe:
     needs_jax = True
 
     def __init__(self, filt: LibraryFilter = LIBRARY, enabled: bool = True) -> None:
-        self._filt = filt
-        self.enabled = enabled
-        # Noted on the program's threads, read on the agent's (perf_counter times):
-        self._calls: deque = deque(maxlen=RING)  # after a fast-path call: (ident, t, fun, code, lasti[, args])
-        self._slow: deque = deque(maxlen=RING)  # after a slow-path shard: (ident, t, callee, (code, line), args)
-        self._reads_in: deque = deque(maxlen=RING)  # after a host read: (ident, t, site, kind)
+        super().__init__(filt, enabled)
         self._lines: dict[tuple[int, int], int] = {}  # (id(code), lasti) -> line
         self._wall_offset = time.time() - time.perf_counter()
         self._offset_fixed: float | None = None  # tests: record times are wall times already
         # The hook is taken out while no implicit transfer comes (then the
         # program's jitted calls run nothing of jaxtop's): when, and the
         # spans it was out, whose lines cannot be tied to a call.
-        self._hook_in_t: float | None = None
         self._last_stamp_t = -1e18
         self._hook_out: list[tuple[float, float]] = []  # (out since, back at)
-        self._out_since: float | None = None
-        self._user: dict[str, bool] = {}  # file name -> is it the user's
-        # id(function) -> calls of it still to describe. Keyed by id: a jitted
-        # function may be unhashable (flax's nnx.jit wraps objects that define __eq__).
-        self._want: dict[int, int] = {}
         self._fun_args: dict[str, tuple[ArgInfo, ...]] = {}  # a function's arguments as last seen named, by name
-        self._prev_hook: Any = None
-        self._our_hook: Any = None
-        self._active = False  # the hook notes calls (False: taken out, or stopped)
-        self._running = False  # started, with something to note calls by
-        self._local_hooks: dict[int, Any] = {}  # id(jax's hook) -> ours chained to it, for thread-local settings
-        self._debug_states: list[tuple[Any, Any]] = []  # (jax's debug_nans/infs state, its thread-local hook)
-        self._hook_state: Any = None
-        self._handlers: dict[Any, Any] = {}  # type -> the handler we replaced
-        self._handler_table: Any = None
-        self._np: Any = None
-        self._array_type: Any = None
-        self._tls = threading.local()
         self._stamps: list[bytes] = []
-        self._stamps_lock = threading.Lock()
+        self._stamps_lock = ForkLock()
         # Agent thread only, from here on.
         self._by_thread: dict[int, tuple[list[float], list[tuple]]] = {}  # ident -> (times, records), calls
         self._reads: dict[int, tuple[list[float], list[tuple]]] = {}  # ident -> (times, records), reads
@@ -327,116 +177,7 @@ class TransferSitesProbe:
         self._reasons: dict[str, int] = {}
         self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
         # id(function) -> (a weak reference to it, (name, op, parameters)).
-        self._names: dict[int, tuple[Any, tuple[str, bool, tuple[str, ...]]]] = {}
         self._changed = True
-        self.reason: str | None = None
-
-    # -- the probe interface ---------------------------------------------------------------
-    def start(self) -> None:
-        """Install the post hook and wrap the slow path's handlers (after ``import jax``)."""
-        if not self.enabled:
-            self.reason = "transfers are not captured (stderr capture is off): nothing to attribute"
-            return
-        if os.environ.get("JAXTOP_TRANSFER_SITES", "").strip().lower() in ("0", "off", "no", "false"):
-            # The program's own threads then run no hook of jaxtop's.
-            self.reason = "switched off ($JAXTOP_TRANSFER_SITES=0): transfers are counted, not tied to lines"
-            return
-        try:
-            from jax._src import api
-            from jax._src.interpreters import pxla
-        except Exception as exc:  # a jax without them: say so
-            self.reason = f"no jax post hook to attribute transfers with: {type(exc).__name__}: {exc}"
-            return
-        import numpy
-
-        self._np = numpy
-        try:
-            import jax
-
-            self._array_type = jax.Array
-        except Exception:
-            self._array_type = None
-        state = _hook_slot(api)
-        if state is None:
-            self.reason = "this jax has no post hook for jitted calls: transfers are not attributed to lines"
-        else:
-            self._hook_state = state
-            self._our_hook = self._make_hook()
-            self._install_hook()
-            self._keep_thread_local_hooks()
-        table = getattr(pxla, "shard_arg_handlers", None)
-        if isinstance(table, dict):
-            self._handler_table = table
-            self._wrap_handlers()
-        self._running = self._hook_state is not None or self._handler_table is not None
-
-    def _keep_thread_local_hooks(self) -> None:
-        """jax sets the post hook per thread too, whenever ``debug_nans`` or
-        ``debug_infs`` is set for a thread, and jax does so itself: an op
-        evaluated through ``core.jaxpr_as_fun`` runs under
-        ``debug_nans(False)``, after which the thread's own hook is None and
-        the global one (jaxtop's) is never called on it again (flax's
-        ``nnx.jit`` train steps on the main thread went unnoticed). After each
-        such setting, jaxtop's hook goes in front of what jax set there."""
-        from jax._src import config
-
-        state = self._hook_state
-        if not hasattr(state, "get_local") or not hasattr(state, "set_local"):
-            return  # jax before 0.5: a thread's None falls back to the global hook
-        for name in ("debug_nans", "debug_infs"):
-            debug = getattr(config, name, None)
-            original = getattr(debug, "_update_thread_local_hook", None)
-            if original is None or getattr(original, "_jaxtop_original", None) is not None:
-                continue
-
-            def update(value: Any, original: Any = original) -> None:
-                original(value)
-                self._fix_thread_local()
-
-            update._jaxtop_original = original  # type: ignore[attr-defined]
-            try:
-                debug._update_thread_local_hook = update
-            except Exception:
-                continue
-            self._debug_states.append((debug, original))
-        self._fix_thread_local()
-
-    def _fix_thread_local(self) -> None:
-        """This thread's post hook, as jax just set it, with jaxtop's in front."""
-        state = self._hook_state
-        try:
-            local = state.get_local()
-            if local is None:
-                state.set_local(self._local_hooks.setdefault(0, self._make_hook(chained=None)))
-            elif callable(local) and getattr(local, "__code__", None) not in HOOK_CODES:
-                hook = self._local_hooks.get(id(local))
-                if hook is None:
-                    hook = self._local_hooks[id(local)] = self._make_hook(chained=local)
-                state.set_local(hook)
-        except Exception:
-            pass
-
-    def stop(self) -> None:
-        self._active = self._running = False
-        for debug, original in self._debug_states:
-            try:
-                debug._update_thread_local_hook = original
-            except Exception:
-                pass
-        self._debug_states.clear()
-        state, ours = self._hook_state, self._our_hook
-        if state is not None and ours is not None:
-            try:
-                if state.get_global() is ours:
-                    state.set_global(self._prev_hook)
-            except Exception:
-                pass
-        table = self._handler_table
-        if table is not None:
-            for t, original in self._handlers.items():
-                if getattr(table.get(t), "_jaxtop_original", None) is original:
-                    table[t] = original
-            self._handlers.clear()
 
     def take_stamps(self, data: bytes) -> None:
         """The relay's stamps (called from the capture, on the agent's thread)."""
@@ -444,10 +185,6 @@ class TransferSitesProbe:
             return  # not started, switched off, or no jax to hook: nothing to tie them to
         with self._stamps_lock:
             self._stamps.append(data)
-
-    def on_read(self, site: tuple[str, int, str], kind: str, t: float) -> None:
-        """A host read the host-sync probe counted (on the reading thread)."""
-        self._reads_in.append((threading.get_ident(), time.perf_counter(), site, kind))
 
     def on_tick(self, tick: Tick) -> dict[str, Any] | None:
         if not self._running:
@@ -482,220 +219,6 @@ class TransferSitesProbe:
         for site in self._sites.values():
             site.interval = 0
         return out
-
-    # -- in the program's threads ------------------------------------------------------------
-    def _make_hook(self, chained: Any = "global") -> Callable[..., None]:
-        """The hook; after its note it calls jax's own hook: the global one
-        (``chained="global"``), the given one, or none (None)."""
-        append = self._calls.append
-        user = self._user
-        is_library = self._filt.is_library
-        want = self._want
-        getframe, ident, clock = sys._getframe, threading.get_ident, time.perf_counter
-        probe = self
-
-        # Every jitted call of the program runs this, transfer or not: each
-        # step was timed (benchmarks/transfer_sites.py). The record is the
-        # least that identifies the call: the line is worked out on the
-        # agent's thread from the code object and the instruction offset
-        # (a frame's f_lineno decodes the line table), the wall time from
-        # perf_counter, and the dict is keyed by file name (a code object's
-        # hash reads its whole bytecode).
-        def jaxtop_transfer_sites_hook(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
-            try:
-                if not probe._active:
-                    raise LookupError  # taken out (a thread kept it locally): only jax's own below
-                frame = getframe(1)
-                code = frame.f_code
-                mine = user.get(code.co_filename)
-                if mine is None:
-                    mine = user[code.co_filename] = not is_library(code.co_filename)
-                depth = 0
-                while not mine:
-                    frame = frame.f_back
-                    depth += 1
-                    if frame is None or depth >= MAX_WALK:
-                        break
-                    code = frame.f_code
-                    mine = user.get(code.co_filename)
-                    if mine is None:
-                        mine = user[code.co_filename] = not is_library(code.co_filename)
-                if want and id(fun) in want:
-                    append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1,
-                            probe._describe_call(fun, args, kwargs)))
-                else:
-                    append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1))
-            except Exception:
-                pass
-            prev = probe._prev_hook if chained == "global" else chained
-            if prev is not None:
-                prev(fun, args, kwargs, out)  # the user's (jax_debug_nans): its errors are theirs
-
-        HOOK_CODES.add(jaxtop_transfer_sites_hook.__code__)
-        return jaxtop_transfer_sites_hook
-
-    def _describe_call(self, fun: Any, args: Any, kwargs: Any) -> tuple[ArgInfo, ...] | None:
-        left = self._want.get(id(fun), 0) - 1
-        if left <= 0:
-            self._want.pop(id(fun), None)
-        else:
-            self._want[id(fun)] = left
-        try:
-            return self._describe_args(fun, args, kwargs)
-        except Exception:
-            return None
-
-    def _describe_args(self, fun: Any, args: Any, kwargs: Any) -> tuple[ArgInfo, ...]:
-        _, _, params = self._name_of(fun)
-        info = getattr(fun, "_jit_info", None)
-        static = set(getattr(info, "static_argnums", ()) or ())
-        static_names = set(getattr(info, "static_argnames", ()) or ())
-        out: list[ArgInfo] = []
-        for i, value in enumerate(args):
-            if i not in static:
-                describe_value(params[i] if i < len(params) else f"arg{i}", value, self._np, self._array_type, out)
-        for key, value in (kwargs or {}).items():
-            if key not in static_names:
-                describe_value(key, value, self._np, self._array_type, out)
-        return tuple(out)
-
-    def _wrap_handlers(self) -> None:
-        table = self._handler_table
-        if table is None:
-            return
-        for t, handler in list(table.items()):
-            if getattr(handler, "_jaxtop_original", None) is not None or t in self._handlers:
-                continue
-            wrapped = self._wrap(handler)
-            self._handlers[t] = handler
-            table[t] = wrapped
-
-    def _wrap(self, handler: Callable[..., Any]) -> Callable[..., Any]:
-        tls = self._tls
-        append = self._slow.append
-        probe = self
-
-        def jaxtop_shard_arg(xs: Any, *rest: Any, **kw: Any) -> Any:
-            if getattr(tls, "inside", False):  # a handler calling shard_args again: the outer one records
-                return handler(xs, *rest, **kw)
-            tls.inside = True
-            try:
-                result = handler(xs, *rest, **kw)
-            finally:
-                tls.inside = False
-            try:
-                frame = sys._getframe(1)
-                site, callee = probe._user_site(frame)
-                described = probe._slow_call_args(frame)
-                if not described:
-                    described = tuple(ArgInfo("", *_literal_kind(x)) for x in list(xs)[:MAX_ARGS])
-                append((threading.get_ident(), time.perf_counter(), callee, site, described))
-            except Exception:
-                pass
-            return result
-
-        jaxtop_shard_arg._jaxtop_original = handler  # type: ignore[attr-defined]
-        HOOK_CODES.add(jaxtop_shard_arg.__code__)
-        return jaxtop_shard_arg
-
-    def _slow_call_args(self, frame: Any) -> tuple[ArgInfo, ...]:
-        """The call's host values, named, read from jax's ``cache_miss``
-        frame above a slow-path shard (its ``args``, ``kwargs`` and the
-        jitted Python function); () where there is none (an eager op's
-        internals, another jax)."""
-        depth = 0
-        while frame is not None and depth < MAX_WALK:
-            code = frame.f_code
-            if code.co_name == "cache_miss" and code.co_filename.endswith("pjit.py"):
-                local = frame.f_locals
-                fun, info = local.get("fun"), local.get("jit_info")
-                args, kwargs = local.get("args") or (), local.get("kwargs") or {}
-                try:
-                    params = tuple(inspect.signature(fun).parameters) if callable(fun) else ()
-                except (TypeError, ValueError):
-                    params = ()
-                static = set(getattr(info, "static_argnums", ()) or ())
-                static_names = set(getattr(info, "static_argnames", ()) or ())
-                out: list[ArgInfo] = []
-                for i, value in enumerate(args):
-                    if i not in static:
-                        describe_value(params[i] if i < len(params) else f"arg{i}", value, self._np,
-                                       self._array_type, out)
-                for key, value in kwargs.items():
-                    if key not in static_names:
-                        describe_value(key, value, self._np, self._array_type, out)
-                return tuple(out)
-            frame = frame.f_back
-            depth += 1
-        return ()
-
-    def _user_site(self, frame: Any) -> tuple[Any, str | None]:
-        """(the user's (code, line), the jitted function's name) above a slow-path frame."""
-        callee = jitted_name(frame)
-        depth = 0
-        while frame is not None and depth < MAX_WALK:
-            code = frame.f_code
-            mine = self._user.get(code.co_filename)
-            if mine is None:
-                mine = self._user[code.co_filename] = not self._filt.is_library(code.co_filename)
-            if mine:
-                return (code, frame.f_lineno), callee
-            frame = frame.f_back
-            depth += 1
-        return None, callee
-
-    def _install_hook(self) -> None:
-        state, ours = self._hook_state, self._our_hook
-        if state is None or ours is None:
-            return
-        try:
-            current = state.get_global()
-            if current is not ours:
-                self._prev_hook = current  # jax's own (debug_nans) or None: called after ours
-                state.set_global(ours)
-                self._hook_in_t = time.time()
-            self._active = True
-        except Exception as exc:
-            self.reason = f"jax's post hook could not be set: {type(exc).__name__}: {exc}"
-
-    def _take_hook_out(self, now: float) -> None:
-        """No implicit transfer for :data:`QUIET_S`: the program's jitted
-        calls run nothing of jaxtop's until the next one."""
-        state, ours = self._hook_state, self._our_hook
-        try:
-            if state is not None and state.get_global() is ours:
-                state.set_global(self._prev_hook)
-        except Exception:
-            return
-        self._out_since = now
-        self._hook_in_t = None
-        self._active = False
-
-    # -- on the agent's thread -----------------------------------------------------------------
-    def _name_of(self, fun: Any) -> tuple[str, bool, tuple[str, ...]]:
-        """(name, is it one of jax's own ops, parameter names) of a jitted function."""
-        if isinstance(fun, str) or fun is None:
-            return (fun or "?", False, ())
-        kept = self._names.get(id(fun))
-        if kept is not None and kept[0]() is fun:
-            return kept[1]
-        inner = getattr(fun, "_fun", None) or getattr(fun, "__wrapped__", None)
-        name = getattr(inner, "__name__", None) or getattr(fun, "__name__", "?")
-        module = getattr(inner, "__module__", "") or ""
-        op = bool(getattr(inner, "_apply_primitive", False)) or module.startswith("jax.")
-        try:
-            params = tuple(inspect.signature(inner).parameters) if inner is not None else ()
-        except (TypeError, ValueError):
-            params = ()
-        known = (str(name), op, params)
-        try:
-            ref = weakref.ref(fun)
-        except TypeError:
-            return known
-        if len(self._names) >= 10000:
-            self._names.clear()
-        self._names[id(fun)] = (ref, known)
-        return known
 
     def _line_of(self, code: Any, lasti: int) -> int:
         """The line of instruction offset ``lasti`` in ``code`` (what a

@@ -8,7 +8,6 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from jaxtop.dashboard.views import DeviceView, ProcessView, Snapshot
-from jaxtop.wire.protocol import TPU_FREE_BLOCK_NOTE
 from jaxtop.widgets.panel_base import STALE_DETAIL_S, Panel, fitting, panel_title
 from jaxtop.widgets.render import Gauge, LayersBar, MemoryMap, fmt_bytes, fmt_duration
 
@@ -155,7 +154,7 @@ class FragmentationPanel(Panel):
                 # No figure of its own (TPU), but what the runtime reports,
                 # marked where it is known to be no bound on a request.
                 total = fmt_bytes(dev.bytes_limit - dev.bytes_in_use)
-                note = f" ({TPU_FREE_BLOCK_NOTE})" if dev.platform == "tpu" else ""
+                note = f" ({dev.free_block_note})" if dev.free_block_note else ""
                 block = fmt_bytes(free)
                 facts = [f"{total} free · runtime's largest free block {block}{note}",
                          f"{total} free · largest block {block}{note}",

@@ -19,7 +19,6 @@ from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.model import DEVICE_SERIES, DISCONNECTED, EXITED, PROCESS_SERIES, DeviceView, ProcessView, Snapshot
 from jaxtop.dashboard.readings import TransferView
 from jaxtop.dashboard.views import D2D, D2H, DIRECTIONS, H2D
-from jaxtop.wire.protocol import TPU_FREE_BLOCK_NOTE
 from jaxtop.widgets.accelerator_lines import host_accelerator_line, host_title, pcie_shown
 from jaxtop.widgets.memory_panels import FragmentationPanel, MemoryMapPanel, MemoryPanel, queued_matters, queued_notes
 from jaxtop.widgets.panel_base import (
@@ -183,7 +182,7 @@ def fragmentation_strips(dev: DeviceView) -> list[Strip]:
     either, one n/a line with the allocator's reason stands for both.
     """
     frag = _series(dev.timeline, DEVICE_SERIES, "fragmentation", "fragmentation", "yellow", "fill")
-    free_label = f"largest free block ({TPU_FREE_BLOCK_NOTE})" if dev.platform == "tpu" else "largest free block"
+    free_label = f"largest free block ({dev.free_block_note})" if dev.free_block_note else "largest free block"
     free = _series(dev.timeline, DEVICE_SERIES, "largest_free_block_bytes", free_label, "green", "fill")
     reason = dev.fragmentation_reason or "the allocator reports no fragmentation"
     if frag is None and free is None:

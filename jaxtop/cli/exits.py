@@ -44,7 +44,9 @@ environment:
   JAXTOP_FD_RESERVE          file descriptors an agent always leaves to the program (default 128)
   JAXTOP_NUMPY_HOOKS         1: wrap np.array/np.asarray to count a CPU program's host reads through them
                              (~120 ns on every numpy call); default: not wrapped unless a host_syncs budget
-                             asks (those reads go uncounted, and the screen says so); 0: never wrap"""
+                             asks (those reads go uncounted, and the screen says so); 0: never wrap
+  JAXTOP_TRANSFER_SITES      0: do not tie implicit transfers to the program's lines (no hook on jitted
+                             calls; transfers are still counted)"""
 
 # Shown by `jaxtop --help`.
 EXAMPLES_HELP = """\

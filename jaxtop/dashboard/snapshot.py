@@ -147,6 +147,7 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
         # Older agents said it only in the map's samples (``unmapped``).
         not_ready_count=number(live.get("not_ready_count")) or number(s.unmapped.get("not_ready")),
         not_ready_bytes=number(live.get("not_ready_bytes")),
+        free_block_note=protocol.TPU_FREE_BLOCK_NOTE if s.platform == "tpu" else None,
         unheld_bytes=unheld[0] if unheld else None,
         unheld_exact=unheld[1] if unheld else False,
     )

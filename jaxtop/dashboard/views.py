@@ -120,6 +120,9 @@ class DeviceView:
     #: accelerator, outputs of work the program queued ahead of the device.
     not_ready_count: int | None = None
     not_ready_bytes: int | None = None
+    #: Said beside the allocator's largest free block where it is known not
+    #: to bound a request (TPU), else None.
+    free_block_note: str | None = None
     #: Device memory in use that belonged to no live array
     #: (:func:`unheld_of`), and whether its two figures are of one moment.
     unheld_bytes: int | None = None

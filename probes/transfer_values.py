@@ -1,0 +1,112 @@
+"""What an implicit transfer copied: a call's host values, by name, kind, shape and size.
+
+A jitted call copies to the device every argument that is not already a
+device array: NumPy arrays and scalars, Python scalars, and those inside
+lists, tuples and dicts. :func:`describe_value` names each such value as the
+call's parameter (``batch['x']``, ``lr``); on jax's slow path the values met
+are jax's own typed literals (:func:`literal_kind`). Sizes are what jax
+copies: 64-bit values as 32-bit ones unless ``jax_enable_x64`` is on.
+
+Standard library only (numpy and jax are passed in or looked up once imported).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ArgInfo", "MAX_ARGS", "NUMPY", "NUMPY_SCALAR", "OTHER_DEVICE", "PY_SCALAR", "describe_value",
+           "literal_kind"]
+
+#: Arguments described per call at most.
+MAX_ARGS = 32
+
+#: The kinds of a transferred value, as a user names them.
+NUMPY, PY_SCALAR, NUMPY_SCALAR, OTHER_DEVICE = "NumPy array", "Python scalar", "NumPy scalar", "another device's array"
+_PY_SCALARS = (bool, int, float, complex)
+
+
+@dataclass(frozen=True)
+class ArgInfo:
+    """One transferred value of a call: its name in the call, kind, shape, dtype and size."""
+
+    name: str
+    kind: str
+    shape: str
+    nbytes: int | None
+
+    def wire(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "shape": self.shape, "bytes": self.nbytes}
+
+
+def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[ArgInfo], prefix: str = "") -> None:
+    """Append what of ``value`` a call would copy to the device (its host
+    leaves: NumPy arrays and scalars, Python scalars, in lists, tuples and
+    dicts), under ``name``; jax Arrays (already on a device) are skipped."""
+    if len(out) >= MAX_ARGS:
+        return
+    if array_type is not None and isinstance(value, array_type):
+        return
+    kind = None
+    if type(value) in _PY_SCALARS:
+        dtype = {bool: "bool", int: "int", float: "float", complex: "complex"}[type(value)]
+        # What jax makes of it: a weakly typed 32-bit value (64-bit with jax_enable_x64).
+        size = 1 if dtype == "bool" else (8 if _x64() else 4) * (2 if dtype == "complex" else 1)
+        out.append(ArgInfo(name, prefix + PY_SCALAR, f"{dtype}[]", size))
+        return
+    if np is not None:
+        if isinstance(value, np.ndarray):
+            kind = NUMPY
+        elif isinstance(value, np.generic):
+            kind = NUMPY_SCALAR
+    if kind is not None:
+        shape = ",".join(str(d) for d in value.shape)
+        nbytes = int(value.nbytes)
+        if value.dtype.itemsize == 8 and value.dtype.kind in "fiuc" and not _x64():
+            nbytes //= 2  # jax copies 64-bit values as 32-bit ones unless jax_enable_x64 is on
+        out.append(ArgInfo(name, prefix + kind, f"{value.dtype}[{shape}]", nbytes))
+        return
+    if isinstance(value, (list, tuple)):
+        what = "list of " if isinstance(value, list) else prefix
+        for i, item in enumerate(value):
+            describe_value(f"{name}[{i}]", item, np, array_type, out, what)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            describe_value(f"{name}[{key!r}]", item, np, array_type, out, prefix)
+
+
+def _x64() -> bool:
+    """Whether jax keeps 64-bit values (``jax_enable_x64``)."""
+    jax = sys.modules.get("jax")
+    try:
+        return bool(jax.config.jax_enable_x64) if jax is not None else False
+    except Exception:
+        return False
+
+
+def literal_kind(x: Any) -> tuple[str, str, int | None]:
+    """Kind, shape and bytes of a value met on the slow path. jax wraps a
+    Python scalar it canonicalised as a typed literal (``TypedFloat``, or a
+    ``TypedNdArray`` of a weak type)."""
+    tname = type(x).__name__
+    dtype = getattr(x, "dtype", None)
+    shape = getattr(x, "shape", None)
+    if shape is None and dtype is not None:
+        shape = ()  # a typed scalar
+    text = f"{dtype}[{','.join(str(d) for d in shape)}]" if dtype is not None and shape is not None else tname
+    nbytes = getattr(x, "nbytes", None)
+    if not isinstance(nbytes, int) and shape == () and isinstance(getattr(dtype, "itemsize", None), int):
+        nbytes = dtype.itemsize
+    nbytes = int(nbytes) if isinstance(nbytes, int) else None
+    if type(x) in _PY_SCALARS or tname.startswith("Typed") and tname != "TypedNdArray":
+        return PY_SCALAR, text, nbytes
+    if tname == "TypedNdArray":
+        weak = getattr(getattr(x, "aval", None), "weak_type", False)
+        return (PY_SCALAR if weak else NUMPY), text, nbytes
+    if tname == "ArrayImpl":
+        return OTHER_DEVICE, text, nbytes
+    if "ndarray" in tname:
+        return NUMPY, text, nbytes
+    return (NUMPY_SCALAR if hasattr(x, "dtype") else tname), text, nbytes
