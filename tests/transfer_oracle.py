@@ -683,7 +683,10 @@ def main(argv=None):
     if include:
         sys.meta_path.insert(0, _Finder(oracle, include))
     sys.argv = [program, *args]
-    sys.path[0] = os.path.dirname(path)
+    if sys.flags.safe_path:  # python -P: nothing of the oracle's own is first on the path
+        sys.path.insert(0, os.path.dirname(path))
+    else:  # the oracle's directory stood where `python PROGRAM.py` puts the program's
+        sys.path[0] = os.path.dirname(path)
     module = types.ModuleType("__main__")
     module.__file__ = path
     module.__builtins__ = builtins
