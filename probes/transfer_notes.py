@@ -228,7 +228,6 @@ class CallNotes:
     def _make_hook(self, chained: Any = "global") -> Callable[..., None]:
         """The hook; after its note it calls jax's own hook: the global one
         (``chained="global"``), the given one, or none (None)."""
-        append = self._calls.append
         user = self._user
         is_library = self._filt.is_library
         want = self._want
@@ -236,7 +235,8 @@ class CallNotes:
         probe = self
 
         # Every jitted call of the program runs this, transfer or not: each
-        # step was timed (benchmarks/transfer_sites.py). The record is the
+        # step was timed (benchmarks/transfer_sites.py). The deque is looked up
+        # on each call: the agent swaps in a fresh one while nothing transfers. The record is the
         # least that identifies the call: the line is worked out on the
         # agent's thread from the code object and the instruction offset
         # (a frame's f_lineno decodes the line table), the wall time from
@@ -262,10 +262,10 @@ class CallNotes:
                     if mine is None:
                         mine = user[code.co_filename] = not is_library(code.co_filename)
                 if want and id(fun) in want:
-                    append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1,
+                    probe._calls.append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1,
                             probe._describe_call(fun, args, kwargs)))
                 else:
-                    append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1))
+                    probe._calls.append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1))
             except Exception:
                 pass
             prev = probe._prev_hook if chained == "global" else chained

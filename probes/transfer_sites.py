@@ -65,7 +65,13 @@ MATCH_WINDOW_S = 3.0
 RETAIN_S = 6.0
 #: The post hook is taken out after this long without an implicit transfer
 #: (seconds), and put back with the next one.
-QUIET_S = 120.0
+QUIET_S = 10.0
+#: Ticks whose call notes are kept unread while nothing transfers (a line
+#: the relay reports up to this many ticks late is still tied).
+HELD_TICKS = 3
+#: ... when the program calls jitted functions faster than this (calls a
+#: second): below it the hook costs nothing worth a lost line.
+QUIET_CALLS_PER_S = 100.0
 #: A fast-path site's arguments are read again this often (seconds).
 DESCRIBE_EVERY_S = 30.0
 #: Sites sent, the busiest first; the rest are summed under "other sites".
@@ -155,6 +161,10 @@ class TransferSitesProbe(CallNotes):
 
     def __init__(self, filt: LibraryFilter = LIBRARY, enabled: bool = True) -> None:
         super().__init__(filt, enabled)
+        self._held: deque = deque()  # the last quiet ticks' call notes, unread
+        self._dropped_until = -1e18  # call notes up to this moment were dropped unread
+        self._noted = 0  # call notes taken from the hook's deque, ever (for the call rate)
+        self._rate_mark: tuple[float, int] | None = None
         self._lines: dict[tuple[int, int], int] = {}  # (id(code), lasti) -> line
         self._wall_offset = time.time() - time.perf_counter()
         self._offset_fixed: float | None = None  # tests: record times are wall times already
@@ -199,11 +209,26 @@ class TransferSitesProbe(CallNotes):
                 self._install_hook()
         if tick.slow and self._out_since is None:
             self._install_hook()  # jax_debug_nans switched on or off sets the hook anew
-            if self._hook_in_t is not None and tick.now - max(self._last_stamp_t, self._hook_in_t) > QUIET_S:
+            rate = self._call_rate(tick.now)
+            if (self._hook_in_t is not None and tick.now - max(self._last_stamp_t, self._hook_in_t) > QUIET_S
+                    and rate is not None and rate > QUIET_CALLS_PER_S):
                 self._take_hook_out(tick.now)
         if tick.slow:
             self._wrap_handlers()  # a handler jax registered since
-        self._drain()
+        if stamps or self._pending or tick.final:
+            self._drain()
+        else:
+            # Nothing to tie: the notes of this tick are set aside unread (a
+            # line the relay has not reported yet may still need them), the
+            # tick's before are dropped whole. A program that transfers
+            # nothing costs the agent no Python work per call.
+            self._noted += len(self._calls)
+            self._held.append(self._calls)
+            self._calls = deque(maxlen=RING)
+            if len(self._held) > HELD_TICKS:
+                old = self._held.popleft()
+                if old:  # a line the relay reports later than this cannot be tied: never to a later call
+                    self._dropped_until = max(self._dropped_until, old[-1][1] + self._wall_offset)
         for data in stamps:
             self._pending.extend(parse_stamps(data, tick.now))
         self._match(tick.now, tick.final)
@@ -219,6 +244,14 @@ class TransferSitesProbe(CallNotes):
         for site in self._sites.values():
             site.interval = 0
         return out
+
+    def _call_rate(self, now: float) -> float | None:
+        """Jitted calls a second the hook noted since the last slow tick (None at the first)."""
+        total = self._noted + len(self._calls)
+        last, self._rate_mark = self._rate_mark, (now, total)
+        if last is None or now <= last[0]:
+            return None
+        return (total - last[1]) / (now - last[0])
 
     def _line_of(self, code: Any, lasti: int) -> int:
         """The line of instruction offset ``lasti`` in ``code`` (what a
@@ -244,7 +277,11 @@ class TransferSitesProbe(CallNotes):
         self._wall_offset = offset
         first_t = None
         store = self._store
-        for queue in (self._calls, self._slow, self._reads_in):
+        held = deque()
+        while self._held:
+            held.extend(self._held.popleft())
+        self._noted += len(self._calls)
+        for queue in (held, self._calls, self._slow, self._reads_in):
             full = len(queue) >= RING
             head = None
             table = self._reads if queue is self._reads_in else self._by_thread
@@ -256,7 +293,7 @@ class TransferSitesProbe(CallNotes):
                 t = record[1] + offset
                 if head is None:
                     head = t
-                if queue is self._calls:
+                if queue is self._calls or queue is held:
                     # The function by id (a weak reference kept once per function):
                     # a record must not keep a jitted function, and its executables, alive.
                     fun = record[2]
@@ -374,6 +411,10 @@ class TransferSitesProbe(CallNotes):
                 found: dict[int, int] = {}
                 size = len(times)
                 for t in lines:
+                    if t <= self._dropped_until and direction != "d2h":
+                        self._give_up(direction, "reported after its call's note was let go (the relay was more "
+                                      f"than {HELD_TICKS} ticks late)")
+                        continue
                     i = bisect_left(times, t)
                     if i < size and times[i] - t <= MATCH_WINDOW_S:
                         if t < self._lost_before:

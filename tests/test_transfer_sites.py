@@ -346,3 +346,53 @@ def test_a_program_under_jaxtop_run_names_every_line(tmp_path, child_env):
     assert sum(s["count_total"] for s in field["sites"] if s["direction"] == "h2d") == total
     step = next(s for s in field["sites"] if s["callee"] == "step")
     assert {(a["name"], a["kind"]) for a in step["args"]} >= {("lr", PY_SCALAR)} or step["args_seen"] == "transfer"
+
+
+def test_notes_set_aside_while_nothing_transfers_still_tie_a_late_line():
+    """A quiet tick reads no note (a program that transfers nothing costs the
+    agent nothing per call), but keeps them a few ticks for a line the relay
+    reports late; one reported later than that is unattributed, never tied
+    to a later call."""
+    from jaxtop.probes.transfer_sites import HELD_TICKS
+
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time() - 5
+    probe._calls.append((threading.get_ident(), t0 + 0.001, "step", None, -1))
+    probe.on_tick(Tick(now=time.time()))  # quiet: set aside, unread
+    assert not probe._by_thread and len(probe._held) == 1
+    probe.take_stamps(_stamp("h2d", me, t0))
+    field = probe.on_tick(Tick(now=time.time()))
+    assert field["unattributed"] == {} and sum(s["count_total"] for s in field["sites"]) == 1
+    # Too late: the note went with the quiet ticks, and a later call must not take its line.
+    probe._calls.append((threading.get_ident(), t0 + 1.001, "step", None, -1))
+    for _ in range(HELD_TICKS + 1):
+        probe.on_tick(Tick(now=time.time()))
+    probe._calls.append((threading.get_ident(), t0 + 2.0, "step", None, -1))  # a later call
+    probe.take_stamps(_stamp("h2d", me, t0 + 1.0))
+    field = probe.on_tick(Tick(now=time.time()))
+    assert field["unattributed"] == {"h2d": 1} and "relay was more than" in " ".join(field["unattributed_reasons"])
+
+
+def test_the_hook_leaves_a_program_that_stopped_transferring_and_comes_back(installed, monkeypatch):
+    import jax
+
+    from jaxtop.probes import transfer_sites
+    from jaxtop.probes.transfer_notes import _hook_slot
+    from jax._src import api
+
+    monkeypatch.setattr(transfer_sites, "QUIET_S", 0.0)
+    f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
+    slot = _hook_slot(api)
+    installed.on_tick(Tick(now=time.time(), slow=True))  # the rate's first mark
+    for _ in range(2000):
+        f(x)
+    time.sleep(0.05)
+    installed.on_tick(Tick(now=time.time(), slow=True))
+    assert slot.get_global() is not installed._our_hook and not installed._active  # out: calls run nothing of ours
+    before = len(installed._calls)
+    f(x)
+    assert len(installed._calls) == before
+    installed.take_stamps(_stamp("h2d", threading.get_native_id(), time.time()))
+    field = installed.on_tick(Tick(now=time.time()))
+    assert slot.get_global() is installed._our_hook and installed._active  # a transfer: back in
+    assert "hook was out" in " ".join(field["unattributed_reasons"])
