@@ -124,6 +124,20 @@ class _Site:
     callee: str = ""
     history: deque = field(default_factory=lambda: deque(maxlen=60))  # per-tick counts, for a sparkline
 
+    def add(self, n: int, t: float) -> None:
+        """``n`` lines of the call noted at ``t``."""
+        self.count += n
+        self.interval += n
+        if self.last_t != t:  # a new call (one call can make several lines)
+            self.calls += 1
+            self.last_t = t
+        sizes = self.sizes
+        if sizes:
+            # The values a call copies, in order (a call logs one line each).
+            self.bytes += sum(sizes[(self.count - n + k) % len(sizes)] for k in range(n))
+        else:
+            self.bytes_unknown += n
+
     @property
     def named(self) -> bool:
         return self._named
@@ -447,15 +461,7 @@ class TransferSitesProbe(CallNotes):
             # The common case, a fast-path call at a line already described: counts only.
             site = self._known.get((direction, value[1], value[2], value[3]))
             if site is not None and site.named and t - site.asked_t <= DESCRIBE_EVERY_S:
-                site.count += n
-                site.interval += n
-                site.calls += 1
-                site.last_t = t
-                sizes = site.sizes
-                if sizes:
-                    site.bytes += sum(sizes[(site.count - n + k) % len(sizes)] for k in range(n))
-                else:
-                    site.bytes_unknown += n
+                site.add(n, t)
                 self._changed = True
                 return
         where, name, op, described, observed, fun = self._resolve(value)
@@ -475,11 +481,6 @@ class TransferSitesProbe(CallNotes):
             # The fast path knows an op from a function of the user's; the
             # slow path only the name.
             site.callee = name + (" (op)" if op else "")
-        site.count += n
-        site.interval += n
-        if site.last_t != t:  # a new call (one call can make several lines)
-            site.calls += 1
-            site.last_t = t
         if described is not None:
             site.merge(described, observed, t)
             if direction != "d2h" and any(a.name for a in described):
@@ -494,12 +495,7 @@ class TransferSitesProbe(CallNotes):
                 # now and then (what a line passes can change).
                 self._want[id(fun)] = 2
                 site.asked_t = t + (1.0 if not site.named else 0.0)
-        sizes = site.sizes
-        if sizes:
-            # The values a call copies, in order (a call logs one line each).
-            site.bytes += sum(sizes[(site.count - n + k) % len(sizes)] for k in range(n))
-        else:
-            site.bytes_unknown += n
+        site.add(n, t)
         self._changed = True
 
     def _give_up(self, direction: str, reason: str) -> None:

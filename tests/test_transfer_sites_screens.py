@@ -17,12 +17,7 @@ from test_transfer_sites_dashboard import stream
 SIZES = [(80, 24), (120, 40), (200, 60)]
 
 
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")  # conftest's: clock times drawn in UTC
 
 
 def replayed(tmp_path, keys=()):
