@@ -164,6 +164,10 @@ def test_a_program_that_fills_the_device_leaves_a_census(platform, sockdir, tmp_
     assert f"Failed request: {fmt_bytes(chunk)} ({chunk} bytes)" in report.stdout.decode()
 
 
+#: The longest wait between live-array scans while clients attach.
+MAX_SCAN_GAP_S = 15.0
+
+
 def test_live_array_scans_go_on_while_clients_attach(platform, sockdir, tmp_path):
     # On the chip, the agent's live-array scan stopped for the rest of the
     # run (26 s to 63 s) after `jaxtop ls`, `jaxtop snapshot --json` and a
@@ -206,7 +210,12 @@ def test_live_array_scans_go_on_while_clients_attach(platform, sockdir, tmp_path
     end = rows[-1]["t"]
     times = [before[-1], *after, end]
     gaps = [b - a for a, b in zip(times, times[1:])]
-    assert max(gaps) < 5.0, f"live-array scans stopped for {max(gaps):.1f} s after clients attached"
+    # The scan's cadence is its cost against the agent's share of a core, and
+    # stretches (x4) while clients are served: on the chip (gVisor, whose
+    # thread clock ticks in 10 ms) the gaps were 5.6, 8.9 and 7.8 s while three
+    # clients attached one after another. The stall this catches was 37 s, to
+    # the program's end.
+    assert max(gaps) < MAX_SCAN_GAP_S, f"live-array scans stopped for {max(gaps):.1f} s after clients attached"
 
 
 def _dashboard_reads(pid: int, seconds: float) -> None:
