@@ -1,5 +1,4 @@
-"""Which line makes the transfers, on the dashboard side (issue 43, points 3
-and 4): the model's fold of ``transfer_sites``, the Transfers panel's site
+"""Which line makes the transfers, on the dashboard side: the model's fold of ``transfer_sites``, the Transfers panel's site
 lines at three sizes, Python scalars apart, unattributed transfers apart,
 the screen of every site, ``jaxtop snapshot`` text, the
 ``transfer-sites-csv`` export, escapes in a program's file names; and a
