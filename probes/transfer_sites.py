@@ -179,7 +179,7 @@ class TransferSitesProbe(CallNotes):
         self._dropped_until = -1e18  # call notes up to this moment were dropped unread
         self._noted = 0  # call notes taken from the hook's deque, ever (for the call rate)
         self._rate_mark: tuple[float, int] | None = None
-        self._lines: dict[tuple[int, int], int] = {}  # (id(code), lasti) -> line
+        self._lines: dict[tuple[int, int], tuple[Any, int]] = {}  # (id(code), lasti) -> (code, line)
         self._wall_offset = time.time() - time.perf_counter()
         self._offset_fixed: float | None = None  # tests: record times are wall times already
         # The hook is taken out while no implicit transfer comes (then the
@@ -196,7 +196,7 @@ class TransferSitesProbe(CallNotes):
         self._pending: list[tuple[str, int, float]] = []
         self._native: dict[int, int] = {}  # native thread id -> ident
         self._sites: dict[tuple, _Site] = {}
-        self._known: dict[tuple, _Site] = {}  # (direction, id(function), code, offset) -> its site
+        self._known: dict[tuple, tuple[Any, _Site]] = {}  # (direction, id(function), id(code), offset) -> (code, site)
         self._unattributed: dict[str, int] = {}
         self._reasons: dict[str, int] = {}
         self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
@@ -271,16 +271,17 @@ class TransferSitesProbe(CallNotes):
         """The line of instruction offset ``lasti`` in ``code`` (what a
         frame's f_lineno would have said), cached."""
         key = (id(code), lasti)
-        line = self._lines.get(key)
-        if line is None:
-            line = code.co_firstlineno
-            for start, end, number in code.co_lines():
-                if start <= lasti < end and number is not None:
-                    line = number
-                    break
-            if len(self._lines) > 200_000:
-                self._lines.clear()
-            self._lines[key] = line
+        kept = self._lines.get(key)
+        if kept is not None and kept[0] is code:  # the code itself is kept: its id is not another's
+            return kept[1]
+        line = code.co_firstlineno
+        for start, end, number in code.co_lines():
+            if start <= lasti < end and number is not None:
+                line = number
+                break
+        if len(self._lines) > 200_000:
+            self._lines.clear()
+        self._lines[key] = (code, line)
         return line
 
     def _drain(self) -> None:
@@ -459,7 +460,10 @@ class TransferSitesProbe(CallNotes):
         """``n`` lines of ``direction`` made by the call (or read) ``value`` noted at ``t``."""
         if value[0] == 0 and value[4] is None:
             # The common case, a fast-path call at a line already described: counts only.
-            site = self._known.get((direction, value[1], value[2], value[3]))
+            # Keyed by the code's id (a code object's hash reads its bytecode); the
+            # code is kept beside the site, so the id is no other's.
+            kept = self._known.get((direction, value[1], id(value[2]), value[3]))
+            site = kept[1] if kept is not None and kept[0] is value[2] else None
             if site is not None and site.named and t - site.asked_t <= DESCRIBE_EVERY_S:
                 site.add(n, t)
                 self._changed = True
@@ -474,7 +478,7 @@ class TransferSitesProbe(CallNotes):
                 return
             site = self._sites[key] = _Site()
         if value[0] == 0 and len(self._known) < 4 * MAX_SITES:
-            self._known[(direction, value[1], value[2], value[3])] = site
+            self._known[(direction, value[1], id(value[2]), value[3])] = (value[2], site)
         if direction == "d2h":
             site.callee = name
         elif not site.callee or not observed:
