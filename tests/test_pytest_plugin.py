@@ -259,8 +259,10 @@ def test_the_command_line_budget_covers_every_test_and_the_summary_ranks_them(in
     assert re.search(r"FAILED test_cli.py::test_recompiles - Failed: jaxtop_budget exceeded: recompi", out), out
     summary = out.split("jaxtop budget summary", 1)[1]
     h2d = summary.split("h2d:", 1)[1].split("recompiles:", 1)[0]
-    # The worst two by implicit transfers, largest first; a test with none is not listed.
-    assert re.search(r"^\s+3\s+test_cli.py::test_transfers_three\n\s+2\s+test_cli.py::test_own_marker_wins\s*$",
+    # The worst two by implicit transfers, largest first, each with the line
+    # that made most of them; a test with none is not listed.
+    assert re.search(r"^\s+3\s+test_cli.py::test_transfers_three  \(most at test_cli.py:\d+ \([^)]*\) x3\)\n"
+                     r"\s+2\s+test_cli.py::test_own_marker_wins  \(most at test_cli.py:\d+ \([^)]*\) x2\)\s*$",
                      h2d.split("\n", 1)[1], re.M), h2d
     assert "test_cli.py::test_recompiles" in summary.split("recompiles:", 1)[1].split("peak:", 1)[0]
     assert "peak: the worst" in summary

@@ -235,6 +235,26 @@ def test_the_slow_path_notes_what_it_copied(installed):
     assert described == {("x", NUMPY, "float32[2,3]"), ("n", PY_SCALAR, "float[]")}
 
 
+def _in_a_fresh_thread(fn):
+    """``fn()`` on a new thread: one with no thread-local jax settings (jax
+    leaves a thread's own post hook None after any debug_nans(False) block,
+    and earlier tests in this process ran some on the main thread)."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
 def test_debug_nans_still_raises_through_the_chained_hook(installed):
     """jax_debug_nans uses the same hook: switched on after jaxtop's, jaxtop
     puts its own back in front and calls jax's after it, whose error is the
@@ -246,11 +266,15 @@ def test_debug_nans_still_raises_through_the_chained_hook(installed):
     try:
         installed.on_tick(Tick(now=time.time(), slow=True))
         h = jax.jit(lambda x: jnp.sqrt(x) + 0.0)
-        h(jnp.ones(2))
-        before = len(installed._calls)
-        with pytest.raises(FloatingPointError):
-            h(-jnp.ones(2)).block_until_ready()
-        assert len(installed._calls) > before  # and jaxtop noted the call
+
+        def body():
+            h(jnp.ones(2))
+            before = len(installed._calls)
+            with pytest.raises(FloatingPointError):
+                h(-jnp.ones(2)).block_until_ready()
+            return len(installed._calls) > before
+
+        assert _in_a_fresh_thread(body)  # raised, and jaxtop noted the call
     finally:
         jax.config.update("jax_debug_nans", False)
     installed.on_tick(Tick(now=time.time(), slow=True))

@@ -13,12 +13,18 @@ from conftest import PY, TARGETS, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
 
-H2D_TOTAL = re.compile(r"h2d\s.*?(\d+) \(")
+#: The h2d total: a row of the directions' table ("h2d 41/s 0 B 390 (196 KiB)") or,
+#: on a narrow panel that lists the lines making transfers, "h2d 41/s ×390".
+H2D_TOTAL = re.compile(r"h2d\s(?:\S+\s×(\d+)|.*?(\d+) \()")
 
 
 def capture(session: str) -> str:
     res = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True)
     return res.stdout
+
+
+def _total(match: re.Match) -> int:
+    return int(match.group(1) or match.group(2))
 
 
 def test_attach_in_tmux_shows_device_growing_transfers_and_exit(targets, child_env):
@@ -34,9 +40,9 @@ def test_attach_in_tmux_shows_device_growing_transfers_and_exit(targets, child_e
         except AssertionError:
             print(capture(session))  # shown by pytest on failure
             raise
-        first = int(H2D_TOTAL.search(screen).group(1))
+        first = _total(H2D_TOTAL.search(screen))
         assert "live" in screen
-        later = wait_for(lambda: (lambda m: int(m.group(1)) if m and int(m.group(1)) > first else None)(H2D_TOTAL.search(capture(session))),
+        later = wait_for(lambda: (lambda m: _total(m) if m and _total(m) > first else None)(H2D_TOTAL.search(capture(session))),
                          timeout=20, what="growing h2d count")
         assert later > first
         target.wait(timeout=30)

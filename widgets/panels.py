@@ -308,13 +308,16 @@ class TransfersPanel(Panel):
                 if detail == 2:
                     nbytes = "–" if ended else fmt_bytes(r.bytes_known_per_s)
                     parts.append(f"{d} {rate} ≥{nbytes}/s ×{_or_na(r.count_total)}")
-                elif detail == 1:
+                elif detail == 1 or (detail == 0 and r.count_total):
                     parts.append(f"{d} {rate} ×{_or_na(r.count_total)}")
+                elif detail == 0:
+                    parts.append(f"{d} 0")  # none ever: its rate says nothing more
                 else:
                     parts.append(f"{d} {rate}")
             return " " + " · ".join(parts)
 
-        return Text(fitting([each(2), each(1), each(0)], width), no_wrap=True, overflow="ellipsis")
+        # The totals outlast the rates: a narrow panel keeps them where there were any.
+        return Text(fitting([each(2), each(1), each(0), each(-1)], width), no_wrap=True, overflow="ellipsis")
 
     def _with_sites(self, proc: ProcessView, title: Text, pcie: Text | None, width: int, height: int,
                     ended: bool) -> RenderableType:

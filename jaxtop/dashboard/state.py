@@ -60,7 +60,9 @@ class ProcessModel:
         #: (sample time, {direction: (count_total, bytes_known_total)}) over
         #: the last rate window: the Transfers panel's rates per direction,
         #: over the same window as its lines' (dashboard.transfer_sites).
-        self.transfer_totals: collections.deque[tuple[float, dict[str, tuple[Any, Any]]]] = collections.deque()
+        # Bounded too: a recording whose clock stands still never leaves the window.
+        self.transfer_totals: collections.deque[tuple[float, dict[str, tuple[Any, Any]]]] = collections.deque(
+            maxlen=256)
         self.last_profile: dict[str, Any] | None = None
         self.holders = HoldersFold()
         self.transfer_sites = TransferSitesFold()  # which line makes each implicit transfer

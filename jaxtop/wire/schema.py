@@ -37,6 +37,7 @@ SAMPLE_FIELDS = {
     "transfer_capture": "transfer_capture", "devices": "devices", "transfers": "transfers",
     "process": "process", "compile": "compile", "donation": "donation", "nvml": "nvml", "jit": "jit",
     "holders": "holders", "host_syncs": "host_syncs", "labels": "labels", "accelerator": "accelerator",
+    "transfer_sites": "transfer_sites",
 }
 
 #: One device of ``devices``.

@@ -44,6 +44,8 @@ case $args in
   "-P -m jaxtop snapshot --timeout 1 "*) exit 0 ;;
   "-P -m jaxtop snapshot "*) echo "pid 1 snapshot text" ;;
   *tools/tpu/screen.py*) echo "----- ${args#*screen.py } -----" ;;
+  *tests/transfer_oracle.py*) out=${args#*--json-out }; out=${out%% *}; echo '{"lines": []}' >"$out" ;;
+  *tools/tpu/compare_sites.py*) echo "train.py:62 h2d 398 398" ;;
   *) echo "fake python: unexpected call: $args" >&2; exit 99 ;;
 esac
 """
@@ -98,10 +100,14 @@ def test_chip_mode_runs_every_step_in_order_and_reports_each(fake_chip, tmp_path
     assert res.returncode == 1, res.stdout + res.stderr
     summary = (results / "summary.txt").read_text().splitlines()
     rows = [line.split() for line in summary if line.split()[1] == "exit"]
-    assert [r[0] for r in rows] == ["cost", "tests", "demo", "freeblock", "record", "record-oom", "screens"]
+    assert [r[0] for r in rows] == ["cost", "tests", "demo", "freeblock", "record", "record-oom", "sites-run",
+                                    "sites-oracle", "sites", "screens"]
     status = {r[0]: r[2] for r in rows}
     assert status == {"cost": "0", "tests": "0", "demo": "1", "freeblock": "0", "record": "0", "record-oom": "1",
-                      "screens": "0"}
+                      "sites-run": "0", "sites-oracle": "0", "sites": "0", "screens": "0"}
+    # The transfers per line: the same program and arguments under jaxtop and the oracle, on the chip.
+    assert (results / "sites.txt").read_text().strip() == "train.py:62 h2d 398 398"
+    assert (results / "sites-oracle.json").read_text().strip() == '{"lines": []}'
     assert (results / "freeblock.json").read_text().strip() == '{"bound": true}'
     assert any("record-oom: the census is in recordings/" in line for line in summary)  # the OOM is the program's point
     # The dashboards at both sizes and the snapshot's text, from processes on CPU beside the chip's owner.
@@ -129,7 +135,9 @@ def test_chip_mode_runs_every_step_in_order_and_reports_each(fake_chip, tmp_path
     assert all(by_kind[k][2] == "tpu" for k in ("cost", "demo", "record", "oom"))  # no fallback to CPU
     assert "--sizes 10000,50000" in by_kind["cost"][4] and f"--json-out {results}/cost.json" in by_kind["cost"][4]
     # The screens: the loop on the chip, the dashboards on CPU (one process at a time may open the chip).
-    loop = [c for c in steps if "targets/train.py" in c[4] and "--log" not in c[4]]
+    loop = [c for c in steps if "-m jaxtop run " in c[4] and "targets/train.py" in c[4] and "--log" not in c[4]]
+    oracle = [c for c in steps if "tests/transfer_oracle.py" in c[4]]
+    assert [c[2] for c in oracle] == ["tpu"] and "--steps 200" in oracle[0][4]
     dashboards = [c for c in steps if "tools/tpu/screen.py" in c[4]]
     assert [c[2] for c in loop] == ["tpu"] and sorted(c[2] for c in dashboards) == ["cpu", "cpu"]
     assert all(c[4].endswith(f"-m jaxtop attach {c[4].split()[-1]}") for c in dashboards)
