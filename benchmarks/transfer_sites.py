@@ -14,7 +14,9 @@ Workloads, timed in the program's thread (median ns per call over blocks):
 * ``numpy``: a jitted call fed a NumPy array: one implicit transfer a call;
 * ``device``: the same call fed a device array: no transfer (what the hook
   costs every jitted call that transfers nothing);
-* ``eager``: an eager op on device arrays (``x + 1``): no transfer.
+* ``eager``: an eager op on device arrays (``x + x``): no transfer;
+* ``scalar``: an eager op with a Python scalar (``x + 1.0``): the scalar is
+  copied to the device, one transfer a call, at the highest rate jax allows.
 
 Then ``paced``: 1,000 transfers a second for ``--paced-s`` seconds; the
 CPU of jaxtop's threads (their own thread clocks), of every thread but the
@@ -52,8 +54,10 @@ if workload == "numpy":
     def one(): f(host)
 elif workload == "device":
     def one(): f(dev)
+elif workload == "scalar":
+    def one(): dev + 1.0  # the Python scalar is copied to the device: one transfer a call
 else:
-    def one(): dev + 1.0
+    def one(): dev + dev
 for _ in range(2000):  # compiled, warmed, the agent's first ticks past
     one()
 jax.block_until_ready(dev)
@@ -133,8 +137,8 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=20000, help="calls per timed block")
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--paced-s", type=float, default=10.0)
-    p.add_argument("--workloads", default="numpy,device,eager,paced",
-                   help="which of numpy, device, eager, paced (default all)")
+    p.add_argument("--workloads", default="numpy,device,eager,scalar,paced",
+                   help="which of numpy, device, eager, scalar, paced (default all)")
     p.add_argument("--json-out")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -149,7 +153,7 @@ def main() -> int:
                     results.setdefault((arm, workload), []).append(run_child(arm, workload, args, script))
     table = {}
     print(f"{'workload':<8} {'arm':<8} {'ns/call':>9}   (median of {args.rounds} rounds x {args.blocks} blocks)")
-    timed = [w for w in ("numpy", "device", "eager") if w in args.workloads.split(",")]
+    timed = [w for w in ("numpy", "device", "eager", "scalar") if w in args.workloads.split(",")]
     for workload in timed:
         for arm in ARMS:
             per = [ns for res in results[(arm, workload)] for ns in res["ns_per_call"]]
@@ -157,7 +161,7 @@ def main() -> int:
             print(f"{workload:<8} {arm:<8} {table[(arm, workload)]:9.0f}")
     print()
     for workload, what in (("numpy", "per transfer (one a call)"), ("device", "per jitted call, no transfer"),
-                           ("eager", "per eager op, no transfer")):
+                           ("eager", "per eager op, no transfer"), ("scalar", "per eager op with a scalar")):
         if workload not in timed:
             continue
         jax_price = table[("counts", workload)] - table[("jax-log", workload)]
