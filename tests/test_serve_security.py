@@ -441,7 +441,7 @@ def test_a_recording_cannot_send_a_file_to_the_browser(tmp_path, child_env):
                         for kind in ("keyDown", "keyUp"):  # escape: back from the profile screen
                             await tools.call("Input.dispatchKeyEvent", type=kind, key="Escape", code="Escape",
                                              windowsVirtualKeyCode=27)
-                        await settle(tools, 8.0)
+                        (tmp_path / "after-escape.png").write_bytes(await settle(tools, 8.0))
                         # What the dashboard writes itself still goes. On a loaded
                         # machine a key can land before the screen takes keys again:
                         # asked once more (each ``w`` writes a whole session).
@@ -452,6 +452,7 @@ def test_a_recording_cannot_send_a_file_to_the_browser(tmp_path, child_env):
                                 await asyncio.sleep(0.3)
                             if list(downloads.glob("*.jsonl")):
                                 break
+                        (tmp_path / "after-w.png").write_bytes(await settle(tools, 4.0))  # kept for a failure
                         await asyncio.sleep(2.0)
                         return unasked
 

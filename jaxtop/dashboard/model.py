@@ -31,7 +31,6 @@ from jaxtop.dashboard.readings import (
 )
 from jaxtop.dashboard.snapshot import MIN_SPAN_S, CensusViews, device_view, process_view
 from jaxtop.dashboard.state import ProcessModel, _DeviceState
-from jaxtop.dashboard.transfer_sites import RATE_WINDOW_S
 from jaxtop.dashboard.views import (
     CONNECTING, DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, ReplayView, Snapshot,
 )
@@ -405,26 +404,13 @@ class Model(HistoryFeed):
         transfers = protocol.obj_of(rec.get("transfers"))
         row: dict[str, Any] = {}
         rates: dict[str, dict[str, Any]] = {}
-        totals = proc.transfer_totals
-        totals.append((t, {d: (number(protocol.obj_of(transfers.get(d)).get("count_total")),
-                               number(protocol.obj_of(transfers.get(d)).get("bytes_known_total"))) for d in DIRECTIONS}))
-        while len(totals) > 2 and totals[1][0] <= t - RATE_WINDOW_S + 1e-3:
-            totals.popleft()
         for d in DIRECTIONS:
             tr = protocol.obj_of(transfers.get(d))
             span = dt if dt is not None else interval
             count, nbytes = number(tr.get("count")), number(tr.get("bytes_known"))
             rate = count / span if count is not None else None
             brate = nbytes / span if nbytes is not None else None
-            row[f"{d}_per_s"], row[f"{d}_bytes_per_s"] = rate, brate  # the timeline: per interval
-            # The panel: over the rate window, as its lines' rates are (one
-            # 0.1 s interval read 279/s beside a line at 363/s of the same loop).
-            base_t, base = totals[0]
-            window = t - base_t
-            if window > 0 and base[d][0] is not None and count is not None and tr.get("count_total") is not None:
-                rate = max(0.0, (number(tr.get("count_total")) - base[d][0]) / window)
-                if base[d][1] is not None and number(tr.get("bytes_known_total")) is not None:
-                    brate = max(0.0, (number(tr.get("bytes_known_total")) - base[d][1]) / window)
+            row[f"{d}_per_s"], row[f"{d}_bytes_per_s"] = rate, brate
             rates[d] = {
                 "count_per_s": rate,
                 "bytes_known_per_s": brate,

@@ -9,8 +9,6 @@ changes it; nothing here imports the model.
 
 from __future__ import annotations
 
-import collections
-
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -57,12 +55,6 @@ class ProcessModel:
         self.last_t: float | None = None  # agent time of the last sample
         self.last_recv: float | None = None  # our monotonic clock at receipt
         self.rates: dict[str, dict[str, Any]] = {}
-        #: (sample time, {direction: (count_total, bytes_known_total)}) over
-        #: the last rate window: the Transfers panel's rates per direction,
-        #: over the same window as its lines' (dashboard.transfer_sites).
-        # Bounded too: a recording whose clock stands still never leaves the window.
-        self.transfer_totals: collections.deque[tuple[float, dict[str, tuple[Any, Any]]]] = collections.deque(
-            maxlen=256)
         self.last_profile: dict[str, Any] | None = None
         self.holders = HoldersFold()
         self.transfer_sites = TransferSitesFold()  # which line makes each implicit transfer

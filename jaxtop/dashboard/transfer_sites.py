@@ -214,8 +214,7 @@ class _Site:
         self.rec: dict[str, Any] = {}
         # (sample time, count_total, bytes_total or None), oldest first: the
         # last one before the rate window and those within it.
-        # Bounded: a recording whose clock stands still never leaves the window.
-        self.totals: collections.deque[tuple[float, int, int | None]] = collections.deque(maxlen=256)
+        self.totals: collections.deque[tuple[float, int, int | None]] = collections.deque()
         self.seen = 0.0  # the last field that listed it
 
 
@@ -259,7 +258,7 @@ class TransferSitesFold:
         self._field: dict[str, Any] | None = None
         self._field_t: float | None = None
         self._sites: dict[SiteKey, _Site] = {}
-        self._unattributed: collections.deque[tuple[float, int, int | None]] = collections.deque(maxlen=256)
+        self._unattributed: collections.deque[tuple[float, int, int | None]] = collections.deque()
         self._view: TransferSitesView | None = None
         self._view_at: tuple[float | None, float] | None = None
 
