@@ -219,6 +219,7 @@ class TransferSitesProbe(CallNotes):
             self._last_stamp_t = tick.now
             if self._out_since is not None:  # transfers again: the hook back in
                 self._hook_out.append((self._out_since, tick.now))
+                del self._hook_out[:-16]  # only the last spans are looked at (_while_out)
                 self._out_since = None
                 self._install_hook()
         if tick.slow and self._out_since is None:
@@ -369,7 +370,7 @@ class TransferSitesProbe(CallNotes):
         """Whether the hook was out at ``t`` (its calls left no record)."""
         if self._out_since is not None and t >= self._out_since - 1.0:
             return True
-        return any(since - 1.0 <= t < back for since, back in self._hook_out[-16:])
+        return any(since - 1.0 <= t < back for since, back in self._hook_out)
 
     @staticmethod
     def _only_thread(table: dict, t: float) -> int | None:
@@ -488,7 +489,8 @@ class TransferSitesProbe(CallNotes):
         if described is not None:
             site.merge(described, observed, t)
             if direction != "d2h" and any(a.name for a in described):
-                self._fun_args[name] = described
+                if name in self._fun_args or len(self._fun_args) < 10_000:
+                    self._fun_args[name] = described
         elif direction != "d2h" and not site.args and name in self._fun_args:
             # This line's calls were not read yet: what the same function
             # was passed elsewhere, marked as read from a call.
