@@ -115,7 +115,8 @@ class Relay:
         self.oom = OomLineScanner()
         self.unknown_reports = 0
         self.counts = {}  # guard message -> lines since the last report
-        self.stamps = []  # b"dir,thread,time" of each guard line since the last report
+        self.stamps = []  # b"dir,thread,time" or the seconds of each guard line since the last report
+        self.stamp_last = None  # (direction, thread, "HH:MM:") of the last stamp
         # Bytes not judged yet: the end of the last read when it may be the
         # start of a log line or of a marker.
         self.buf = b""
@@ -168,18 +169,28 @@ class Relay:
 
     def stamp(self, data):
         """Note when and on which thread each guard line in ``data`` was
-        written, for the agent to tell which call of the program made it
-        (reported as ``T dir,thread,HH:MM:SS.ffffff ...``; thread 0 where
-        the header has none)."""
+        written, for the agent to tell which call of the program made it.
+        Reported as ``T dir,thread,HH:MM:SS.ffffff SS.ffffff ...``: a line
+        of the same direction, thread and minute as the one before it is
+        its seconds only (the agent reads them in bulk); thread 0 where the
+        header has none."""
         stamps = self.stamps
+        last = self.stamp_last
         for match in STAMP_RE.finditer(data):
             if len(stamps) >= STAMPS_PER_READ_MAX:
-                return
+                break
             when = match.group(1) or match.group(3)
             thread = match.group(2) or match.group(4) or b"0"
             direction = _STAMP_DIRECTION.get((match.group(5), match.group(6)))
-            if direction is not None:
+            if direction is None:
+                continue
+            group = (direction, thread, when[:6])
+            if group == last:
+                stamps.append(when[6:])
+            else:
                 stamps.append(direction + b"," + thread + b"," + when)
+                last = group
+        self.stamp_last = last
 
     def count(self, messages):
         """Count guard lines by message until the next report."""
@@ -196,6 +207,7 @@ class Relay:
         of lines into a handful of reports."""
         counts, self.counts = self.counts, {}
         stamps, self.stamps = self.stamps, []
+        self.stamp_last = None
         if not counts or self.report_fd is None:
             return
         if len(self.report_backlog) < REPORT_BACKLOG_MAX:

@@ -229,46 +229,34 @@ class CallNotes:
         """The hook; after its note it calls jax's own hook: the global one
         (``chained="global"``), the given one, or none (None)."""
         user = self._user
-        is_library = self._filt.is_library
         want = self._want
         getframe, ident, clock = sys._getframe, threading.get_ident, time.perf_counter
         probe = self
+        to_global = chained == "global"
 
         # Every jitted call of the program runs this, transfer or not: each
-        # step was timed (benchmarks/transfer_sites.py). The deque is looked up
-        # on each call: the agent swaps in a fresh one while nothing transfers. The record is the
-        # least that identifies the call: the line is worked out on the
-        # agent's thread from the code object and the instruction offset
-        # (a frame's f_lineno decodes the line table), the wall time from
-        # perf_counter, and the dict is keyed by file name (a code object's
-        # hash reads its whole bytecode).
+        # step was timed (benchmarks/transfer_sites.py; about 0.3 us of
+        # Python on a 2020s x86 core). The common case is straight-line code:
+        # a caller in a file already known to be the user's, nothing asked.
+        # The deque is looked up on each call: the agent swaps in a fresh one
+        # while nothing transfers. The record is the least that identifies
+        # the call: the line is worked out on the agent's thread from the
+        # code object and the instruction offset (a frame's f_lineno decodes
+        # the line table), the wall time from perf_counter, and the dict is
+        # keyed by file name (a code object's hash reads its whole bytecode).
         def jaxtop_transfer_sites_hook(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
-            try:
-                if not probe._active:
-                    raise LookupError  # taken out (a thread kept it locally): only jax's own below
-                frame = getframe(1)
-                code = frame.f_code
-                mine = user.get(code.co_filename)
-                if mine is None:
-                    mine = user[code.co_filename] = not is_library(code.co_filename)
-                depth = 0
-                while not mine:
-                    frame = frame.f_back
-                    depth += 1
-                    if frame is None or depth >= MAX_WALK:
-                        break
+            if probe._active:  # False: taken out (a thread kept it locally): only jax's own below
+                try:
+                    frame = getframe(1)
                     code = frame.f_code
-                    mine = user.get(code.co_filename)
-                    if mine is None:
-                        mine = user[code.co_filename] = not is_library(code.co_filename)
-                if want and id(fun) in want:
-                    probe._calls.append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1,
-                            probe._describe_call(fun, args, kwargs)))
-                else:
-                    probe._calls.append((ident(), clock(), fun, code if mine else None, frame.f_lasti if mine else -1))
-            except Exception:
-                pass
-            prev = probe._prev_hook if chained == "global" else chained
+                    if user.get(code.co_filename) and not want:
+                        # The common case: called from the user's own line, no arguments asked for.
+                        probe._calls.append((ident(), clock(), fun, code, frame.f_lasti))
+                    else:
+                        probe._note_call(fun, args, kwargs, frame)
+                except Exception:
+                    pass
+            prev = probe._prev_hook if to_global else chained
             if prev is not None:
                 prev(fun, args, kwargs, out)  # the user's (jax_debug_nans): its errors are theirs
 
@@ -278,6 +266,32 @@ class CallNotes:
         jaxtop_transfer_sites_hook._jaxtop_notes = self  # type: ignore[attr-defined]
         jaxtop_transfer_sites_hook._jaxtop_chained = chained  # type: ignore[attr-defined]
         return jaxtop_transfer_sites_hook
+
+    def _note_call(self, fun: Any, args: Any, kwargs: Any, frame: Any) -> None:
+        """The hook's note where the caller is not (yet) known to be the
+        user's, or the function's arguments were asked for: the user's frame
+        is walked to (innermost outside library code), the arguments read."""
+        user = self._user
+        code = frame.f_code
+        mine = user.get(code.co_filename)
+        if mine is None:
+            mine = user[code.co_filename] = not self._filt.is_library(code.co_filename)
+        depth = 0
+        while not mine:
+            frame = frame.f_back
+            depth += 1
+            if frame is None or depth >= MAX_WALK:
+                break
+            code = frame.f_code
+            mine = user.get(code.co_filename)
+            if mine is None:
+                mine = user[code.co_filename] = not self._filt.is_library(code.co_filename)
+        site = (code, frame.f_lasti) if mine else (None, -1)
+        if self._want and id(fun) in self._want:
+            self._calls.append((threading.get_ident(), time.perf_counter(), fun, *site,
+                                self._describe_call(fun, args, kwargs)))
+        else:
+            self._calls.append((threading.get_ident(), time.perf_counter(), fun, *site))
 
     def _describe_call(self, fun: Any, args: Any, kwargs: Any) -> tuple[ArgInfo, ...] | None:
         left = self._want.get(id(fun), 0) - 1

@@ -42,7 +42,6 @@ user's job).
 from __future__ import annotations
 
 import bisect
-import re
 import threading
 import time
 from collections import deque
@@ -53,6 +52,7 @@ from jaxtop.probes.base import Tick
 from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import LIBRARY, LibraryFilter
 from jaxtop.probes.transfer_notes import RING, CallNotes, _hook_slot
+from jaxtop.probes.transfer_timeline import Timeline, file_calls, parse_stamps, tie
 from jaxtop.probes.transfer_values import MAX_ARGS, NUMPY, PY_SCALAR, ArgInfo, describe_value
 
 __all__ = ["ArgInfo", "MAX_ARGS", "NUMPY", "PY_SCALAR", "RING", "TransferSitesProbe", "describe_value", "parse_stamps",
@@ -72,38 +72,20 @@ HELD_TICKS = 3
 #: ... when the program calls jitted functions faster than this (calls a
 #: second): below it the hook costs nothing worth a lost line.
 QUIET_CALLS_PER_S = 100.0
+#: Lines are tied to calls every this many ticks (half a second at the
+#: agent's 10 Hz), or sooner when the notes pile up. Tying each tick's
+#: hundred lines cost about 4 us a line at 1,000 transfers a second
+#: (benchmarks/transfer_sites.py), most of it the first touch of cold data;
+#: in batches of five ticks it is well under half that.
+TIE_EVERY_TICKS = 5
 #: A fast-path site's arguments are read again this often (seconds).
 DESCRIBE_EVERY_S = 30.0
 #: Sites sent, the busiest first; the rest are summed under "other sites".
 SITES_SENT = 50
 #: Sites kept at most (a program with ever-new lines: the rest counted apart).
 MAX_SITES = 2000
-
-_STAMP = re.compile(rb"(h2d|d2h|d2d),(\d+),(\d\d:\d\d):(\d\d(?:\.\d+)?)")
-_DIRECTION_NAMES = {b"h2d": "h2d", b"d2h": "d2h", b"d2d": "d2d"}
-
-
-def parse_stamps(data: bytes, now: float) -> list[tuple[str, int, float]]:
-    """The relay's ``dir,thread,HH:MM:SS.ffffff`` stamps as ``(direction,
-    thread id, Unix time)``; anything else in ``data`` is skipped. The log
-    header has local time of day only: the day is the one of ``now`` (the
-    line is at most seconds old), the day before where that puts it ahead
-    of ``now``. (A thousand stamps a second: the hour and minute, nearly
-    always the same, are worked out once per report.)"""
-    local = time.localtime(now)
-    midnight = now - (local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec + (now % 1.0))
-    late = now + 300
-    bases: dict[bytes, float] = {}
-    names = _DIRECTION_NAMES
-    out = []
-    for direction, thread, hour_minute, sec in _STAMP.findall(data):
-        base = bases.get(hour_minute)
-        if base is None:
-            base = bases[hour_minute] = midnight + int(hour_minute[:2]) * 3600 + int(hour_minute[3:]) * 60
-        t = base + float(sec)
-        out.append((names[direction], int(thread), t if t <= late else t - 86400.0))
-    return out
-
+#: Code objects kept for the notes' keys before those no note needs are let go.
+MAX_CODES = 50_000
 
 @dataclass
 class _Site:
@@ -117,24 +99,24 @@ class _Site:
     args: tuple[ArgInfo, ...] = ()
     observed: bool = False  # the arguments seen passing (slow path), not read from a later call
     described_t: float = -1e18
-    last_t: float = 0.0
     asked_t: float = -1e18  # when the hook was last asked to read this line's call's arguments
     sizes: tuple[int, ...] = ()  # the arguments' sizes, where every one is known
     _named: bool = False  # some argument has a name
     callee: str = ""
-    history: deque = field(default_factory=lambda: deque(maxlen=60))  # per-tick counts, for a sparkline
+    history: deque = field(default_factory=lambda: deque(maxlen=60))  # counts per tie (TIE_EVERY_TICKS), a sparkline
 
-    def add(self, n: int, t: float) -> None:
-        """``n`` lines of the call noted at ``t``."""
+    def add(self, n: int, calls: int) -> None:
+        """``n`` lines of ``calls`` calls (one call can log several)."""
+        before = self.count
         self.count += n
         self.interval += n
-        if self.last_t != t:  # a new call (one call can make several lines)
-            self.calls += 1
-            self.last_t = t
+        self.calls += calls
         sizes = self.sizes
         if sizes:
             # The values a call copies, in order (a call logs one line each).
-            self.bytes += sum(sizes[(self.count - n + k) % len(sizes)] for k in range(n))
+            size = len(sizes)
+            whole, part = divmod(n, size)
+            self.bytes += whole * sum(sizes) + sum(sizes[(before + k) % size] for k in range(part))
         else:
             self.bytes_unknown += n
 
@@ -189,17 +171,22 @@ class TransferSitesProbe(CallNotes):
         self._hook_out: list[tuple[float, float]] = []  # (out since, back at)
         self._fun_args: dict[str, tuple[ArgInfo, ...]] = {}  # a function's arguments as last seen named, by name
         self._stamps: list[bytes] = []
+        self._unparsed: list[bytes] = []  # reports taken, read at the next tie
         self._stamps_lock = ForkLock()
         # Agent thread only, from here on.
-        self._by_thread: dict[int, tuple[list[float], list[tuple]]] = {}  # ident -> (times, records), calls
-        self._reads: dict[int, tuple[list[float], list[tuple]]] = {}  # ident -> (times, records), reads
-        self._pending: list[tuple[str, int, float]] = []
+        self._by_thread: dict[int, Timeline] = {}  # ident -> its calls' notes
+        self._reads: dict[int, Timeline] = {}  # ident -> its host reads' notes
+        self._codes: dict[int, Any] = {}  # id(code) -> code, for the notes' keys (kept: no other code has its id)
+        self._pending: dict[tuple[str, int], list[float]] = {}  # (direction, native thread) -> lines waiting
         self._native: dict[int, int] = {}  # native thread id -> ident
         self._sites: dict[tuple, _Site] = {}
-        self._known: dict[tuple, tuple[Any, _Site]] = {}  # (direction, id(function), id(code), offset) -> (code, site)
+        self._known: dict[tuple, tuple[Any, _Site]] = {}  # (direction, note key) -> (code, site)
         self._unattributed: dict[str, int] = {}
         self._reasons: dict[str, int] = {}
         self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
+        self._waited = 0  # ticks since the last tie
+        self.tie_every = TIE_EVERY_TICKS
+        self._tie_asked = False
         # id(function) -> (a weak reference to it, (name, op, parameters)).
         self._changed = True
 
@@ -209,6 +196,11 @@ class TransferSitesProbe(CallNotes):
             return  # not started, switched off, or no jax to hook: nothing to tie them to
         with self._stamps_lock:
             self._stamps.append(data)
+
+    def tie_soon(self) -> None:
+        """Tie the waiting lines at the next tick, not at the batch's end (a
+        budget window's edge asks for a sample that counts them all)."""
+        self._tie_asked = True
 
     def on_tick(self, tick: Tick) -> dict[str, Any] | None:
         if not self._running:
@@ -230,9 +222,28 @@ class TransferSitesProbe(CallNotes):
                 self._take_hook_out(tick.now)
         if tick.slow:
             self._wrap_handlers()  # a handler jax registered since
-        if stamps or self._pending or tick.final:
+        self._unparsed += stamps
+        if self._pending or self._unparsed or tick.final:
+            # Lines to tie: every few ticks, in one batch (the work is per
+            # batch, per thread and per site, and a batch of half a second
+            # finds the agent's caches warm once, not five times).
+            self._waited += 1
+            if not (tick.final or self._tie_asked or self._waited >= self.tie_every or len(self._calls) > RING // 4):
+                return None
+            self._waited = 0
+            self._tie_asked = False
+            if self._unparsed:  # the batch's reports read at once
+                for direction, native, times in parse_stamps(b" ".join(self._unparsed), tick.now):
+                    waiting = self._pending.get((direction, native))
+                    if waiting is None:
+                        self._pending[(direction, native)] = times
+                    else:
+                        waiting += times
+                self._unparsed = []
             self._drain()
+            self._match(tick.now, tick.final)
         else:
+            self._waited += 1
             # Nothing to tie: the notes of this tick are set aside unread (a
             # line the relay has not reported yet may still need them), the
             # tick's before are dropped whole. A program that transfers
@@ -244,12 +255,12 @@ class TransferSitesProbe(CallNotes):
                 old = self._held.popleft()
                 if old:  # a line the relay reports later than this cannot be tied: never to a later call
                     self._dropped_until = max(self._dropped_until, old[-1][1] + self._wall_offset)
-        for data in stamps:
-            self._pending.extend(parse_stamps(data, tick.now))
-        self._match(tick.now, tick.final)
-        for site in self._sites.values():
-            if site.interval or site.history:
-                site.history.append(site.interval)
+        if self._waited >= self.tie_every:  # quiet: the histories go on at the ties' pace
+            self._waited = 0
+        if self._waited == 0:
+            for site in self._sites.values():
+                if site.interval or site.history:
+                    site.history.append(site.interval)
         if not self._changed and not tick.final:
             for site in self._sites.values():
                 site.interval = 0
@@ -286,77 +297,85 @@ class TransferSitesProbe(CallNotes):
         return line
 
     def _drain(self) -> None:
-        """Move the program threads' records into per-thread lists (sorted by
-        time). Most calls transfer nothing: a record is only filed here, and
-        worked out (its line, its function's name) when a line is tied to it."""
+        """File the program threads' notes into per-thread timelines (in C,
+        see :mod:`jaxtop.probes.transfer_timeline`). Most calls transfer
+        nothing: a note is only filed here, and worked out (its line, its
+        function's name) when a line is tied to it, once per site."""
         offset = self._offset_fixed if self._offset_fixed is not None else time.time() - time.perf_counter()
         self._wall_offset = offset
-        first_t = None
-        store = self._store
-        held = deque()
-        while self._held:
-            held.extend(self._held.popleft())
-        self._noted += len(self._calls)
-        for queue in (held, self._calls, self._slow, self._reads_in):
-            full = len(queue) >= RING
-            head = None
-            table = self._reads if queue is self._reads_in else self._by_thread
-            while True:
-                try:
-                    record = queue.popleft()
-                except IndexError:
-                    break
-                t = record[1] + offset
-                if head is None:
-                    head = t
-                if queue is self._calls or queue is held:
-                    # The function by id (a weak reference kept once per function):
-                    # a record must not keep a jitted function, and its executables, alive.
-                    fun = record[2]
-                    self._name_of(fun)
-                    value = (0, id(fun), record[3], record[4], record[5] if len(record) > 5 else None)
-                elif queue is self._slow:
-                    value = (1, record[2], record[3], record[4])
-                else:
-                    value = (2, record[2], record[3])
-                store(table, record[0], t, value)
-            if full and head is not None:
-                first_t = head if first_t is None else max(first_t, head)
-        if first_t is not None:
-            self._lost_before = max(self._lost_before, first_t)  # a ring overflowed: older lines may lack theirs
-
-    def _resolve(self, value: tuple) -> tuple[tuple, str, bool, Any, bool, Any]:
-        """(site key without direction, callee name, op, arguments, observed, function) of a filed record."""
-        kind = value[0]
-        if kind == 2:
-            (_, (filename, line, function), how) = value
-            return (filename, line, function), f"host read ({how})", False, None, False, None
-        if kind == 1:
-            _, callee, site, described = value
-            code, line = site if site is not None else (None, 0)
-            name, op = (callee or "?"), False
-            fun = None
-            observed = True
-        else:
-            _, fun_id, code, lasti, described = value
-            kept = self._names.get(fun_id)
-            name, op, _ = kept[1] if kept is not None else ("?", False, ())
-            fun = kept[0]() if kept is not None else None
-            line = self._line_of(code, lasti) if code is not None else 0
-            observed = False
-        where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
-        return where, name, op, described, observed, fun
+        lost = -1e18
+        batches = list(self._held)
+        self._held.clear()
+        calls = self._calls
+        batches.append([calls.popleft() for _ in range(len(calls))])  # the hook appends meanwhile: popleft is safe
+        self._noted += len(batches[-1])
+        for batch in batches:
+            if len(batch) >= RING:  # the ring overflowed: lines before its oldest note may have lost theirs
+                lost = max(lost, batch[0][1] + offset)
+            for ident, times, keys, extras, funs, codes in file_calls(batch, offset):
+                for fun in funs.values():
+                    self._name_of(fun)  # the name kept by a weak reference, once per function
+                if len(self._codes) > MAX_CODES:
+                    self._forget_codes()
+                self._codes.update(codes)
+                self._timeline(self._by_thread, ident).add(times, keys, extras)
+        # The slow path's notes and host reads: rarer, filed one by one.
+        for queue, table in ((self._slow, self._by_thread), (self._reads_in, self._reads)):
+            records = [queue.popleft() for _ in range(len(queue))]
+            if len(records) >= RING:
+                lost = max(lost, records[0][1] + offset)
+            per_thread: dict[int, tuple[list[float], list[Any], dict[int, tuple]]] = {}
+            for record in records:
+                times, keys, extras = per_thread.setdefault(record[0], ([], [], {}))
+                if queue is self._slow:  # (ident, t, callee, (code, line), arguments)
+                    extras[len(keys)] = ("s", record[2], record[3], record[4])
+                    keys.append(None)
+                else:  # (ident, t, (file, line, function), how)
+                    keys.append(("r", record[2], record[3]))
+                times.append(record[1] + offset)
+            for ident, (times, keys, extras) in per_thread.items():
+                self._timeline(table, ident).add(times, keys, extras or None)
+        self._lost_before = max(self._lost_before, lost)
 
     @staticmethod
-    def _store(table: dict, ident: int, t: float, value: tuple) -> None:
-        times, values = table.setdefault(ident, ([], []))
-        if times and t < times[-1]:  # the clock stepped back: keep the list sorted
-            i = bisect.bisect_right(times, t)
-            times.insert(i, t)
-            values.insert(i, value)
-        else:
-            times.append(t)
-            values.append(value)
+    def _timeline(table: dict[int, Timeline], ident: int) -> Timeline:
+        timeline = table.get(ident)
+        if timeline is None:
+            timeline = table[ident] = Timeline()
+        return timeline
+
+    def _forget_codes(self) -> None:
+        """Keep only the code objects some note or site still names (a
+        program that makes code at run time, exec in a loop, would grow
+        the table without end)."""
+        needed = {key[1] for table in (self._by_thread,) for tl in table.values() for key in tl.keys
+                  if key is not None}
+        needed.update(key[1] for (_, key) in self._known)
+        self._codes = {cid: code for cid, code in self._codes.items() if cid in needed}
+        self._known = {k: v for k, v in self._known.items() if k[1][1] in self._codes}
+
+    def _resolve(self, note: tuple) -> tuple[tuple, str, bool, Any, bool, Any]:
+        """(site key without direction, callee name, op, arguments, observed, function) of a note."""
+        tag = note[0]
+        if tag == "r":  # a host read: ("r", (file, line, function), how)
+            (_, (filename, line, function), how) = note
+            return (filename, line, function), f"host read ({how})", False, None, False, None
+        if tag == "s":  # a slow-path call: ("s", callee, (code, line), arguments)
+            _, callee, site, described = note
+            code, line = site if site is not None else (None, 0)
+            where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
+            return where, (callee or "?"), False, described, True, None
+        if tag == "d":  # a fast-path call whose arguments were read: ("d", id(fun), code, offset, arguments)
+            _, fun_id, code, lasti, described = note
+        else:  # a fast-path call: (id(fun), id(code), offset)
+            fun_id, code_id, lasti = note
+            code, described = self._codes.get(code_id), None
+        kept = self._names.get(fun_id)
+        name, op, _ = kept[1] if kept is not None else ("?", False, ())
+        fun = kept[0]() if kept is not None else None
+        line = self._line_of(code, lasti) if code is not None else 0
+        where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
+        return where, name, op, described, False, fun
 
     def _thread(self, native: int) -> int | None:
         ident = self._native.get(native)
@@ -366,19 +385,27 @@ class TransferSitesProbe(CallNotes):
             ident = self._native.get(native)
         return ident
 
-    def _while_out(self, t: float) -> bool:
-        """Whether the hook was out at ``t`` (its calls left no record)."""
-        if self._out_since is not None and t >= self._out_since - 1.0:
-            return True
-        return any(since - 1.0 <= t < back for since, back in self._hook_out)
+    def _drop_while_out(self, direction: str, lines: list[float]) -> list[float]:
+        """The lines made while the hook was out (their calls left no note), given up."""
+        spans = list(self._hook_out)
+        if self._out_since is not None:
+            spans.append((self._out_since, float("inf")))
+        for since, back in spans:
+            lo, hi = bisect.bisect_left(lines, since - 1.0), bisect.bisect_left(lines, back)
+            if hi > lo:
+                self._give_up(direction, f"made while jaxtop's hook was out (no implicit transfer for "
+                              f"{QUIET_S:.0f} s before it); the next ones are tied to lines again", hi - lo)
+                lines = lines[:lo] + lines[hi:]
+        return lines
 
     @staticmethod
-    def _only_thread(table: dict, t: float) -> int | None:
+    def _only_thread(table: dict[int, Timeline], t: float) -> int | None:
         """For a line whose header names no thread (older jaxlib's TSL
         header): the one thread that noted calls around it, or None when
         several did (then which one made it is unknowable)."""
         found = None
-        for ident, (times, _) in table.items():
+        for ident, timeline in table.items():
+            times = timeline.times
             i = bisect.bisect_left(times, t - 1.0)
             if i < len(times) and times[i] <= t + MATCH_WINDOW_S:
                 if found is not None:
@@ -387,99 +414,89 @@ class TransferSitesProbe(CallNotes):
         return found
 
     def _match(self, now: float, final: bool) -> None:
-        """Tie each waiting line to the first record after it on its thread.
-        Lines are taken per (direction, thread), the records' times searched
-        in C, and the lines of one call credited to it together."""
-        waiting: list[tuple[str, int, float]] = []
-        groups: dict[tuple[str, int], list[float]] = {}
-        for direction, native, t in self._pending:
-            group = groups.get((direction, native))
-            if group is None:
-                group = groups[(direction, native)] = []
-            group.append(t)
-        out = self._out_since is not None or bool(self._hook_out)
-        bisect_left = bisect.bisect_left
-        for (direction, native), lines in groups.items():
+        """Tie each waiting line to the first note after it on its thread:
+        per (direction, thread), in bulk (:func:`tie`), the lines of one
+        site credited together."""
+        waiting: dict[tuple[str, int], list[float]] = {}
+        for (direction, native), lines in self._pending.items():
+            lines.sort()  # nearly always sorted already: a linear pass
             table = self._reads if direction == "d2h" else self._by_thread
-            if out:
-                kept = [t for t in lines if not self._while_out(t)]
-                for _ in range(len(lines) - len(kept)):
-                    self._give_up(direction, f"made while jaxtop's hook was out (no implicit transfer for "
-                                  f"{QUIET_S:.0f} s before it); the next ones are tied to lines again")
-                lines = kept
+            if self._out_since is not None or self._hook_out:
+                lines = self._drop_while_out(direction, lines)
             if native:
                 ident = self._thread(native)
                 if ident is None:
-                    for _ in lines:
-                        self._give_up(direction, "made by a thread without Python code")
+                    self._give_up(direction, "made by a thread without Python code", len(lines))
                     continue
                 by_ident = [(ident, lines)]
             else:  # no thread in the header: per line, the one thread calling jax then
                 by_ident_map: dict[int | None, list[float]] = {}
                 for t in lines:
                     by_ident_map.setdefault(self._only_thread(table, t), []).append(t)
-                for _ in by_ident_map.pop(None, ()):
+                unknown = by_ident_map.pop(None, ())
+                if unknown:
                     self._give_up(direction, "its log line names no thread (jaxlib before 0.5) and several "
-                                  "threads called jax")
+                                  "threads called jax", len(unknown))
                 by_ident = list(by_ident_map.items())
             for ident, lines in by_ident:
-                times, values = table.get(ident, ((), ()))
-                found: dict[int, int] = {}
-                size = len(times)
-                for t in lines:
-                    if t <= self._dropped_until and direction != "d2h":
-                        self._give_up(direction, "reported after its call's note was let go (the relay was more "
-                                      f"than {HELD_TICKS} ticks late)")
-                        continue
-                    i = bisect_left(times, t)
-                    if i < size and times[i] - t <= MATCH_WINDOW_S:
-                        if t < self._lost_before:
-                            self._give_up(direction, "calls came faster than jaxtop could note them")
-                        else:
-                            found[i] = found.get(i, 0) + 1
-                    elif final or now - t > MATCH_WINDOW_S:
-                        self._give_up(direction, "no jax call returned after it on its thread" if direction != "d2h"
-                                      else "no host read returned after it on its thread")
-                    else:
-                        waiting.append((direction, native, t))
-                for i, n in found.items():
-                    self._credit(direction, values[i], times[i], n)
+                if direction != "d2h" and lines and lines[0] <= self._dropped_until:
+                    late = bisect.bisect_right(lines, self._dropped_until)
+                    self._give_up(direction, "reported after its call's note was let go (the relay was more "
+                                  f"than {HELD_TICKS} ticks late)", late)
+                    lines = lines[late:]
+                if lines and lines[0] < self._lost_before:
+                    lost = bisect.bisect_left(lines, self._lost_before)
+                    self._give_up(direction, "calls came faster than jaxtop could note them", lost)
+                    lines = lines[lost:]
+                credits, too_far, after = tie(self._timeline(table, ident), lines, MATCH_WINDOW_S)
+                if too_far:
+                    self._give_up(direction, self._no_call(direction), too_far)
+                for note, t, n, calls in credits:
+                    self._credit(direction, note, t, n, calls)
+                if after:
+                    gone = len(after) if final else bisect.bisect_left(after, now - MATCH_WINDOW_S)
+                    if gone:
+                        self._give_up(direction, self._no_call(direction), gone)
+                    if gone < len(after):
+                        waiting.setdefault((direction, native), []).extend(after[gone:])
         self._pending = waiting
         horizon = now - RETAIN_S
         if waiting:
-            horizon = min(horizon, min(t for _, _, t in waiting) - 1.0)
+            horizon = min(horizon, min(lines[0] for lines in waiting.values()) - 1.0)
         for table in (self._by_thread, self._reads):
             for ident in list(table):
-                times, values = table[ident]
-                cut = bisect.bisect_left(times, horizon)
-                if cut:
-                    del times[:cut], values[:cut]
-                if not times:
+                table[ident].trim(horizon)
+                if not table[ident].times:
                     del table[ident]
 
-    def _credit(self, direction: str, value: tuple, t: float, n: int = 1) -> None:
-        """``n`` lines of ``direction`` made by the call (or read) ``value`` noted at ``t``."""
-        if value[0] == 0 and value[4] is None:
+    @staticmethod
+    def _no_call(direction: str) -> str:
+        return ("no jax call returned after it on its thread" if direction != "d2h"
+                else "no host read returned after it on its thread")
+
+    def _credit(self, direction: str, note: tuple, t: float, n: int, calls: int) -> None:
+        """``n`` lines of ``direction`` made by ``calls`` calls (or reads) of
+        the note's site, the latest at ``t``."""
+        fast = type(note[0]) is int  # a fast-path call: (id(function), id(code), offset)
+        if fast:
             # The common case, a fast-path call at a line already described: counts only.
-            # Keyed by the code's id (a code object's hash reads its bytecode); the
-            # code is kept beside the site, so the id is no other's.
-            kept = self._known.get((direction, value[1], id(value[2]), value[3]))
-            site = kept[1] if kept is not None and kept[0] is value[2] else None
+            # The code is kept beside the site, so the id is no other code's.
+            kept = self._known.get((direction, note))
+            site = kept[1] if kept is not None and kept[0] is self._codes.get(note[1]) else None
             if site is not None and site.named and t - site.asked_t <= DESCRIBE_EVERY_S:
-                site.add(n, t)
+                site.add(n, calls)
                 self._changed = True
                 return
-        where, name, op, described, observed, fun = self._resolve(value)
+        where, name, op, described, observed, fun = self._resolve(note)
         key = (direction, *where)
         site = self._sites.get(key)
         if site is None:
             if len(self._sites) >= MAX_SITES:
-                for _ in range(n):
-                    self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart")
+                self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart", n)
                 return
             site = self._sites[key] = _Site()
-        if value[0] == 0 and len(self._known) < 4 * MAX_SITES:
-            self._known[(direction, value[1], id(value[2]), value[3])] = (value[2], site)
+        if fast and len(self._known) < 4 * MAX_SITES:
+            self._known[(direction, note)] = (self._codes.get(note[1]), site)
         if direction == "d2h":
             site.callee = name
         elif not site.callee or not observed:
@@ -501,12 +518,14 @@ class TransferSitesProbe(CallNotes):
                 # now and then (what a line passes can change).
                 self._want[id(fun)] = 2
                 site.asked_t = t + (1.0 if not site.named else 0.0)
-        site.add(n, t)
+        site.add(n, calls)
         self._changed = True
 
-    def _give_up(self, direction: str, reason: str) -> None:
-        self._unattributed[direction] = self._unattributed.get(direction, 0) + 1
-        self._reasons[reason] = self._reasons.get(reason, 0) + 1
+    def _give_up(self, direction: str, reason: str, n: int = 1) -> None:
+        if n <= 0:
+            return
+        self._unattributed[direction] = self._unattributed.get(direction, 0) + n
+        self._reasons[reason] = self._reasons.get(reason, 0) + n
         self._changed = True
 
     def field(self) -> dict[str, Any]:
@@ -533,5 +552,5 @@ class TransferSitesProbe(CallNotes):
             "other": {"count_total": sum(s.count for _, s in rest)} if rest else None,
             "unattributed": dict(self._unattributed),
             "unattributed_reasons": dict(self._reasons),
-            "pending": len(self._pending),
+            "pending": sum(map(len, self._pending.values())),
         }

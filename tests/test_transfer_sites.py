@@ -53,6 +53,7 @@ def _probe() -> TransferSitesProbe:
     probe._native = {threading.get_native_id(): threading.get_ident()}
     probe._offset_fixed = 0.0  # the records below are given in wall time
     probe._running = True  # as if started: the records are made by hand
+    probe.tie_every = 1  # every tick ties its lines (the agent batches five)
     return probe
 
 
@@ -70,15 +71,25 @@ def _sites(field) -> dict[tuple[str, int, str], int]:
 
 def test_a_stamp_reads_back_as_the_moment_it_was_written():
     now = time.time()
-    (direction, native, t), = parse_stamps(_stamp("h2d", 77, now - 0.25), now)
+    (direction, native, (t,)), = parse_stamps(_stamp("h2d", 77, now - 0.25), now)
     assert (direction, native) == ("h2d", 77) and t == pytest.approx(now - 0.25, abs=2e-6)
+
+
+def test_stamps_of_one_thread_and_minute_come_as_bare_seconds_after_the_first():
+    now = time.time()
+    head = _stamp("h2d", 9, now - 0.5)
+    data = head + b" 07.250000 08.5 " + _stamp("d2d", 9, now - 0.4) + b" " + _stamp("h2d", 9, now - 0.3)
+    groups = parse_stamps(data, now)
+    assert [(d, n, len(ts)) for d, n, ts in groups] == [("h2d", 9, 3), ("d2d", 9, 1), ("h2d", 9, 1)]
+    minute = groups[0][2][0] - float(head.rsplit(b":", 1)[1])
+    assert groups[0][2][1:] == [pytest.approx(minute + 7.25), pytest.approx(minute + 8.5)]
 
 
 def test_a_stamp_from_just_before_midnight_is_of_the_day_before():
     # Read at 00:00:01 local time, a line stamped 23:59:59.5 is 1.5 s old, not a day ahead.
     lt = time.localtime()
     midnight = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, 0, 0, 0, 0, 0, -1))
-    (_, _, t), = parse_stamps(b"d2h,5,23:59:59.500000", midnight + 1.0)
+    (_, _, (t,)), = parse_stamps(b"d2h,5,23:59:59.500000", midnight + 1.0)
     assert t == pytest.approx(midnight - 0.5, abs=1e-3)
 
 
@@ -86,6 +97,9 @@ def test_malformed_stamps_are_skipped():
     now = time.time()
     assert parse_stamps(b"h2d,1 nonsense h2d,x,12:00:00.0 " + _stamp("d2d", 3, now), now)[0][0] == "d2d"
     assert len(parse_stamps(b"h2d,1 nonsense h2d,x,12:00:00.0", now)) == 0
+    # Within a group only what reads as seconds counts (nan, inf, negative and words do not).
+    (_, _, times), = parse_stamps(b"h2d,4,12:00:01.5 nan -3 inf 1e9 x 02.25", now)
+    assert len(times) == 2 and times[1] - times[0] == pytest.approx(0.75)
 
 
 # -- pure: lines to calls ---------------------------------------------------------------------
@@ -103,6 +117,23 @@ def test_each_line_goes_to_the_first_call_after_it_on_its_thread():
     assert field["unattributed"] == {} and field["pending"] == 0
     calls = {s["line"]: s["calls_total"] for s in field["sites"]}
     assert calls == {10: 1, 20: 1}  # two lines of one call
+
+
+def test_lines_are_tied_in_batches_of_ticks_and_none_is_lost():
+    from jaxtop.probes.transfer_sites import TIE_EVERY_TICKS
+
+    probe, me = _probe(), threading.get_native_id()
+    probe.tie_every = TIE_EVERY_TICKS
+    t0 = time.time() - 2.0
+    fields = []
+    for k in range(2 * TIE_EVERY_TICKS):
+        _call(probe, t0 + k * 0.01 + 0.001, 10 + k % 2)
+        probe.take_stamps(_stamp("h2d", me, t0 + k * 0.01))
+        fields.append(probe.on_tick(Tick(now=time.time())))
+    tied = [f for f in fields if f is not None]
+    assert len(tied) == 2 and fields[TIE_EVERY_TICKS - 1] is tied[0]  # one field a batch
+    assert _sites(tied[-1]) == {("h2d", 10, "step"): TIE_EVERY_TICKS, ("h2d", 11, "step"): TIE_EVERY_TICKS}
+    assert tied[-1]["unattributed"] == {} and tied[-1]["pending"] == 0
 
 
 def test_a_line_waits_for_its_call_to_return():

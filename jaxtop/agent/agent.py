@@ -342,6 +342,7 @@ class Agent(AgentLoop):
         window's edge waits for one: half an interval per edge on average,
         most of what pytest's plugin cost a small test). In-process callers
         only: no client command reaches it."""
+        self.transfer_sites.tie_soon()  # and the lines it batches tied in it
         self._tick_requested = True
         self._wake()
 
