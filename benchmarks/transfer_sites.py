@@ -24,6 +24,7 @@ main one (XLA's too), and of the stderr relay (a child process), as % of one
 core.
 
     .venv/bin/python benchmarks/transfer_sites.py --rounds 3
+    tools/tpu/run.sh chip ... --steps sitescost      # the same on a TPU
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ ARMS = ("jax-log", "counts", "sites")
 
 
 def run_child(arm: str, workload: str, args: argparse.Namespace, script: Path) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS=args.platform)
     env.pop("JAXTOP_TRANSFER_SITES", None)
     if arm == "jax-log":
         env["JAX_TRANSFER_GUARD"] = "log"
@@ -139,6 +140,7 @@ def main() -> int:
     p.add_argument("--paced-s", type=float, default=10.0)
     p.add_argument("--workloads", default="numpy,device,eager,scalar,paced",
                    help="which of numpy, device, eager, scalar, paced (default all)")
+    p.add_argument("--platform", default="cpu", help="JAX_PLATFORMS of the children (tpu on the chip)")
     p.add_argument("--json-out")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

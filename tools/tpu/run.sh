@@ -25,6 +25,9 @@
 #                 attached to the training loop (screens.txt)
 #         sites   implicit transfers per line of the training loop, jaxtop's
 #                 against JAX's own guard (tools/tpu/compare_sites.py; sites.txt)
+#         sitescost  benchmarks/transfer_sites.py on the chip: what tying each
+#                 transfer to its line costs, beside JAX's own logging
+#                 (sitescost.txt, sitescost.json)
 #       summary.txt lists each step's exit status and time; the script exits
 #       non-zero when any step failed.
 #
@@ -42,7 +45,7 @@ DEPS=(textual rich markdown-it-py mdurl mdit-py-plugins linkify-it-py uc-micro-p
       psutil nvidia-ml-py orjson msgspec typing-extensions pyte wcwidth
       pytest pluggy iniconfig packaging pytest-timeout pytest-asyncio)
 CHIP_PYTHON_VERSION=3.11
-ALL_STEPS=cost,tests,demo,freeblock,record,screens,sites
+ALL_STEPS=cost,tests,demo,freeblock,record,screens,sites,sitescost
 
 # Seconds each step may take before it is stopped (its partial output kept).
 : "${COST_TIMEOUT:=2400}"
@@ -284,6 +287,10 @@ chip() {
       "${args[@]}"
     run_step sites "$RECORD_TIMEOUT" "$RESULTS/sites.txt" \
       "$py" -P "$REPO/tools/tpu/compare_sites.py" "$RESULTS/sites.jsonl" "$RESULTS/sites-oracle.json"
+  fi
+  if wants sitescost; then
+    run_step sitescost "$COST_TIMEOUT" "$RESULTS/sitescost.txt" \
+      "$py" -P "$REPO/benchmarks/transfer_sites.py" --platform tpu ${SITESCOST_ARGS:-} --json-out "$RESULTS/sitescost.json"
   fi
   if wants screens; then
     run_step screens "$RECORD_TIMEOUT" "$RESULTS/screens.txt" bash "$REPO/tools/tpu/run.sh" screens-step "$py" "$RESULTS"
