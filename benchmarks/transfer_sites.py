@@ -152,7 +152,10 @@ def main() -> int:
             order = ARMS if r % 2 == 0 else tuple(reversed(ARMS))
             for workload in args.workloads.split(","):
                 for arm in order:
-                    results.setdefault((arm, workload), []).append(run_child(arm, workload, args, script))
+                    result = run_child(arm, workload, args, script)
+                    results.setdefault((arm, workload), []).append(result)
+                    # As it goes: a run stopped early (a time limit) keeps what it measured.
+                    print(f"round {r} {workload} {arm}: {json.dumps(result)}", flush=True)
     table = {}
     print(f"{'workload':<8} {'arm':<8} {'ns/call':>9}   (median of {args.rounds} rounds x {args.blocks} blocks)")
     timed = [w for w in ("numpy", "device", "eager", "scalar") if w in args.workloads.split(",")]
