@@ -553,4 +553,5 @@ class TransferSitesProbe(CallNotes):
             "unattributed": dict(self._unattributed),
             "unattributed_reasons": dict(self._reasons),
             "pending": sum(map(len, self._pending.values())),
+            "history_ticks": self.tie_every,
         }

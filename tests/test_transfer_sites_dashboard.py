@@ -144,6 +144,36 @@ def test_one_field_alone_has_its_rate_from_the_agent_s_per_tick_counts():
     assert step.bytes_estimated and step.bytes_per_s == pytest.approx(24.0 * step.bytes_total / step.count_total)
 
 
+def test_one_field_alone_reads_its_history_at_the_agents_batch_period():
+    """The agent ties lines in batches of ticks: each history entry is that
+    many sample intervals, not one (a rate five times too high otherwise)."""
+    records = stream(n=44)
+    last = records[-1]
+    for site in last["transfer_sites"]["sites"]:
+        site["history"] = [15] * 30  # 15 transfers per half second
+    last["transfer_sites"]["history_ticks"] = 5
+    view = model_of([records[0], last]).snapshot(now=0.0).processes[0].transfer_sites
+    step = next(s for s in view.sites if s.callee == "step")
+    assert step.count_per_s == pytest.approx(30.0)
+
+
+def test_a_recording_whose_clock_stands_still_does_not_grow_the_fold():
+    from jaxtop.dashboard.transfer_sites import TOTALS_KEPT
+
+    fold = TransferSitesFold()
+    records = [r for r in stream(n=40) if r.get("transfer_sites")]
+    for k in range(5000):
+        rec = dict(records[k % len(records)], t=T0 + 1.0 + (k // 2500) * 1e-9)  # stands, creeps by a nanosecond
+        rec["transfer_sites"] = records[-1]["transfer_sites"]
+        fold.feed(rec)
+    assert all(len(state.totals) <= 2 for state in fold._sites.values())
+    assert len(fold._unattributed) <= TOTALS_KEPT
+    for k in range(3 * TOTALS_KEPT):  # a clock creeping a nanosecond a field: bounded all the same
+        rec = dict(records[-1], t=T0 + 2.0 + k * 1e-9)
+        fold.feed(rec)
+    assert max(len(state.totals) for state in fold._sites.values()) <= TOTALS_KEPT
+
+
 def test_scalars_apart_and_the_summary_names_the_busiest():
     view = fold_transfer_sites(stream())
     assert [s.callee for s in view.arrays] == ["step", "sin (op)", "host read (float)"]

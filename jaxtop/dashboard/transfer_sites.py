@@ -29,6 +29,10 @@ __all__ = [
 #: line matched a tick late (the agent waits for the call that logged it)
 #: still counts in the same second, short enough to follow a loop's phases.
 RATE_WINDOW_S = 2.0
+#: Totals kept per site at most: a window holds about 21 fields (10 a
+#: second); a hostile recording with a clock that creeps by nanoseconds
+#: must not grow them without end (the oldest then go, rates read low).
+TOTALS_KEPT = 256
 #: Sites whose totals are kept at most (the agent lists its 50 busiest; a
 #: site can leave that list and come back).
 MAX_KEPT = 500
@@ -214,7 +218,7 @@ class _Site:
         self.rec: dict[str, Any] = {}
         # (sample time, count_total, bytes_total or None), oldest first: the
         # last one before the rate window and those within it.
-        self.totals: collections.deque[tuple[float, int, int | None]] = collections.deque()
+        self.totals: collections.deque[tuple[float, int, int | None]] = collections.deque(maxlen=TOTALS_KEPT)
         self.seen = 0.0  # the last field that listed it
 
 
@@ -245,6 +249,16 @@ def _rate(totals: Iterable[tuple[float, int, int | None]], now: float, index: in
     return max(0.0, (last[index] - base[index]) / span)
 
 
+def _add(totals: collections.deque, entry: tuple[float, int, int | None]) -> None:
+    """A field's total: one of the same moment replaced (a recording whose
+    clock stands still must not grow the deque), then the window trimmed."""
+    if totals and totals[-1][0] == entry[0]:
+        totals[-1] = entry
+    else:
+        totals.append(entry)
+    _trim(totals, entry[0])
+
+
 def _trim(totals: collections.deque, t: float) -> None:
     """Drop the totals the window ending at ``t`` (or later) no longer needs."""
     while len(totals) >= 2 and totals[1][0] <= t - RATE_WINDOW_S + 1e-3:
@@ -258,7 +272,7 @@ class TransferSitesFold:
         self._field: dict[str, Any] | None = None
         self._field_t: float | None = None
         self._sites: dict[SiteKey, _Site] = {}
-        self._unattributed: collections.deque[tuple[float, int, int | None]] = collections.deque()
+        self._unattributed: collections.deque[tuple[float, int, int | None]] = collections.deque(maxlen=TOTALS_KEPT)
         self._view: TransferSitesView | None = None
         self._view_at: tuple[float | None, float] | None = None
 
@@ -292,11 +306,9 @@ class TransferSitesFold:
                     state.totals.append((prev_t, before, 0 if before == 0 else None))
             state.rec = rec
             state.seen = t
-            state.totals.append((t, count_total, bytes_total))
-            _trim(state.totals, t)
+            _add(state.totals, (t, count_total, bytes_total))
         total = sum(_int(v) for v in _dict(field_.get("unattributed")).values())
-        self._unattributed.append((t, total, None))
-        _trim(self._unattributed, t)
+        _add(self._unattributed, (t, total, None))
         if len(self._sites) > MAX_KEPT:
             ranked = sorted(self._sites.items(), key=lambda kv: kv[1].seen, reverse=True)
             self._sites = dict(ranked[:MAX_KEPT])
@@ -319,10 +331,13 @@ class TransferSitesFold:
 
     def _build(self, now: float | None, interval_s: float) -> TransferSitesView:
         field_ = self._field or {}
+        # A history entry is this many sample intervals (the agent ties its
+        # lines in batches of ticks; an older agent sent one per tick).
+        period = interval_s * max(1, min(100, _int(field_.get("history_ticks")) or 1))
         now_t = now if now is not None and self._field_t is not None and now >= self._field_t else self._field_t
         quiet_ticks = 0
-        if now_t is not None and self._field_t is not None and interval_s > 0:
-            quiet_ticks = min(HISTORY_TICKS, int(round((now_t - self._field_t) / interval_s)))
+        if now_t is not None and self._field_t is not None and period > 0:
+            quiet_ticks = min(HISTORY_TICKS, int(round((now_t - self._field_t) / period)))
         sites = []
         for rec in field_.get("sites") if isinstance(field_.get("sites"), list) else ():
             if not isinstance(rec, dict):
@@ -337,11 +352,11 @@ class TransferSitesFold:
             count_total = _int(rec.get("count_total"))
             bytes_total = _opt_int(rec.get("bytes_total"))
             estimated = False
-            if count_rate is None and history and interval_s > 0:
+            if count_rate is None and history and period > 0:
                 # One field only (a snapshot's present, the first after
-                # attaching): the agent's per-tick counts say the rate.
-                recent = history[-max(1, int(round(RATE_WINDOW_S / interval_s))):]
-                count_rate, bytes_rate = sum(recent) / (len(recent) * interval_s), None
+                # attaching): the agent's counts per period say the rate.
+                recent = history[-max(1, int(round(RATE_WINDOW_S / period))):]
+                count_rate, bytes_rate = sum(recent) / (len(recent) * period), None
             if bytes_rate is None and count_rate is not None:
                 if bytes_total is not None and count_total > 0:
                     bytes_rate, estimated = count_rate * bytes_total / count_total, True

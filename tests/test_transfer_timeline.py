@@ -1,0 +1,69 @@
+"""Guard lines to calls in bulk (probes/transfer_timeline.py): the pure layer.
+
+The probe's behaviour on whole programs is in tests/test_transfer_sites.py
+and, against JAX's own guard, tests/test_transfer_sites_oracle.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+from jaxtop.probes.transfer_timeline import Timeline, file_calls, tie
+
+
+def test_a_note_filed_late_goes_between_the_notes_of_its_time():
+    """The slow path's notes come from another queue than the fast path's:
+    one filed after later notes of its thread still ties the line before it."""
+    tl = Timeline()
+    tl.add([1.0, 2.0, 3.0], ["a", "a", "a"])
+    tl.add([1.5], [None], {0: ("s", "slow", None, None)})
+    assert tl.times == [1.0, 1.5, 2.0, 3.0]
+    credits, too_far, after = tie(tl, [1.2, 1.7, 2.5, 3.5], window=3.0)
+    assert sorted((str(note), n, calls) for note, _, n, calls in credits) == [
+        ("('s', 'slow', None, None)", 1, 1), ("a", 2, 2)]
+    assert too_far == 0 and after == [3.5]
+
+
+def test_lines_of_one_call_count_once_as_a_call_and_trimming_keeps_the_rare_notes_right():
+    tl = Timeline()
+    tl.add([1.0, 2.0, 3.0, 4.0], ["a", None, "b", None], {1: ("d", 1), 3: ("d", 2)})
+    tl.trim(1.5)  # the first note let go: positions move, the rare notes with them
+    assert tl.base == 1 and tl.value(0) == ("d", 1) and tl.value(2) == ("d", 2)
+    credits, _, _ = tie(tl, [2.5, 2.6, 2.7], window=3.0)
+    assert [(note, n, calls) for note, _, n, calls in credits] == [("b", 3, 1)]
+
+
+def test_a_line_whose_next_note_is_too_late_is_not_tied():
+    tl = Timeline()
+    tl.add([10.0], ["a"])
+    credits, too_far, after = tie(tl, [1.0, 9.5], window=3.0)
+    assert too_far == 1 and [(note, n) for note, _, n, _ in credits] == [("a", 1)] and after == []
+
+
+def test_a_filed_note_keeps_no_jitted_function_alive():
+    """A jitted function holds its executables: the agent must not be what keeps one."""
+
+    class Jitted:
+        def __call__(self):
+            return None
+
+    fun = Jitted()
+    ref = weakref.ref(fun)
+    code = sys._getframe().f_code
+    ((ident, times, keys, extras, funs, codes),) = file_calls([(7, 0.5, fun, code, 12)], offset=100.0)
+    assert (ident, times, keys, extras) == (7, [100.5], [(id(fun), id(code), 12)], None)
+    tl = Timeline()
+    tl.add(times, keys, extras)
+    del fun, funs
+    gc.collect()
+    assert ref() is None
+
+
+def test_notes_of_several_threads_are_filed_apart():
+    filed = file_calls([(1, 0.1, "f", None, -1), (2, 0.2, "g", None, -1), (1, 0.3, "f", None, -1, ("x",))], 0.0)
+    by_thread = {ident: (times, keys, extras) for ident, times, keys, extras, _, _ in filed}
+    assert by_thread[1][0] == [0.1, 0.3] and by_thread[1][1][1] is None and by_thread[1][2] == {
+        1: ("d", id("f"), None, -1, ("x",))}
+    assert by_thread[2][0] == [0.2]
