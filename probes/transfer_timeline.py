@@ -156,12 +156,13 @@ def tie(timeline: Timeline, lines: list[float], window: float) -> tuple[list[tup
     keys = timeline.keys
     calls = Counter(idx)  # position of a call -> its lines (one call can log several)
     credits = []
-    if None in keys:
+    if timeline.extras:  # some notes are rare ones (key None): each credited apart
         for i in [i for i in calls if keys[i] is None]:
             credits.append((timeline.value(i), times[i], calls.pop(i), 1))
     by_key = Counter(map(keys.__getitem__, idx))
     by_key.pop(None, None)
-    calls_by_key = Counter(map(keys.__getitem__, calls))
+    # One line a call (the common case): the calls per site are its lines.
+    calls_by_key = by_key if len(calls) == len(idx) else Counter(map(keys.__getitem__, calls))
     last = lines[-1]
     credits += [(key, last, n, calls_by_key[key]) for key, n in by_key.items()]
     return credits, too_far, after
@@ -189,14 +190,14 @@ def file_calls(batch: Any, offset: float) -> list[tuple[int, list[float], list[A
     out = []
     for ident, records in groups:
         times = list(map(offset.__add__, map(_second, records)))
-        funs = list(map(_third, records))
-        fids = list(map(id, funs))
-        codes = list(map(_fourth, records))
-        keys = list(zip(fids, map(id, codes), map(_fifth, records)))
+        keys = list(zip(map(id, map(_third, records)), map(id, map(_fourth, records)), map(_fifth, records)))
+        # One record per site (a loop calls a few sites over and over): its
+        # function and code, looked at once.
+        sites = dict(zip(keys, records)).values()
         extras = None
         if max(map(len, records)) > 5:  # a call whose arguments were read
-            extras = {i: ("d", fids[i], r[3], r[4], r[5]) for i, r in enumerate(records) if len(r) > 5}
+            extras = {i: ("d", id(r[2]), r[3], r[4], r[5]) for i, r in enumerate(records) if len(r) > 5}
             for i in extras:
                 keys[i] = None
-        out.append((ident, times, keys, extras, dict(zip(fids, funs)), dict(zip(map(id, codes), codes))))
+        out.append((ident, times, keys, extras, {id(r[2]): r[2] for r in sites}, {id(r[3]): r[3] for r in sites}))
     return out
