@@ -259,12 +259,12 @@ class TransferSitesReport:
                    "call (inferred), not seen passing to the device. Bytes are a lower bound; bytes/s with ~ "
                    "are the count per second times a size per transfer (estimated).", style="dim")
         yield Text("")
-        yield from self._table(view.arrays, width, "Arrays and other values")
+        yield from self._table(view.arrays, width, "Arrays and other values", view.history_s)
         summary = view.scalar_summary()
         if summary is not None:
             yield Text("")
             yield from scalar_lines(summary, width, self.ended)
-            yield from self._table(view.scalars, width, "")
+            yield from self._table(view.scalars, width, "", view.history_s)
         yield Text("")
         yield from self._unattributed(view)
 
@@ -282,7 +282,8 @@ class TransferSitesReport:
             line.append(f" · {view.pending:,} waiting for the call that made them", style="dim")
         return line
 
-    def _table(self, sites: Sequence[TransferSiteView], width: int, title: str) -> Iterable[Text | Padding]:
+    def _table(self, sites: Sequence[TransferSiteView], width: int, title: str,
+               history_s: float = 0.1) -> Iterable[Text | Padding]:
         """A header, then per site a line of figures and, under it, every
         argument (the arguments are what a user changes: never cut to a
         column's width)."""
@@ -302,7 +303,7 @@ class TransferSitesReport:
         if wide:
             columns.append(("bytes/s≥", 10, True))
         if spark_w:
-            columns.append(("per tick", spark_w, False))
+            columns.append((f"per {history_s:.2g} s", spark_w, False))  # a history entry's span
 
         def cell(text: str, w: int, right: bool) -> str:
             text = _cut(text, w)

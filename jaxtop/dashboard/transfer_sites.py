@@ -178,6 +178,7 @@ class TransferSitesView:
     unattributed_reasons: dict[str, int] = field(default_factory=dict)
     unattributed_per_s: float | None = None
     pending: int = 0  # lines waiting for the call that made them
+    history_s: float = 0.1  # what one entry of a site's history spans (the agent's batch of ticks)
 
     @property
     def unattributed_total(self) -> int:
@@ -394,6 +395,7 @@ class TransferSitesFold:
             unattributed_reasons={_str(k): _int(v) for k, v in _dict(field_.get("unattributed_reasons")).items()},
             unattributed_per_s=_rate(self._unattributed, now_t, 1) if now_t is not None else None,
             pending=_int(field_.get("pending")),
+            history_s=period,
         )
 
 
