@@ -93,6 +93,7 @@ class _Site:
 
     count: int = 0
     interval: int = 0
+    unlogged: int = 0  # since the last history entry
     calls: int = 0
     bytes: int = 0
     bytes_unknown: int = 0
@@ -103,13 +104,14 @@ class _Site:
     sizes: tuple[int, ...] = ()  # the arguments' sizes, where every one is known
     _named: bool = False  # some argument has a name
     callee: str = ""
-    history: deque = field(default_factory=lambda: deque(maxlen=60))  # counts per tie (TIE_EVERY_TICKS), a sparkline
+    history: deque = field(default_factory=lambda: deque(maxlen=60))  # counts per TIE_EVERY_TICKS ticks, a sparkline
 
     def add(self, n: int, calls: int) -> None:
         """``n`` lines of ``calls`` calls (one call can log several)."""
         before = self.count
         self.count += n
         self.interval += n
+        self.unlogged += n
         self.calls += calls
         sizes = self.sizes
         if sizes:
@@ -184,7 +186,8 @@ class TransferSitesProbe(CallNotes):
         self._unattributed: dict[str, int] = {}
         self._reasons: dict[str, int] = {}
         self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
-        self._waited = 0  # ticks since the last tie
+        self._waited = 0  # ticks with lines waiting since the last tie
+        self._history_wait = 0  # ticks since the sites' last history entry
         self.tie_every = TIE_EVERY_TICKS
         self._tie_asked = False
         # id(function) -> (a weak reference to it, (name, op, parameters)).
@@ -229,7 +232,10 @@ class TransferSitesProbe(CallNotes):
             # finds the agent's caches warm once, not five times).
             self._waited += 1
             if not (tick.final or self._tie_asked or self._waited >= self.tie_every or len(self._calls) > RING // 4):
+                self._history_tick()
                 return None
+            if self._waited >= self.tie_every:  # a batch's regular end: its history entry now
+                self._history_wait = self.tie_every - 1
             self._waited = 0
             self._tie_asked = False
             if self._unparsed:  # the batch's reports read at once
@@ -243,7 +249,6 @@ class TransferSitesProbe(CallNotes):
             self._drain()
             self._match(tick.now, tick.final)
         else:
-            self._waited += 1
             # Nothing to tie: the notes of this tick are set aside unread (a
             # line the relay has not reported yet may still need them), the
             # tick's before are dropped whole. A program that transfers
@@ -255,12 +260,7 @@ class TransferSitesProbe(CallNotes):
                 old = self._held.popleft()
                 if old:  # a line the relay reports later than this cannot be tied: never to a later call
                     self._dropped_until = max(self._dropped_until, old[-1][1] + self._wall_offset)
-        if self._waited >= self.tie_every:  # quiet: the histories go on at the ties' pace
-            self._waited = 0
-        if self._waited == 0:
-            for site in self._sites.values():
-                if site.interval or site.history:
-                    site.history.append(site.interval)
+        self._history_tick()
         if not self._changed and not tick.final:
             for site in self._sites.values():
                 site.interval = 0
@@ -270,6 +270,18 @@ class TransferSitesProbe(CallNotes):
         for site in self._sites.values():
             site.interval = 0
         return out
+
+    def _history_tick(self) -> None:
+        """Each site's history gets an entry every batch's span (quiet
+        spells and ties asked for early included: the entries stay even)."""
+        self._history_wait += 1
+        if self._history_wait < self.tie_every:
+            return
+        self._history_wait = 0
+        for site in self._sites.values():
+            if site.unlogged or site.history:
+                site.history.append(site.unlogged)
+                site.unlogged = 0
 
     def _call_rate(self, now: float) -> float | None:
         """Jitted calls a second the hook noted since the last slow tick (None at the first)."""

@@ -134,6 +134,8 @@ def test_lines_are_tied_in_batches_of_ticks_and_none_is_lost():
     assert len(tied) == 2 and fields[TIE_EVERY_TICKS - 1] is tied[0]  # one field a batch
     assert _sites(tied[-1]) == {("h2d", 10, "step"): TIE_EVERY_TICKS, ("h2d", 11, "step"): TIE_EVERY_TICKS}
     assert tied[-1]["unattributed"] == {} and tied[-1]["pending"] == 0
+    # One history entry a batch, holding that batch's lines.
+    assert [site["history"] for site in tied[-1]["sites"]] == [[3, 2], [2, 3]]
 
 
 def test_a_line_waits_for_its_call_to_return():
