@@ -46,6 +46,7 @@ case $args in
   *tools/tpu/screen.py*) echo "----- ${args#*screen.py } -----" ;;
   *tests/transfer_oracle.py*) out=${args#*--json-out }; out=${out%% *}; echo '{"lines": []}' >"$out" ;;
   *tools/tpu/compare_sites.py*) echo "train.py:62 h2d 398 398" ;;
+  *"benchmarks/transfer_sites.py --platform tpu"*) out=${args##*--json-out }; echo '{}' >"$out"; echo "paced sites: 0.77 %" ;;
   *) echo "fake python: unexpected call: $args" >&2; exit 99 ;;
 esac
 """
@@ -101,10 +102,12 @@ def test_chip_mode_runs_every_step_in_order_and_reports_each(fake_chip, tmp_path
     summary = (results / "summary.txt").read_text().splitlines()
     rows = [line.split() for line in summary if line.split()[1] == "exit"]
     assert [r[0] for r in rows] == ["cost", "tests", "demo", "freeblock", "record", "record-oom", "sites-run",
-                                    "sites-oracle", "sites", "screens"]
+                                    "sites-oracle", "sites", "sitescost", "screens"]
     status = {r[0]: r[2] for r in rows}
     assert status == {"cost": "0", "tests": "0", "demo": "1", "freeblock": "0", "record": "0", "record-oom": "1",
-                      "sites-run": "0", "sites-oracle": "0", "sites": "0", "screens": "0"}
+                      "sites-run": "0", "sites-oracle": "0", "sites": "0", "sitescost": "0", "screens": "0"}
+    # What tying transfers to lines costs, measured on the chip (the children open the TPU).
+    assert (results / "sitescost.txt").read_text().strip() == "paced sites: 0.77 %"
     # The transfers per line: the same program and arguments under jaxtop and the oracle, on the chip.
     assert (results / "sites.txt").read_text().strip() == "train.py:62 h2d 398 398"
     assert (results / "sites-oracle.json").read_text().strip() == '{"lines": []}'
