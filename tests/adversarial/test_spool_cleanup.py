@@ -58,8 +58,11 @@ class Dashboard:
 
     def __init__(self, pid: int, env: dict) -> None:
         self.master, slave = pty.openpty()
+        # SIGHUP as a terminal's program has it: a test run under nohup
+        # passes SIG_IGN down, which the dashboard rightly leaves alone.
         self.proc = subprocess.Popen([PY, "-m", "jaxtop", "attach", str(pid)], env=env, stdin=slave, stdout=slave,
-                                     stderr=slave, start_new_session=True)
+                                     stderr=slave, start_new_session=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
         os.close(slave)
         self.out = bytearray()
         self.thread = threading.Thread(target=self._drain, daemon=True)
