@@ -271,22 +271,8 @@ class CallNotes:
         """The hook's note where the caller is not (yet) known to be the
         user's, or the function's arguments were asked for: the user's frame
         is walked to (innermost outside library code), the arguments read."""
-        user = self._user
-        code = frame.f_code
-        mine = user.get(code.co_filename)
-        if mine is None:
-            mine = user[code.co_filename] = not self._filt.is_library(code.co_filename)
-        depth = 0
-        while not mine:
-            frame = frame.f_back
-            depth += 1
-            if frame is None or depth >= MAX_WALK:
-                break
-            code = frame.f_code
-            mine = user.get(code.co_filename)
-            if mine is None:
-                mine = user[code.co_filename] = not self._filt.is_library(code.co_filename)
-        site = (code, frame.f_lasti) if mine else (None, -1)
+        frame = self._user_frame(frame)
+        site = (frame.f_code, frame.f_lasti) if frame is not None else (None, -1)
         if self._want and id(fun) in self._want:
             self._calls.append((threading.get_ident(), time.perf_counter(), fun, *site,
                                 self._describe_call(fun, args, kwargs)))
@@ -391,17 +377,24 @@ class CallNotes:
     def _user_site(self, frame: Any) -> tuple[Any, str | None]:
         """(the user's (code, line), the jitted function's name) above a slow-path frame."""
         callee = jitted_name(frame)
+        frame = self._user_frame(frame)
+        return ((frame.f_code, frame.f_lineno) if frame is not None else None), callee
+
+    def _user_frame(self, frame: Any) -> Any:
+        """The innermost frame from ``frame`` out that is the user's (outside
+        library code), within :data:`MAX_WALK` frames; None if there is none."""
+        user = self._user
         depth = 0
         while frame is not None and depth < MAX_WALK:
-            code = frame.f_code
-            mine = self._user.get(code.co_filename)
+            filename = frame.f_code.co_filename
+            mine = user.get(filename)
             if mine is None:
-                mine = self._user[code.co_filename] = not self._filt.is_library(code.co_filename)
+                mine = user[filename] = not self._filt.is_library(filename)
             if mine:
-                return (code, frame.f_lineno), callee
+                return frame
             frame = frame.f_back
             depth += 1
-        return None, callee
+        return None
 
     def _install_hook(self) -> None:
         state, ours = self._hook_state, self._our_hook
