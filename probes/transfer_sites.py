@@ -358,14 +358,13 @@ class TransferSitesProbe(CallNotes):
         return timeline
 
     def _forget_codes(self) -> None:
-        """Keep only the code objects some note or site still names (a
-        program that makes code at run time, exec in a loop, would grow
-        the table without end)."""
-        needed = {key[1] for table in (self._by_thread,) for tl in table.values() for key in tl.keys
-                  if key is not None}
-        needed.update(key[1] for (_, key) in self._known)
+        """Keep only the code objects a filed note still names (a program
+        that makes code at run time, exec in a loop, would grow the table
+        without end). The sites' fast-path cache goes with the rest: the next
+        line of each site works its note out again, once."""
+        needed = {key[1] for tl in self._by_thread.values() for key in tl.keys if key is not None}
         self._codes = {cid: code for cid, code in self._codes.items() if cid in needed}
-        self._known = {k: v for k, v in self._known.items() if k[1][1] in self._codes}
+        self._known.clear()
 
     def _resolve(self, note: tuple) -> tuple[tuple, str, bool, Any, bool, Any]:
         """(site key without direction, callee name, op, arguments, observed, function) of a note."""

@@ -453,3 +453,21 @@ def test_the_hook_leaves_a_program_that_stopped_transferring_and_comes_back(inst
     field = installed.on_tick(Tick(now=time.time()))
     assert slot.get_global() is installed._our_hook and installed._active  # a transfer: back in
     assert "hook was out" in " ".join(field["unattributed_reasons"])
+
+
+def test_code_objects_no_note_needs_are_let_go(monkeypatch):
+    """A program that makes code at run time (exec in a loop) must not grow
+    the table of code objects the notes' keys name without end."""
+    from jaxtop.probes import transfer_sites
+
+    monkeypatch.setattr(transfer_sites, "MAX_CODES", 20)
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time() - 60
+    for k in range(60):  # each call from a code object of its own, half a second apart, the line tied
+        code = compile("pass", f"/w/gen{k}.py", "exec")
+        probe._calls.append((threading.get_ident(), t0 + k * 0.5 + 0.01, "step", code, 0))
+        probe.take_stamps(_stamp("h2d", me, t0 + k * 0.5))
+        field = probe.on_tick(Tick(now=t0 + k * 0.5 + 0.05))
+    assert len(probe._codes) <= 2 * transfer_sites.MAX_CODES
+    listed = sum(s["count_total"] for s in field["sites"]) + (field["other"] or {}).get("count_total", 0)
+    assert field["sites_total"] == 60 and listed == 60 and field["unattributed"] == {}
