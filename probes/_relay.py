@@ -39,6 +39,7 @@ import select
 import signal
 import sys
 import time
+from array import array
 
 # Out-of-memory lines (XLA's allocator on GPU) are reported to the agent as
 # "O <line>", so it takes a census even when the program catches the error.
@@ -115,8 +116,9 @@ class Relay:
         self.oom = OomLineScanner()
         self.unknown_reports = 0
         self.counts = {}  # guard message -> lines since the last report
-        self.stamps = []  # b"dir,thread,time" or the seconds of each guard line since the last report
-        self.stamp_last = None  # (direction, thread, "HH:MM:") of the last stamp
+        self.stamps = []  # [b"dir,thread", array of Unix times] per run of one direction and thread
+        self.stamp_count = 0  # guard lines stamped since the last report
+        self.stamp_minutes = {}  # b"HH:MM:" -> its Unix time (this read's)
         # Bytes not judged yet: the end of the last read when it may be the
         # start of a log line or of a marker.
         self.buf = b""
@@ -170,27 +172,33 @@ class Relay:
     def stamp(self, data):
         """Note when and on which thread each guard line in ``data`` was
         written, for the agent to tell which call of the program made it.
-        Reported as ``T dir,thread,HH:MM:SS.ffffff SS.ffffff ...``: a line
-        of the same direction, thread and minute as the one before it is
-        its seconds only (the agent reads them in bulk); thread 0 where the
-        header has none."""
+        The log header gives the local time of day to the microsecond; the
+        relay, reading the line at most a batch later, knows the day: each
+        line becomes a Unix time here, and a run of lines of one direction
+        and thread is reported as ``dir,thread,HEX`` (their times as
+        native doubles, in hex), which the agent reads with one
+        ``bytes.fromhex``, no parsing per line in the program's process.
+        Thread 0 where the header names none."""
         stamps = self.stamps
-        last = self.stamp_last
+        minutes = self.stamp_minutes
+        run = stamps[-1] if stamps else None
         for match in STAMP_RE.finditer(data):
-            if len(stamps) >= STAMPS_PER_READ_MAX:
+            if self.stamp_count >= STAMPS_PER_READ_MAX:
                 break
             when = match.group(1) or match.group(3)
             thread = match.group(2) or match.group(4) or b"0"
             direction = _STAMP_DIRECTION.get((match.group(5), match.group(6)))
             if direction is None:
                 continue
-            group = (direction, thread, when[:6])
-            if group == last:
-                stamps.append(when[6:])
-            else:
-                stamps.append(direction + b"," + thread + b"," + when)
-                last = group
-        self.stamp_last = last
+            base = minutes.get(when[:6])
+            if base is None:
+                base = minutes[when[:6]] = minute_start(when[:6])
+            head = direction + b"," + thread
+            if run is None or run[0] != head:
+                run = [head, array("d")]
+                stamps.append(run)
+            run[1].append(base + float(when[6:]))
+            self.stamp_count += 1
 
     def count(self, messages):
         """Count guard lines by message until the next report."""
@@ -207,13 +215,15 @@ class Relay:
         of lines into a handful of reports."""
         counts, self.counts = self.counts, {}
         stamps, self.stamps = self.stamps, []
-        self.stamp_last = None
+        self.stamp_count = 0
+        self.stamp_minutes = {}
         if not counts or self.report_fd is None:
             return
         if len(self.report_backlog) < REPORT_BACKLOG_MAX:
             self.report_backlog += b"".join(b"G %d %s\n" % (n, message) for message, n in counts.items())
             if stamps:
-                self.report_backlog += b"T " + b" ".join(stamps) + b"\n"
+                self.report_backlog += b"T " + b" ".join(
+                    head + b"," + times.tobytes().hex().encode() for head, times in stamps) + b"\n"
 
     def flush_reports(self):
         while self.report_backlog and self.report_fd is not None:
@@ -399,6 +409,17 @@ class Relay:
         self.report_counts()
         self.flush_out()
         self.flush_reports()
+
+
+def minute_start(hh_mm):
+    """The Unix time of the local minute ``b"HH:MM:"`` that is now or just
+    past: today's, or yesterday's where today's is still ahead (a line of
+    23:59 read just after midnight)."""
+    now = time.time()
+    local = time.localtime(now)
+    midnight = now - (local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec + now % 1.0)
+    start = midnight + int(hh_mm[0:2]) * 3600 + int(hh_mm[3:5]) * 60
+    return start - 86400.0 if start > now + 300.0 else start
 
 
 def follow_terminal_size(out_fd):

@@ -35,24 +35,26 @@ transferred; ``benchmarks/transfer_sites.py`` measures it beside JAX's own
 logging. ``JAXTOP_TRANSFER_SITES=0`` installs nothing (transfers are then
 counted, not tied to lines).
 
-Standard library only, and jax once it is imported (this runs inside the
-user's job).
+Standard library only, and jax (with NumPy, its own dependency) once it is
+imported (this runs inside the user's job).
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat, starmap
 from typing import Any
+
+import numpy as np
 
 from jaxtop.probes.base import Tick
 from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import LIBRARY, LibraryFilter
 from jaxtop.probes.transfer_notes import RING, CallNotes, _hook_slot
-from jaxtop.probes.transfer_timeline import Timeline, file_calls, parse_stamps, tie
+from jaxtop.probes.transfer_timeline import KeyTable, Timeline, file_calls, parse_stamps, tie
 from jaxtop.probes.transfer_values import MAX_ARGS, NUMPY, PY_SCALAR, ArgInfo, describe_value
 
 __all__ = ["ArgInfo", "MAX_ARGS", "NUMPY", "PY_SCALAR", "RING", "TransferSitesProbe", "describe_value", "parse_stamps",
@@ -74,10 +76,11 @@ HELD_TICKS = 3
 QUIET_CALLS_PER_S = 100.0
 #: Lines are tied to calls every this many ticks (half a second at the
 #: agent's 10 Hz), or sooner when the notes pile up or a budget window
-#: ends. At 1,000 transfers a second, tying each tick's hundred lines in
-#: bulk cost the agent's thread about 2.7 us a line, most of it the first
-#: touch of cold data; in batches of five ticks 2.2-2.5 us (its thread clock
-#: around the probe; one line at a time in Python it was 4.8 us).
+#: ends. At 1,000 transfers a second the agent's thread clock around the
+#: probe read 1.4 us a line in batches of five ticks (with lists and bisect
+#: 2.2-2.5 us; one line at a time in Python 4.8 us), most of it first touches
+#: of cold data, and a batch has a fixed cost of its own: in batches of 20
+#: ticks 1.2 us, but lines would reach the screen two seconds late.
 TIE_EVERY_TICKS = 5
 #: A fast-path site's arguments are read again this often (seconds).
 DESCRIBE_EVERY_S = 30.0
@@ -180,7 +183,8 @@ class TransferSitesProbe(CallNotes):
         self._by_thread: dict[int, Timeline] = {}  # ident -> its calls' notes
         self._reads: dict[int, Timeline] = {}  # ident -> its host reads' notes
         self._codes: dict[int, Any] = {}  # id(code) -> code, for the notes' keys (kept: no other code has its id)
-        self._pending: dict[tuple[str, int], list[float]] = {}  # (direction, native thread) -> lines waiting
+        self._pending: dict[tuple[str, int], np.ndarray] = {}  # (direction, native thread) -> lines waiting
+        self._table = KeyTable()  # the notes' keys as small codes, shared by the timelines
         self._native: dict[int, int] = {}  # native thread id -> ident
         self._sites: dict[tuple, _Site] = {}
         self._known: dict[tuple, tuple[Any, _Site]] = {}  # (direction, note key) -> (code, site)
@@ -242,10 +246,7 @@ class TransferSitesProbe(CallNotes):
             if self._unparsed:  # the batch's reports read at once
                 for direction, native, times in parse_stamps(b" ".join(self._unparsed), tick.now):
                     waiting = self._pending.get((direction, native))
-                    if waiting is None:
-                        self._pending[(direction, native)] = times
-                    else:
-                        waiting += times
+                    self._pending[(direction, native)] = times if waiting is None else np.concatenate((waiting, times))
                 self._unparsed = []
             self._drain()
             self._match(tick.now, tick.final)
@@ -320,21 +321,22 @@ class TransferSitesProbe(CallNotes):
         batches = list(self._held)
         self._held.clear()
         calls = self._calls
-        batches.append([calls.popleft() for _ in range(len(calls))])  # the hook appends meanwhile: popleft is safe
+        # The hook appends meanwhile: popleft is safe (called in C, not a Python loop).
+        batches.append(list(starmap(calls.popleft, repeat((), len(calls)))))
         self._noted += len(batches[-1])
         for batch in batches:
             if len(batch) >= RING:  # the ring overflowed: lines before its oldest note may have lost theirs
                 lost = max(lost, batch[0][1] + offset)
-            for ident, times, keys, extras, funs, codes in file_calls(batch, offset):
+            if len(self._codes) > MAX_CODES or len(self._table) > MAX_CODES:
+                self._forget_codes()
+            for ident, times, codes, extras, funs, code_objects in file_calls(batch, offset, self._table):
                 for fun in funs.values():
                     self._name_of(fun)  # the name kept by a weak reference, once per function
-                if len(self._codes) > MAX_CODES:
-                    self._forget_codes()
-                self._codes.update(codes)
-                self._timeline(self._by_thread, ident).add(times, keys, extras)
+                self._codes.update(code_objects)
+                self._timeline(self._by_thread, ident).add(times, codes, extras)
         # The slow path's notes and host reads: rarer, filed one by one.
         for queue, table in ((self._slow, self._by_thread), (self._reads_in, self._reads)):
-            records = [queue.popleft() for _ in range(len(queue))]
+            records = list(starmap(queue.popleft, repeat((), len(queue))))
             if len(records) >= RING:
                 lost = max(lost, records[0][1] + offset)
             per_thread: dict[int, tuple[list[float], list[Any], dict[int, tuple]]] = {}
@@ -347,14 +349,13 @@ class TransferSitesProbe(CallNotes):
                     keys.append(("r", record[2], record[3]))
                 times.append(record[1] + offset)
             for ident, (times, keys, extras) in per_thread.items():
-                self._timeline(table, ident).add(times, keys, extras or None)
+                self._timeline(table, ident).add_keys(times, keys, extras or None)
         self._lost_before = max(self._lost_before, lost)
 
-    @staticmethod
-    def _timeline(table: dict[int, Timeline], ident: int) -> Timeline:
+    def _timeline(self, table: dict[int, Timeline], ident: int) -> Timeline:
         timeline = table.get(ident)
         if timeline is None:
-            timeline = table[ident] = Timeline()
+            timeline = table[ident] = Timeline(self._table)
         return timeline
 
     def _forget_codes(self) -> None:
@@ -362,7 +363,8 @@ class TransferSitesProbe(CallNotes):
         that makes code at run time, exec in a loop, would grow the table
         without end). The sites' fast-path cache goes with the rest: the next
         line of each site works its note out again, once."""
-        needed = {key[1] for tl in self._by_thread.values() for key in tl.keys if key is not None}
+        self._table.compact([*self._by_thread.values(), *self._reads.values()])
+        needed = {key[1] for key in self._table.keys if type(key[0]) is int}
         self._codes = {cid: code for cid, code in self._codes.items() if cid in needed}
         self._known.clear()
 
@@ -403,11 +405,11 @@ class TransferSitesProbe(CallNotes):
         if self._out_since is not None:
             spans.append((self._out_since, float("inf")))
         for since, back in spans:
-            lo, hi = bisect.bisect_left(lines, since - 1.0), bisect.bisect_left(lines, back)
+            lo, hi = np.searchsorted(lines, (since - 1.0, back)).tolist()
             if hi > lo:
                 self._give_up(direction, f"made while jaxtop's hook was out (no implicit transfer for "
                               f"{QUIET_S:.0f} s before it); the next ones are tied to lines again", hi - lo)
-                lines = lines[:lo] + lines[hi:]
+                lines = np.concatenate((lines[:lo], lines[hi:]))
         return lines
 
     @staticmethod
@@ -418,8 +420,8 @@ class TransferSitesProbe(CallNotes):
         found = None
         for ident, timeline in table.items():
             times = timeline.times
-            i = bisect.bisect_left(times, t - 1.0)
-            if i < len(times) and times[i] <= t + MATCH_WINDOW_S:
+            i = int(np.searchsorted(times, t - 1.0))
+            if i < times.size and times[i] <= t + MATCH_WINDOW_S:
                 if found is not None:
                     return None
                 found = ident
@@ -429,9 +431,9 @@ class TransferSitesProbe(CallNotes):
         """Tie each waiting line to the first note after it on its thread:
         per (direction, thread), in bulk (:func:`tie`), the lines of one
         site credited together."""
-        waiting: dict[tuple[str, int], list[float]] = {}
+        waiting: dict[tuple[str, int], np.ndarray] = {}
         for (direction, native), lines in self._pending.items():
-            lines.sort()  # nearly always sorted already: a linear pass
+            lines = np.sort(lines, kind="stable")  # nearly always sorted already
             table = self._reads if direction == "d2h" else self._by_thread
             if self._out_since is not None or self._hook_out:
                 lines = self._drop_while_out(direction, lines)
@@ -443,21 +445,21 @@ class TransferSitesProbe(CallNotes):
                 by_ident = [(ident, lines)]
             else:  # no thread in the header: per line, the one thread calling jax then
                 by_ident_map: dict[int | None, list[float]] = {}
-                for t in lines:
+                for t in lines.tolist():
                     by_ident_map.setdefault(self._only_thread(table, t), []).append(t)
                 unknown = by_ident_map.pop(None, ())
                 if unknown:
                     self._give_up(direction, "its log line names no thread (jaxlib before 0.5) and several "
                                   "threads called jax", len(unknown))
-                by_ident = list(by_ident_map.items())
+                by_ident = [(ident, np.array(times)) for ident, times in by_ident_map.items()]
             for ident, lines in by_ident:
-                if direction != "d2h" and lines and lines[0] <= self._dropped_until:
-                    late = bisect.bisect_right(lines, self._dropped_until)
+                if direction != "d2h" and lines.size and lines[0] <= self._dropped_until:
+                    late = int(np.searchsorted(lines, self._dropped_until, "right"))
                     self._give_up(direction, "reported after its call's note was let go (the relay was more "
                                   f"than {HELD_TICKS} ticks late)", late)
                     lines = lines[late:]
-                if lines and lines[0] < self._lost_before:
-                    lost = bisect.bisect_left(lines, self._lost_before)
+                if lines.size and lines[0] < self._lost_before:
+                    lost = int(np.searchsorted(lines, self._lost_before))
                     self._give_up(direction, "calls came faster than jaxtop could note them", lost)
                     lines = lines[lost:]
                 credits, too_far, after = tie(self._timeline(table, ident), lines, MATCH_WINDOW_S)
@@ -465,20 +467,22 @@ class TransferSitesProbe(CallNotes):
                     self._give_up(direction, self._no_call(direction), too_far)
                 for note, t, n, calls in credits:
                     self._credit(direction, note, t, n, calls)
-                if after:
-                    gone = len(after) if final else bisect.bisect_left(after, now - MATCH_WINDOW_S)
+                if after.size:
+                    gone = after.size if final else int(np.searchsorted(after, now - MATCH_WINDOW_S))
                     if gone:
                         self._give_up(direction, self._no_call(direction), gone)
-                    if gone < len(after):
-                        waiting.setdefault((direction, native), []).extend(after[gone:])
+                    if gone < after.size:
+                        kept = waiting.get((direction, native))
+                        waiting[(direction, native)] = (after[gone:] if kept is None
+                                                        else np.concatenate((kept, after[gone:])))
         self._pending = waiting
         horizon = now - RETAIN_S
         if waiting:
-            horizon = min(horizon, min(lines[0] for lines in waiting.values()) - 1.0)
+            horizon = min(horizon, min(float(lines[0]) for lines in waiting.values()) - 1.0)
         for table in (self._by_thread, self._reads):
             for ident in list(table):
                 table[ident].trim(horizon)
-                if not table[ident].times:
+                if not table[ident].times.size:
                     del table[ident]
 
     @staticmethod

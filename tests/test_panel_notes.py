@@ -40,7 +40,7 @@ def test_overview_shows_the_process_rate_once_not_on_every_device():
     snap = _two_device_snapshot(exit_=False)
     rows = [line for line in _panel_text(OverviewPanel(), snap).splitlines() if "gpu:" in line or "cpu:" in line]
     assert len(rows) == 2
-    assert "/s" in rows[0] and "〃" in rows[1] and "/s" not in rows[1]
+    assert "/s" in rows[0] and "↑" in rows[1] and "/s" not in rows[1]
 
 
 def test_rates_leave_the_screen_when_the_process_exits():

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,21 @@ def G(line: bytes, n: int = 1) -> bytes:
 
 def marker(verb: str, arg: str, token: bytes = TOKEN) -> bytes:
     return b"\x00jaxtop:" + token + b":" + f"{verb} {arg}".encode() + b"\x00"
+
+
+def _runs(payload: bytes) -> list[tuple[str, float]]:
+    """A ``T`` report's runs (``dir,thread,HEX``) as ``(dir,thread, Unix time)`` per line."""
+    out = []
+    for run in payload.split():
+        direction, thread, hexed = run.decode().split(",")
+        raw = bytes.fromhex(hexed)
+        out += [(f"{direction},{thread}", t) for t in struct.unpack(f"{len(raw) // 8}d", raw)]
+    return out
+
+
+def _time_of_day(t: float) -> str:
+    lt = time.localtime(t)
+    return f"{lt.tm_hour:02d}:{lt.tm_min:02d}:{round(t % 60, 6):09.6f}"
 
 
 def _drain(fd: int) -> bytes:
@@ -102,8 +119,10 @@ class Rig:
         return b"".join(line for line in self.all_reports.splitlines(keepends=True) if not line.startswith(b"T "))
 
     @property
-    def stamps(self) -> list[bytes]:
-        return [s for line in self.all_reports.splitlines() if line.startswith(b"T ") for s in line[2:].split()]
+    def stamps(self) -> list[str]:
+        """Each stamped line as ``dir,thread,HH:MM:SS.ffffff`` (its Unix time read back as local time)."""
+        return [f"{head},{_time_of_day(t)}" for line in self.all_reports.splitlines() if line.startswith(b"T ")
+                for head, t in _runs(line[2:])]
 
     def close(self):
         for fd in (self.out_r, self.out_w, self.rep_r, self.rep_w):
@@ -208,11 +227,26 @@ def test_guard_lines_are_reported_and_hidden(rig):
 
 
 def test_each_guard_line_is_stamped_with_its_thread_and_time(rig):
-    # What the agent needs to tell which call of the program made a line.
+    # What the agent needs to tell which call of the program made a line: a
+    # run of one direction and thread is one token, its times doubles in hex.
     r = rig().feed(b"before\n" + GUARD_H2D + GUARD_CACHED + b"x " + GUARD_D2D + GUARD_TSL + GUARD_TSL_TID + GUARD_OLD)
-    # A line of the direction, thread and minute of the one before: its seconds only.
-    assert r.stamps == [b"h2d,2146,18:34:30.919532", b"30.920001", b"d2d,6082,19:10:03.642390",
-                        b"h2d,0,19:09:21.852989", b"d2d,4242,19:09:21.900001", b"d2h,31337,09:01:02.000017"]
+    assert r.stamps == ["h2d,2146,18:34:30.919532", "h2d,2146,18:34:30.920001", "d2d,6082,19:10:03.642390",
+                        "h2d,0,19:09:21.852989", "d2d,4242,19:09:21.900001", "d2h,31337,09:01:02.000017"]
+    [report] = [line for line in r.all_reports.splitlines() if line.startswith(b"T ")]
+    assert len(report.split()) == 6  # the first two lines: one run
+
+
+def test_a_stamp_is_the_latest_moment_of_its_time_of_day():
+    """The header has the local time of day; the relay reads a line at most a
+    batch after it was written, so the day is today's, or yesterday's for a
+    time still ahead (a line of 23:59:59 read just after midnight)."""
+    now = time.time()
+    lt = time.localtime(now)
+    assert _relay.minute_start(b"%02d:%02d:" % (lt.tm_hour, lt.tm_min)) == pytest.approx(now - lt.tm_sec - now % 1,
+                                                                                          abs=1e-3)
+    ahead = time.localtime(now + 3600)
+    start = _relay.minute_start(b"%02d:%02d:" % (ahead.tm_hour, ahead.tm_min))
+    assert now - 86400 - 60 < start < now - 86400 + 3600
 
 
 def test_guard_lines_of_passed_directions_still_reach_the_user(rig):
@@ -333,7 +367,7 @@ def _run(data, cuts):
     counts, syncs, stamps = {}, [], 0
     for report in bytes(relay.report_backlog).split(b"\n")[:-1]:
         if report.startswith(b"T "):
-            stamps += len(report.split()) - 1
+            stamps += len(_runs(report[2:]))
             continue
         kind, n, *rest = report.split(b" ", 2)
         if kind == b"G":

@@ -206,6 +206,7 @@ def test_the_dashboard_in_a_headless_browser(tmp_path, child_env):
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/{wrong}", timeout=5)
             assert refused.value.code == 403, wrong  # no token: nothing served, not even the page
+        tools_events: list[dict] = []  # the page's events, for a failure's message
         with browser(chromium, tmp_path / "profile", devtools_port):
 
             async def drive():
@@ -213,6 +214,7 @@ def test_the_dashboard_in_a_headless_browser(tmp_path, child_env):
                     page = await first_page(http, devtools_port)
                     async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
                         tools = DevTools(ws)
+                        tools.events = tools_events
                         await tools.call("Page.enable")
                         await tools.call("Page.navigate", url=url)
                         await asyncio.sleep(3.0)
@@ -228,6 +230,7 @@ def test_the_dashboard_in_a_headless_browser(tmp_path, child_env):
                         deadline = time.monotonic() + 60  # a loaded machine draws and delivers slowly
                         while time.monotonic() < deadline and not list(downloads.glob("*.jsonl")):
                             await asyncio.sleep(0.3)
+                        (tmp_path / "written.png").write_bytes(await tools.screenshot())  # kept for a failure
                         # A second tab while the first is open: refused (one process per server).
                         async with http.get(f"http://127.0.0.1:{port}/{token}/ws",
                                             headers={"Origin": f"http://127.0.0.1:{port}", "Connection": "Upgrade",
@@ -237,10 +240,15 @@ def test_the_dashboard_in_a_headless_browser(tmp_path, child_env):
                         return before, after, status
 
             before, after, second = asyncio.run(drive())
+    served_output = served.stop()  # stopped already: what it printed
     assert before[:8] == b"\x89PNG\r\n\x1a\n" and len(before) > 20_000  # a drawn screen, not a blank page
     assert after != before, "the key press changed nothing on the screen"
     assert second == 409
-    [saved] = list(downloads.glob("*.jsonl"))
+    saved_files = list(downloads.glob("*.jsonl"))
+    assert len(saved_files) == 1, (f"w delivered {saved_files} (screen: {tmp_path / 'written.png'}); "
+                                   f"server said: {served_output[-3000:]}; page events: "
+                                   f"{[e.get('method') for e in tools_events][-40:]}")
+    [saved] = saved_files
     records = [json.loads(line) for line in saved.read_text().splitlines()]
     assert records[0]["type"] == "hello" and sum(r["type"] == "sample" for r in records) >= 100
     assert not list(tmp_path.glob("jaxtop-*.jsonl"))  # nothing written where the server runs

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import struct
 import sys
 import threading
 import time
@@ -35,10 +36,9 @@ def _new_jax() -> bool:
 NEW_JAX = _new_jax()
 
 
-def _stamp(direction: str, native: int, t: float) -> bytes:
-    """A relay stamp for Unix time ``t`` (local time of day, to the microsecond)."""
-    lt = time.localtime(t)
-    return f"{direction},{native},{lt.tm_hour:02d}:{lt.tm_min:02d}:{lt.tm_sec:02d}.{int(t % 1 * 1e6):06d}".encode()
+def _stamp(direction: str, native: int, *times: float) -> bytes:
+    """The relay's run of stamps: the lines' Unix times as doubles, in hex."""
+    return f"{direction},{native},".encode() + struct.pack(f"{len(times)}d", *times).hex().encode()
 
 
 class _Code:
@@ -67,39 +67,32 @@ def _sites(field) -> dict[tuple[str, int, str], int]:
     return {(s["direction"], s["line"], s["callee"]): s["count_total"] for s in field["sites"]}
 
 
-# -- pure: the clock of a stamp --------------------------------------------------------------
+# -- pure: the relay's stamps --------------------------------------------------------------
 
 def test_a_stamp_reads_back_as_the_moment_it_was_written():
     now = time.time()
-    (direction, native, (t,)), = parse_stamps(_stamp("h2d", 77, now - 0.25), now)
-    assert (direction, native) == ("h2d", 77) and t == pytest.approx(now - 0.25, abs=2e-6)
+    (direction, native, times), = parse_stamps(_stamp("h2d", 77, now - 0.25), now)
+    assert (direction, native, times.tolist()) == ("h2d", 77, [now - 0.25])
 
 
-def test_stamps_of_one_thread_and_minute_come_as_bare_seconds_after_the_first():
+def test_runs_of_stamps_keep_their_order_and_their_threads():
     now = time.time()
-    head = _stamp("h2d", 9, now - 0.5)
-    data = head + b" 07.250000 08.5 " + _stamp("d2d", 9, now - 0.4) + b" " + _stamp("h2d", 9, now - 0.3)
+    data = _stamp("h2d", 9, now - 0.5, now - 0.45, now - 0.4) + b" " + _stamp("d2d", 9, now - 0.4) + b" " + _stamp(
+        "h2d", 10, now - 0.3)
     groups = parse_stamps(data, now)
-    assert [(d, n, len(ts)) for d, n, ts in groups] == [("h2d", 9, 3), ("d2d", 9, 1), ("h2d", 9, 1)]
-    minute = groups[0][2][0] - float(head.rsplit(b":", 1)[1])
-    assert groups[0][2][1:] == [pytest.approx(minute + 7.25), pytest.approx(minute + 8.5)]
-
-
-def test_a_stamp_from_just_before_midnight_is_of_the_day_before():
-    # Read at 00:00:01 local time, a line stamped 23:59:59.5 is 1.5 s old, not a day ahead.
-    lt = time.localtime()
-    midnight = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, 0, 0, 0, 0, 0, -1))
-    (_, _, (t,)), = parse_stamps(b"d2h,5,23:59:59.500000", midnight + 1.0)
-    assert t == pytest.approx(midnight - 0.5, abs=1e-3)
+    assert [(d, n, ts.tolist()) for d, n, ts in groups] == [
+        ("h2d", 9, [now - 0.5, now - 0.45, now - 0.4]), ("d2d", 9, [now - 0.4]), ("h2d", 10, [now - 0.3])]
 
 
 def test_malformed_stamps_are_skipped():
     now = time.time()
-    assert parse_stamps(b"h2d,1 nonsense h2d,x,12:00:00.0 " + _stamp("d2d", 3, now), now)[0][0] == "d2d"
-    assert len(parse_stamps(b"h2d,1 nonsense h2d,x,12:00:00.0", now)) == 0
-    # Within a group only what reads as seconds counts (nan, inf, negative and words do not).
-    (_, _, times), = parse_stamps(b"h2d,4,12:00:01.5 nan -3 inf 1e9 x 02.25", now)
-    assert len(times) == 2 and times[1] - times[0] == pytest.approx(0.75)
+    good = _stamp("d2d", 3, now)
+    assert [g[0] for g in parse_stamps(b"h2d,1 nonsense h2d,x,00ff h2d,2,00ff " + good, now)] == ["d2d"]
+    assert parse_stamps(b"h2d,1 nonsense h2d,x,12:00:00.0 h2d,2,zz", now) == []
+    # Within a run only what can be a line's time counts (not nan, inf, negative, a day old or minutes ahead).
+    (_, _, times), = parse_stamps(_stamp("h2d", 4, now - 1, float("nan"), -3.0, float("inf"), now - 2 * 86400,
+                                         now + 3600, now - 0.5), now)
+    assert times.tolist() == [now - 1, now - 0.5]
 
 
 # -- pure: lines to calls ---------------------------------------------------------------------

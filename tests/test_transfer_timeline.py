@@ -10,25 +10,35 @@ import gc
 import sys
 import weakref
 
-from jaxtop.probes.transfer_timeline import Timeline, file_calls, tie
+import numpy as np
+
+from jaxtop.probes.transfer_timeline import KeyTable, Timeline, file_calls, tie
 
 
 def test_a_note_filed_late_goes_between_the_notes_of_its_time():
     """The slow path's notes come from another queue than the fast path's:
     one filed after later notes of its thread still ties the line before it."""
     tl = Timeline()
-    tl.add([1.0, 2.0, 3.0], ["a", "a", "a"])
-    tl.add([1.5], [None], {0: ("s", "slow", None, None)})
-    assert tl.times == [1.0, 1.5, 2.0, 3.0]
+    tl.add_keys([1.0, 2.0, 3.0], ["a", "a", "a"])
+    tl.add_keys([1.5], [None], {0: ("s", "slow", None, None)})
+    assert tl.times.tolist() == [1.0, 1.5, 2.0, 3.0]
     credits, too_far, after = tie(tl, [1.2, 1.7, 2.5, 3.5], window=3.0)
     assert sorted((str(note), n, calls) for note, _, n, calls in credits) == [
         ("('s', 'slow', None, None)", 1, 1), ("a", 2, 2)]
-    assert too_far == 0 and after == [3.5]
+    assert too_far == 0 and after.tolist() == [3.5]
+
+
+def test_rare_notes_keep_their_values_when_a_late_note_sorts_in_before_them():
+    tl = Timeline()
+    tl.add_keys([1.0, 2.0, 3.0], ["a", None, None], {1: ("d", 2), 2: ("d", 3)})
+    tl.add_keys([1.5, 2.5], [None, "b"], {0: ("s", 1.5)})
+    assert tl.times.tolist() == [1.0, 1.5, 2.0, 2.5, 3.0]
+    assert [tl.value(i) for i in range(5)] == ["a", ("s", 1.5), ("d", 2), "b", ("d", 3)]
 
 
 def test_lines_of_one_call_count_once_as_a_call_and_trimming_keeps_the_rare_notes_right():
     tl = Timeline()
-    tl.add([1.0, 2.0, 3.0, 4.0], ["a", None, "b", None], {1: ("d", 1), 3: ("d", 2)})
+    tl.add_keys([1.0, 2.0, 3.0, 4.0], ["a", None, "b", None], {1: ("d", 1), 3: ("d", 2)})
     tl.trim(1.5)  # the first note let go: positions move, the rare notes with them
     assert tl.base == 1 and tl.value(0) == ("d", 1) and tl.value(2) == ("d", 2)
     credits, _, _ = tie(tl, [2.5, 2.6, 2.7], window=3.0)
@@ -37,9 +47,9 @@ def test_lines_of_one_call_count_once_as_a_call_and_trimming_keeps_the_rare_note
 
 def test_a_line_whose_next_note_is_too_late_is_not_tied():
     tl = Timeline()
-    tl.add([10.0], ["a"])
+    tl.add_keys([10.0], ["a"])
     credits, too_far, after = tie(tl, [1.0, 9.5], window=3.0)
-    assert too_far == 1 and [(note, n) for note, _, n, _ in credits] == [("a", 1)] and after == []
+    assert too_far == 1 and [(note, n) for note, _, n, _ in credits] == [("a", 1)] and after.size == 0
 
 
 def test_a_filed_note_keeps_no_jitted_function_alive():
@@ -52,18 +62,33 @@ def test_a_filed_note_keeps_no_jitted_function_alive():
     fun = Jitted()
     ref = weakref.ref(fun)
     code = sys._getframe().f_code
-    ((ident, times, keys, extras, funs, codes),) = file_calls([(7, 0.5, fun, code, 12)], offset=100.0)
-    assert (ident, times, keys, extras) == (7, [100.5], [(id(fun), id(code), 12)], None)
-    tl = Timeline()
-    tl.add(times, keys, extras)
+    table = KeyTable()
+    ((ident, times, codes, extras, funs, code_objects),) = file_calls([(7, 0.5, fun, code, 12)], 100.0, table)
+    assert (ident, times.tolist(), extras) == (7, [100.5], None)
+    assert [table.keys[c] for c in codes] == [(id(fun), id(code), 12)]
+    tl = Timeline(table)
+    tl.add(times, codes, extras)
     del fun, funs
     gc.collect()
     assert ref() is None
 
 
 def test_notes_of_several_threads_are_filed_apart():
-    filed = file_calls([(1, 0.1, "f", None, -1), (2, 0.2, "g", None, -1), (1, 0.3, "f", None, -1, ("x",))], 0.0)
-    by_thread = {ident: (times, keys, extras) for ident, times, keys, extras, _, _ in filed}
-    assert by_thread[1][0] == [0.1, 0.3] and by_thread[1][1][1] is None and by_thread[1][2] == {
+    table = KeyTable()
+    filed = file_calls([(1, 0.1, "f", None, -1), (2, 0.2, "g", None, -1), (1, 0.3, "f", None, -1, ("x",))], 0.0, table)
+    by_thread = {ident: (times.tolist(), codes.tolist(), extras) for ident, times, codes, extras, _, _ in filed}
+    assert by_thread[1][0] == [0.1, 0.3] and by_thread[1][1][1] == -1 and by_thread[1][2] == {
         1: ("d", id("f"), None, -1, ("x",))}
-    assert by_thread[2][0] == [0.2]
+    assert by_thread[2][0] == [0.2] and table.keys[by_thread[1][1][0]] == (id("f"), id(None), -1)
+
+
+def test_the_key_table_forgets_what_no_note_names_and_the_notes_keep_their_keys():
+    table = KeyTable()
+    one, two = Timeline(table), Timeline(table)
+    one.add_keys([1.0, 2.0, 3.0], ["gone", "a", None], {2: ("d", 1)})
+    two.add_keys([1.5, 2.5], ["b", "gone too"])
+    one.trim(1.5), two.trim(2.0)
+    table.compact([one, two])
+    assert sorted(table.keys) == ["a", "gone too"]  # "gone" and "b": no note names them now
+    assert [one.value(i) for i in range(2)] == ["a", ("d", 1)] and two.value(0) == "gone too"
+    assert table.intern(["a", "c", None]).tolist() == [table.keys.index("a"), 2, -1]

@@ -443,7 +443,10 @@ class OverviewPanel(Panel):
             p = procs.get(dev.pid)
             frag = f"{dev.fragmentation:.0%}" if dev.fragmentation is not None else "n/a"
             if dev.pid in rated:
-                rate = "〃"
+                # The same process's rate as the row above. Not the ditto mark
+                # (U+3003): a wide CJK glyph that terminal and browser fonts
+                # often lack (a box in a served dashboard).
+                rate = "↑"
             else:
                 rated.add(dev.pid)
                 h2d_view = p.transfers.get(H2D) if p else None
