@@ -177,7 +177,7 @@ class Relay:
         line becomes a Unix time here, and a run of lines of one direction
         and thread is reported as ``dir,thread,HEX`` (their times as
         native doubles, in hex), which the agent reads with one
-        ``bytes.fromhex``, no parsing per line in the program's process.
+        ``unhexlify``, no parsing per line in the program's process.
         Thread 0 where the header names none."""
         stamps = self.stamps
         minutes = self.stamp_minutes

@@ -32,6 +32,7 @@ class CompileProbe:
         self._seconds_total = 0.0
         self._cache_hits_total = 0
         self._last_count = 0
+        self._last: dict[str, Any] | None = None  # the last record, its count 0 (what a quiet tick repeats)
         self.active = False
         self.reason: str | None = None
 
@@ -78,12 +79,21 @@ class CompileProbe:
     def sample(self) -> dict[str, Any]:
         if not self.active and self.reason:
             return {"available": False, "reason": self.reason}
+        last = self._last
+        # Most ticks see no compile: the last record again (a copy), without
+        # the lock (the totals are ints, read whole; a compile counted while
+        # this reads is in the next sample).
+        if last is not None and last["count_total"] == self._count_total and (
+                last["cache_hits_total"] == self._cache_hits_total):
+            return dict(last)
         with self._lock:
             count = self._count_total - self._last_count
             self._last_count = self._count_total
-            return {
+            out = {
                 "count": count,
                 "count_total": self._count_total,
                 "seconds_total": round(self._seconds_total, 6),
                 "cache_hits_total": self._cache_hits_total,
             }
+            self._last = {**out, "count": 0}
+            return out

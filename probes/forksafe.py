@@ -6,7 +6,7 @@ the agent's thread takes too. ``os.fork()`` copies a lock held by another
 thread as held, and the child has no such thread to release it: the child's
 first hooked call would wait forever (measured: 64 to 201 of 500 children of
 a program with 8 threads hung at the host-read counter's lock). A
-:class:`ForkLock` is a lock whose child copy is a new, free lock.
+:func:`ForkLock` is a lock whose child copy is a new, free lock.
 
 One lock of Python's own is left held the same way: the import lock of a
 module that one of jaxtop's threads (named ``jaxtop...``) was importing at
@@ -32,24 +32,35 @@ __all__ = ["ForkLock", "OWN_THREAD_PREFIX"]
 #: NVML and TPU pollers, the Prometheus server, the budget meter's reader).
 OWN_THREAD_PREFIX = "jaxtop"
 
-_locks: "weakref.WeakSet[ForkLock]" = weakref.WeakSet()
+_locks: "weakref.WeakSet" = weakref.WeakSet()
 
 
-class ForkLock:
-    """``threading.Lock`` (or ``RLock`` with ``reentrant``) renewed in a
-    forked child; used as one (``with``, ``acquire``, ``release``).
+def ForkLock(reentrant: bool = False):  # noqa: N802 (it stands for a class: a lock type)
+    """A ``threading.Lock`` (or ``RLock`` with ``reentrant``) that is renewed,
+    free, in a forked child.
 
-    A plain one can carry a condition: ``threading.Condition(ForkLock())``.
-    A re-entrant one cannot (the condition could not tell whether its own
-    thread holds it).
+    The lock itself, not a wrapper: the agent takes a dozen of these each
+    tick beside a busy program, and ``with`` on a native lock runs no Python
+    (a wrapper's ``__enter__``/``__exit__`` cost ~0.15 us each hot, several
+    times that with cold caches). The child renews each with the locks' own
+    ``_at_fork_reinit`` (what ``threading`` does for its own locks since
+    Python 3.9); a Python without it gets a wrapper that swaps its lock.
     """
+    lock = threading.RLock() if reentrant else threading.Lock()
+    if not hasattr(lock, "_at_fork_reinit"):
+        lock = _SwappedLock(reentrant)
+    _locks.add(lock)
+    return lock
+
+
+class _SwappedLock:
+    """A lock whose child copy is a new lock (for a Python whose locks cannot renew themselves)."""
 
     __slots__ = ("_lock", "_reentrant", "__weakref__")
 
-    def __init__(self, reentrant: bool = False) -> None:
+    def __init__(self, reentrant: bool) -> None:
         self._reentrant = reentrant
         self._lock: object = threading.RLock() if reentrant else threading.Lock()
-        _locks.add(self)
 
     def __enter__(self) -> bool:
         return self._lock.acquire()
@@ -63,14 +74,16 @@ class ForkLock:
     def release(self) -> None:
         self._lock.release()
 
-    def locked(self) -> bool:
-        probe = getattr(self._lock, "locked", None)
-        return bool(probe()) if probe is not None else False
+    def _at_fork_reinit(self) -> None:
+        self._lock = threading.RLock() if self._reentrant else threading.Lock()
 
 
 def _renew_in_child() -> None:
     for lock in list(_locks):
-        lock._lock = threading.RLock() if lock._reentrant else threading.Lock()
+        try:
+            lock._at_fork_reinit()
+        except Exception:
+            pass  # never disturb the child
 
 
 #: Thread idents of jaxtop's threads other than the forking one, noted in the

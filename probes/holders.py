@@ -276,6 +276,8 @@ class HoldersProbe:
         command since the last sample), else None. Never raises."""
         try:
             now = self._mono()
+            if self._want is None and self._pending is None and now < self._next_t:
+                return None  # most ticks: nothing asked, nothing due (read without the lock: whole values)
             with self._lock:
                 want = self._want
             # A command's profile that had to wait (rate limit, no backend

@@ -289,9 +289,12 @@ class TransferCounter:
         self._total = {d: [0, 0, 0] for d in DIRECTIONS}
         self._shapes: Counter[tuple[str, str]] = Counter()
         self.errors = 0  # implicit transfers refused by a user's disallow
-        # take() of an interval with no transfer repeats the last quiet
-        # record (a copy: the agent's encoder then reuses its bytes).
+        # take() of an interval with no transfer repeats the last record
+        # with its interval counts at 0 (a copy: the agent's encoder then
+        # reuses its bytes). Made when first needed, not each busy tick.
         self._quiet: dict[str, Any] | None = None
+        self._last: dict[str, Any] | None = None  # the last record taken, with its top
+        self._added = True  # add() since the last take()
 
     # -- the probe interface (jaxtop.probes.base.Probe): sample field ``transfers``
     name = "transfers"
@@ -320,7 +323,7 @@ class TransferCounter:
     def add(self, parsed: GuardLine, n: int = 1) -> None:
         """Count ``n`` transfers of this kind."""
         with self._lock:
-            self._quiet = None
+            self._added = True
             for bucket in (self._interval[parsed.direction], self._total[parsed.direction]):
                 bucket[0] += n
                 if parsed.nbytes is None:
@@ -339,9 +342,15 @@ class TransferCounter:
     def take(self, top: int = 5) -> dict[str, Any]:
         """The wire ``transfers`` object; resets the interval counts."""
         with self._lock:
-            quiet = self._quiet
-            if quiet is not None and top == quiet["_top"]:
+            if not self._added and self._last is not None and top == self._last["_top"]:
+                quiet = self._quiet
+                if quiet is None:
+                    last = self._last
+                    quiet = self._quiet = {**last, **{d: {**last[d], "count": 0, "bytes_known": 0,
+                                                          "count_bytes_unknown": 0} for d in DIRECTIONS}}
                 return {k: v for k, v in quiet.items() if k != "_top"}
+            self._added = False
+            self._quiet = None
             out: dict[str, Any] = {}
             for d in DIRECTIONS:
                 i, t = self._interval[d], self._total[d]
@@ -359,8 +368,7 @@ class TransferCounter:
                 for (d, s), n in self._shapes.most_common(top)
             ]
             # Until the next add(), every interval is as quiet as the next one.
-            self._quiet = {**out, "_top": top, **{d: {**out[d], "count": 0, "bytes_known": 0, "count_bytes_unknown": 0}
-                                                  for d in DIRECTIONS}}
+            self._last = {**out, "_top": top}
         return out
 
 

@@ -7,8 +7,8 @@ program needs); with lists, ``map`` and ``bisect`` in C, 2.2-2.5 us, most of
 it first touches of cold memory: a float object and a list slot per line
 and per call, several times over. Here a batch's times are NumPy arrays (jax's
 own dependency, imported before this probe starts): the relay sends each
-line's time as a double (:func:`parse_stamps` reads them with one
-``bytes.fromhex``), a thread's notes keep their times in one array and their
+line's time as a double (:func:`parse_stamps` reads a run of them with one
+``unhexlify``), a thread's notes keep their times in one array and their
 sites as small integer codes (:class:`KeyTable`), and a line finds its call
 with one ``searchsorted`` per thread. The agent's Python runs per report,
 thread and call site, not per line and not per call.
