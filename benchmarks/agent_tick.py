@@ -93,7 +93,8 @@ def main() -> int:
         env = dict(os.environ, JAX_PLATFORMS=args.platform, JAXTOP_SOCKET_DIR=os.path.join(tmp, "sockets"))
         env.pop("JAX_TRANSFER_GUARD", None)
         env["JAXTOP_TRANSFER_SITES"] = "1" if args.sites == "on" else "0"
-        done = subprocess.run([sys.executable, "-c", CHILD, str(args.seconds), str(args.rate)], env=env,
+        # Run from elsewhere: in a checkout, `-c` would put its jaxtop/ (not the installed package) first.
+        done = subprocess.run([sys.executable, "-c", CHILD, str(args.seconds), str(args.rate)], env=env, cwd=tmp,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.seconds + 300)
     line = next((x for x in done.stdout.decode().splitlines() if x.startswith("RESULT ")), None)
     if line is None:
