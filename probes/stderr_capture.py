@@ -150,6 +150,7 @@ class StderrCapture:
         self._silenced = ""
         self._pending = b""
         self._poller: tuple[int, Any] | None = None  # (fd, select.poll on it)
+        self._flowing = False  # the last read found reports: read without polling first
         # The agent thread and sync() both read reports, and a relay's death
         # found by either changes the fds: one lock, re-entrant for stop().
         self._read_lock = ForkLock(reentrant=True)
@@ -294,23 +295,28 @@ class StderrCapture:
         fd = self._report_r
         if fd is None:
             return
-        # Most ticks find nothing to read. Asking first with poll(0) costs
-        # ~9 us on a 2-core VM beside a busy jitted loop; a read that fails
-        # with EAGAIN raises BlockingIOError, ~45 us with cold caches, ten
-        # times a second. poll reports a closed relay (POLLHUP) as ready too.
-        if self._poller is None or self._poller[0] != fd:
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            self._poller = (fd, poller)
-        try:
-            if not self._poller[1].poll(0):
-                return
-        except OSError:
-            pass  # let the read below say what is wrong
+        # A quiet program's ticks find nothing to read. Asking first with
+        # poll(0) costs ~9 us on a 2-core VM beside a busy jitted loop; a read
+        # that fails with EAGAIN raises BlockingIOError, ~45 us with cold
+        # caches, ten times a second. poll reports a closed relay (POLLHUP)
+        # as ready too. While the relay reports every tick (transfers flow)
+        # the read is tried at once: the poll would say yes.
+        if not self._flowing:
+            if self._poller is None or self._poller[0] != fd:
+                poller = select.poll()
+                poller.register(fd, select.POLLIN)
+                self._poller = (fd, poller)
+            try:
+                if not self._poller[1].poll(0):
+                    return
+            except OSError:
+                pass  # let the read below say what is wrong
+        self._flowing = True
         while True:
             try:
                 chunk = os.read(fd, 65536)
             except BlockingIOError:
+                self._flowing = False  # nothing this time: poll first again
                 break
             except OSError:
                 chunk = b""

@@ -93,6 +93,7 @@ class CallNotes:
         # id(function) -> calls of it still to describe. Keyed by id: a jitted
         # function may be unhashable (flax's nnx.jit wraps objects that define __eq__).
         self._want: dict[int, int] = {}
+        self.described_notes = 0  # notes whose arguments were read, ever (the program's threads count them)
         self._prev_hook: Any = None
         self._our_hook: Any = None
         self._active = False  # the hook notes calls (False: taken out, or stopped)
@@ -274,8 +275,9 @@ class CallNotes:
         frame = self._user_frame(frame)
         site = (frame.f_code, frame.f_lasti) if frame is not None else (None, -1)
         if self._want and id(fun) in self._want:
-            self._calls.append((threading.get_ident(), time.perf_counter(), fun, *site,
-                                self._describe_call(fun, args, kwargs)))
+            described = self._describe_call(fun, args, kwargs)
+            self.described_notes += 1  # before the note: the agent looks for it when this moved
+            self._calls.append((threading.get_ident(), time.perf_counter(), fun, *site, described))
         else:
             self._calls.append((threading.get_ident(), time.perf_counter(), fun, *site))
 

@@ -74,14 +74,15 @@ HELD_TICKS = 3
 #: ... when the program calls jitted functions faster than this (calls a
 #: second): below it the hook costs nothing worth a lost line.
 QUIET_CALLS_PER_S = 100.0
-#: Lines are tied to calls every this many ticks (half a second at the
-#: agent's 10 Hz), or sooner when the notes pile up or a budget window
-#: ends. At 1,000 transfers a second the agent's thread clock around the
-#: probe read 1.4 us a line in batches of five ticks (with lists and bisect
-#: 2.2-2.5 us; one line at a time in Python 4.8 us), most of it first touches
-#: of cold data, and a batch has a fixed cost of its own: in batches of 20
-#: ticks 1.2 us, but lines would reach the screen two seconds late.
-TIE_EVERY_TICKS = 5
+#: Lines are tied to calls every this many ticks (a second at the agent's
+#: 10 Hz), or sooner when the notes pile up or a budget window ends (so a
+#: budget counts every line). A batch has a fixed cost of its own, most of
+#: it first touches of cold data (~0.4 ms beside a busy program on a 2-core
+#: VM): at 1,000 transfers a second, tying added 0.12 % of a core to the
+#: agent's thread in batches of five ticks, 0.04-0.05 % in batches of ten
+#: (benchmarks/transfer_sites.py, 5 rounds each); the lines' counts reach
+#: the screen once a second, as top refreshes.
+TIE_EVERY_TICKS = 10
 #: A fast-path site's arguments are read again this often (seconds).
 DESCRIBE_EVERY_S = 30.0
 #: Sites sent, the busiest first; the rest are summed under "other sites".
@@ -185,6 +186,7 @@ class TransferSitesProbe(CallNotes):
         self._codes: dict[int, Any] = {}  # id(code) -> code, for the notes' keys (kept: no other code has its id)
         self._pending: dict[tuple[str, int], np.ndarray] = {}  # (direction, native thread) -> lines waiting
         self._table = KeyTable()  # the notes' keys as small codes, shared by the timelines
+        self._described_seen = 0  # described_notes when the notes were last filed
         self._native: dict[int, int] = {}  # native thread id -> ident
         self._sites: dict[tuple, _Site] = {}
         self._known: dict[tuple, tuple[Any, _Site]] = {}  # (direction, note key) -> (code, site)
@@ -233,8 +235,8 @@ class TransferSitesProbe(CallNotes):
         self._unparsed += stamps
         if self._pending or self._unparsed or tick.final:
             # Lines to tie: every few ticks, in one batch (the work is per
-            # batch, per thread and per site, and a batch of half a second
-            # finds the agent's caches warm once, not five times).
+            # batch, per thread and per site, and a batch of a second
+            # finds the agent's caches warm once, not ten times).
             self._waited += 1
             if not (tick.final or self._tie_asked or self._waited >= self.tie_every or len(self._calls) > RING // 4):
                 self._history_tick()
@@ -317,6 +319,9 @@ class TransferSitesProbe(CallNotes):
         function's name) when a line is tied to it, once per site."""
         offset = self._offset_fixed if self._offset_fixed is not None else time.time() - time.perf_counter()
         self._wall_offset = offset
+        # Read before the notes are taken: a note counted after this is looked for next time.
+        described = self.described_notes
+        look, self._described_seen = described != self._described_seen, described
         lost = -1e18
         batches = list(self._held)
         self._held.clear()
@@ -329,7 +334,7 @@ class TransferSitesProbe(CallNotes):
                 lost = max(lost, batch[0][1] + offset)
             if len(self._codes) > MAX_CODES or len(self._table) > MAX_CODES:
                 self._forget_codes()
-            for ident, times, codes, extras, funs, code_objects in file_calls(batch, offset, self._table):
+            for ident, times, codes, extras, funs, code_objects in file_calls(batch, offset, self._table, look):
                 for fun in funs.values():
                     self._name_of(fun)  # the name kept by a weak reference, once per function
                 self._codes.update(code_objects)

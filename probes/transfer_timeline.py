@@ -39,29 +39,41 @@ _first, _second, _third, _fourth, _fifth = (itemgetter(i) for i in range(5))
 
 
 def parse_stamps(data: bytes, now: float) -> list[tuple[str, int, np.ndarray]]:
-    """The relay's stamps as ``(direction, thread id, Unix times)`` runs, in
-    the order written; a run that is not whole doubles is skipped, and so
-    is a time that cannot be a line's (not finite, a day old, minutes ahead)."""
-    out = []
+    """The relay's stamps as ``(direction, thread id, Unix times)``, one entry
+    per direction and thread in the order first written (a batch holds
+    several reports; their runs of one thread are read together: NumPy calls
+    cost per call, not per line). A run that is not whole doubles is
+    skipped, and so is a time that cannot be a line's (not finite, a day
+    old, minutes ahead)."""
+    runs: dict[tuple[bytes, bytes], list[bytes]] = {}
     for run in data.split():
         parts = run.split(b",")
-        if len(parts) != 3 or not parts[1].isdigit() or len(parts[2]) % 16:
+        if len(parts) != 3 or not parts[1].isdigit() or len(parts[2]) % 16 or parts[0] not in _DIRECTIONS:
             continue
-        direction = _DIRECTIONS.get(parts[0])
+        runs.setdefault((parts[0], parts[1]), []).append(parts[2])
+    out = []
+    lo, hi = now - _BEHIND_S, now + _AHEAD_S
+    for (direction, thread), payloads in runs.items():
         try:
-            raw = unhexlify(parts[2])
-        except ValueError:  # binascii.Error: not hex
-            continue
-        if direction is None or not raw:
+            raw = unhexlify(b"".join(payloads))
+        except ValueError:  # binascii.Error: not hex somewhere: each run on its own
+            raw = b"".join(_unhex_or_nothing(p) for p in payloads)
+        if not raw:
             continue
         times = np.frombuffer(raw, np.float64)
-        ok = (times > now - _BEHIND_S) & (times < now + _AHEAD_S)  # False for nan
-        if not ok.all():
-            times = times[ok]
+        if not (times.min() > lo and times.max() < hi):  # False for nan too
+            times = times[(times > lo) & (times < hi)]
             if not times.size:
                 continue
-        out.append((direction, int(parts[1]), times))
+        out.append((_DIRECTIONS[direction], int(thread), times))
     return out
+
+
+def _unhex_or_nothing(payload: bytes) -> bytes:
+    try:
+        return unhexlify(payload)
+    except ValueError:
+        return b""
 
 
 class KeyTable:
@@ -242,7 +254,7 @@ def tie(timeline: Timeline, lines: Any, window: float) -> tuple[list[tuple[Any, 
     return credits, too_far, after
 
 
-def file_calls(batch: Any, offset: float, table: KeyTable) -> list[tuple[int, np.ndarray, np.ndarray,
+def file_calls(batch: Any, offset: float, table: KeyTable, described: bool = True) -> list[tuple[int, np.ndarray, np.ndarray,
                                                                         dict[int, tuple] | None, dict[int, Any],
                                                                         dict[int, Any]]]:
     """Fast-path call notes ``(thread, perf time, function, code, offset[, arguments])``
@@ -251,7 +263,8 @@ def file_calls(batch: Any, offset: float, table: KeyTable) -> list[tuple[int, np
     note's key, coded in ``table``, is ``(id(function), id(code),
     instruction offset)``: once filed, the notes keep no jitted function
     alive (nor its executables); the caller keeps what it needs of the
-    functions (their names) and the code objects."""
+    functions (their names) and the code objects. ``described``: whether
+    any note may hold arguments (else none is looked for)."""
     batch = list(batch)
     if not batch:
         return []
@@ -276,7 +289,7 @@ def file_calls(batch: Any, offset: float, table: KeyTable) -> list[tuple[int, np
         else:
             sites = [records[i] for i in np.unique(codes, return_index=True)[1].tolist()]
         extras = None
-        if max(map(len, records)) > 5:  # a call whose arguments were read
+        if described and max(map(len, records)) > 5:  # a call whose arguments were read
             extras = {i: ("d", id(r[2]), r[3], r[4], r[5]) for i, r in enumerate(records) if len(r) > 5}
             codes[list(extras)] = -1
         out.append((ident, times, codes, extras, {id(r[2]): r[2] for r in sites}, {id(r[3]): r[3] for r in sites}))

@@ -84,6 +84,14 @@ def test_runs_of_stamps_keep_their_order_and_their_threads():
         ("h2d", 9, [now - 0.5, now - 0.45, now - 0.4]), ("d2d", 9, [now - 0.4]), ("h2d", 10, [now - 0.3])]
 
 
+def test_a_threads_runs_from_several_reports_are_read_together_in_order():
+    now = time.time()
+    data = b" ".join([_stamp("h2d", 9, now - 0.9, now - 0.8), _stamp("d2h", 9, now - 0.7),
+                      _stamp("h2d", 9, now - 0.6), b"h2d,9," + b"zz" * 8, _stamp("h2d", 9, now - 0.5)])
+    assert [(d, n, ts.tolist()) for d, n, ts in parse_stamps(data, now)] == [
+        ("h2d", 9, [now - 0.9, now - 0.8, now - 0.6, now - 0.5]), ("d2h", 9, [now - 0.7])]
+
+
 def test_malformed_stamps_are_skipped():
     now = time.time()
     good = _stamp("d2d", 3, now)
@@ -128,7 +136,11 @@ def test_lines_are_tied_in_batches_of_ticks_and_none_is_lost():
     assert _sites(tied[-1]) == {("h2d", 10, "step"): TIE_EVERY_TICKS, ("h2d", 11, "step"): TIE_EVERY_TICKS}
     assert tied[-1]["unattributed"] == {} and tied[-1]["pending"] == 0
     # One history entry a batch, holding that batch's lines.
-    assert [site["history"] for site in tied[-1]["sites"]] == [[3, 2], [2, 3]]
+    def made(line: int, batch: int) -> int:  # calls at this line in that batch (lines alternate)
+        return sum(1 for k in range(batch * TIE_EVERY_TICKS, (batch + 1) * TIE_EVERY_TICKS) if 10 + k % 2 == line)
+
+    assert {site["line"]: site["history"] for site in tied[-1]["sites"]} == {
+        line: [made(line, 0), made(line, 1)] for line in (10, 11)}
 
 
 def test_a_line_waits_for_its_call_to_return():
