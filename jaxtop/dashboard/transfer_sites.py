@@ -29,8 +29,9 @@ __all__ = [
 #: line matched a tick late (the agent waits for the call that logged it)
 #: still counts in the same second, short enough to follow a loop's phases.
 RATE_WINDOW_S = 2.0
-#: Totals kept per site at most: a window holds about 21 fields (10 a
-#: second); a hostile recording with a clock that creeps by nanoseconds
+#: Totals kept per site at most: a window holds a few fields (the agent
+#: sends one per batch of ticks, once a second; older agents up to ten a
+#: second, 21 a window); a hostile recording with a clock that creeps by nanoseconds
 #: must not grow them without end (the oldest then go, rates read low).
 TOTALS_KEPT = 256
 #: Sites whose totals are kept at most (the agent lists its 50 busiest; a
