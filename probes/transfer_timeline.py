@@ -168,7 +168,7 @@ class Timeline:
         cut = int(np.searchsorted(self.times, times[0], "right"))
         start = self.base + cut
         old = self.times.size - cut
-        moved = {j: self.extras.pop(start + j) for j in range(old) if start + j in self.extras}
+        moved = {i - start: self.extras.pop(i) for i in [i for i in self.extras if i >= start]}  # rare: a few
         moved.update((old + j, value) for j, value in (extras or {}).items())
         tail_times = np.concatenate((self.times[cut:], times))
         order = np.argsort(tail_times, kind="stable")
