@@ -79,9 +79,9 @@ QUIET_CALLS_PER_S = 100.0
 #: budget counts every line). A batch has a fixed cost of its own, most of
 #: it first touches of cold data (~0.4 ms beside a busy program on a 2-core
 #: VM): at 1,000 transfers a second, tying added 0.12 % of a core to the
-#: agent's thread in batches of five ticks, 0.04-0.05 % in batches of ten
-#: (benchmarks/transfer_sites.py, 5 rounds each); the lines' counts reach
-#: the screen once a second, as top refreshes.
+#: agent's thread in batches of five ticks, 0.04-0.11 % in batches of ten
+#: (benchmarks/transfer_sites.py, runs of 3 and 5 rounds); the lines'
+#: counts reach the screen once a second, as top refreshes.
 TIE_EVERY_TICKS = 10
 #: A fast-path site's arguments are read again this often (seconds).
 DESCRIBE_EVERY_S = 30.0
