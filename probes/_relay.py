@@ -9,7 +9,9 @@ to the original stderr, unchanged and in order, except transfer-guard lines
 that only jaxtop asked for (directions not in SHOWN, e.g. ``h2d,d2d``) and
 other log lines of the severities in SILENCED (e.g. ``IW``). Every guard line
 is reported to the agent on REPORT_FD, counted per distinct message, as
-``G <n> <message>`` (the line without its log header); sync markers written
+``G <n> <message>`` (the line without its log header), and when and on
+which thread each was written as ``T dir,thread,HEX`` (Unix times as
+doubles, a run of lines of one thread per token); sync markers written
 by the agent are removed from the stream and acknowledged as ``S <n>``. When
 writing to the original stderr fails (its reader went away) it reports
 ``B`` once and goes on draining, so the capture can give the program its

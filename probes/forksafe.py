@@ -43,39 +43,13 @@ def ForkLock(reentrant: bool = False):  # noqa: N802 (it stands for a class: a l
     tick beside a busy program, and ``with`` on a native lock runs no Python
     (a wrapper's ``__enter__``/``__exit__`` cost ~0.15 us each hot, several
     times that with cold caches). The child renews each with the locks' own
-    ``_at_fork_reinit`` (what ``threading`` does for its own locks since
-    Python 3.9); a Python without it gets a wrapper that swaps its lock.
+    ``_at_fork_reinit``, what ``threading`` does for its own locks on every
+    Python jaxtop supports (3.9 and later; tests/test_forksafe.py holds a
+    lock across a real fork).
     """
     lock = threading.RLock() if reentrant else threading.Lock()
-    if not hasattr(lock, "_at_fork_reinit"):
-        lock = _SwappedLock(reentrant)
     _locks.add(lock)
     return lock
-
-
-class _SwappedLock:
-    """A lock whose child copy is a new lock (for a Python whose locks cannot renew themselves)."""
-
-    __slots__ = ("_lock", "_reentrant", "__weakref__")
-
-    def __init__(self, reentrant: bool) -> None:
-        self._reentrant = reentrant
-        self._lock: object = threading.RLock() if reentrant else threading.Lock()
-
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return self._lock.acquire(blocking, timeout)
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def _at_fork_reinit(self) -> None:
-        self._lock = threading.RLock() if self._reentrant else threading.Lock()
 
 
 def _renew_in_child() -> None:

@@ -120,7 +120,7 @@ class StderrCapture:
     ) -> None:
         self._on_guard_lines = on_guard_lines
         # When and on which thread each guard line was written: the relay's
-        # ``T dir,thread,HH:MM:SS.ffffff ...`` reports, passed on raw.
+        # ``T dir,thread,HEX ...`` reports (a run's Unix times as doubles), passed on raw.
         self._on_guard_stamps = on_guard_stamps
         self._on_notice = on_notice
         self._on_oom_line = on_oom_line  # an allocator's out-of-memory line (O <line>)
@@ -343,7 +343,7 @@ class StderrCapture:
                 except ValueError:
                     continue
                 self._on_guard_lines(message.decode("utf-8", "replace"), count)
-            elif line.startswith(b"T "):  # T <stamp> ...: when and where the lines above were written
+            elif line.startswith(b"T "):  # T dir,thread,HEX ...: when and where the lines above were written
                 if self._on_guard_stamps is not None:
                     self._on_guard_stamps(line[2:])
             elif line.startswith(b"U "):  # U <line>: guard-like text in a form not recognised
