@@ -23,7 +23,13 @@ CPU of jaxtop's threads (their own thread clocks), of every thread but the
 main one (XLA's too), and of the stderr relay (a child process), as % of one
 core.
 
+``--before DIR`` adds the arms ``counts-before`` and ``sites-before``: the
+same with the jaxtop installed under DIR (an earlier commit, made with
+``pip install --no-deps --target DIR <checkout>``), interleaved with the
+others, so a change is measured before and after in one run.
+
     .venv/bin/python benchmarks/transfer_sites.py --rounds 3
+    .venv/bin/python benchmarks/transfer_sites.py --workloads paced --before /tmp/pre_pkg
     tools/tpu/run.sh chip ... --steps sitescost      # the same on a TPU
 """
 
@@ -106,11 +112,15 @@ print("RESULT " + json.dumps(out), flush=True)
 '''
 
 ARMS = ("jax-log", "counts", "sites")
+BEFORE = "-before"
 
 
 def run_child(arm: str, workload: str, args: argparse.Namespace, script: Path) -> dict:
     env = dict(os.environ, JAX_PLATFORMS=args.platform)
     env.pop("JAXTOP_TRANSFER_SITES", None)
+    if arm.endswith(BEFORE):  # the earlier jaxtop first on the path (the checkout's stays installed)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (args.before, env.get("PYTHONPATH"))))
+        arm = arm[:-len(BEFORE)]
     if arm == "jax-log":
         env["JAX_TRANSFER_GUARD"] = "log"
     else:
@@ -142,14 +152,18 @@ def main() -> int:
                    help="which of numpy, device, eager, scalar, paced (default all)")
     p.add_argument("--platform", default="cpu", help="JAX_PLATFORMS of the children (tpu on the chip)")
     p.add_argument("--json-out")
+    p.add_argument("--before", metavar="DIR", help="also run counts and sites with the jaxtop installed under DIR")
     args = p.parse_args()
+    arms = ARMS + ((f"counts{BEFORE}", f"sites{BEFORE}") if args.before else ())
+    if args.before and not (Path(args.before) / "jaxtop" / "__init__.py").is_file():
+        p.error(f"--before {args.before}: no jaxtop package there (pip install --no-deps --target DIR <checkout>)")
     with tempfile.TemporaryDirectory() as tmp:
         args.sockdir = tmp
         script = Path(tmp) / "child.py"
         script.write_text(CHILD)
         results: dict[tuple[str, str], list[dict]] = {}
         for r in range(args.rounds):
-            order = ARMS if r % 2 == 0 else tuple(reversed(ARMS))
+            order = arms if r % 2 == 0 else tuple(reversed(arms))
             for workload in args.workloads.split(","):
                 for arm in order:
                     result = run_child(arm, workload, args, script)
@@ -160,7 +174,7 @@ def main() -> int:
     print(f"{'workload':<8} {'arm':<8} {'ns/call':>9}   (median of {args.rounds} rounds x {args.blocks} blocks)")
     timed = [w for w in ("numpy", "device", "eager", "scalar") if w in args.workloads.split(",")]
     for workload in timed:
-        for arm in ARMS:
+        for arm in arms:
             per = [ns for res in results[(arm, workload)] for ns in res["ns_per_call"]]
             table[(arm, workload)] = statistics.median(per)
             print(f"{workload:<8} {arm:<8} {table[(arm, workload)]:9.0f}")
@@ -173,14 +187,17 @@ def main() -> int:
         sites = table[("sites", workload)] - table[("counts", workload)]
         print(f"{what:<30}: jaxtop counting {jax_price:+6.0f} ns vs JAX's logging alone; "
               f"tying to lines {sites:+6.0f} ns more")
+        if args.before:
+            print(f"{'':<30}  before: counting {table[('counts' + BEFORE, workload)] - table[('jax-log', workload)]:+6.0f} ns, "
+                  f"tying {table[('sites' + BEFORE, workload)] - table[('counts' + BEFORE, workload)]:+6.0f} ns more")
     print()
-    for arm in ARMS if "paced" in args.workloads.split(",") else ():
+    for arm in arms if "paced" in args.workloads.split(",") else ():
         paced = results[(arm, "paced")]
         rate = statistics.median(r["transfers_per_s"] for r in paced)
         others = statistics.median(r["other_threads_pct_core"] for r in paced)
         relay = [r["relay_pct_core"] for r in paced if "relay_pct_core" in r]
         agent = statistics.median(r["agent_threads_pct_core"] for r in paced)
-        print(f"paced {arm:<8}: {rate:6.0f} transfers/s; jaxtop's threads {agent:5.2f} % of a core"
+        print(f"paced {arm:<13}: {rate:6.0f} transfers/s; jaxtop's threads {agent:5.2f} % of a core"
               f" (all but the main thread {others:5.2f} %)"
               + (f"; relay process {statistics.median(relay):5.2f} %" if relay else ""))
     if args.json_out:

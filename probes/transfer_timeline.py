@@ -281,12 +281,19 @@ def file_calls(batch: Any, offset: float, table: KeyTable, described: bool = Tru
         n = len(records)
         times = np.fromiter(map(_second, records), np.float64, n)
         times += offset
-        codes = table.intern(zip(map(id, map(_third, records)), map(id, map(_fourth, records)), map(_fifth, records)), n)
-        # One record per site (a loop calls a few sites over and over): its
-        # function and code, looked at once.
-        if (codes == codes[0]).all():
+        # By id: a function's or a code object's == may run the program's
+        # code (flax's wrappers define __eq__) or call two objects equal.
+        funs, code_objects = list(map(id, map(_third, records))), list(map(id, map(_fourth, records)))
+        offsets = list(map(_fifth, records))
+        if funs.count(funs[0]) == n and code_objects.count(code_objects[0]) == n and offsets.count(offsets[0]) == n:
+            # One site for the whole batch (a loop calling one jitted step):
+            # counted in C, without a key tuple per note.
+            codes = np.full(n, table.intern(((funs[0], code_objects[0], offsets[0]),), 1)[0], np.int64)
             sites = [records[0]]
         else:
+            # A few sites over and over: one record per site, its function
+            # and code looked at once.
+            codes = table.intern(zip(funs, code_objects, offsets), n)
             sites = [records[i] for i in np.unique(codes, return_index=True)[1].tolist()]
         extras = None
         if described and max(map(len, records)) > 5:  # a call whose arguments were read

@@ -493,3 +493,33 @@ def test_widgets_read_no_wire_keys():
 def test_the_wire_key_scan_catches_a_subscript_and_a_get():
     source = 'def f(p, g):\n    return p.process["rss_bytes"], g.get("gpu_util_percent", "n/a"), p.get(k), p[0]\n'
     assert [key for _, key in _key_reads(source)] in (["rss_bytes", "gpu_util_percent"], ["gpu_util_percent", "rss_bytes"])
+
+
+def test_transfer_rates_are_read_over_seconds_not_one_sample():
+    """The relay passes guard lines on in batches about as often as the agent
+    samples: a steady 1,000 transfers/s reaches the samples as 0, 200, 0,
+    200... The panel's rate is the window's (as the per-line rates are), not
+    0/s or 2,000/s by the phase of the last sample; the timeline keeps each
+    sample's own."""
+    model = Model()
+    model.feed(5, {"type": "hello", "t": 100.0, "pid": 5, "argv": ["x.py"], "interval_s": 0.1})
+    total, seen = 0, []
+    for k in range(1, 41):
+        count = 200 if k % 2 == 0 else 0
+        total += count
+        model.feed(5, {"type": "sample", "t": 100.0 + 0.1 * k, "seq": k, "transfers": {
+            "h2d": {"count": count, "bytes_known": 4 * count, "count_total": total, "bytes_known_total": 4 * total}}})
+        seen.append(model.snapshot().processes[0].transfers["h2d"])
+    assert [round(v.count_per_s) for v in seen[20:]] == [1000] * 20
+    assert [round(v.bytes_known_per_s) for v in seen[20:]] == [4000] * 20
+    assert seen[-1].count_total == 4000
+    # The first sample has nothing before it: its own interval's rate; then
+    # the growth since the first, until the window is full.
+    assert seen[0].count_per_s == 0.0 and round(seen[1].count_per_s) == 2000 and round(seen[2].count_per_s) == 1000
+    # A counter that started over (another agent in the process) is not a
+    # negative rate: that sample's own, then the window from there.
+    for k, total in ((42, 5), (43, 25)):
+        model.feed(5, {"type": "sample", "t": 100.0 + 0.1 * k, "seq": k, "transfers": {
+            "h2d": {"count": total - 5 * (k == 43), "bytes_known": 0, "count_total": total, "bytes_known_total": 0}}})
+        seen.append(model.snapshot().processes[0].transfers["h2d"])
+    assert [round(v.count_per_s) for v in seen[-2:]] == [25, 200]

@@ -92,3 +92,32 @@ def test_the_key_table_forgets_what_no_note_names_and_the_notes_keep_their_keys(
     assert sorted(table.keys) == ["a", "gone too"]  # "gone" and "b": no note names them now
     assert [one.value(i) for i in range(2)] == ["a", ("d", 1)] and two.value(0) == "gone too"
     assert table.intern(["a", "c", None]).tolist() == [table.keys.index("a"), 2, -1]
+
+
+def test_a_batch_of_one_site_gets_one_code_and_any_other_site_in_it_its_own():
+    """The one-site batch is told by identity: two code objects that compare
+    equal (the same source exec'd twice) and a function whose == says yes to
+    everything are still other sites."""
+
+    class EqualToAll:
+        def __eq__(self, other):
+            return True
+
+        __hash__ = object.__hash__
+
+    src = "def step():\n    pass\n"
+    first, second = ({}, {})
+    exec(compile(src, "loop.py", "exec"), first)
+    exec(compile(src, "loop.py", "exec"), second)
+    code_a, code_b = first["step"].__code__, second["step"].__code__
+    assert code_a == code_b and code_a is not code_b
+    f, g = EqualToAll(), EqualToAll()
+    table = KeyTable()
+    same = [(1, 0.1 * i, f, code_a, 8) for i in range(5)]
+    ((_, _, codes, _, funs, code_objects),) = file_calls(same, 0.0, table)
+    assert codes.tolist() == [0] * 5 and table.keys == [(id(f), id(code_a), 8)]
+    assert list(funs.values()) == [f] and list(code_objects.values()) == [code_a]
+    for other in ((1, 0.6, g, code_a, 8), (1, 0.6, f, code_b, 8), (1, 0.6, f, code_a, 10)):
+        ((_, _, codes, _, funs, _),) = file_calls(same + [other], 0.0, table)
+        assert codes.tolist()[:5] == [0] * 5 and codes[5] != 0
+        assert table.keys[codes[5]] == (id(other[2]), id(other[3]), other[4]) and len(funs) == 1 + (other[2] is g)

@@ -404,16 +404,21 @@ class Model(HistoryFeed):
         transfers = protocol.obj_of(rec.get("transfers"))
         row: dict[str, Any] = {}
         rates: dict[str, dict[str, Any]] = {}
-        for d in DIRECTIONS:
-            tr = protocol.obj_of(transfers.get(d))
+        by_direction = [protocol.obj_of(transfers.get(d)) for d in DIRECTIONS]
+        # The panel's rates: over the last seconds of totals (a sample's own
+        # count swings with the relay's batches). The timelines draw each
+        # sample's own.
+        windowed = proc.transfer_window.add(t, [number(tr.get(k)) for tr in by_direction
+                                                for k in ("count_total", "bytes_known_total")])
+        for i, (d, tr) in enumerate(zip(DIRECTIONS, by_direction)):
             span = dt if dt is not None else interval
             count, nbytes = number(tr.get("count")), number(tr.get("bytes_known"))
             rate = count / span if count is not None else None
             brate = nbytes / span if nbytes is not None else None
             row[f"{d}_per_s"], row[f"{d}_bytes_per_s"] = rate, brate
             rates[d] = {
-                "count_per_s": rate,
-                "bytes_known_per_s": brate,
+                "count_per_s": windowed[2 * i] if windowed[2 * i] is not None else rate,
+                "bytes_known_per_s": windowed[2 * i + 1] if windowed[2 * i + 1] is not None else brate,
                 "count_total": tr.get("count_total"),
                 "bytes_known_total": tr.get("bytes_known_total"),
                 "count_bytes_unknown_total": tr.get("count_bytes_unknown_total"),

@@ -334,9 +334,10 @@ class CaptureView:
 
 @dataclass(frozen=True)
 class TransferView:
-    """Implicit transfers of one direction: this interval's rates, and
-    totals since the agent started. Bytes are a lower bound (a cached jit
-    call logs no shapes)."""
+    """Implicit transfers of one direction: rates over the last seconds of
+    samples (``jaxtop.dashboard.counter_window``; the first sample's own
+    interval until there are two), and totals since the agent started.
+    Bytes are a lower bound (a cached jit call logs no shapes)."""
 
     count_per_s: float | None = None
     bytes_known_per_s: float | None = None

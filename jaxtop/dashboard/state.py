@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxtop.dashboard.counter_window import CounterWindow
 from jaxtop.dashboard.history import History
 from jaxtop.dashboard.holders import HoldersFold
 from jaxtop.dashboard.transfer_sites import TransferSitesFold
@@ -55,6 +56,9 @@ class ProcessModel:
         self.last_t: float | None = None  # agent time of the last sample
         self.last_recv: float | None = None  # our monotonic clock at receipt
         self.rates: dict[str, dict[str, Any]] = {}
+        # Each direction's count and known bytes since start, per sample: the
+        # rates shown are over a window of them, as the per-line rates are.
+        self.transfer_window = CounterWindow()
         self.last_profile: dict[str, Any] | None = None
         self.holders = HoldersFold()
         self.transfer_sites = TransferSitesFold()  # which line makes each implicit transfer

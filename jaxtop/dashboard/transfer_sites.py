@@ -20,15 +20,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from jaxtop.dashboard.counter_window import RATE_WINDOW_S
+
 __all__ = [
     "RATE_WINDOW_S", "SCALAR_ADVICE", "ScalarSummary", "TransferArgView", "TransferSiteView", "TransferSitesFold",
     "TransferSitesView", "fold_transfer_sites",
 ]
 
-#: Seconds of samples a site's rate is measured over: long enough that a
-#: line matched a tick late (the agent waits for the call that logged it)
-#: still counts in the same second, short enough to follow a loop's phases.
-RATE_WINDOW_S = 2.0
 #: Totals kept per site at most: a window holds a few fields (the agent
 #: sends one per batch of ticks, once a second; older agents up to ten a
 #: second, 21 a window); a hostile recording with a clock that creeps by nanoseconds
