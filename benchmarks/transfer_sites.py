@@ -18,10 +18,12 @@ Workloads, timed in the program's thread (median ns per call over blocks):
 * ``scalar``: an eager op with a Python scalar (``x + 1.0``): the scalar is
   copied to the device, one transfer a call, at the highest rate jax allows.
 
-Then ``paced``: 1,000 transfers a second for ``--paced-s`` seconds; the
-CPU of jaxtop's threads (their own thread clocks), of every thread but the
-main one (XLA's too), and of the stderr relay (a child process), as % of one
-core.
+Then ``paced``: 1,000 transfers a second for ``--paced-s`` seconds (after
+``--paced-warmup-s`` more); the CPU of jaxtop's threads (their own thread
+clocks), of every thread but the main one (XLA's too), and of the stderr
+relay (a child process), as % of one core, and the interval the agent
+samples at by then (it stretches it while over its CPU ceiling:
+``jaxtop.agent.cadence``).
 
 ``--before DIR`` adds the arms ``counts-before`` and ``sites-before``: the
 same with the jaxtop installed under DIR (an earlier commit, made with
@@ -48,6 +50,7 @@ from pathlib import Path
 CHILD = r'''
 import json, os, sys, time, threading
 mode, workload, calls, blocks, paced_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+warmup_s = float(sys.argv[6])
 if mode != "jax-log":
     import jaxtop
     handle = jaxtop.instrument()
@@ -89,22 +92,32 @@ else:
         r0 = relay.cpu_times() if relay else None
     except Exception:
         relay = None
+    def paced(seconds):  # 1,000 calls a second; returns how many were made
+        n, start = 0, time.perf_counter()
+        next_t = start
+        while time.perf_counter() - start < seconds:
+            one(); n += 1
+            next_t += 0.001
+            pause = next_t - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+        return n
+    paced(warmup_s)  # the agent's first windows: it may settle its interval
     agents = [t for t in threading.enumerate() if t.name.startswith("jaxtop")]
     clocks = [time.pthread_getcpuclockid(t.ident) for t in agents]
     agent0 = sum(time.clock_gettime(c) for c in clocks)
     main0, proc0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
-    n, next_t = 0, time.perf_counter()
-    while time.perf_counter() - wall0 < paced_s:
-        one(); n += 1
-        next_t += 0.001
-        pause = next_t - time.perf_counter()
-        if pause > 0:
-            time.sleep(pause)
+    n = paced(paced_s)
     wall = time.perf_counter() - wall0
     others = (time.process_time() - proc0) - (time.thread_time() - main0)
     out["transfers_per_s"] = n / wall
     out["other_threads_pct_core"] = 100 * others / wall
     out["agent_threads_pct_core"] = 100 * (sum(time.clock_gettime(c) for c in clocks) - agent0) / wall
+    if mode != "jax-log":
+        meter = getattr(handle.agent, "_meter", None)
+        interval = getattr(handle.agent, "interval_s", None)
+        if meter is not None and hasattr(meter, "tick_stretch") and interval:
+            out["tick_s"] = interval * meter.tick_stretch  # the interval the agent runs at (0.1 s asked)
     if relay is not None:
         r1 = relay.cpu_times()
         out["relay_pct_core"] = 100 * ((r1.user - r0.user) + (r1.system - r0.system)) / wall
@@ -129,7 +142,8 @@ def run_child(arm: str, workload: str, args: argparse.Namespace, script: Path) -
         if arm == "counts":
             env["JAXTOP_TRANSFER_SITES"] = "0"
     proc = subprocess.Popen([sys.executable, str(script), arm, workload, str(args.calls), str(args.blocks),
-                             str(args.paced_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                             str(args.paced_s), str(args.paced_warmup_s)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     # The guard's lines (jax-log arm) drained as jaxtop's relay drains them.
     errors: list[bytes] = []
     drain = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
@@ -148,6 +162,9 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=20000, help="calls per timed block")
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--paced-s", type=float, default=10.0)
+    p.add_argument("--paced-warmup-s", type=float, default=0.0,
+                   help="paced transfers before the measured ones (the agent measures its share over 10 s "
+                        "windows and may stretch its interval after the first: 25 shows the settled state)")
     p.add_argument("--workloads", default="numpy,device,eager,scalar,paced",
                    help="which of numpy, device, eager, scalar, paced (default all)")
     p.add_argument("--platform", default="cpu", help="JAX_PLATFORMS of the children (tpu on the chip)")
@@ -197,9 +214,11 @@ def main() -> int:
         others = statistics.median(r["other_threads_pct_core"] for r in paced)
         relay = [r["relay_pct_core"] for r in paced if "relay_pct_core" in r]
         agent = statistics.median(r["agent_threads_pct_core"] for r in paced)
+        ticks = [r["tick_s"] for r in paced if "tick_s" in r]
         print(f"paced {arm:<13}: {rate:6.0f} transfers/s; jaxtop's threads {agent:5.2f} % of a core"
               f" (all but the main thread {others:5.2f} %)"
-              + (f"; relay process {statistics.median(relay):5.2f} %" if relay else ""))
+              + (f"; relay process {statistics.median(relay):5.2f} %" if relay else "")
+              + (f"; sampling every {statistics.median(ticks):.3f} s" if ticks else ""))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({f"{a}/{w}": v for (a, w), v in results.items()}, indent=1))
     return 0

@@ -195,6 +195,8 @@ class TransferSitesProbe(CallNotes):
         self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
         self._waited = 0  # ticks with lines waiting since the last tie
         self._history_wait = 0  # ticks since the sites' last history entry
+        self._history_t: float | None = None  # when the last entry was made
+        self._history_s: float | None = None  # the seconds between the last two
         self.tie_every = TIE_EVERY_TICKS
         self._tie_asked = False
         # id(function) -> (a weak reference to it, (name, op, parameters)).
@@ -239,7 +241,7 @@ class TransferSitesProbe(CallNotes):
             # finds the agent's caches warm once, not ten times).
             self._waited += 1
             if not (tick.final or self._tie_asked or self._waited >= self.tie_every or len(self._calls) > RING // 4):
-                self._history_tick()
+                self._history_tick(tick.now)
                 return None
             if self._waited >= self.tie_every:  # a batch's regular end: its history entry now
                 self._history_wait = self.tie_every - 1
@@ -264,7 +266,7 @@ class TransferSitesProbe(CallNotes):
                 old = self._held.popleft()
                 if old:  # a line the relay reports later than this cannot be tied: never to a later call
                     self._dropped_until = max(self._dropped_until, old[-1][1] + self._wall_offset)
-        self._history_tick()
+        self._history_tick(tick.now)
         if not self._changed and not tick.final:
             for site in self._sites.values():
                 site.interval = 0
@@ -275,13 +277,18 @@ class TransferSitesProbe(CallNotes):
             site.interval = 0
         return out
 
-    def _history_tick(self) -> None:
+    def _history_tick(self, now: float) -> None:
         """Each site's history gets an entry every batch's span (quiet
-        spells and ties asked for early included: the entries stay even)."""
+        spells and ties asked for early included: the entries stay even).
+        The span's seconds are measured: the agent's ticks come less often
+        while it is at its CPU ceiling."""
         self._history_wait += 1
         if self._history_wait < self.tie_every:
             return
         self._history_wait = 0
+        if self._history_t is not None and now > self._history_t:
+            self._history_s = now - self._history_t
+        self._history_t = now
         for site in self._sites.values():
             if site.unlogged or site.history:
                 site.history.append(site.unlogged)
@@ -575,4 +582,6 @@ class TransferSitesProbe(CallNotes):
             "unattributed_reasons": dict(self._reasons),
             "pending": sum(map(len, self._pending.values())),
             "history_ticks": self.tie_every,
+            # The seconds one history entry spans (None until two were made).
+            "history_s": round(self._history_s, 3) if self._history_s is not None else None,
         }

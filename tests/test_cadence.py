@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from jaxtop.agent import cadence
 from jaxtop.agent.cadence import Allowance, SelfMeter
 
 
@@ -62,3 +63,39 @@ def test_seconds_the_process_was_stopped_earn_nothing_and_are_not_idle():
     meter.shift(100.0)
     meter.update(110.0, 0.08, (a,))  # 0.08 s of CPU over the 10 s it ran, not over 110 s
     assert meter.share == pytest.approx(0.008)
+
+
+def test_over_its_ceiling_the_agent_samples_less_often_and_comes_back_when_under():
+    meter = SelfMeter(budget=0.004, window_s=10.0, ceiling=0.005)
+    meter.update(0.0, 0.0, ())
+    meter.update(10.0, 0.04, ())  # 0.4 % of a core: under the target (85 % of the ceiling)
+    assert meter.tick_stretch == 1.0
+    meter.update(20.0, 0.04 + 0.085, ())  # 0.85 %: twice the target
+    assert meter.tick_stretch == pytest.approx(2.0)
+    meter.update(30.0, 0.125 + 0.039, ())  # 0.39 %: within a fifth under the target, the interval stays
+    assert meter.tick_stretch == pytest.approx(2.0)
+    meter.update(40.0, 0.164 + 0.017, ())  # 0.17 %: the program stopped transferring
+    assert meter.tick_stretch == 1.0  # never faster than asked
+    meter.update(50.0, 0.181 + 1.0, ())  # 10 % of a core (a runaway): at most 4 times the interval
+    assert meter.tick_stretch == cadence.MAX_TICK_STRETCH == 4.0
+
+
+@pytest.mark.parametrize("per_tick_us,per_s_share", [(380, 0.0012), (600, 0.0015), (250, 0.0005)])
+def test_the_stretch_brings_a_steady_program_under_the_ceiling(per_tick_us, per_s_share):
+    """An agent whose cost is per tick plus per second of work (reading and
+    tying a thousand transfers a second), as measured on a 2-core VM (380 us
+    a tick at 10 Hz, 0.12 % of a core of the rest) and a slower sandbox."""
+    meter = SelfMeter(window_s=10.0)
+    t, cpu = 0.0, 0.0
+    meter.update(t, cpu, ())
+    shares = []
+    for _ in range(12):
+        rate = 10.0 / meter.tick_stretch
+        t, cpu = t + 10.0, cpu + 10.0 * (rate * per_tick_us * 1e-6 + per_s_share)
+        meter.update(t, cpu, ())
+        shares.append(meter.share)
+    assert shares[-1] <= cadence.CPU_CEILING
+    if shares[0] > cadence.CPU_CEILING * cadence.TICK_TARGET:
+        assert 0.8 * cadence.CPU_CEILING * cadence.TICK_TARGET <= shares[-1] <= cadence.CPU_CEILING * 0.9
+    else:
+        assert meter.tick_stretch == 1.0

@@ -94,3 +94,24 @@ def test_memory_map_says_why_device_put_buffers_are_unplaced():
     assert '"not asked": buffers whose address only a new Array would tell' in HELP_NOTES
     assert "without an address" not in caption  # all 10 accounted for: 7 placed, 3 explained
 
+
+
+def test_the_host_panel_says_when_jaxtop_samples_less_often_than_asked():
+    """At its CPU ceiling the agent stretches its interval: the screen says
+    so (the timelines would otherwise just look coarse), at every width."""
+    from jaxtop.dashboard.model import Model
+    from jaxtop.testing import synthetic
+    from jaxtop.widgets.panels import HostPanel
+
+    def host_lines(tick_s, width):
+        model = Model(clock=lambda: 0.0)
+        model.feed(1, synthetic.hello(1, 1, 1000.0))
+        for rec in synthetic.samples(1, 1, 1000.0, 10):
+            model.feed(1, rec)
+        model.feed(1, {"type": "sample", "t": 1001.2, "seq": 11, "agent": {
+            "cpu_share": 0.0046, "ceiling_share": 0.005, "tick_s": tick_s}})
+        return _panel_text(HostPanel(), model.snapshot(selected=0, window_s=60.0, now=1001.2), width=width)
+
+    assert "sampled every" not in host_lines(0.1, 120)  # as asked: nothing to say
+    assert "sampled every 0.25 s (jaxtop at its 0.5% CPU ceiling)" in host_lines(0.25, 120)
+    assert "sampled every 0.25 s" in host_lines(0.25, 40)

@@ -130,9 +130,11 @@ def test_lines_are_tied_in_batches_of_ticks_and_none_is_lost():
     for k in range(2 * TIE_EVERY_TICKS):
         _call(probe, t0 + k * 0.01 + 0.001, 10 + k % 2)
         probe.take_stamps(_stamp("h2d", me, t0 + k * 0.01))
-        fields.append(probe.on_tick(Tick(now=time.time())))
+        # Ticks 0.13 s apart (an agent at its CPU ceiling): each batch spans 1.3 s.
+        fields.append(probe.on_tick(Tick(now=t0 + 0.5 + 0.13 * k)))
     tied = [f for f in fields if f is not None]
     assert len(tied) == 2 and fields[TIE_EVERY_TICKS - 1] is tied[0]  # one field a batch
+    assert tied[0]["history_s"] is None and tied[1]["history_s"] == pytest.approx(0.13 * TIE_EVERY_TICKS)
     assert _sites(tied[-1]) == {("h2d", 10, "step"): TIE_EVERY_TICKS, ("h2d", 11, "step"): TIE_EVERY_TICKS}
     assert tied[-1]["unattributed"] == {} and tied[-1]["pending"] == 0
     # One history entry a batch, holding that batch's lines.

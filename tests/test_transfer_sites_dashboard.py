@@ -157,6 +157,24 @@ def test_one_field_alone_reads_its_history_at_the_agents_batch_period():
     assert step.count_per_s == pytest.approx(30.0)
 
 
+def test_one_field_alone_reads_its_history_at_the_seconds_the_agent_measured():
+    """An agent at its CPU ceiling ticks less often than the hello's interval:
+    its batches span the seconds it says (history_s), not 10 intervals."""
+    records = stream(n=44)
+    last = records[-1]
+    for site in last["transfer_sites"]["sites"]:
+        site["history"] = [15] * 30
+    last["transfer_sites"]["history_ticks"] = 10
+    last["transfer_sites"]["history_s"] = 2.5  # ticks 0.25 s apart, not 0.1 s
+    view = model_of([records[0], last]).snapshot(now=0.0).processes[0].transfer_sites
+    step = next(s for s in view.sites if s.callee == "step")
+    assert step.count_per_s == pytest.approx(6.0) and view.history_s == 2.5
+    for odd in (float("nan"), -1.0, 1e9, "2.5", True):  # a hostile or broken field: the ticks' period
+        last["transfer_sites"]["history_s"] = odd
+        view = model_of([records[0], last]).snapshot(now=0.0).processes[0].transfer_sites
+        assert view.history_s == pytest.approx(1.0)
+
+
 def test_a_recording_whose_clock_stands_still_does_not_grow_the_fold():
     from jaxtop.dashboard.transfer_sites import TOTALS_KEPT
 

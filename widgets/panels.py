@@ -399,9 +399,16 @@ class HostPanel(Panel):
             compiles = "n/a"
         else:
             compiles = f"{total} ({seconds:.1f}s)" if seconds is not None else str(total)
-        line3 = Text(
-            f" compiles {compiles}  failed donations {_or_na(proc.donation.failed_total)}",
-            no_wrap=True, overflow="ellipsis")
+        base = f" compiles {compiles}  failed donations {_or_na(proc.donation.failed_total)}"
+        choices3 = [base]
+        agent = proc.agent
+        if agent is not None and agent.stretched(proc.interval_s):
+            # jaxtop's own thread hit its CPU ceiling: it samples less often
+            # than asked, and the screen says so rather than look slow.
+            every = f"sampled every {agent.tick_s:.2g} s"
+            ceiling = f" (jaxtop at its {agent.ceiling_share:.1%} CPU ceiling)" if agent.ceiling_share else ""
+            choices3 = [f"{base}  {every}{ceiling}", f"{base}  {every}", f" compiles {compiles}  {every}", f" {every}"]
+        line3 = Text(fitting(choices3, width), no_wrap=True, overflow="ellipsis")
         line2 = host_accelerator_line(proc, snap.device, snap.devices, width)
         return Group(panel_title(title), line1, *([line2] if line2 is not None else []), line3)
 

@@ -24,6 +24,20 @@ for what goes on the wire) and pays for what the last run actually cost:
 :class:`SelfMeter` measures the agent thread's own CPU share over a window;
 when the thread as a whole is over :data:`CPU_BUDGET` (many devices, many
 clients), every allowance fills proportionally slower.
+
+The ticks themselves have a cost no allowance pays for: waking ten times a
+second, reading each probe's cheap totals, keeping the sample. On a small
+VM the wake-up alone costs ~100 us of the thread's CPU (0.1 % of a core at
+10 Hz; measured on a 2-core Firecracker VM), and a program making a
+thousand implicit transfers a second adds reading, counting and tying them
+to lines: the thread then reads ~0.5 % of a core at 10 Hz on that VM, more
+on a TPU VM's gVisor sandbox, whose system calls cost more. So the thread's
+share has a ceiling, :data:`CPU_CEILING`: while the share over a window is
+above :data:`TICK_TARGET` of it, the tick interval stretches in proportion
+(at most :data:`MAX_TICK_STRETCH` times the one asked for), and it comes
+back as the share falls. Samples stay exact: every counter is cumulative
+and each sample says its own time; the agent's record says the interval it
+runs at (``tick_s``) and why.
 """
 
 from __future__ import annotations
@@ -31,8 +45,18 @@ from __future__ import annotations
 import time
 from collections import deque
 
-#: Share of one core the whole agent thread aims to stay under.
+#: Share of one core the whole agent thread aims to stay under: over it,
+#: the costly details run less often.
 CPU_BUDGET = 0.004
+#: Share of one core the agent thread stays under whatever the program
+#: does: over :data:`TICK_TARGET` of it, the ticks come less often.
+CPU_CEILING = 0.005
+#: The share the tick interval is stretched to reach when over the ceiling's
+#: target: a margin below the ceiling for the window-to-window spread (the
+#: share of runs of the same program spreads by about +-0.05 % of a core).
+TICK_TARGET = 0.85
+#: The tick interval never stretches beyond this many times the one asked for.
+MAX_TICK_STRETCH = 4.0
 #: Share of one core granted to the live-array scan (the exact totals).
 SCAN_SHARE = 0.001
 #: Share granted to deriving the detail (top buffers, address map, holes).
@@ -116,13 +140,18 @@ class Allowance:
 
 class SelfMeter:
     """The agent thread's CPU share over the last :data:`SELF_WINDOW_S`,
-    and the slowdown it sets on allowances while over :data:`CPU_BUDGET`."""
+    the slowdown it sets on allowances while over :data:`CPU_BUDGET`, and
+    the tick stretch that keeps it under :data:`CPU_CEILING`."""
 
-    def __init__(self, budget: float = CPU_BUDGET, window_s: float = SELF_WINDOW_S) -> None:
+    def __init__(self, budget: float = CPU_BUDGET, window_s: float = SELF_WINDOW_S,
+                 ceiling: float = CPU_CEILING) -> None:
         self.budget = budget
         self.window_s = window_s
+        self.ceiling = ceiling
         self.share: float | None = None
         self.pressure = 1.0
+        #: The tick interval is this many times the one asked for (1: as asked).
+        self.tick_stretch = 1.0
         self._start: tuple[float, float] | None = None  # (monotonic, thread CPU)
 
     def shift(self, gap: float) -> None:
@@ -141,7 +170,20 @@ class SelfMeter:
         self.pressure = min(MAX_PRESSURE, max(1.0, self.pressure * self.share / self.budget))
         for allowance in allowances:
             allowance.slowdown = self.pressure
+        self.tick_stretch = self._stretch(self.share)
         self._start = (mono, thread_cpu)
+
+    def _stretch(self, share: float) -> float:
+        """The tick stretch for the next window. Most of a tick's cost is
+        per tick, so the share falls about in proportion as the interval
+        grows: over the target the interval grows by share/target, under a
+        fifth below it shrinks the same way (never under the one asked for);
+        in between it stays (runs of one program spread that much)."""
+        target = self.ceiling * TICK_TARGET
+        stretch = self.tick_stretch
+        if share > target or (stretch > 1.0 and share < 0.8 * target):
+            stretch *= share / target
+        return min(MAX_TICK_STRETCH, max(1.0, stretch))
 
 
 class StopDetector:

@@ -92,10 +92,12 @@ class AgentLoop:
                         self._tick(slow=slow)
                     except Exception as exc:  # a probe failed: the next tick may do better
                         self._loop_error("sampling", exc)
+                    # Stretched while the thread is over its CPU ceiling (jaxtop.agent.cadence).
+                    interval = self.interval_s * self._meter.tick_stretch
                     if not asked or now >= next_tick:
-                        next_tick += self.interval_s
+                        next_tick += interval
                     if next_tick < now:  # fell behind (suspended): don't burst
-                        next_tick = now + self.interval_s
+                        next_tick = now + interval
         except Exception:
             # Only the selector itself gets here. The agent dies quietly
             # rather than disturb the program; the reason goes to clients
@@ -223,6 +225,10 @@ class AgentLoop:
             "thread_cpu_s_total": round(thread_cpu, 6),
             "budget_share": cadence.CPU_BUDGET,
             "cpu_share": _rounded(self._meter.share),
+            # The thread stays under this share: over it the ticks come less
+            # often; tick_s is the interval it runs at now (interval_s asked).
+            "ceiling_share": self._meter.ceiling,
+            "tick_s": _rounded(self.interval_s * self._meter.tick_stretch, 4),
             "scan_interval_s": _rounded(devices.scan_interval_s, 3),
             "scan_cpu_s": _rounded(devices.scan_cpu_s),
             "detail_interval_s": _rounded(devices.detail_interval_s, 3),

@@ -356,7 +356,7 @@ class Model(HistoryFeed):
         dt = (t - proc.last_t) if proc.last_t is not None else None
         if dt is not None and dt <= 0:
             dt = None
-        interval = proc.interval_s
+        interval = proc.tick_s
         if rec.get("present") is True and proc.history_loading and proc.present_t is None:
             proc.present_t = t  # the history that follows is older than this
         if proc.history_loading and any(k in rec for k in HOLDERS_FIELDS):
@@ -371,6 +371,8 @@ class Model(HistoryFeed):
             proc.demo = rec["demo"]
         if isinstance(rec.get("accelerator"), dict):
             proc.accelerator = rec["accelerator"]
+        if isinstance(rec.get("agent"), dict):
+            proc.agent = rec["agent"]
         if proc.state in (CONNECTING, STALE, DISCONNECTED):
             proc.state = LIVE
         nvml_by_index, jax_to_nvml = gpus_by_index(rec.get("nvml")), proc.jax_to_nvml
@@ -485,7 +487,7 @@ class Model(HistoryFeed):
             for proc in self.processes.values():
                 if proc.state not in (LIVE, STALE) or proc.last_recv is None:
                     continue
-                state = STALE if now - proc.last_recv > STALE_INTERVALS * max(proc.interval_s, 0.05) else LIVE
+                state = STALE if now - proc.last_recv > STALE_INTERVALS * max(proc.tick_s, 0.05) else LIVE
                 if state != proc.state:
                     proc.state = state
                     self.version += 1
@@ -516,7 +518,7 @@ class Model(HistoryFeed):
                         behind = max(behind, p.present_t - reached)
                     continue
                 lag = wall - p.last_t
-                if lag > max(LOADING_LAG_S, STALE_INTERVALS * p.interval_s):
+                if lag > max(LOADING_LAG_S, STALE_INTERVALS * p.tick_s):
                     samples += p.samples
                     behind = max(behind, lag)
         return (samples, behind) if (behind or history) else None

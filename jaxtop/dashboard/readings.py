@@ -19,7 +19,7 @@ from typing import Any, Iterator, Mapping
 from jaxtop.wire import protocol, schema
 
 __all__ = [
-    "BufferView", "CaptureView", "CompileView", "DonationView", "GpuView", "HostView", "NvmlStatusView",
+    "AgentView", "BufferView", "CaptureView", "CompileView", "DonationView", "GpuView", "HostView", "NvmlStatusView",
     "NvmlView", "ProfileSiteView", "ProfileView", "TopShapeView", "TransferView", "device_order", "gpus_by_index",
     "is_device_id", "number", "nvml_of_devices", "odd_figures", "odd_fields",
 ]
@@ -204,6 +204,31 @@ class HostView:
             threads=number(p.get("threads")),
             started_t=number(p.get("started_t")),
         )
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """What jaxtop's agent thread costs the process (the sample's ``agent``,
+    once a second): its share of one core over its last 10 s (None for the
+    first 10 s), the share it stays under, and the interval it samples at
+    (longer than asked while it is at that ceiling)."""
+
+    cpu_share: float | None = None
+    ceiling_share: float | None = None
+    tick_s: float | None = None
+
+    @classmethod
+    def from_wire(cls, value: Any) -> AgentView | None:
+        a = _obj(value)
+        if not a:
+            return None
+        tick = number(a.get("tick_s"))
+        return cls(cpu_share=number(a.get("cpu_share")), ceiling_share=number(a.get("ceiling_share")),
+                   tick_s=tick if tick is not None and 0 < tick <= 86400 else None)
+
+    def stretched(self, interval_s: float) -> bool:
+        """True while the agent samples less often than asked (at its CPU ceiling)."""
+        return self.tick_s is not None and self.tick_s > interval_s * 1.05
 
 
 @dataclass(frozen=True)

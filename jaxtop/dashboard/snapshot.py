@@ -16,7 +16,7 @@ from jaxtop.dashboard.ledger import JitFunction
 from jaxtop.wire.timeline import LIVE_COUNT_NA
 from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.dashboard.readings import (
-    BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
+    AgentView, BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
     TopShapeView, TransferView, gpus_by_index, number,
 )
 from jaxtop.dashboard.views import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, unheld_of
@@ -91,11 +91,12 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         external=protocol.text_of(external.get("note")),
         nvml=NvmlView.from_wire(latest.get("nvml")),
         holders=p.holders.view(),
-        transfer_sites=p.transfer_sites.view(p.last_t, p.interval_s),
+        transfer_sites=p.transfer_sites.view(p.last_t, p.tick_s),
         oom_censuses=tuple(census_view(c, census_views) for c in p.oom_censuses),
         jax_version=protocol.text_of(p.versions.get("jax")),
         accelerator=AcceleratorView.from_wire(p.accelerator),
         largest_call=largest_call,
+        agent=AgentView.from_wire(p.agent),
     )
 
 

@@ -57,6 +57,14 @@ def _process_lines(p: ProcessView) -> list[str]:
     if p.capture.available is False:
         out.append(f"  transfers: {na(p.capture.na_reason)}")
     out.append(f"  compiles {p.compile.count_total}  failed donations {p.donation.failed_total}")
+    agent = p.agent
+    if agent is not None and agent.cpu_share is not None:
+        line = f"  jaxtop's agent thread {agent.cpu_share:.2%} of a core"
+        if agent.stretched(p.interval_s):
+            line += f", sampling every {agent.tick_s:.2g} s (asked {p.interval_s:.2g} s): at its CPU ceiling"
+            if agent.ceiling_share:
+                line += f" of {agent.ceiling_share:.1%}"
+        out.append(line)
     return out
 
 

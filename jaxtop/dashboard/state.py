@@ -19,6 +19,7 @@ from jaxtop.dashboard.history import History
 from jaxtop.dashboard.holders import HoldersFold
 from jaxtop.dashboard.transfer_sites import TransferSitesFold
 from jaxtop.dashboard.views import CONNECTING
+from jaxtop.wire import protocol
 from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor
 
 __all__ = ["ProcessModel", "_DeviceState"]
@@ -76,6 +77,7 @@ class ProcessModel:
         self.samples = 0  # samples applied so far (a loading indicator counts them)
         self.devices_refused = False  # a device beyond MAX_DEVICES was left out (said once)
         self.interval_s = 0.1  # the hello's interval_s, where it is a positive number
+        self.agent: dict[str, Any] | None = None  # the last sample's `agent` (sent once a second)
         self.odd_said: set[str] = set()  # what the stream held that could not be shown (each said once)
         self.latest_checked: dict[str, Any] | None = None  # the latest sample whose figures were checked
         # History sent after the present (hello.history.present_first): the
@@ -98,3 +100,10 @@ class ProcessModel:
         self.coarse_first_t: float | None = None  # …from where it starts
         self.coarse_merged_at = 0.0  # model clock
         self.present_holders: list[dict[str, Any]] = []  # the same of the present and later samples
+
+    @property
+    def tick_s(self) -> float:
+        """The interval the agent samples at now: longer than the hello's
+        while the agent is at its CPU ceiling (it says so once a second)."""
+        tick = protocol.finite(self.agent.get("tick_s")) if self.agent else None
+        return max(self.interval_s, tick) if tick is not None and 0 < tick <= 86400 else self.interval_s

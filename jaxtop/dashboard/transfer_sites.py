@@ -331,9 +331,12 @@ class TransferSitesFold:
 
     def _build(self, now: float | None, interval_s: float) -> TransferSitesView:
         field_ = self._field or {}
-        # A history entry is this many sample intervals (the agent ties its
-        # lines in batches of ticks; an older agent sent one per tick).
-        period = interval_s * max(1, min(100, _int(field_.get("history_ticks")) or 1))
+        # A history entry spans the seconds the agent measured, else this
+        # many sample intervals (the agent ties its lines in batches of
+        # ticks; an older agent sent one per tick).
+        period = _num(field_.get("history_s"))
+        if period is None or not 0 < period <= 3600:
+            period = interval_s * max(1, min(100, _int(field_.get("history_ticks")) or 1))
         now_t = now if now is not None and self._field_t is not None and now >= self._field_t else self._field_t
         quiet_ticks = 0
         if now_t is not None and self._field_t is not None and period > 0:

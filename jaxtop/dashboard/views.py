@@ -20,7 +20,7 @@ from jaxtop.dashboard.ledger import JitFunction
 from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.dashboard.transfer_sites import TransferSitesView
 from jaxtop.dashboard.readings import (
-    BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
+    AgentView, BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
     TopShapeView, TransferView,
 )
 
@@ -211,6 +211,9 @@ class ProcessView:
     #: when it changes); None where the stream carried none (not a TPU, an
     #: older agent).
     accelerator: AcceleratorView | None = None
+    #: What jaxtop's agent thread costs and the interval it samples at
+    #: (None before its first report, or from an agent that sends none).
+    agent: AgentView | None = None
     #: The jitted function whose call holds the most while queued (outputs
     #: and temporaries: :meth:`LedgerView.largest_call`), from the ledger.
     largest_call: JitFunction | None = None
