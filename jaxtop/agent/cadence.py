@@ -32,10 +32,10 @@ VM the wake-up alone costs ~100 us of the thread's CPU (0.1 % of a core at
 thousand implicit transfers a second adds reading, counting and tying them
 to lines: the thread then reads ~0.5 % of a core at 10 Hz on that VM, more
 on a TPU VM's gVisor sandbox, whose system calls cost more. So the thread's
-share has a ceiling, :data:`CPU_CEILING`: while the share over a window is
-above :data:`TICK_TARGET` of it, the tick interval stretches in proportion
-(at most :data:`MAX_TICK_STRETCH` times the one asked for), and it comes
-back as the share falls. Samples stay exact: every counter is cumulative
+share has a ceiling, :data:`CPU_CEILING`: while the share over the last
+windows is above :data:`TICK_TARGET` of it, the tick interval stretches
+until it is not (at most :data:`MAX_TICK_STRETCH` times the one asked for),
+and it comes back as the share falls (:meth:`SelfMeter._stretch`). Samples stay exact: every counter is cumulative
 and each sample says its own time; the agent's record says the interval it
 runs at (``tick_s``) and why.
 """
@@ -57,6 +57,11 @@ CPU_CEILING = 0.005
 TICK_TARGET = 0.85
 #: The tick interval never stretches beyond this many times the one asked for.
 MAX_TICK_STRETCH = 4.0
+#: The stretch follows the mean of this many windows: one window's share
+#: spreads (a TPU VM's thread clock counts in 10 ms, 0.1 % of a core over
+#: 10 s; a jit-ledger pass or a profile lands in one window), and a
+#: training loop's cost is steady.
+TICK_WINDOWS = 3
 #: Share of one core granted to the live-array scan (the exact totals).
 SCAN_SHARE = 0.001
 #: Share granted to deriving the detail (top buffers, address map, holes).
@@ -152,6 +157,9 @@ class SelfMeter:
         self.pressure = 1.0
         #: The tick interval is this many times the one asked for (1: as asked).
         self.tick_stretch = 1.0
+        self._windows = 0
+        # Each window's share scaled to the interval asked for (share x stretch).
+        self._unit_shares: deque[float] = deque(maxlen=TICK_WINDOWS)
         self._start: tuple[float, float] | None = None  # (monotonic, thread CPU)
 
     def shift(self, gap: float) -> None:
@@ -174,15 +182,29 @@ class SelfMeter:
         self._start = (mono, thread_cpu)
 
     def _stretch(self, share: float) -> float:
-        """The tick stretch for the next window. Most of a tick's cost is
-        per tick, so the share falls about in proportion as the interval
-        grows: over the target the interval grows by share/target, under a
-        fifth below it shrinks the same way (never under the one asked for);
-        in between it stays (runs of one program spread that much)."""
-        target = self.ceiling * TICK_TARGET
+        """The tick stretch for the next window.
+
+        A window's share at stretch ``s`` is ``A/s + B``: ``A`` what the
+        ticks cost at the interval asked for, ``B`` what does not come with
+        ticks (a thousand transfers a second to read and tie). ``share x s``
+        (``A + B s``) is taken as the cost at the interval asked for, its
+        mean over the last :data:`TICK_WINDOWS` windows divided by the
+        target is the next stretch: repeated, it settles where the share is
+        the target (``s = A / (target - B)``), from above or below. It moves
+        only when the share it predicts at the present stretch is over the
+        target or a fifth under it (runs of one program spread that much).
+        The first window is left out: it holds the program's start-up
+        (imports, first compiles, every array read once)."""
+        self._windows += 1
         stretch = self.tick_stretch
-        if share > target or (stretch > 1.0 and share < 0.8 * target):
-            stretch *= share / target
+        if self._windows == 1:
+            return stretch
+        self._unit_shares.append(share * stretch)
+        unit = sum(self._unit_shares) / len(self._unit_shares)
+        target = self.ceiling * TICK_TARGET
+        predicted = unit / stretch
+        if predicted > target or (stretch > 1.0 and predicted < 0.8 * target):
+            stretch = unit / target
         return min(MAX_TICK_STRETCH, max(1.0, stretch))
 
 
