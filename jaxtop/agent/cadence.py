@@ -57,11 +57,12 @@ CPU_CEILING = 0.005
 TICK_TARGET = 0.85
 #: The tick interval never stretches beyond this many times the one asked for.
 MAX_TICK_STRETCH = 4.0
-#: The stretch follows the mean of this many windows: one window's share
-#: spreads (a TPU VM's thread clock counts in 10 ms, 0.1 % of a core over
-#: 10 s; a jit-ledger pass or a profile lands in one window), and a
-#: training loop's cost is steady.
-TICK_WINDOWS = 3
+#: The stretch follows the mean of this many windows (a minute): one
+#: window's share spreads, and a training loop's cost is steady. On a TPU
+#: VM (gVisor) the thread clock is charged 10 ms at a time, 0.1 % of a core
+#: over a window: an agent near 0.45 % read 0.19 % to 0.75 % window by
+#: window there, and its mean over minutes is what it costs.
+TICK_WINDOWS = 6
 #: Share of one core granted to the live-array scan (the exact totals).
 SCAN_SHARE = 0.001
 #: Share granted to deriving the detail (top buffers, address map, holes).

@@ -36,6 +36,7 @@ from typing import IO, Any, Callable, Iterator
 import numpy as np
 
 from jaxtop.wire import paths, protocol
+from jaxtop.dashboard import counter_window as counter_window_module
 from jaxtop.dashboard import history as history_module
 from jaxtop.dashboard import holders as holders_module
 from jaxtop.dashboard import ledger as ledger_module
@@ -185,7 +186,7 @@ _ALLOWED = {
     ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
 }
 _MODEL_MODULES = {m.__name__: m for m in (model_module, state_module, events_module, holders_module, ledger_module,
-                                          history_module, transfer_sites_module)}
+                                          history_module, transfer_sites_module, counter_window_module)}
 
 
 class _ModelUnpickler(pickle.Unpickler):
