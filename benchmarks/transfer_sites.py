@@ -85,13 +85,6 @@ if workload != "paced":
 else:
     def one(): f(host)
     relay = None
-    try:
-        import psutil
-        kids = psutil.Process().children()
-        relay = kids[0] if kids else None
-        r0 = relay.cpu_times() if relay else None
-    except Exception:
-        relay = None
     def paced(seconds):  # 1,000 calls a second; returns how many were made
         n, start = 0, time.perf_counter()
         next_t = start
@@ -103,6 +96,13 @@ else:
                 time.sleep(pause)
         return n
     paced(warmup_s)  # the agent's first windows: it may settle its interval
+    try:
+        import psutil
+        kids = psutil.Process().children()
+        relay = kids[0] if kids else None
+        r0 = relay.cpu_times() if relay else None
+    except Exception:
+        relay = None
     agents = [t for t in threading.enumerate() if t.name.startswith("jaxtop")]
     clocks = [time.pthread_getcpuclockid(t.ident) for t in agents]
     agent0 = sum(time.clock_gettime(c) for c in clocks)

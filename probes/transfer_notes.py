@@ -35,8 +35,8 @@ from jaxtop.probes.transfer_values import MAX_ARGS, ArgInfo, describe_value, lit
 __all__ = ["CallNotes", "MAX_WALK", "RING"]
 
 #: Notes the program's threads can leave between two of the agent's ticks
-#: (100 ms apart): 650,000 jitted calls a second before any is lost; 160,000
-#: while the agent, at its CPU ceiling, ticks 400 ms apart (the most it
+#: (100 ms apart): 650,000 jitted calls a second before any is lost; 325,000
+#: while the agent, at its CPU ceiling, ticks 200 ms apart (the most it
 #: stretches). A loss is counted, never guessed (transfer_sites).
 RING = 1 << 16
 #: Frames walked from the hook to the user's code at most.

@@ -76,36 +76,32 @@ def test_over_its_ceiling_the_agent_samples_less_often_and_comes_back_when_under
         meter.update(t, cpu, ())
         return meter.tick_stretch
 
-    assert window(0.02) == 1.0  # the first window (the program's start-up) moves nothing
-    assert window(0.004) == 1.0  # under the target (85 % of the ceiling)
-    # Twice the target in one window: the mean of the windows so far (0.4, 0.85).
-    assert window(0.0085) == pytest.approx((0.004 + 0.0085) / 2 / 0.00425)
-    stretch = meter.tick_stretch
-    assert window(0.0085 / stretch) == pytest.approx(stretch * 0.0085 / 0.0085, rel=0.3)  # settling
-    for _ in range(12):
-        window(0.0085 / meter.tick_stretch)  # a steady program: the same cost at the interval asked for
-    assert meter.tick_stretch == pytest.approx(2.0)  # where its share is the target
-    assert 0.0085 / meter.tick_stretch == pytest.approx(0.00425)
-    assert window(0.0035 / 2.0) == pytest.approx(2.0)  # within a fifth under the target: stays
+    assert window(0.02) == 1.0  # the first window (the program's start-up) is left out
+    assert window(0.004) == 1.0 and window(0.0085) == 1.0  # fewer than three windows: nothing moves
+    # Three in, their median twice the target (85 % of the ceiling): twice the interval.
+    assert window(0.0085) == pytest.approx(2.0)
     for _ in range(6):
+        window(0.0085 / meter.tick_stretch)  # a steady program: the same cost at the interval asked for
+    assert meter.tick_stretch == pytest.approx(2.0) and meter.share == pytest.approx(0.00425)
+    assert window(0.0035 / 2.0) == pytest.approx(2.0)  # one window a fifth under: the median stays
+    for _ in range(4):
         window(0.0017 / meter.tick_stretch)  # the program stopped transferring
     assert meter.tick_stretch == 1.0  # never faster than asked
-    for _ in range(6):
-        window(0.1)  # 10 % of a core (a runaway)
-    assert meter.tick_stretch == cadence.MAX_TICK_STRETCH == 4.0
+    for _ in range(4):
+        window(0.1)  # 10 % of a core (a runaway): at most twice the interval
+    assert meter.tick_stretch == cadence.MAX_TICK_STRETCH == 2.0
 
 
-def test_one_noisy_window_moves_the_interval_a_fraction_as_far():
+def test_a_noisy_window_or_the_start_up_moves_nothing():
     """A TPU VM's thread clock counts in 10 ms: a window reads 0.94 % where
-    its neighbours read 0.38 %."""
+    its neighbours read 0.38 %; the TPU's start-up filled two windows."""
     meter = SelfMeter(window_s=10.0)
     t, cpu = 0.0, 0.0
     meter.update(t, cpu, ())
-    for share in (0.011, 0.0038, 0.0038, 0.0094):
+    for share in (0.012, 0.010, 0.0038, 0.0038, 0.0094, 0.0036):
         t, cpu = t + 10.0, cpu + 10.0 * share
         meter.update(t, cpu, ())
-    assert meter.tick_stretch == pytest.approx((0.0038 + 0.0038 + 0.0094) / 3 / 0.00425)
-    assert meter.tick_stretch < 1.4  # one window alone would have said 2.2
+        assert meter.tick_stretch == 1.0
 
 
 @pytest.mark.parametrize("per_tick_us,per_s_share", [(380, 0.0012), (600, 0.0015), (250, 0.0005)])
@@ -117,13 +113,16 @@ def test_the_stretch_brings_a_steady_program_under_the_ceiling(per_tick_us, per_
     t, cpu = 0.0, 0.0
     meter.update(t, cpu, ())
     shares = []
-    for _ in range(12):
+    for _ in range(20):
         rate = 10.0 / meter.tick_stretch
         t, cpu = t + 10.0, cpu + 10.0 * (rate * per_tick_us * 1e-6 + per_s_share)
         meter.update(t, cpu, ())
         shares.append(meter.share)
     assert shares[-1] <= cadence.CPU_CEILING
     if shares[0] > cadence.CPU_CEILING * cadence.TICK_TARGET:
-        assert 0.8 * cadence.CPU_CEILING * cadence.TICK_TARGET <= shares[-1] <= cadence.CPU_CEILING * 0.9
+        assert 0.8 * cadence.CPU_CEILING * cadence.TICK_TARGET <= shares[-1]
+        # At the target, or as close as twice the interval gets.
+        assert shares[-1] <= cadence.CPU_CEILING * cadence.TICK_TARGET * 1.01 or (
+            meter.tick_stretch == cadence.MAX_TICK_STRETCH)
     else:
         assert meter.tick_stretch == 1.0

@@ -3,7 +3,8 @@ says so in its record, and the dashboard neither calls it stale nor misreads
 its rates.
 
 The ceiling is lowered in the child (a window of 1 s, a ceiling of 0.01 % of
-a core, which any agent exceeds) so that the stretch shows within seconds.
+a core, which any agent exceeds) so that the stretch shows within seconds
+(the first window left out, three more measured).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_an_agent_over_its_ceiling_samples_less_often_and_says_so(tmp_path, child_env):
     log = tmp_path / "run.jsonl"
-    out = subprocess.run([sys.executable, "-c", CHILD, str(log), "6"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", CHILD, str(log), "9"], capture_output=True, text=True,
                          env=child_env, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -52,7 +53,7 @@ def test_an_agent_over_its_ceiling_samples_less_often_and_says_so(tmp_path, chil
     stretched_at = next(s["t"] for s in samples if (s.get("agent") or {}).get("tick_s", 0.05) > 0.06)
     late = [s["t"] for s in samples if s["t"] > stretched_at + 1.0 and not s.get("final")]
     gaps = [b - a for a, b in zip(late, late[1:])]
-    assert gaps and 0.15 < sorted(gaps)[len(gaps) // 2] < 0.3  # 0.2 s apart, not 0.05 s
+    assert gaps and 0.08 < sorted(gaps)[len(gaps) // 2] < 0.15  # 0.1 s apart, not 0.05 s
     # Nothing lost: the transfers counted are the calls made, in the totals.
     totals = [s["transfers"]["h2d"]["count_total"] for s in samples if s.get("transfers")]
     assert totals == sorted(totals) and totals[-1] >= 300
@@ -64,10 +65,10 @@ def test_an_agent_over_its_ceiling_samples_less_often_and_says_so(tmp_path, chil
     for rec in records:
         if rec.get("type") != "exit":
             model.feed(pid, rec)
-    clock[0] = 0.5  # 2.5 stretched intervals after the last sample: not 3
+    clock[0] = 0.25  # 2.5 stretched intervals after the last sample: not 3 (5 asked ones)
     model.refresh_states()
     snap = model.snapshot()
     proc = snap.processes[0]
     assert proc.state == LIVE
     assert proc.agent is not None and proc.agent.stretched(proc.interval_s)
-    assert "sampling every 0.2 s (asked 0.05 s): at its CPU ceiling" in snapshot_text(snap)
+    assert "sampling every 0.1 s (asked 0.05 s): at its CPU ceiling" in snapshot_text(snap)

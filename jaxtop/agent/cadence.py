@@ -42,6 +42,7 @@ runs at (``tick_s``) and why.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 
@@ -55,13 +56,18 @@ CPU_CEILING = 0.005
 #: target: a margin below the ceiling for the window-to-window spread (the
 #: share of runs of the same program spreads by about +-0.05 % of a core).
 TICK_TARGET = 0.85
-#: The tick interval never stretches beyond this many times the one asked for.
-MAX_TICK_STRETCH = 4.0
-#: The stretch follows the mean of this many windows (a minute): one
-#: window's share spreads, and a training loop's cost is steady. On a TPU
-#: VM (gVisor) the thread clock is charged 10 ms at a time, 0.1 % of a core
-#: over a window: an agent near 0.45 % read 0.19 % to 0.75 % window by
-#: window there, and its mean over minutes is what it costs.
+#: The tick interval never stretches beyond this many times the one asked
+#: for (5 samples a second at the default 0.1 s). Not all of the agent's
+#: cost comes with ticks: on a TPU v5e VM, an agent tying 1,000 transfers/s
+#: to lines read 0.55 % of a core at 10 Hz and 0.46 % at ~5 Hz (minutes of
+#: windows each), so stretching further would cost samples and save little.
+MAX_TICK_STRETCH = 2.0
+#: The stretch follows the median of this many windows (a minute), and
+#: moves only once three are in: one window's share spreads, and a training
+#: loop's cost is steady. On a TPU VM (gVisor) the thread clock is charged
+#: 10 ms at a time, 0.1 % of a core over a window: an agent near 0.45 %
+#: read 0.10 % to 0.87 % window by window there, and its start-up (the
+#: TPU's initialisation, first compiles) filled two windows at 1.0-1.2 %.
 TICK_WINDOWS = 6
 #: Share of one core granted to the live-array scan (the exact totals).
 SCAN_SHARE = 0.001
@@ -189,19 +195,24 @@ class SelfMeter:
         ticks cost at the interval asked for, ``B`` what does not come with
         ticks (a thousand transfers a second to read and tie). ``share x s``
         (``A + B s``) is taken as the cost at the interval asked for, its
-        mean over the last :data:`TICK_WINDOWS` windows divided by the
-        target is the next stretch: repeated, it settles where the share is
-        the target (``s = A / (target - B)``), from above or below. It moves
-        only when the share it predicts at the present stretch is over the
-        target or a fifth under it (runs of one program spread that much).
-        The first window is left out: it holds the program's start-up
-        (imports, first compiles, every array read once)."""
-        self._windows += 1
+        median over the last :data:`TICK_WINDOWS` windows (the lower of the
+        middle two when even) divided by the target is the next stretch:
+        repeated, it settles where the share is the target (``s = A / (target - B)``), from above or below, or at
+        :data:`MAX_TICK_STRETCH`. It moves only when the share it predicts
+        at the present stretch is over the target or a fifth under it (runs
+        of one program spread that much), and only once three windows are
+        in after the first: the first ones hold the program's start-up
+        (imports, the accelerator's initialisation, first compiles, every
+        array read once): the first is left out, the median sets a second
+        aside."""
         stretch = self.tick_stretch
+        self._windows += 1
         if self._windows == 1:
             return stretch
         self._unit_shares.append(share * stretch)
-        unit = sum(self._unit_shares) / len(self._unit_shares)
+        if len(self._unit_shares) < 3:
+            return stretch
+        unit = statistics.median_low(self._unit_shares)
         target = self.ceiling * TICK_TARGET
         predicted = unit / stretch
         if predicted > target or (stretch > 1.0 and predicted < 0.8 * target):
