@@ -523,3 +523,18 @@ def test_transfer_rates_are_read_over_seconds_not_one_sample():
             "h2d": {"count": total - 5 * (k == 43), "bytes_known": 0, "count_total": total, "bytes_known_total": 0}}})
         seen.append(model.snapshot().processes[0].transfers["h2d"])
     assert [round(v.count_per_s) for v in seen[-2:]] == [25, 200]
+
+
+def test_a_stretched_agent_is_not_called_stale_and_a_lying_one_is_not_believed():
+    from jaxtop.dashboard.views import LIVE, STALE
+
+    clock = [0.0]
+    model = Model(clock=lambda: clock[0])
+    model.feed(5, {"type": "hello", "t": 100.0, "pid": 5, "argv": ["x.py"], "interval_s": 0.1})
+    for tick, after, state in ((0.2, 0.5, LIVE), (0.1, 0.5, STALE), (1e6, 3.5, STALE), (float("nan"), 0.5, STALE),
+                               (-1.0, 0.5, STALE), ("0.2", 0.5, STALE)):
+        clock[0] = 0.0
+        model.feed(5, {"type": "sample", "t": 101.0, "seq": 1, "agent": {"tick_s": tick}})
+        clock[0] = after  # seconds since the last sample came
+        model.refresh_states()
+        assert model.snapshot().processes[0].state == state, (tick, after)

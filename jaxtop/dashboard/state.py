@@ -104,6 +104,10 @@ class ProcessModel:
     @property
     def tick_s(self) -> float:
         """The interval the agent samples at now: longer than the hello's
-        while the agent is at its CPU ceiling (it says so once a second)."""
+        while the agent is at its CPU ceiling (it says so once a second; it
+        stretches twice at most: a figure past ten times is not believed,
+        or a broken agent would never read as stale)."""
         tick = protocol.finite(self.agent.get("tick_s")) if self.agent else None
-        return max(self.interval_s, tick) if tick is not None and 0 < tick <= 86400 else self.interval_s
+        if tick is None or not tick > 0:
+            return self.interval_s
+        return min(max(self.interval_s, tick), 10 * self.interval_s)
