@@ -473,3 +473,29 @@ def _csv_text(path: Path) -> str:
     out = io.StringIO()
     export.write_sparse_csv("transfer-sites-csv", str(path), out)
     return out.getvalue()
+
+
+def test_a_steady_sites_rate_reads_the_same_whatever_the_agents_batches_span():
+    """At its CPU ceiling the agent samples every 0.12 s and sends the field
+    once a batch, 1.2 s apart: a site making 1,700 transfers a second reads
+    1,700/s at every moment, and so does its direction over the same window
+    (a window holding one batch or two read 1.0k/s and 2.0k/s by turns)."""
+    fold, model = TransferSitesFold(), Model(clock=lambda: 0.0)
+    model.feed(9, {"type": "hello", "t": T0, "pid": 9, "argv": ["train.py"], "interval_s": 0.1})
+    seen, directions = [], []
+    for k in range(1, 200):
+        t = T0 + 0.12 * k
+        rec = {"type": "sample", "t": t, "seq": k,
+               "transfers": {"h2d": {"count": 204, "count_total": 204 * k, "bytes_known": 0, "bytes_known_total": 0}}}
+        if k % 10 == 0:
+            rec["transfer_sites"] = {"sites": [{"direction": "h2d", "file": "train.py", "line": 14, "function": "<module>",
+                                                "callee": "step", "count_total": 204 * k, "count": 2040,
+                                                "calls_total": 204 * k}],
+                                     "history_ticks": 10, "history_s": 1.2, "pending": 0}
+        fold.feed(rec)
+        model.feed(9, rec)
+        if k > 40:
+            seen.append(fold.view(t).sites[0].count_per_s)
+            directions.append(model.snapshot().processes[0].transfers["h2d"].count_per_s)
+    assert min(seen) == pytest.approx(1700.0) and max(seen) == pytest.approx(1700.0)
+    assert min(directions) == pytest.approx(1700.0) and max(directions) == pytest.approx(1700.0)

@@ -225,10 +225,14 @@ class _Site:
 def _rate(totals: Iterable[tuple[float, int, int | None]], now: float, index: int) -> float | None:
     """The per-second growth of ``totals[index]`` over the window ending ``now``.
 
-    Totals are steps: between two fields nothing changed, so the value at
-    ``now`` is the last one's, and the value at the window's start the last
-    one at or before it (the base); a site younger than the window is
-    measured from its oldest total.
+    A field's total counts what happened since the field before it, so the
+    growth from the last total at or before the window's start (the base)
+    to the newest is over the time between those two fields: a steady
+    site reads its rate whatever the agent's batches span (a second, or
+    1.2 s while the agent samples less often at its CPU ceiling; divided
+    by the window instead, a site read 2.0k/s and 1.0k/s by turns where it
+    made 1.7k/s). No field since the window's start: nothing changed, 0; a
+    site younger than the window is measured from its oldest total.
     """
     totals = list(totals)
     if not totals:
@@ -241,12 +245,11 @@ def _rate(totals: Iterable[tuple[float, int, int | None]], now: float, index: in
         else:
             break
     last = totals[-1]
-    # Nothing changed between the base and the window's start (a change
-    # would have sent the field): the growth is the window's.
-    span = min(now - base[0], RATE_WINDOW_S)
-    if span <= 0 or last[index] is None or base[index] is None:
+    if last[index] is None or base[index] is None:
         return None
-    return max(0.0, (last[index] - base[index]) / span)
+    if last is base:
+        return 0.0 if now > last[0] else None  # one total at the present: no rate yet
+    return max(0.0, (last[index] - base[index]) / (last[0] - base[0]))
 
 
 def _add(totals: collections.deque, entry: tuple[float, int, int | None]) -> None:
