@@ -538,3 +538,13 @@ def test_a_stretched_agent_is_not_called_stale_and_a_lying_one_is_not_believed()
         clock[0] = after  # seconds since the last sample came
         model.refresh_states()
         assert model.snapshot().processes[0].state == state, (tick, after)
+
+
+def test_the_rate_window_stays_bounded_on_a_clock_that_creeps_by_nanoseconds():
+    from jaxtop.dashboard.counter_window import KEPT_MAX, CounterWindow
+
+    window = CounterWindow()
+    for k in range(20_000):
+        rates = window.add(1000.0 + k * 1e-9, [k, None])
+    assert len(window._kept) == KEPT_MAX
+    assert rates[0] == pytest.approx(1e9, rel=1e-3) and rates[1] is None  # one a nanosecond, over the samples kept

@@ -23,6 +23,10 @@ __all__ = ["CounterWindow", "RATE_WINDOW_S"]
 #: agent tied a tick late, or a batch the relay passed on a tick late, still
 #: counts in the same second; short enough to follow a loop's phases.
 RATE_WINDOW_S = 2.0
+#: Samples kept at most: 2 s hold 21 at 10 Hz; a hostile recording whose
+#: clock creeps by nanoseconds must not grow the window without end (its
+#: rates are then read over the samples kept).
+KEPT_MAX = 256
 
 
 class CounterWindow:
@@ -36,7 +40,7 @@ class CounterWindow:
 
     def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
         self.window_s = window_s
-        self._kept: collections.deque[tuple[float, tuple[float | None, ...]]] = collections.deque()
+        self._kept: collections.deque[tuple[float, tuple[float | None, ...]]] = collections.deque(maxlen=KEPT_MAX)
 
     def add(self, t: float, totals: Sequence[float | None]) -> tuple[float | None, ...]:
         """Take one sample's totals (None: not known) and return each
