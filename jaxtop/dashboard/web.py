@@ -18,9 +18,40 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 from typing import Any, BinaryIO
 
-__all__ = ["WebDeliveries"]
+__all__ = ["WebDeliveries", "whole_packet_writes"]
+
+
+def whole_packet_writes(driver: Any) -> None:
+    """Make the web driver write each packet whole, one at a time.
+
+    Textual's web driver sends its packets (screen updates, file chunks) to
+    the server with a bare ``os.write`` on stdout, from two threads: the
+    app's, and its input thread, which answers the server's requests for the
+    next chunk of a delivered file. A packet larger than a pipe writes
+    atomically (4 KiB) can then interleave with another, and ``os.write``
+    may write only part of one; textual-serve then fails to decode the
+    stream ("More data expected"), drops the app, and the download never
+    arrives (CI saw ``w`` deliver nothing while its status line redrew).
+    Installed once, before the first delivery; a driver without those
+    attributes (another Textual) is left alone."""
+    if getattr(driver, "_jaxtop_whole_writes", False):
+        return
+    fileno = getattr(driver, "fileno", None)
+    if not isinstance(fileno, int) or not callable(getattr(driver, "_write", None)):
+        return
+    lock = threading.Lock()
+
+    def write(data: bytes) -> None:
+        view = memoryview(data)
+        with lock:
+            while view:
+                view = view[os.write(fileno, view):]
+
+    driver._write = write
+    driver._jaxtop_whole_writes = True
 
 
 class WebDeliveries:
@@ -76,6 +107,7 @@ class WebDeliveries:
             f = self._open_own(path)
             if f is None:
                 continue
+            whole_packet_writes(getattr(self.app, "_driver", None))
             self.app.deliver_binary(f, save_filename=os.path.basename(path), open_method="download",
                                     mime_type="application/x-ndjson" if path.endswith(".jsonl") else None)
 
@@ -94,6 +126,7 @@ class WebDeliveries:
                 continue
             self.sent_profiles.add(path)
             self._profiles_asked -= 1
+            whole_packet_writes(getattr(self.app, "_driver", None))
             self.app.deliver_binary(f, save_filename=os.path.basename(path), open_method="download")
             if not self._profiles_asked:
                 return
