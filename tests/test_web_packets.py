@@ -14,7 +14,6 @@ import threading
 import time
 from functools import partial
 
-import pytest
 
 from jaxtop.dashboard import web
 
