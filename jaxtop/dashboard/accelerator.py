@@ -18,6 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from jaxtop.wire import protocol
+from jaxtop.wire.records import Accelerator, AcceleratorMetrics, Nvml
+
+#: An ``accelerator`` whose runtime answered no metric.
+_NO_METRICS = AcceleratorMetrics()
+#: A stream that said nothing of NVML.
+_NO_STATUS = Nvml()
 
 __all__ = ["AcceleratorView", "CPU", "GPU", "TPU", "backend_kind", "kind_label", "nvml_absent", "nvml_worth_saying"]
 
@@ -58,17 +64,12 @@ def kind_label(kind: str | None) -> str | None:
     return kind.upper()
 
 
-def nvml_absent(status: Any) -> bool:
+def nvml_absent(status: Nvml) -> bool:
     """Whether an NVML status (the ``hello``'s ``nvml``) says there is no
     NVIDIA library or driver on the machine at all."""
-    s = protocol.obj_of(status)
-    if s.get("available") is not False:
+    if status.available is not False:
         return False
-    return bool(_ABSENT.search(protocol.text_of(s.get("reason")) or ""))
-
-
-def _numbers(value: Any) -> tuple[float | None, ...]:
-    return tuple(protocol.number(v) for v in protocol.list_of(value))
+    return bool(_ABSENT.search(status.reason or ""))
 
 
 @dataclass(frozen=True)
@@ -104,28 +105,24 @@ class AcceleratorView:
     unavailable: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_wire(cls, value: Any) -> AcceleratorView | None:
+    def from_wire(cls, a: Accelerator | None) -> AcceleratorView | None:
         """The view, or None where the stream carried no ``accelerator``."""
-        a = protocol.obj_of(value)
-        if not a:
+        if a is None:
             return None
-        kind = protocol.text_of(a.get("kind"))
-        reason = a.get("reason")
-        if a.get("available") is False:
-            return cls(kind=kind, available=False, na_reason=protocol.shown(reason) if reason else None,
-                       t=protocol.timestamp(a.get("t")))
-        m = protocol.obj_of(a.get("metrics"))
-        queue = protocol.number(a.get("hlo_queue_size"))
-        unavailable = tuple((str(k), protocol.shown(v)) for k, v in protocol.obj_of(a.get("unavailable")).items())
+        kind = a.kind or None
+        if a.available is False:
+            return cls(kind=kind, available=False, na_reason=protocol.shown(a.reason) if a.reason else None, t=a.t)
+        m = a.metrics or _NO_METRICS
+        queue = a.hlo_queue_size
         return cls(
             kind=kind,
-            t=protocol.timestamp(a.get("t")),
-            duty_cycle_pct=_numbers(m.get("duty_cycle_pct")),
-            tensorcore_util_pct=_numbers(m.get("tensorcore_util")),
-            hbm_used_bytes=_numbers(m.get("hbm_capacity_usage")),
-            hbm_total_bytes=_numbers(m.get("hbm_capacity_total")),
+            t=a.t,
+            duty_cycle_pct=tuple(m.duty_cycle_pct or ()),
+            tensorcore_util_pct=tuple(m.tensorcore_util or ()),
+            hbm_used_bytes=tuple(m.hbm_capacity_usage or ()),
+            hbm_total_bytes=tuple(m.hbm_capacity_total or ()),
             hlo_queue_size=int(queue) if queue is not None and queue >= 0 else None,
-            unavailable=unavailable,
+            unavailable=tuple((k, v) for k, v in (a.unavailable or {}).items()),
         )
 
     def reason(self, metric: str) -> str | None:
@@ -133,7 +130,7 @@ class AcceleratorView:
         return next((r for k, r in self.unavailable if k == metric), None)
 
 
-def nvml_worth_saying(status: Any, backend: Any, external: bool = False) -> bool | None:
+def nvml_worth_saying(status: Nvml, backend: Any, external: bool = False) -> bool | None:
     """Whether a stream's NVML failure (the ``hello``'s ``nvml``) is news.
 
     It is on a GPU backend (why the driver's figures are missing), in the
@@ -146,12 +143,11 @@ def nvml_worth_saying(status: Any, backend: Any, external: bool = False) -> bool
         comes before the program imports jax: its ``backend`` record decides),
         or where NVML did not fail.
     """
-    s = protocol.obj_of(status)
-    if not s or s.get("available", False):
+    if status.available or status == _NO_STATUS:  # NVML works, or nothing was said
         return None
     kind = backend_kind(backend)
     if external:
         return True
     if kind is None:
         return None
-    return kind == GPU or not nvml_absent(s)
+    return kind == GPU or not nvml_absent(status)

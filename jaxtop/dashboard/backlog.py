@@ -14,16 +14,19 @@ import collections
 import math
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 
-from jaxtop.wire import protocol
 from jaxtop.dashboard.batch import Batch
 from jaxtop.dashboard.events import MAX_EVENTS, sample_events
 from jaxtop.dashboard.history import History, _num
 from jaxtop.dashboard.holders import HoldersFold
 from jaxtop.dashboard.transfer_sites import TransferSitesFold
 from jaxtop.dashboard.readings import is_device_id
-from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, Cursor, nvml_map
+from jaxtop.dashboard.rows import Cursor
+from jaxtop.wire.records import History as HistoryRecord
+from jaxtop.wire.records import Sample
+from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES
 
 if TYPE_CHECKING:
     from jaxtop.dashboard.events import Event
@@ -58,22 +61,22 @@ class HistoryFeed:
         if state is None:
             if not is_device_id(did):
                 return None
-            platform = next((d.get("platform") for d in protocol.list_of(proc.hello.get("devices"))
-                             if isinstance(d, dict) and d.get("id") == did), None) or "?"
+            platform = next((d.platform for d in proc.hello.devices or () if d.id == did), None) or "?"
             state = self._new_device(proc, did, platform, t)
         return state
 
-    def _coarse(self, proc: ProcessModel, rec: dict[str, Any], batch: Batch) -> None:
+    def _coarse(self, proc: ProcessModel, rec: HistoryRecord, batch: Batch) -> None:
         """An agent's coarse history: min/max per bucket of the timeline
         series, older than the present; into every level it can fill."""
         if proc.history.log is not None:
             return  # a replay index logs rows in order only
-        step = rec.get("level_s")
-        rows = rec.get("rows")
-        if not isinstance(step, (int, float)) or not step > 0 or not isinstance(rows, list):
+        step, rows = rec.level_s, rec.rows
+        if step is None or not step > 0 or rows is None:
             return
-        pcols = _columns(rec.get("process_columns"), PROCESS_SERIES)
-        dcols = _columns(rec.get("device_columns"), DEVICE_SERIES)
+        # The rows are positional (a matrix per record): their shape is
+        # checked here, row by row, as the matrices are built.
+        pcols = _columns(rec.process_columns, PROCESS_SERIES)
+        dcols = _columns(rec.device_columns, DEVICE_SERIES)
         ts: list[Any] = []
         plo: list[Any] = []
         phi: list[Any] = []
@@ -123,25 +126,25 @@ class HistoryFeed:
         proc.coarse_merges += 1
         proc.coarse_merged_at = proc.last_recv or 0.0
 
-    def _past_sample(self, proc: ProcessModel, rec: dict[str, Any], batch: Batch) -> None:
+    def _past_sample(self, proc: ProcessModel, rec: Sample, batch: Batch) -> None:
         """A sample of the agent's fine history, sent after the present: its
         timeline rows and its events, nothing else (the panels show the
         present; its totals are the present's)."""
         if not proc.coarse_done:
             proc.coarse_done = True
             self.milestone += 1
-        t = protocol.timestamp(rec.get("t"))
+        t = rec.t
         if proc.history.log is not None or t is None:
             return
         if proc.present_t is not None and t >= proc.present_t:
             return  # the present itself (it is in already), or newer
         cursor = proc.past_cursor
         if cursor is None:
-            cursor = proc.past_cursor = Cursor(proc.interval_s, nvml_map(proc.hello))
+            cursor = proc.past_cursor = Cursor(proc.interval_s, proc.jax_to_nvml)
         rows = cursor.rows(rec)
         if rows is None:
             return
-        _, process, devices, _ = rows
+        _, process, devices = rows
         if proc.past is None:
             proc.past = History(PROCESS_SERIES, proc.history.levels)
         batch.add(proc.past, t, process)
@@ -158,8 +161,8 @@ class HistoryFeed:
         if proc.history_floor is None or t > proc.history_floor:  # not seen on an earlier connection
             for kind, text, et in sample_events(rec, t):
                 self._past_event(proc.pid, kind, text, et)
-        if any(k in rec for k in HOLDERS_FIELDS) and len(proc.past_holders) < 10_000:
-            proc.past_holders.append(holders_part(rec))
+        if has_sparse(rec) and len(proc.past_holders) < 10_000:
+            proc.past_holders.append(sparse_part(rec))
 
     def _past_event(self, pid: int, kind: str, text: str, t: Any) -> None:
         """An event of the history: older than those shown, so it never
@@ -195,10 +198,10 @@ class HistoryFeed:
             fold = HoldersFold()
             seen: set[Any] = set()
             for part in proc.past_holders + proc.present_holders:
-                holders = part.get("holders")
-                if isinstance(holders, dict) and "seq" in holders:
+                holders = part.holders
+                if holders is not None and "seq" in holders:
                     if holders["seq"] in seen:
-                        part = {k: v for k, v in part.items() if k != "holders"}
+                        part = msgspec.structs.replace(part, holders=None)
                     seen.add(holders["seq"])
                 fold.feed(part)
             proc.holders = fold
@@ -239,12 +242,17 @@ def _matrix(rows: list[Any], columns: list[tuple[int, int]] | None, k: int) -> n
     return out
 
 
-def holders_part(rec: dict[str, Any]) -> dict[str, Any]:
-    """What :class:`HoldersFold` reads of a sample (or a history sample)."""
-    part: dict[str, Any] = {"type": protocol.SAMPLE, "t": rec.get("t")}
-    for key in HOLDERS_FIELDS:
-        if key in rec:
-            part[key] = rec[key]
-    return part
+def has_sparse(rec: Sample) -> bool:
+    """Whether a sample carries one of :data:`HOLDERS_FIELDS`."""
+    return rec.holders is not None or rec.labels is not None or rec.host_syncs is not None \
+        or rec.transfer_sites is not None
+
+
+def sparse_part(rec: Sample) -> Sample:
+    """What :class:`HoldersFold` and :class:`TransferSitesFold` read of a
+    sample (or a history sample): kept until the history is in, so the rest
+    of the sample is let go."""
+    return Sample(t=rec.t, holders=rec.holders, labels=rec.labels, host_syncs=rec.host_syncs,
+                  transfer_sites=rec.transfer_sites)
 
 

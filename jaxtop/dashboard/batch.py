@@ -13,6 +13,7 @@ from jaxtop.dashboard.history import History, _num
 
 if TYPE_CHECKING:
     from jaxtop.dashboard.state import _DeviceState
+    from jaxtop.wire.records import LiveArrays
 
 #: Why a live buffer has no place in a scan's memory map (``live_arrays.unmapped``).
 UNMAPPED_KINDS = ("not_ready", "last_address", "sharded", "no_address")
@@ -26,7 +27,7 @@ class Batch:
 
     def __init__(self) -> None:
         self.rows: dict[int, tuple[History, list[float], list[list[float]]]] = {}
-        self.maps: dict[int, tuple[_DeviceState, dict[str, Any]]] = {}
+        self.maps: dict[int, tuple[_DeviceState, LiveArrays]] = {}
         self.samples = 0
         self.past = False  # fine history rows went into `past` histories
 
@@ -54,21 +55,20 @@ class Batch:
         self.maps.clear()
 
 
-def take_map(state: _DeviceState, live: dict[str, Any]) -> None:
+def take_map(state: _DeviceState, live: LiveArrays) -> None:
     """Keep the buffer map of a map-carrying ``live_arrays``, with the counts
     of its own scan, so that the map's caption never compares it with the
     bytes of another scan."""
-    state.buffer_map = buffer_map(protocol.list_of(live.get("map")))
-    state.map_complete = live.get("map_complete", True) is not False
-    state.top_buffers = tuple(b for b in protocol.list_of(live.get("top")) if isinstance(b, dict))
-    state.map_live_count = _whole(live.get("count"))
-    state.map_t = protocol.timestamp(live.get("map_t"))
-    state.map_live_bytes = _whole(live.get("bytes"))
+    state.buffer_map = buffer_map(live.map or [])
+    state.map_complete = live.map_complete is not False
+    state.top_buffers = tuple(live.top or ())
+    state.map_live_count = _whole(live.count)
+    state.map_t = live.map_t
+    state.map_live_bytes = _whole(live.bytes)
     # Absent means "none skipped" (the agent omits an empty dict) or an
     # older agent that did not say; the caption tells the two apart by count.
-    unmapped = protocol.obj_of(live.get("unmapped"))
     # A kind this viewer does not know counts as "without an address".
-    state.unmapped = {k: n for k, n in ((k, _whole(v)) for k, v in unmapped.items() if k in UNMAPPED_KINDS)
+    state.unmapped = {k: n for k, n in ((k, _whole(v)) for k, v in (live.unmapped or {}).items() if k in UNMAPPED_KINDS)
                       if n is not None and n > 0}
 
 

@@ -8,8 +8,8 @@ import collections
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from jaxtop.wire import protocol
 from jaxtop.wire.protocol import shown
+from jaxtop.wire.records import Sample
 
 
 @dataclass(frozen=True)
@@ -26,24 +26,26 @@ class Event:
 MAX_EVENTS = 500
 
 
-def sample_events(rec: dict[str, Any], t: float) -> list[tuple[str, str, Any]]:
+def sample_events(rec: Sample, t: float) -> list[tuple[str, str, float]]:
     """The events list's lines a sample brings, ``(kind, text, t)``: its
     compiles, failed donations and the agent's events. One wording for a
     live sample and for one of the history."""
     out = []
-    # Values are quoted with protocol.shown: a recording may hold anything there.
-    comp = protocol.obj_of(rec.get("compile"))
-    if comp.get("count"):
-        seconds = protocol.finite(comp.get("seconds_total", 0))
-        out.append(("compile", f"{shown(comp['count'])} backend compile(s); {shown(comp.get('count_total'))} total, "
-                               + (f"{seconds:.2f} s" if seconds is not None else "time n/a"), t))
-    don = protocol.obj_of(rec.get("donation"))
-    if don.get("failed"):
-        out.append(("donation", f"{shown(don['failed'])} failed donation(s): {shown(don.get('last_message') or '')}", t))
-    for ev in protocol.list_of(rec.get("events")):
-        if isinstance(ev, dict):
-            text = ev.get("text") or ", ".join(f"{k}={shown(v)}" for k, v in ev.items() if k not in ("kind", "t"))
-            out.append((shown(ev.get("kind", "event")), text if isinstance(text, str) else shown(text), ev.get("t", t)))
+    comp = rec.compile
+    if comp is not None and comp.count:
+        seconds = comp.seconds_total if comp.seconds_total is not None else 0
+        out.append(("compile", f"{shown(comp.count)} backend compile(s); {shown(comp.count_total)} total, "
+                               f"{seconds:.2f} s", t))
+    don = rec.donation
+    if don is not None and don.failed:
+        out.append(("donation", f"{shown(don.failed)} failed donation(s): {shown(don.last_message or '')}", t))
+    # An agent's events are open: a kind, a time and the fields of their
+    # kind. One without a text reads as ``key=value`` of its other fields.
+    for ev in rec.events or ():
+        text = ev.get("text") or ", ".join(f"{k}={shown(v)}" for k, v in ev.items() if k not in ("kind", "t"))
+        when = ev.get("t")
+        out.append((shown(ev.get("kind", "event")), text if isinstance(text, str) else shown(text),
+                    when if when.__class__ is float or when.__class__ is int else t))
     return out
 
 

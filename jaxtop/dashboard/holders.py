@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxtop.wire.records import Sample
 
 #: Profiles of history kept per site (the sparkline shows the last ones).
 SITE_HISTORY = 120
@@ -169,28 +172,25 @@ class HoldersFold:
         self._last_t: float | None = None
         self._view: HoldersView | None = None
 
-    def feed(self, record: dict[str, Any]) -> bool:
-        """Takes one wire record; returns whether it changed anything.
+    def feed(self, sample: Sample) -> bool:
+        """Takes one sample; returns whether it changed anything.
 
-        Reads ``holders``, ``labels`` and ``host_syncs`` of ``sample``
-        records; every other record is ignored.
+        Reads its ``holders``, ``labels`` and ``host_syncs``.
         """
-        if record.get("type") != "sample":
-            return False
         changed = False
-        t = _num(record.get("t"))
+        t = sample.t
         if t is not None:
             self._last_t = t
-        holders = record.get("holders")
-        if isinstance(holders, dict):
+        holders = sample.holders
+        if holders is not None:
             self._take_profile(holders)
             changed = True
-        labels = record.get("labels")
-        if isinstance(labels, dict):
+        labels = sample.labels
+        if labels is not None:
             self._labels = labels
             changed = True
-        syncs = record.get("host_syncs")
-        if isinstance(syncs, dict):
+        syncs = sample.host_syncs
+        if syncs is not None:
             self._take_syncs(syncs)
             changed = True
         if changed:

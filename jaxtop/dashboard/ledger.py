@@ -17,9 +17,12 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxtop.wire import protocol
+
+if TYPE_CHECKING:
+    from jaxtop.wire.records import Reply, Sample
 
 #: Points of the live-executable count kept per process (one per pass).
 MAX_TREND = 3600
@@ -404,28 +407,28 @@ class LedgerStore:
         self._lock = threading.Lock()
         self._tables: dict[int, _Table] = {}
 
-    def feed_sample(self, pid: int, record: dict[str, Any]) -> list[tuple[str, str, float]]:
+    def feed_sample(self, pid: int, sample: Sample) -> list[tuple[str, str, float]]:
         """Fold the ``jit`` field of a sample, if it has one.
 
         Returns:
             Events for the model's event list: ``(kind, text, t)``.
         """
-        data = record.get("jit")
-        if not isinstance(data, dict):
+        data = sample.jit
+        if data is None:
             return []
-        t = _num(record.get("t"))
+        t = sample.t
         with self._lock:
             table = self._tables.setdefault(pid, _Table())
             return table.fold(data, t)
 
-    def feed_reply(self, pid: int, record: dict[str, Any]) -> bool:
+    def feed_reply(self, pid: int, reply: Reply) -> bool:
         """Fold a ``jit_ledger`` command's reply; False when the reply is another command's."""
-        result = record.get("result")
+        result = reply.result
         if not isinstance(result, dict) or not isinstance(result.get("jit_ledger"), dict):
             return False
         data = dict(result["jit_ledger"], full=True)
         with self._lock:
-            self._tables.setdefault(pid, _Table()).fold(data, _num(record.get("t")))
+            self._tables.setdefault(pid, _Table()).fold(data, reply.t)
         return True
 
     def view(self, pid: int | None = None) -> LedgerView | None:

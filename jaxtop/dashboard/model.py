@@ -16,26 +16,33 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Union
 
 from jaxtop.wire import protocol
-from jaxtop.wire.safe_text import safe_record, terminal_safe
+from jaxtop.wire.records import (
+    Backend, Backfill, Dropped, Error, Exit, Hello, History, HistoryEnd, Odd, OomCensus, Record, Reply, Sample, Unknown,
+    kind_of,
+)
+from jaxtop.wire.records import from_dict as records_from_dict
+from jaxtop.wire.safe_text import terminal_safe
 from jaxtop.dashboard.accelerator import nvml_worth_saying
-from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, holders_part
+from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, has_sparse, sparse_part
 from jaxtop.dashboard.batch import UNMAPPED_KINDS, Batch
 from jaxtop.dashboard.events import MAX_EVENTS, Event, merged_events, sample_events
 from jaxtop.dashboard.history import History
 from jaxtop.dashboard.ledger import LedgerStore
-from jaxtop.dashboard.readings import (
-    device_order, gpus_by_index, is_device_id, number, nvml_of_devices, odd_fields, odd_figures,
-)
+from jaxtop.dashboard.readings import NO_NVML, TransferView, device_order, nvml_of_devices
+from jaxtop.dashboard.rows import device_row, gpus_by_index, process_row
 from jaxtop.dashboard.snapshot import MIN_SPAN_S, CensusViews, device_view, process_view
 from jaxtop.dashboard.state import ProcessModel, _DeviceState
 from jaxtop.dashboard.views import (
     CONNECTING, DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, ReplayView, Snapshot,
 )
 from jaxtop.wire.protocol import DIRECTIONS
-from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, counts_live_allocations, device_row
+from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, counts_live_allocations
+
+#: What the model is fed: a decoded record, or a dict that it decodes the same way.
+Fed = Union[Record, Unknown, dict[str, Any]]
 
 __all__ = [
     "COARSE_MERGE_S", "CONNECTING", "DEVICE_SERIES", "DISCONNECTED", "EXITED", "HOLDERS_FIELDS", "LIVE",
@@ -198,21 +205,20 @@ class Model(HistoryFeed):
                     self._history_end(proc)
             self.version += 1
 
-    def feed(self, pid: int, record: dict[str, Any]) -> None:
-        """Apply one wire record from the stream of ``pid``.
+    def feed(self, pid: int, record: Fed) -> None:
+        """Apply one record from the stream of ``pid``.
 
-        A record of the right type but the wrong shape (a list where an
-        object belongs, a string for a number, a device id of neither
-        kind) is applied without what cannot be read, which reads n/a, and
-        an error event says so once per field (:func:`readings.odd_fields`);
-        a record the model still fails on is skipped with an error event:
-        one odd record from a newer agent, a bug or a hostile peer must not
-        stop the reader thread that feeds the model, nor a snapshot.
+        A record the decoder read with parts of the wrong shape (a list
+        where an object belongs, a string for a number) is applied without
+        them, which read n/a, and an error event says so once per field; a
+        record the model still fails on is skipped with an error event: one
+        odd record from a newer agent, a bug or a hostile peer must not stop
+        the reader thread that feeds the model, nor a snapshot.
         """
         self.feed_many(pid, (record,))
 
-    def feed_many(self, pid: int, records: Iterable[dict[str, Any]]) -> int:
-        """Apply several wire records of ``pid`` in order, as one change.
+    def feed_many(self, pid: int, records: Iterable[Fed]) -> int:
+        """Apply several records of ``pid`` in order, as one change.
 
         The same result as :meth:`feed` for each record in turn, but a
         backlog (an agent's backfill, a recording) goes in at a fraction of
@@ -220,6 +226,11 @@ class Model(HistoryFeed):
         ring buffers in one numpy write per series set, and a device's
         buffer map, of which only the newest is ever shown, is decoded once
         per batch instead of once per scan.
+
+        Args:
+            records: Typed records, as :func:`jaxtop.wire.records.decode`
+                makes them; a dict (a test's, a scrape's) is decoded here
+                the same way.
 
         Returns:
             How many records were applied.
@@ -230,21 +241,22 @@ class Model(HistoryFeed):
         with self._lock:
             proc = self.process(pid)
             proc.last_recv = self._clock()
-            for record in records:
+            for item in records:
                 n += 1
-                # Every string the screens, snapshot and replay show comes
-                # from here: made terminal-safe once (jaxtop.wire.safe_text).
-                record = safe_record(record)
-                kind = record.get("type")
+                if isinstance(item, dict):
+                    try:
+                        record = records_from_dict(item)
+                    except protocol.ProtocolError as exc:
+                        self._event(pid, "error", f"malformed record skipped: {exc}", None)
+                        continue
+                else:
+                    record = item
                 try:
-                    self._apply(proc, kind, record, batch)
+                    self._apply(proc, record, batch)
                 except Exception as exc:
-                    self._event(pid, "error", f"malformed {kind!r} record skipped: {type(exc).__name__}: {exc}", None)
+                    self._event(pid, "error", f"malformed {kind_of(record)!r} record skipped: {type(exc).__name__}: {exc}",
+                                None)
             batch.flush()
-            if proc.latest is not proc.latest_checked:  # the sample the screen shows now
-                proc.latest_checked = proc.latest
-                for where, value, should in odd_figures(proc.latest):
-                    self._odd(proc, where, _odd_text("sample", where, value, should), proc.last_t)
             proc.samples += batch.samples
             now = proc.last_recv or 0.0
             if proc.coarse_pending and (proc.coarse_done or proc.coarse_merges == 0
@@ -257,44 +269,49 @@ class Model(HistoryFeed):
             self.version += 1
         return n
 
-    def _apply(self, proc: ProcessModel, kind: Any, record: dict[str, Any], batch: Batch) -> None:
+    def _apply(self, proc: ProcessModel, rec: Record | Unknown, batch: Batch) -> None:
+        cls = rec.__class__
+        if cls is Unknown:
+            return  # a newer agent's record type: skipped, as the protocol says
+        if rec.odd:
+            kind = kind_of(rec)
+            for odd in rec.odd:
+                self._odd(proc, odd.where, _odd_text(kind, odd), rec.t)
         pid = proc.pid
-        for where, value, should in odd_fields(kind, record):
-            self._odd(proc, where, _odd_text(kind, where, value, should), record.get("t"))
-        if kind == protocol.HELLO:
-            self._hello(proc, record)
-        elif kind == protocol.BACKEND:
-            proc.backend = protocol.text_of(record.get("backend")) or proc.backend
-            proc.versions.update(protocol.obj_of(record.get("versions")))
-            self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(protocol.list_of(record.get('devices')))} device(s)", record.get("t"))
-            self._say_nvml(proc, record.get("t"))
-        elif kind == protocol.SAMPLE:
-            self._sample(proc, record, batch)
-        elif kind == protocol.BACKFILL:
-            self._past_sample(proc, record, batch)
-        elif kind == protocol.HISTORY:
-            self._coarse(proc, record, batch)
-        elif kind == protocol.HISTORY_END:
+        if cls is Sample:
+            self._sample(proc, rec, batch)
+        elif cls is Backfill:
+            self._past_sample(proc, rec, batch)
+        elif cls is History:
+            self._coarse(proc, rec, batch)
+        elif cls is Hello:
+            self._hello(proc, rec)
+        elif cls is Backend:
+            proc.backend = rec.backend or proc.backend
+            proc.versions.update(rec.versions or {})
+            self._event(pid, "info", f"JAX backend ready: {proc.backend}, {len(rec.devices or ())} device(s)", rec.t)
+            self._say_nvml(proc, rec.t)
+        elif cls is HistoryEnd:
             batch.flush()
             self._history_end(proc)
-        elif kind == protocol.DROPPED:
-            self._event(pid, "dropped", f"{protocol.shown(record.get('count'))} samples dropped "
-                        f"({protocol.shown(record.get('reason', 'client too slow'))})", record.get("t"))
-        elif kind == protocol.ERROR:
-            self._event(pid, "error", f"agent: {protocol.shown(record.get('message'))}", record.get("t"))
-        elif kind == protocol.EXIT:
+        elif cls is Dropped:
+            self._event(pid, "dropped", f"{protocol.shown(rec.count)} samples dropped "
+                        f"({protocol.shown(rec.reason if rec.reason is not None else 'client too slow')})", rec.t)
+        elif cls is Error:
+            self._event(pid, "error", f"agent: {protocol.shown(rec.message)}", rec.t)
+        elif cls is Exit:
             proc.state = EXITED
-            self._event(pid, "exit", "process exited (final sample received)", record.get("t"))
-        elif kind == protocol.OOM_CENSUS:
-            self._oom_census(proc, record)
-        elif kind == protocol.REPLY:
-            self._reply(proc, record)
+            self._event(pid, "exit", "process exited (final sample received)", rec.t)
+        elif cls is OomCensus:
+            if rec.body is not None:
+                self._oom_census(proc, rec.body)
+        elif cls is Reply:
+            self._reply(proc, rec)
 
-    def _hello(self, proc: ProcessModel, rec: dict[str, Any]) -> None:
+    def _hello(self, proc: ProcessModel, rec: Hello) -> None:
         if proc.history_loading:
             self._history_end(proc)  # a new connection: what came of the last one stays
-        history = rec.get("history")
-        proc.history_loading = isinstance(history, dict) and bool(history.get("present_first"))
+        proc.history_loading = rec.history is not None and bool(rec.history.present_first)
         proc.coarse_done = not proc.history_loading
         proc.present_t = None
         proc.history_floor = proc.last_t
@@ -306,91 +323,86 @@ class Model(HistoryFeed):
         proc.coarse_step = None
         proc.coarse_first_t = None
         proc.hello = rec
-        proc.backend = protocol.text_of(rec.get("backend"))
-        proc.versions = dict(protocol.obj_of(rec.get("versions")))
-        proc.nvml_status = protocol.obj_of(rec.get("nvml"))
+        proc.backend = rec.backend
+        proc.versions = dict(rec.versions or {})
+        proc.nvml_status = rec.nvml or NO_NVML
         proc.jax_to_nvml = nvml_of_devices(proc.nvml_status)
-        interval = protocol.finite(rec.get("interval_s"))
-        proc.interval_s = interval if interval is not None and 0 < interval <= 86400 else 0.1
+        interval = rec.interval_s
+        proc.interval_s = float(interval) if interval is not None and 0 < interval <= 86400 else 0.1
         if proc.state in (CONNECTING, DISCONNECTED, STALE):
             proc.state = LIVE
-        cap = protocol.obj_of(rec.get("transfer_capture"))
-        if not cap.get("available", True):
-            self._event(proc.pid, "info", f"transfer counts n/a: {protocol.shown(cap.get('reason'))}", rec.get("t"))
+        cap = rec.transfer_capture
+        if cap is not None and cap.available is False:
+            self._event(proc.pid, "info", f"transfer counts n/a: {protocol.shown(cap.reason)}", rec.t)
         proc.nvml_said = False
-        self._say_nvml(proc, rec.get("t"))
+        self._say_nvml(proc, rec.t)
 
-    def _say_nvml(self, proc: ProcessModel, t: Any) -> None:
+    def _say_nvml(self, proc: ProcessModel, t: float | None) -> None:
         """Why NVML is n/a, once, where that is news (not on a TPU or CPU machine without NVIDIA's library)."""
-        due = None if proc.nvml_said else nvml_worth_saying(proc.nvml_status, proc.backend, "external" in proc.hello)
+        due = None if proc.nvml_said else nvml_worth_saying(proc.nvml_status, proc.backend, proc.hello.external is not None)
         if due is not None:
             proc.nvml_said = True
             if due:
-                self._event(proc.pid, "info", f"NVML n/a: {protocol.shown(proc.nvml_status.get('reason'))}", t)
+                self._event(proc.pid, "info", f"NVML n/a: {protocol.shown(proc.nvml_status.reason)}", t)
 
     def _oom_census(self, proc: ProcessModel, census: dict[str, Any]) -> None:
         # A census sent again (its OOM turned out to be uncaught) replaces the first copy.
         kept = [c for c in proc.oom_censuses if c.get("id") != census.get("id")]
         proc.oom_censuses = (kept + [census])[-20:]
 
-    def _reply(self, proc: ProcessModel, rec: dict[str, Any]) -> None:
+    def _reply(self, proc: ProcessModel, rec: Reply) -> None:
         if self.ledgers.feed_reply(proc.pid, rec):
             return
-        result = rec.get("result")
+        result = rec.result
         if isinstance(result, dict) and ("top_sites" in result or "path" in result):
             proc.last_profile = result
             if result.get("error"):
-                self._event(proc.pid, "profile", f"memory profile failed: {protocol.shown(result['error'])}", rec.get("t"))
+                self._event(proc.pid, "profile", f"memory profile failed: {protocol.shown(result['error'])}", rec.t)
             else:
-                self._event(proc.pid, "profile", f"memory profile saved: {protocol.shown(result.get('path'))}", rec.get("t"))
-        elif not rec.get("ok", True):
-            self._event(proc.pid, "error", f"command failed: {protocol.shown(rec.get('error'))}", rec.get("t"))
+                self._event(proc.pid, "profile", f"memory profile saved: {protocol.shown(result.get('path'))}", rec.t)
+        elif rec.ok is False:
+            self._event(proc.pid, "error", f"command failed: {protocol.shown(rec.error)}", rec.t)
 
-    def _sample(self, proc: ProcessModel, rec: dict[str, Any], batch: Batch) -> None:
-        t = protocol.timestamp(rec.get("t"))
+    def _sample(self, proc: ProcessModel, rec: Sample, batch: Batch) -> None:
+        t = rec.t
         if t is None:
-            self._odd(proc, "t", f"a sample without a usable time ('t': {protocol.shown(rec.get('t'))}) was skipped "
-                      "(said once)")
+            self._odd(proc, "t", "a sample without a usable time was skipped (said once)")
             return
         batch.samples += 1
         dt = (t - proc.last_t) if proc.last_t is not None else None
         if dt is not None and dt <= 0:
             dt = None
         interval = proc.tick_s
-        if rec.get("present") is True and proc.history_loading and proc.present_t is None:
+        if rec.present and proc.history_loading and proc.present_t is None:
             proc.present_t = t  # the history that follows is older than this
-        if proc.history_loading and any(k in rec for k in HOLDERS_FIELDS):
-            proc.present_holders.append(holders_part(rec))
+        if proc.history_loading and has_sparse(rec):
+            proc.present_holders.append(sparse_part(rec))
         proc.last_t = t
         proc.latest = rec
         proc.holders.feed(rec)
         proc.transfer_sites.feed(rec)
-        if isinstance(rec.get("oom_census"), dict):  # an agent that sends the census inside a sample
-            self._oom_census(proc, rec["oom_census"])
-        if isinstance(rec.get("demo"), dict):
-            proc.demo = rec["demo"]
-        if isinstance(rec.get("accelerator"), dict):
-            proc.accelerator = rec["accelerator"]
-        if isinstance(rec.get("agent"), dict):
-            proc.agent = rec["agent"]
+        if rec.oom_census is not None:  # an agent that sends the census inside a sample
+            self._oom_census(proc, rec.oom_census)
+        if rec.demo is not None:
+            proc.demo = rec.demo
+        if rec.accelerator is not None:
+            proc.accelerator = rec.accelerator
+        if rec.agent is not None:
+            proc.agent = rec.agent
         if proc.state in (CONNECTING, STALE, DISCONNECTED):
             proc.state = LIVE
-        nvml_by_index, jax_to_nvml = gpus_by_index(rec.get("nvml")), proc.jax_to_nvml
-        for dev in protocol.list_of(rec.get("devices")):
-            if not isinstance(dev, dict) or "id" not in dev:
-                continue
-            did = dev["id"]
-            if did.__class__ is not int and not is_device_id(did):
-                self._odd(proc, f"id:{type(did).__name__}", f"a device whose id is {protocol.shown(did)} (not an integer "
-                          "or a name) is left out (said once)", t)
+        nvml_by_index, jax_to_nvml = gpus_by_index(rec.nvml), proc.jax_to_nvml
+        for dev in rec.devices or ():
+            did = dev.id
+            if did is None:
                 continue
             state = proc.devices.get(did)
             if state is None:
-                state = self._new_device(proc, did, dev.get("platform", "?"), t)
+                state = self._new_device(proc, did, dev.platform, t)
                 if state is None:
                     continue
             state.latest = dev
-            num_allocs = number(dev.get("num_allocs"))
+            num_allocs = dev.num_allocs
             if num_allocs is not None:
                 prev = state.prev_allocs[1] if state.prev_allocs is not None else None
                 if state.allocs_live or counts_live_allocations(state.platform, prev, num_allocs):
@@ -398,62 +410,53 @@ class Model(HistoryFeed):
                 elif state.prev_allocs is not None and t > state.prev_allocs[0]:
                     state.allocs_per_s = max(0.0, (num_allocs - state.prev_allocs[1]) / (t - state.prev_allocs[0]))
                 state.prev_allocs = (t, num_allocs)
-            live = dev.get("live_arrays")
-            if isinstance(live, dict) and "map" in live:
+            live = dev.live_arrays
+            if live is not None and live.map is not None:
                 batch.maps[id(state)] = (state, live)  # a later scan in this batch replaces it
-            gpu = nvml_by_index.get(jax_to_nvml.get(did))
-            batch.add(state.history, t, tuple(device_row(dev, gpu, state.allocs_per_s)))
-        transfers = protocol.obj_of(rec.get("transfers"))
-        row: dict[str, Any] = {}
-        rates: dict[str, dict[str, Any]] = {}
-        by_direction = [protocol.obj_of(transfers.get(d)) for d in DIRECTIONS]
+            batch.add(state.history, t, device_row(dev, nvml_by_index.get(jax_to_nvml.get(did)) if nvml_by_index else None,
+                                                   state.allocs_per_s))
+        row = process_row(rec, dt if dt is not None else interval, nvml_by_index)
         # The panel's rates: over the last seconds of totals (a sample's own
         # count swings with the relay's batches). The timelines draw each
         # sample's own.
-        windowed = proc.transfer_window.add(t, [number(tr.get(k)) for tr in by_direction
-                                                for k in ("count_total", "bytes_known_total")])
+        transfers = rec.transfers
+        by_direction = (transfers.h2d, transfers.d2h, transfers.d2d) if transfers is not None else (None, None, None)
+        windowed = proc.transfer_window.add(t, [x for tr in by_direction for x in (
+            (tr.count_total, tr.bytes_known_total) if tr is not None else (None, None))])
+        rates: dict[str, TransferView] = {}
         for i, (d, tr) in enumerate(zip(DIRECTIONS, by_direction)):
-            span = dt if dt is not None else interval
-            count, nbytes = number(tr.get("count")), number(tr.get("bytes_known"))
-            rate = count / span if count is not None else None
-            brate = nbytes / span if nbytes is not None else None
-            row[f"{d}_per_s"], row[f"{d}_bytes_per_s"] = rate, brate
-            rates[d] = {
-                "count_per_s": windowed[2 * i] if windowed[2 * i] is not None else rate,
-                "bytes_known_per_s": windowed[2 * i + 1] if windowed[2 * i + 1] is not None else brate,
-                "count_total": tr.get("count_total"),
-                "bytes_known_total": tr.get("bytes_known_total"),
-                "count_bytes_unknown_total": tr.get("count_bytes_unknown_total"),
-            }
+            rate, brate = row[i], row[3 + i]
+            rates[d] = TransferView(
+                count_per_s=windowed[2 * i] if windowed[2 * i] is not None else rate,
+                bytes_known_per_s=windowed[2 * i + 1] if windowed[2 * i + 1] is not None else brate,
+                count_total=tr.count_total if tr is not None else None,
+                bytes_known_total=tr.bytes_known_total if tr is not None else None,
+                count_bytes_unknown_total=tr.count_bytes_unknown_total if tr is not None else None,
+            )
         proc.rates = rates
-        host = protocol.obj_of(rec.get("process"))
-        row["rss_bytes"], row["cpu_percent"] = host.get("rss_bytes"), host.get("cpu_percent")
-        started = protocol.timestamp(host.get("started_t"))
-        if started is not None:
-            proc.started_t = started
-        gpus = list(nvml_by_index.values())
-        if gpus:
-            tx = [x for x in (number(g.get("pcie_tx_bytes_per_s")) for g in gpus) if x is not None]
-            rx = [x for x in (number(g.get("pcie_rx_bytes_per_s")) for g in gpus) if x is not None]
-            row["pcie_tx_bytes_per_s"] = sum(tx) if tx else None
-            row["pcie_rx_bytes_per_s"] = sum(rx) if rx else None
-        batch.add(proc.history, t, tuple(row.get(name) for name in PROCESS_SERIES))
-        for kind, text, et in sample_events(rec, t):
-            if kind == "compile":
-                self._compile_event(proc, rec, text, et)
-            else:
+        host = rec.process
+        if host is not None and host.started_t is not None:
+            proc.started_t = host.started_t
+        batch.add(proc.history, t, row)
+        if (rec.compile is not None and rec.compile.count) or (rec.donation is not None and rec.donation.failed) \
+                or rec.events:
+            for kind, text, et in sample_events(rec, t):
+                if kind == "compile":
+                    self._compile_event(proc, rec, text, et)
+                else:
+                    self._event(proc.pid, kind, text, et)
+        if rec.jit is not None:
+            for kind, text, et in self.ledgers.feed_sample(proc.pid, rec):
                 self._event(proc.pid, kind, text, et)
-        for kind, text, et in self.ledgers.feed_sample(proc.pid, rec):
-            self._event(proc.pid, kind, text, et)
 
-    def _compile_event(self, proc: ProcessModel, rec: dict[str, Any], text: str, t: Any) -> None:
+    def _compile_event(self, proc: ProcessModel, rec: Sample, text: str, t: float | None) -> None:
         """A sample's compiles, folded into the newest compile line while
         compiles keep coming (within :data:`COMPILE_FOLD_S` of it and nothing
         said in between): a storm of one compile a sample is one line that
         counts, not 500 lines that push everything else out of the list."""
-        n = number(protocol.obj_of(rec.get("compile")).get("count")) or 0
+        n = (rec.compile.count if rec.compile is not None else None) or 0
         fold = proc.compile_fold
-        when = protocol.timestamp(t)
+        when = t
         last = self.events[-1] if self.events else None
         if (fold is not None and last is fold[0] and when is not None and when - last.t <= COMPILE_FOLD_S
                 and n.__class__ is int):
@@ -513,7 +516,7 @@ class Model(HistoryFeed):
                     history = True
                     samples += p.past_samples
                     if p.present_t is not None:
-                        backfill_s = protocol.finite(protocol.obj_of(p.hello.get("history")).get("backfill_s")) or 0.0
+                        backfill_s = (p.hello.history.backfill_s if p.hello.history is not None else None) or 0.0
                         reached = p.past_last_t if p.past_last_t is not None else p.present_t - backfill_s
                         behind = max(behind, p.present_t - reached)
                     continue
@@ -563,5 +566,5 @@ class Model(HistoryFeed):
             )
 
 
-def _odd_text(kind: Any, where: str, value: Any, should: str) -> str:
-    return f"malformed {kind!r} record: {where} is {protocol.shown(value)}, not {should}; it is shown as n/a (said once)"
+def _odd_text(kind: str, odd: Odd) -> str:
+    return f"malformed {kind!r} record: {odd.where} is {odd.value}, not {odd.should}; it is shown as n/a (said once)"

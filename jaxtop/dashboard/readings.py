@@ -1,35 +1,37 @@
 """Typed views of what a sample (and a hello) reports, for the widgets.
 
-The wire's objects (``process``, ``compile``, ``donation``, ``nvml``,
-``transfer_capture``, a profile reply…) become frozen dataclasses here, so
-that no widget reads a wire key. A figure the agent could not measure stays
-None, never 0; where the wire says why, the view carries the reason
-(``na_reason``, or a ``*_reason`` beside the figure).
+The decoded records' parts (:mod:`jaxtop.wire.records`: ``process``,
+``compile``, ``donation``, ``nvml``, ``transfer_capture``…) become the
+frozen dataclasses here that the widgets draw, so that no widget reads a
+record. A figure the agent could not measure stays None, never 0; where the
+wire says why, the view carries the reason (``na_reason``, or a
+``*_reason`` beside the figure).
 
-Each view is built by its ``from_wire`` classmethod, which takes whatever
-the stream held (a dict, or anything else from an odd record) and never
-raises.
+Each view is built by its ``from_wire`` classmethod from a decoded part
+(or None where the sample had none): its fields were checked by the
+decoder, so nothing here checks one again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
-from jaxtop.wire import protocol, schema
+from jaxtop.wire import protocol
+from jaxtop.wire.records import (
+    AgentStats, Capture, Compile, Donation, Gpu, Nvml, Process, TopBuffer, TopShape,
+)
 
 __all__ = [
-    "AgentView", "BufferView", "CaptureView", "CompileView", "DonationView", "GpuView", "HostView", "NvmlStatusView",
-    "NvmlView", "ProfileSiteView", "ProfileView", "TopShapeView", "TransferView", "device_order", "gpus_by_index",
-    "is_device_id", "number", "nvml_of_devices", "odd_figures", "odd_fields",
+    "NO_NVML", "AgentView", "BufferView", "CaptureView", "CompileView", "DonationView", "GpuView", "HostView",
+    "NvmlStatusView", "NvmlView", "ProfileSiteView", "ProfileView", "TopShapeView", "TransferView", "device_order",
+    "is_device_id", "number", "nvml_of_devices",
 ]
-
-_obj = protocol.obj_of
-_text = protocol.text_of
-
 
 number = protocol.number
 
+#: The hello's ``nvml`` before one came (or from an agent that sent none).
+NO_NVML = Nvml()
 
 
 def _int(value: Any) -> int | None:
@@ -40,136 +42,26 @@ def _int(value: Any) -> int | None:
 def is_device_id(value: Any) -> bool:
     """Whether a device's ``id`` can name one: an integer (the agent's jax
     id) or a string (a Prometheus label that is not a number). A bool, a
-    float (``0.0`` would be device 0 as a key), null or a container cannot."""
+    float (``0.0`` would be device 0 as a key), null or a container cannot.
+    (The decoder holds records' ids to this; the coarse history's rows,
+    positional, are checked with it.)"""
     return value.__class__ is int or (value.__class__ is str and 0 < len(value) <= 200)
 
 
 def device_order(device_id: int | str) -> tuple[int, int, str]:
     """Sort key of device ids: integers in order, then names (ids of both
     kinds do not compare with ``<``)."""
-    return (0, device_id, "") if device_id.__class__ is int else (1, 0, device_id)  # type: ignore[return-value]
+    if isinstance(device_id, int):
+        return (0, device_id, "")
+    return (1, 0, device_id)
 
 
-#: Units of the figures that are numbers (wire.schema's "id" and "text" are not).
-_NUMERIC_UNITS = frozenset(("bytes", "count", "ratio", "percent", "seconds", "time"))
-#: A device's figures the dashboard shows (a DeviceView's), and its live
-#: arrays': the others (largest_alloc_size, bytes_reserved…) are never read.
-_DEVICE_NUMBERS = ("bytes_in_use", "pool_bytes", "bytes_limit", "peak_bytes_in_use", "largest_free_block_bytes",
-                   "num_allocs", "fragmentation")
-_LIVE_NUMBERS = ("bytes", "count", "holes", "scanned_t")
-_TRANSFER_NUMBERS = tuple(f.key for f in schema.TRANSFER if f.unit in _NUMERIC_UNITS)
-#: A sample's parts whose figures are numbers, and those figures.
-_PART_NUMBERS = {part: tuple(f.key for f in figures if f.unit in _NUMERIC_UNITS)
-                 for part, figures in (("process", schema.PROCESS), ("compile", schema.COMPILE),
-                                       ("donation", schema.DONATION))}
-#: The JSON type each record type's parts must have: (type, its name in a message).
-_SHAPES: dict[str, dict[str, tuple[type, str]]] = {
-    protocol.HELLO: {"argv": (list, "an array"), "versions": (dict, "an object"), "nvml": (dict, "an object"),
-                     "transfer_capture": (dict, "an object"), "devices": (list, "an array"),
-                     "history": (dict, "an object"), "backend": (str, "a string")},
-    protocol.BACKEND: {"versions": (dict, "an object"), "devices": (list, "an array"), "backend": (str, "a string")},
-    protocol.SAMPLE: {"devices": (list, "an array"), "transfers": (dict, "an object"), "nvml": (dict, "an object"),
-                      "jit": (dict, "an object"), "events": (list, "an array"),
-                      "transfer_capture": (dict, "an object"), "accelerator": (dict, "an object"),
-                      **{part: (dict, "an object") for part in _PART_NUMBERS}},
-}
+def nvml_of_devices(nvml_status: Nvml) -> dict[int | str, int]:
+    """jax device id -> NVML index, from the hello's ``nvml``."""
+    return {g.jax_id: g.index for g in nvml_status.devices or () if g.jax_id is not None and g.index is not None}
 
 
-def _by_type(shapes: dict[str, tuple[type, str]]) -> tuple[tuple[tuple[str, ...], frozenset[type], str], ...]:
-    """A record type's parts grouped by the type they must have:
-    ``(keys, the classes they may have (null too), the type's name)``."""
-    groups: dict[tuple[type, str], list[str]] = {}
-    for key, (kind_of, name) in shapes.items():
-        groups.setdefault((kind_of, name), []).append(key)
-    return tuple((tuple(keys), frozenset((kind_of, type(None))), name) for (kind_of, name), keys in groups.items())
-
-
-_SHAPE_GROUPS = {kind: _by_type(shapes) for kind, shapes in _SHAPES.items()}
-#: The classes a figure may have: a JSON number, or null (not measured).
-#: NaN and inf are floats: not measured too (they read n/a, as null does).
-_FIGURE_CLASSES = frozenset((int, float, type(None)))
-_OBJECT_CLASSES = frozenset((dict, type(None)))
-
-
-def odd_fields(kind: Any, record: dict[str, Any]) -> list[tuple[str, Any, str]]:
-    """The parts of a record of the wrong JSON type (an array where an
-    object belongs): ``(where, value, what it should be)``. The model asks
-    it of every record: the parts' classes are compared as a few sets, in C.
-    """
-    for keys, classes, name in _SHAPE_GROUPS.get(kind, ()):
-        if not set(map(type, map(record.get, keys))) <= classes:
-            return [(key, record[key], should) for keys, classes, should in _SHAPE_GROUPS[kind]
-                    for key in keys if type(record.get(key)) not in classes]
-    return []
-
-
-def odd_figures(sample: dict[str, Any]) -> Iterator[tuple[str, Any, str]]:
-    """The figures of a sample that the screen shows (:mod:`jaxtop.wire.schema`)
-    and that are not numbers, and its devices' parts of the wrong JSON type:
-    ``(where, value, what it should be)``.
-
-    The views show each as n/a (or leave it out); the model says so once.
-    A sample of 8 devices holds about 150 such figures: checking them all
-    took 29 us, a third of the time the model takes to feed a sample, so
-    the model asks this of the sample a batch leaves shown, not of each.
-    """
-    for i, dev in enumerate(protocol.list_of(sample.get("devices"))):
-        if type(dev) is not dict:
-            yield f"devices[{i}]", dev, "an object"
-            continue
-        yield from _odd_figures(dev, _DEVICE_NUMBERS, "devices[].")
-        live = dev.get("live_arrays")
-        if type(live) not in _OBJECT_CLASSES:
-            yield "devices[].live_arrays", live, "an object"
-        elif live is not None:
-            yield from _odd_figures(live, _LIVE_NUMBERS, "devices[].live_arrays.")
-            for key, kind_of, name in (("map", list, "an array"), ("top", list, "an array"),
-                                       ("unmapped", dict, "an object")):
-                if live.get(key) is not None and not isinstance(live[key], kind_of):
-                    yield f"devices[].live_arrays.{key}", live[key], name
-    for part, keys in _PART_NUMBERS.items():
-        yield from _odd_figures(_obj(sample.get(part)), keys, f"{part}.")
-    transfers = _obj(sample.get("transfers"))
-    for d in protocol.DIRECTIONS:
-        tr = transfers.get(d)
-        if type(tr) not in _OBJECT_CLASSES:
-            yield f"transfers.{d}", tr, "an object"
-        elif tr is not None:
-            yield from _odd_figures(tr, _TRANSFER_NUMBERS, f"transfers.{d}.")
-
-
-def _odd_figures(obj: dict[str, Any], keys: tuple[str, ...], where: str) -> Iterator[tuple[str, Any, str]]:
-    """The figures of ``obj`` named ``keys`` that are not numbers (their
-    classes compared as a set first, in C: most objects have none)."""
-    if set(map(type, map(obj.get, keys))) <= _FIGURE_CLASSES:
-        return
-    for key in keys:
-        if type(obj.get(key)) not in _FIGURE_CLASSES:
-            yield f"{where}{key}", obj[key], "a number"
-
-
-def gpus_by_index(nvml: Any) -> dict[int, dict[str, Any]]:
-    """A sample's NVML GPUs (its ``nvml``) by their integer index (a list as
-    a key would not even hash)."""
-    return {g["index"]: g for g in protocol.list_of(_obj(nvml).get("devices"))
-            if isinstance(g, dict) and g.get("index").__class__ is int}
-
-
-def nvml_of_devices(nvml_status: Any) -> dict[int | str, int]:
-    """jax device id -> NVML index, from the hello's ``nvml``: device ids
-    that can name one (:func:`is_device_id`), integer indexes."""
-    return {d["jax_id"]: d["index"] for d in protocol.list_of(_obj(nvml_status).get("devices"))
-            if isinstance(d, dict) and is_device_id(d.get("jax_id")) and d.get("index").__class__ is int}
-
-
-def _said_available(obj: Mapping[str, Any]) -> bool | None:
-    """The object's ``available`` flag: None when it does not say."""
-    flag = obj.get("available")
-    return flag if isinstance(flag, bool) else None
-
-
-def _reason(obj: Mapping[str, Any]) -> str | None:
-    reason = obj.get("reason")
+def _reason(reason: str | None) -> str | None:
     return protocol.shown(reason) if reason else None
 
 
@@ -192,18 +84,13 @@ class HostView:
     started_t: float | None = None  # when the process started (Unix s)
 
     @classmethod
-    def from_wire(cls, value: Any) -> HostView:
-        p = _obj(value)
-        if p.get("available") is False:
-            return cls(available=False, na_reason=_reason(p))
-        return cls(
-            rss_bytes=number(p.get("rss_bytes")),
-            vms_bytes=number(p.get("vms_bytes")),
-            peak_rss_bytes=number(p.get("peak_rss_bytes")),
-            cpu_percent=number(p.get("cpu_percent")),
-            threads=number(p.get("threads")),
-            started_t=number(p.get("started_t")),
-        )
+    def from_wire(cls, p: Process | None) -> HostView:
+        if p is None:
+            return cls()
+        if p.available is False:
+            return cls(available=False, na_reason=_reason(p.reason))
+        return cls(rss_bytes=_int(p.rss_bytes), vms_bytes=_int(p.vms_bytes), peak_rss_bytes=_int(p.peak_rss_bytes),
+                   cpu_percent=p.cpu_percent, threads=_int(p.threads), started_t=p.started_t)
 
 
 @dataclass(frozen=True)
@@ -218,12 +105,11 @@ class AgentView:
     tick_s: float | None = None
 
     @classmethod
-    def from_wire(cls, value: Any) -> AgentView | None:
-        a = _obj(value)
-        if not a:
+    def from_wire(cls, a: AgentStats | None) -> AgentView | None:
+        if a is None:
             return None
-        tick = number(a.get("tick_s"))
-        return cls(cpu_share=number(a.get("cpu_share")), ceiling_share=number(a.get("ceiling_share")),
+        tick = a.tick_s
+        return cls(cpu_share=a.cpu_share, ceiling_share=a.ceiling_share,
                    tick_s=tick if tick is not None and 0 < tick <= 86400 else None)
 
     def stretched(self, interval_s: float) -> bool:
@@ -241,10 +127,11 @@ class CompileView:
     cache_hits_total: int | None = None  # persistent compilation cache hits
 
     @classmethod
-    def from_wire(cls, value: Any) -> CompileView:
-        c = _obj(value)
-        return cls(count=number(c.get("count")), count_total=number(c.get("count_total")),
-                   seconds_total=number(c.get("seconds_total")), cache_hits_total=number(c.get("cache_hits_total")))
+    def from_wire(cls, c: Compile | None) -> CompileView:
+        if c is None:
+            return cls()
+        return cls(count=_int(c.count), count_total=_int(c.count_total), seconds_total=c.seconds_total,
+                   cache_hits_total=_int(c.cache_hits_total))
 
 
 @dataclass(frozen=True)
@@ -256,10 +143,10 @@ class DonationView:
     last_message: str | None = None
 
     @classmethod
-    def from_wire(cls, value: Any) -> DonationView:
-        d = _obj(value)
-        return cls(failed=number(d.get("failed")), failed_total=number(d.get("failed_total")),
-                   last_message=_text(d.get("last_message")))
+    def from_wire(cls, d: Donation | None) -> DonationView:
+        if d is None:
+            return cls()
+        return cls(failed=_int(d.failed), failed_total=_int(d.failed_total), last_message=d.last_message or None)
 
 
 @dataclass(frozen=True)
@@ -283,20 +170,19 @@ class GpuView:
     process_memory_reason: str | None = None
 
     @classmethod
-    def from_wire(cls, value: Any) -> GpuView:
-        g = _obj(value)
+    def from_wire(cls, g: Gpu) -> GpuView:
         return cls(
-            index=_int(g.get("index")),
-            memory_used_bytes=number(g.get("memory_used_bytes")),
-            memory_total_bytes=number(g.get("memory_total_bytes")),
-            gpu_util_percent=number(g.get("gpu_util_percent")),
-            mem_util_percent=number(g.get("mem_util_percent")),
-            temperature_c=number(g.get("temperature_c")),
-            power_w=number(g.get("power_w")),
-            pcie_tx_bytes_per_s=number(g.get("pcie_tx_bytes_per_s")),
-            pcie_rx_bytes_per_s=number(g.get("pcie_rx_bytes_per_s")),
-            process_memory_bytes=number(g.get("process_memory_bytes")),
-            process_memory_reason=_text(g.get("process_memory_reason")),
+            index=g.index,
+            memory_used_bytes=_int(g.memory_used_bytes),
+            memory_total_bytes=_int(g.memory_total_bytes),
+            gpu_util_percent=g.gpu_util_percent,
+            mem_util_percent=g.mem_util_percent,
+            temperature_c=g.temperature_c,
+            power_w=g.power_w,
+            pcie_tx_bytes_per_s=g.pcie_tx_bytes_per_s,
+            pcie_rx_bytes_per_s=g.pcie_rx_bytes_per_s,
+            process_memory_bytes=_int(g.process_memory_bytes),
+            process_memory_reason=g.process_memory_reason or None,
         )
 
 
@@ -310,14 +196,12 @@ class NvmlView:
     na_reason: str | None = None
 
     @classmethod
-    def from_wire(cls, value: Any) -> NvmlView | None:
+    def from_wire(cls, n: Nvml | None) -> NvmlView | None:
         """The view, or None when the sample carried no NVML reading."""
-        n = _obj(value)
-        if not n:
+        if n is None or n == NO_NVML:
             return None
-        devices = n.get("devices")
-        gpus = tuple(GpuView.from_wire(g) for g in devices if isinstance(g, dict)) if isinstance(devices, list) else ()
-        return cls(t=number(n.get("t")), gpus=gpus, available=n.get("available") is not False, na_reason=_reason(n))
+        return cls(t=n.t, gpus=tuple(GpuView.from_wire(g) for g in n.devices or ()), available=n.available is not False,
+                   na_reason=_reason(n.reason))
 
 
 @dataclass(frozen=True)
@@ -332,9 +216,8 @@ class NvmlStatusView:
     na_reason: str | None = None
 
     @classmethod
-    def from_wire(cls, value: Any) -> NvmlStatusView:
-        n = _obj(value)
-        return cls(available=_said_available(n), na_reason=_reason(n))
+    def from_wire(cls, n: Nvml) -> NvmlStatusView:
+        return cls(available=n.available, na_reason=_reason(n.reason))
 
 
 @dataclass(frozen=True)
@@ -350,11 +233,11 @@ class CaptureView:
     note: str | None = None
 
     @classmethod
-    def from_wire(cls, value: Any) -> CaptureView:
-        c = _obj(value)
-        guard = _obj(c.get("guard"))
-        return cls(available=_said_available(c), na_reason=_reason(c),
-                   guard=tuple((d, protocol.shown(level)) for d, level in guard.items()), note=_text(c.get("note")))
+    def from_wire(cls, c: Capture | None) -> CaptureView:
+        if c is None:
+            return cls()
+        return cls(available=c.available, na_reason=_reason(c.reason),
+                   guard=tuple((d, protocol.shown(level)) for d, level in (c.guard or {}).items()), note=c.note or None)
 
 
 @dataclass(frozen=True)
@@ -375,14 +258,6 @@ class TransferView:
         return TransferView(count_total=self.count_total, bytes_known_total=self.bytes_known_total,
                             count_bytes_unknown_total=self.count_bytes_unknown_total)
 
-    @classmethod
-    def from_rates(cls, rates: Any) -> TransferView:
-        """From the model's per-direction rates and the sample's totals."""
-        r = _obj(rates)
-        return cls(count_per_s=number(r.get("count_per_s")), bytes_known_per_s=number(r.get("bytes_known_per_s")),
-                   count_total=number(r.get("count_total")), bytes_known_total=number(r.get("bytes_known_total")),
-                   count_bytes_unknown_total=number(r.get("count_bytes_unknown_total")))
-
 
 @dataclass(frozen=True)
 class TopShapeView:
@@ -393,10 +268,9 @@ class TopShapeView:
     count: int | None
 
     @classmethod
-    def from_wire(cls, value: Any) -> TopShapeView:
-        s = _obj(value)
-        return cls(direction=protocol.shown(s.get("direction", "?")), shape=protocol.shown(s.get("shape", "?")),
-                   count=number(s.get("count")))
+    def from_wire(cls, s: TopShape) -> TopShapeView:
+        return cls(direction=protocol.shown(s.direction if s.direction is not None else "?"),
+                   shape=protocol.shown(s.shape if s.shape is not None else "?"), count=_int(s.count))
 
 
 @dataclass(frozen=True)
@@ -409,11 +283,9 @@ class BufferView:
     ptr: int | None
 
     @classmethod
-    def from_wire(cls, value: Any) -> BufferView:
-        b = _obj(value)
-        dtype, shape = b.get("dtype"), b.get("shape")
-        return cls(nbytes=number(b.get("nbytes")), dtype=None if dtype is None else protocol.shown(dtype),
-                   shape=None if shape is None else protocol.shown(shape), ptr=_int(b.get("ptr")))
+    def from_wire(cls, b: TopBuffer) -> BufferView:
+        return cls(nbytes=_int(b.nbytes), dtype=b.dtype, shape=None if b.shape is None else protocol.shown(b.shape),
+                   ptr=_int(b.ptr))
 
 
 @dataclass(frozen=True)
@@ -436,8 +308,8 @@ class ProfileView:
     top_sites: tuple[ProfileSiteView, ...] = ()
 
     @classmethod
-    def from_wire(cls, value: Any) -> ProfileView | None:
-        p = _obj(value)
+    def from_wire(cls, p: dict[str, Any] | None) -> ProfileView | None:
+        """From a ``memory_profile`` command's result (a reply's ``result``)."""
         if not p:
             return None
         sites = p.get("top_sites")

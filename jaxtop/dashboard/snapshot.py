@@ -17,13 +17,17 @@ from jaxtop.wire.timeline import LIVE_COUNT_NA
 from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.dashboard.readings import (
     AgentView, BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
-    TopShapeView, TransferView, gpus_by_index, number,
+    TopShapeView,
 )
+from jaxtop.dashboard.rows import gpus_by_index
+from jaxtop.wire.records import LiveArrays
 from jaxtop.dashboard.views import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, unheld_of
 
 if TYPE_CHECKING:
     from jaxtop.dashboard.state import ProcessModel, _DeviceState
 
+#: A device's live arrays before a scan said anything.
+NO_LIVE = LiveArrays()
 #: The shortest time axis drawn: a run's first sample alone still gets one.
 MIN_SPAN_S = 1.0
 #: Census views a model keeps built (a process keeps at most 20 censuses).
@@ -52,44 +56,41 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
     age = (mono - p.last_recv) if (p.last_recv is not None and p.state in (LIVE, STALE)) else None
     started = _started_t(p)
     ref = p.last_t if p.state in (EXITED, DISCONNECTED, REPLAY) or replaying else wall
-    latest = p.latest
+    latest, hello = p.latest, p.hello
     history = p.history.window(window_s, end_t)
-    transfers = latest.get("transfers") if isinstance(latest.get("transfers"), dict) else {}
-    shapes = transfers.get("top_shapes")
-    external = protocol.obj_of(p.hello.get("external"))
-    seq = latest.get("seq")
-    own_pid = p.hello.get("pid")
+    shapes = latest.transfers.top_shapes if latest.transfers is not None else None
+    external = hello.external or {}
+    seq, own_pid = latest.seq, hello.pid
     return ProcessView(
         pid=p.pid,
-        argv=tuple(a for a in protocol.list_of(p.hello.get("argv")) if isinstance(a, str)),
+        argv=tuple(a for a in hello.argv or () if isinstance(a, str)),
         backend=p.backend,
         versions=dict(p.versions),
         state=p.state,
         sample_age_s=age,
         uptime_s=(ref - started) if (started and ref) else None,
         interval_s=p.interval_s,
-        seq=seq if seq.__class__ is int else None,
+        seq=seq if isinstance(seq, int) else None,
         # A process that exited (or whose agent left) transfers nothing now:
         # its last interval's rates are not a current rate. Totals stay.
-        transfers={d: TransferView.from_rates(r).ended() if p.state in (EXITED, DISCONNECTED)
-                   else TransferView.from_rates(r) for d, r in p.rates.items()},
-        top_shapes=tuple(TopShapeView.from_wire(s) for s in shapes if isinstance(s, dict)) if isinstance(shapes, list) else (),
+        transfers={d: r.ended() if p.state in (EXITED, DISCONNECTED) else r for d, r in p.rates.items()},
+        top_shapes=tuple(TopShapeView.from_wire(s) for s in shapes or ()),
         # The newest status wins: a sample's, else the hello's.
-        capture=CaptureView.from_wire(latest.get("transfer_capture") or p.hello.get("transfer_capture")),
-        process=HostView.from_wire(latest.get("process")),
-        compile=CompileView.from_wire(latest.get("compile")),
-        donation=DonationView.from_wire(latest.get("donation")),
+        capture=CaptureView.from_wire(latest.transfer_capture or hello.transfer_capture),
+        process=HostView.from_wire(latest.process),
+        compile=CompileView.from_wire(latest.compile),
+        donation=DonationView.from_wire(latest.donation),
         nvml_status=NvmlStatusView.from_wire(p.nvml_status),
         history=history,
-        host=p.hello.get("host") if isinstance(p.hello.get("host"), str) else None,
-        own_pid=own_pid if own_pid.__class__ is int else None,
-        job=p.hello.get("job") if isinstance(p.hello.get("job"), str) else None,
-        detail_na=p.hello.get("detail_na") if isinstance(p.hello.get("detail_na"), str) else None,
+        host=hello.host,
+        own_pid=own_pid if isinstance(own_pid, int) else None,
+        job=hello.job,
+        detail_na=hello.detail_na,
         last_profile=ProfileView.from_wire(p.last_profile),
         span=_span(history, window_s, end_t),
         demo=p.demo,
         external=protocol.text_of(external.get("note")),
-        nvml=NvmlView.from_wire(latest.get("nvml")),
+        nvml=NvmlView.from_wire(latest.nvml),
         holders=p.holders.view(),
         transfer_sites=p.transfer_sites.view(p.last_t, p.tick_s),
         oom_censuses=tuple(census_view(c, census_views) for c in p.oom_censuses),
@@ -103,51 +104,50 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
 def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t: float | None) -> DeviceView:
     """The view of one device of ``p``."""
     d = s.latest
-    live = protocol.obj_of(d.get("live_arrays"))
-    gpu = gpus_by_index(p.latest.get("nvml")).get(p.jax_to_nvml.get(s.id))  # type: ignore[arg-type]
+    live = d.live_arrays or NO_LIVE
+    index = p.jax_to_nvml.get(s.id)
+    gpu = gpus_by_index(p.latest.nvml).get(index) if index is not None else None
     allocs_reason = LIVE_COUNT_NA if s.allocs_live else None
-    if d.get("num_allocs") is None:
-        allocs_reason = "allocator reports no num_allocs" if d.get("source") == "memory_stats" else "no allocator statistics on this backend"
-    source = protocol.text_of(d.get("source")) or "?"
+    if d.num_allocs is None:
+        allocs_reason = "allocator reports no num_allocs" if d.source == "memory_stats" else "no allocator statistics on this backend"
+    source = d.source or "?"
     frag_na = protocol.fragmentation_na(s.platform)
-    live_age_s = _age(end_t, live.get("scanned_t"))
-    unheld = unheld_of(source, number(d.get("bytes_in_use")), number(live.get("bytes")), live_age_s,
-                       number(live.get("in_use_bytes")))
+    live_age_s = _age(end_t, live.scanned_t)
+    unheld = unheld_of(source, d.bytes_in_use, live.bytes, live_age_s, live.in_use_bytes)
     return DeviceView(
         pid=p.pid,
         id=s.id,
         platform=s.platform,
         source=source,
-        bytes_in_use=number(d.get("bytes_in_use")),
-        pool_bytes=number(d.get("pool_bytes")),
-        bytes_limit=number(d.get("bytes_limit")),
-        peak_bytes_in_use=number(d.get("peak_bytes_in_use")),
-        largest_free_block_bytes=number(d.get("largest_free_block_bytes")),
-        num_allocs=number(d.get("num_allocs")),
-        live_bytes=number(live.get("bytes")),
-        live_count=number(live.get("count")),
-        nvml=GpuView.from_wire(gpu) if gpu else None,
+        bytes_in_use=d.bytes_in_use,
+        pool_bytes=d.pool_bytes,
+        bytes_limit=d.bytes_limit,
+        peak_bytes_in_use=d.peak_bytes_in_use,
+        largest_free_block_bytes=d.largest_free_block_bytes,
+        num_allocs=d.num_allocs,
+        live_bytes=live.bytes,
+        live_count=live.count,
+        nvml=GpuView.from_wire(gpu) if gpu is not None else None,
         # A recording from an agent that still sent the TPU's figure: the
         # rule of today's agent applies (protocol.fragmentation_na).
-        fragmentation=None if frag_na else number(d.get("fragmentation")),
-        fragmentation_reason=frag_na or (protocol.shown(d.get("fragmentation_reason"))
-                                         if d.get("fragmentation_reason") else None),
-        allocs_per_s=s.allocs_per_s if d.get("num_allocs") is not None else None,
+        fragmentation=None if frag_na else d.fragmentation,
+        fragmentation_reason=frag_na or d.fragmentation_reason or None,
+        allocs_per_s=s.allocs_per_s if d.num_allocs is not None else None,
         allocs_reason=allocs_reason,
         buffer_map=s.buffer_map,
         map_complete=s.map_complete,
-        top_buffers=tuple(BufferView.from_wire(b) for b in s.top_buffers if isinstance(b, dict)),
+        top_buffers=tuple(BufferView.from_wire(b) for b in s.top_buffers),
         timeline=s.history.window(window_s, end_t),
         map_live_count=s.map_live_count,
         map_live_bytes=s.map_live_bytes,
         unmapped=dict(s.unmapped),
-        live_holes=number(live.get("holes")),
+        live_holes=live.holes,
         live_age_s=live_age_s,
         map_age_s=_age(end_t, s.map_t),
-        in_use_at_scan_bytes=number(live.get("in_use_bytes")),
+        in_use_at_scan_bytes=live.in_use_bytes,
         # Older agents said it only in the map's samples (``unmapped``).
-        not_ready_count=number(live.get("not_ready_count")) or number(s.unmapped.get("not_ready")),
-        not_ready_bytes=number(live.get("not_ready_bytes")),
+        not_ready_count=live.not_ready_count or s.unmapped.get("not_ready"),
+        not_ready_bytes=live.not_ready_bytes,
         free_block_note=protocol.TPU_FREE_BLOCK_NOTE if s.platform == "tpu" else None,
         unheld_bytes=unheld[0] if unheld else None,
         unheld_exact=unheld[1] if unheld else False,
@@ -166,9 +166,8 @@ def census_view(census: dict[str, Any], views: CensusViews) -> OomCensus:
     return view
 
 
-def _age(end_t: float | None, t: Any) -> float | None:
+def _age(end_t: float | None, t: float | None) -> float | None:
     """Seconds from ``t`` to ``end_t`` (never below 0), None if either is unknown."""
-    t = protocol.timestamp(t)
     if end_t is None or t is None:
         return None
     return max(0.0, float(end_t) - t)
@@ -180,7 +179,7 @@ def _started_t(p: ProcessModel) -> float | None:
     agent was injected into a running program."""
     if p.started_t is not None:
         return p.started_t
-    return protocol.timestamp(p.hello.get("started_t"))
+    return p.hello.started_t
 
 
 def _span(history: Window, window_s: float | None, end_t: float | None) -> tuple[float, float] | None:

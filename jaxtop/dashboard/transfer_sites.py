@@ -18,9 +18,12 @@ from __future__ import annotations
 import collections
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from jaxtop.dashboard.counter_window import RATE_WINDOW_S
+
+if TYPE_CHECKING:
+    from jaxtop.wire.records import Sample
 
 __all__ = [
     "RATE_WINDOW_S", "SCALAR_ADVICE", "ScalarSummary", "TransferArgView", "TransferSiteView", "TransferSitesFold",
@@ -284,11 +287,11 @@ class TransferSitesFold:
         """No sample carried the field yet (an older agent sends none)."""
         return self._field is None
 
-    def feed(self, record: dict[str, Any]) -> bool:
-        """Takes one sample record; returns whether it carried the field."""
-        field_ = record.get("transfer_sites")
-        t = _num(record.get("t"))
-        if not isinstance(field_, dict) or t is None:
+    def feed(self, sample: Sample) -> bool:
+        """Takes one sample; returns whether it carried the field."""
+        field_ = sample.transfer_sites
+        t = sample.t
+        if field_ is None or t is None:
             return False
         if self._field_t is not None and t < self._field_t:
             return False  # older than what is in (a history fold feeds in order)

@@ -15,12 +15,11 @@ import threading
 import time
 from typing import IO, Any, Iterable
 
-import orjson
-
 from jaxtop.wire import client, paths, protocol
 from jaxtop.dashboard.model import DISCONNECTED, EXITED, Model
 from jaxtop.dashboard.sources.base import OnUpdate, Source
 from jaxtop.dashboard.sources.spool import Spool, copy_gzip_lines
+from jaxtop.wire.records import Exit, Record, Unknown, decode
 
 
 #: Name of a dashboard's spool directory in the temporary directory: this
@@ -482,7 +481,7 @@ def ingest(model: Model, pid: int, lines: list[bytes]) -> bool:
     Returns:
         Whether the read held the agent's ``exit`` record.
     """
-    records: list[dict[str, Any]] = []
+    records: list[Record | Unknown] = []
     saw_exit = False
     for n, line in enumerate(drop_superseded_maps(lines), 1):
         if n % STEP_ASIDE_LINES == 0:
@@ -490,13 +489,13 @@ def ingest(model: Model, pid: int, lines: list[bytes]) -> bool:
         if not line.strip():
             continue
         try:
-            record = fast_decode(line)
+            record = decode(line)
         except protocol.ProtocolError as exc:
             model.feed_many(pid, records)
             records = []
             model.add_event(pid, "error", f"malformed line from agent skipped: {exc}")
             continue
-        if record.get("type") == "exit":
+        if record.__class__ is Exit:
             saw_exit = True
         records.append(record)
     if records:
@@ -551,25 +550,6 @@ def drop_superseded_maps(lines: list[bytes]) -> list[bytes]:
         elif last is not None and i < last and line.count(_MAP_KEY) <= keep:
             out[i] = _MAP_RE.sub(b'"map":[]', line)
     return out
-
-
-def fast_decode(line: bytes) -> dict[str, Any]:
-    """A line as the dashboard takes it (live, replay and its index): orjson,
-    several times faster than the standard library, and what it rejects (NaN
-    literals, an integer beyond a float, odd input) read by a bounded
-    :func:`protocol.decode`, which reads integers as orjson does: the model
-    never meets ``10**4000``, and a line holding one is refused, with why.
-
-    Raises:
-        protocol.ProtocolError: the line is not a valid record.
-    """
-    try:
-        obj = orjson.loads(line)
-    except Exception:
-        return protocol.decode(line, bounded=True)
-    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
-        return protocol.decode(line, bounded=True)
-    return obj
 
 
 def _with_suffix(path: str, pid: int) -> str:

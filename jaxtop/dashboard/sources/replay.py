@@ -17,7 +17,8 @@ from jaxtop.wire import paths, protocol
 from jaxtop.dashboard.model import REPLAY, Model
 from jaxtop.dashboard.sources import replay_cache, replay_index
 from jaxtop.dashboard.sources.base import OnUpdate, Source
-from jaxtop.dashboard.sources.live import drop_superseded_maps, fast_decode
+from jaxtop.dashboard.sources.live import drop_superseded_maps
+from jaxtop.wire.records import Record, Sample, Unknown, decode
 from jaxtop.dashboard.sources.replay_index import Index
 from jaxtop.export.convert import guarded, open_recording
 
@@ -91,7 +92,7 @@ class ReplaySource(Source):
         # Playing before the index is in: the file read in order.
         self._stream: IO[bytes] | None = None
         self._records: Iterator[tuple[int, bytes, dict[str, Any], float]] | None = None
-        self._next: tuple[int, bytes, dict[str, Any], float] | None = None
+        self._next: tuple[int, bytes, Record | Unknown, float] | None = None
         self._t_start: float | None = None
         self._last_t: float | None = None
         # The background indexer.
@@ -313,7 +314,7 @@ class ReplaySource(Source):
             f.seek(int(self.index.offsets[i]))
             try:
                 # The limit holds even if the file changed since it was indexed.
-                self.model.feed(self.pid, fast_decode(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1)))
+                self.model.feed(self.pid, decode(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1)))
             except Exception as exc:  # noqa: BLE001 - any record, any model bug
                 self._record_failed(i, exc)
         self.model.set_state(self.pid, REPLAY)
@@ -340,7 +341,7 @@ class ReplaySource(Source):
                 records = []
                 for j, line in zip(range(i, end), drop_superseded_maps(lines)):
                     try:
-                        records.append(fast_decode(line))
+                        records.append(decode(line))
                     except Exception as exc:  # noqa: BLE001 - the file changed since it was indexed
                         self._record_failed(j, exc)
                 model.feed_many(self.pid, records)
@@ -446,7 +447,7 @@ class ReplaySource(Source):
             seen = 0
             if self.index is None:
                 while self._next is not None and seen < samples:
-                    seen += self._next[2].get("type") == protocol.SAMPLE
+                    seen += self._next[2].__class__ is Sample
                     self._stream_one()
             else:
                 start = self.position

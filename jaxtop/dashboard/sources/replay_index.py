@@ -44,9 +44,11 @@ from jaxtop.dashboard import model as model_module
 from jaxtop.dashboard import state as state_module
 from jaxtop.dashboard import transfer_sites as transfer_sites_module
 from jaxtop.dashboard import events as events_module
+from jaxtop.dashboard import readings as readings_module
+from jaxtop.wire.records import core as records_core
 from jaxtop.dashboard.history import History, HistoryLog
 from jaxtop.dashboard.model import REPLAY, Model
-from jaxtop.dashboard.sources.live import fast_decode
+from jaxtop.wire.records import Hello, Record, Sample, Unknown, decode
 from jaxtop.export.convert import guarded, open_recording
 
 #: Bumped whenever what is stored changes meaning.
@@ -69,11 +71,11 @@ OnProgress = Callable[[int, int], None]
 
 # -- reading records ---------------------------------------------------------------
 
-def iter_records(stream: IO[bytes], stats: protocol.ReadStats) -> Iterator[tuple[int, bytes, dict[str, Any], float]]:
+def iter_records(stream: IO[bytes], stats: protocol.ReadStats) -> Iterator[tuple[int, bytes, Record | Unknown, float]]:
     """``(line number, line, record, time)`` for every playable record.
 
-    A line that is not a record (:func:`fast_decode`: an integer beyond a
-    float's range makes one), or has no finite time within
+    A line that is not a record (:func:`jaxtop.wire.records.decode`: an
+    integer beyond a float's range makes one), or has no finite time within
     ``protocol.MAX_TIME_S``, is skipped and noted in ``stats`` (NaN or inf
     would make every gap, seek and time shown after it NaN); so is an
     oversized or truncated line (``protocol.iter_lines``).
@@ -82,24 +84,27 @@ def iter_records(stream: IO[bytes], stats: protocol.ReadStats) -> Iterator[tuple
     """
     for lineno, line in protocol.iter_lines(stream, stats):
         try:
-            rec = fast_decode(line)
+            rec = decode(line)
         except protocol.ProtocolError as exc:
             stats.note(lineno, str(exc))
             continue
-        t = protocol.timestamp(rec.get("t"))
+        t = rec.t
         if t is None:
-            stats.note(lineno, "no finite 't'" if protocol.finite(rec.get("t")) is None else "'t' out of range")
+            # The decoder noted a 't' it could not read (out of range, not a
+            # number); without a note there was none, or it was not finite.
+            odd = any(o.where == "t" for o in getattr(rec, "odd", ()))
+            stats.note(lineno, "'t' out of range" if odd else "no finite 't'")
             continue
         stats.records += 1
         yield lineno, line, rec, t
 
 
-def first_pid(rec: dict[str, Any]) -> int:
+def first_pid(rec: Record | Unknown) -> int:
     """The pid a replay shows: the first record's, if it is a hello."""
-    if rec.get("type") != protocol.HELLO:
+    if not isinstance(rec, Hello):
         return 0
-    pid = rec.get("pid")
-    return pid if pid.__class__ is int and 0 < pid < 1 << 62 else 0
+    pid = rec.pid
+    return pid if isinstance(pid, int) and 0 < pid < 1 << 62 else 0
 
 
 def stream_position(stream: IO[bytes]) -> int:
@@ -184,9 +189,14 @@ _ALLOWED = {
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
     ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    # A decoded record (the latest sample, a device's reading) is pickled as
+    # ``rebuild(cls, fields)``, which is ``cls(**fields)``: cls must itself
+    # be one of the record classes below.
+    ("msgspec._utils", "rebuild"),
 }
 _MODEL_MODULES = {m.__name__: m for m in (model_module, state_module, events_module, holders_module, ledger_module,
-                                          history_module, transfer_sites_module, counter_window_module)}
+                                          history_module, transfer_sites_module, counter_window_module,
+                                          readings_module, records_core)}
 
 
 class _ModelUnpickler(pickle.Unpickler):
@@ -220,7 +230,7 @@ class _Builder:
         self.logs: list[History] = []
         self.model = Model(clock=lambda: 0.0, new_history=self._new_history)
         self.pid = 0
-        self.pending: list[dict[str, Any]] = []
+        self.pending: list[Record | Unknown] = []
         self.since_bytes = 0
         self.since_records = 0
         self.at: list[int] = []
@@ -236,7 +246,7 @@ class _Builder:
         self.logs.append(history)
         return history
 
-    def add(self, rec: dict[str, Any], nbytes: int) -> None:
+    def add(self, rec: Record | Unknown, nbytes: int) -> None:
         if self.records == 0:
             self.pid = first_pid(rec)
         self.records += 1
@@ -342,7 +352,7 @@ def build(path: str, copy_path: str | None = None, on_progress: OnProgress | Non
                     copy.write(line)
                 times.append(t)
                 lines.append(lineno)
-                is_sample.append(rec.get("type") == protocol.SAMPLE)
+                is_sample.append(rec.__class__ is Sample)
                 builder.add(rec, len(line))
                 unreported += len(line)
                 if on_progress is not None and unreported >= progress_every:

@@ -1,0 +1,260 @@
+"""The one place a line (or a dict) from outside becomes a typed record.
+
+Every source decodes here: the live socket, a replay file, a Prometheus
+scrape (whose dicts go through :func:`from_dict`), a test. What leaves is a
+:data:`~jaxtop.wire.records.core.Record` whose every field has its declared
+type and every string is safe to show on a terminal, or a
+:class:`~jaxtop.wire.protocol.ProtocolError` that says why the line is no
+record. Past this module no reader checks a field again.
+
+Two paths:
+
+* **Fast** (nearly every line): one scan of the raw bytes for anything a
+  terminal would obey — a C0 control or DEL, a C1 control or a bidi
+  override in UTF-8, or a JSON escape that spells one — and, where there is
+  none, msgspec decodes the line straight into the types. Clean ASCII with
+  no backslash and no DEL (what the agent writes) is told by three C-speed
+  tests of the bytes; only a line with one of those is searched.
+* **Careful**: a line the scan flags, or one msgspec refuses for its types
+  (an unknown ``type``, a field of the wrong shape, an integer beyond 64
+  bits, a number beyond a float's range), is read with ``json.loads``; its
+  strings are shown safely (:func:`~jaxtop.wire.safe_text.safe_record`);
+  then each part that does not have its declared type reads n/a (None, or
+  is left out of its list) and is noted in the record's ``odd``, which the
+  dashboard says once per field. An unknown ``type`` gives an
+  :class:`~jaxtop.wire.records.core.Unknown`, which readers skip.
+
+Unknown fields are ignored by both paths (a newer agent adds fields).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import types
+import typing
+from typing import Any, Union
+
+import msgspec
+
+from jaxtop.wire.protocol import ProtocolError, shown
+from jaxtop.wire.records.base import INT64_MAX, INT64_MIN, MAX_TIME_S
+from jaxtop.wire.records.core import ODD_KEY, RECORD_TYPES, Odd, OomCensus, Record, Unknown
+from jaxtop.wire.safe_text import safe_record
+
+__all__ = ["decode", "from_dict", "is_clean"]
+
+_FAST = msgspec.json.Decoder(Record)
+
+#: What makes a line take the careful path: a raw C0 control or DEL (JSON
+#: allows DEL raw in a string), a C1 control or a bidi override/isolate in
+#: UTF-8, and a JSON escape of any of them (tab and newline escapes too:
+#: they are rare, and the careful path keeps them).
+_SUSPECT = re.compile(
+    rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]|\xe2\x80[\xaa-\xae]|\xe2\x81[\xa6-\xa9]"
+    rb"|\\u(?:00[0-1]|007[fF]|00[89]|202[a-eA-E]|206[6-9])"
+)
+
+def is_clean(line: bytes) -> bool:
+    """Whether ``line`` holds nothing a terminal would obey, raw or escaped."""
+    # Two tests in C (memchr) settle what the agent writes: pure ASCII with
+    # no backslash at all (so no escape) and no DEL.
+    if line.isascii() and b"\\" not in line and b"\x7f" not in line:
+        return True
+    return _SUSPECT.search(line) is None
+
+
+def decode(line: bytes | str) -> Record | Unknown:
+    """One line as a typed record.
+
+    Raises:
+        ProtocolError: the line is not a JSON object with a string ``type``
+            (or is nested too deeply to read).
+    """
+    raw = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line
+    if is_clean(raw):
+        try:
+            record = _FAST.decode(raw)
+            if record.__class__ is not OomCensus:
+                return record
+        except msgspec.ValidationError:
+            pass  # the careful path says which part, and keeps the rest
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"not JSON: {exc}") from None
+        except RecursionError:
+            raise ProtocolError("not JSON: nested too deeply") from None
+    return from_dict(_loads(raw))
+
+
+def _int64(text: str) -> int | float:
+    """``parse_int``: integers beyond 64 bits read as floats (as orjson
+    reads them), and a line with one beyond a float's range is refused."""
+    value = int(text) if len(text) < 19 else None
+    if value is not None:
+        return value
+    if len(text) <= 21:  # int() of so few digits never meets Python's digit limit
+        value = int(text)
+        if INT64_MIN <= value <= INT64_MAX:
+            return value
+    number = float(text)
+    if not math.isfinite(number):
+        raise ProtocolError(f"an integer beyond a float's range ({len(text.lstrip('-'))} digits)")
+    return number
+
+
+def _finite(text: str) -> float | None:
+    """``parse_float``: a number beyond a float's range (``1e400``) reads n/a."""
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _no_constant(name: str) -> None:
+    """``parse_constant``: NaN and Infinity (not JSON, but Python writes
+    them) read n/a."""
+    return None
+
+
+def _loads(line: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(line, parse_int=_int64, parse_float=_finite, parse_constant=_no_constant)
+    except ProtocolError:
+        raise
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("not JSON: nested too deeply") from None
+    except Exception as exc:  # anything else a decoder may raise on odd input
+        raise ProtocolError(f"not JSON: {type(exc).__name__}: {exc}") from None
+    if obj.__class__ is not dict or obj.get("type").__class__ is not str:
+        raise ProtocolError("not a record: expected an object with a 'type' string")
+    return obj
+
+
+def from_dict(obj: dict[str, Any]) -> Record | Unknown:
+    """A decoded JSON object (a careful path's line, a Prometheus scrape's
+    record, a test's) as a typed record: the careful path above.
+
+    Raises:
+        ProtocolError: ``obj`` has no string ``type``.
+    """
+    kind = obj.get("type") if obj.__class__ is dict else None
+    if kind.__class__ is not str:
+        raise ProtocolError("not a record: expected an object with a 'type' string")
+    try:
+        obj = safe_record(obj)
+    except RecursionError:
+        raise ProtocolError("not JSON: nested too deeply") from None
+    cls = RECORD_TYPES.get(obj["type"])
+    if cls is None:
+        t = obj.get("t")
+        return Unknown(type=obj["type"], t=t if t.__class__ is float or t.__class__ is int else None)
+    if ODD_KEY in obj:
+        obj = {k: v for k, v in obj.items() if k != ODD_KEY}
+    if cls is OomCensus:  # kept whole: its readers take its parts (jaxtop.dashboard.oom_report)
+        t = obj.get("t")
+        return OomCensus(t=t if (t.__class__ is float or t.__class__ is int) and abs(t) <= MAX_TIME_S else None,
+                         body=obj)
+    try:
+        return msgspec.convert(obj, cls)
+    except msgspec.ValidationError:
+        pass
+    except RecursionError:
+        raise ProtocolError("not JSON: nested too deeply") from None
+    notes: list[Odd] = []
+    try:
+        fields = _struct_fields(obj, cls, "", notes)
+    except RecursionError:
+        raise ProtocolError("not JSON: nested too deeply") from None
+    return cls(**fields, odd=tuple(notes))
+
+
+# -- the careful path: each part of its declared type, or n/a -----------------------------------
+
+_NONE = type(None)
+_UNION_TYPES = (Union, types.UnionType)
+
+
+def _members(tp: Any) -> tuple[Any, ...]:
+    """The types a field may hold, None left out (``X | None`` -> ``(X,)``)."""
+    if typing.get_origin(tp) in _UNION_TYPES:
+        return tuple(m for m in typing.get_args(tp) if m is not _NONE)
+    return (tp,)
+
+
+def _bare(tp: Any) -> Any:
+    """``Annotated[X, ...]`` -> ``X``."""
+    return typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Annotated else tp
+
+
+def _should(tp: Any) -> str:
+    """What a field of type ``tp`` should have been, as a message says it."""
+    names = []
+    for m in map(_bare, _members(tp)):
+        origin = typing.get_origin(m)
+        if isinstance(m, type) and issubclass(m, msgspec.Struct) or origin is dict or m is dict:
+            names.append("an object")
+        elif origin is list or m is list or origin is tuple:
+            names.append("an array")
+        elif m is int or m is float:
+            names.append("a number")
+        elif m is str:
+            names.append("a string")
+        elif m is bool:
+            names.append("true or false")
+        else:
+            names.append("a JSON value")
+    if names == ["a number", "a number"]:
+        return "a number"
+    if names == ["a number", "a string"]:
+        return "an integer or a name"
+    return " or ".join(dict.fromkeys(names))
+
+
+def _struct_fields(obj: dict[str, Any], cls: Any, where: str, notes: list[Odd]) -> dict[str, Any]:
+    """The fields of ``cls`` that ``obj`` holds with their declared types;
+    each other one noted (it keeps its default: n/a)."""
+    out: dict[str, Any] = {}
+    for f in msgspec.structs.fields(cls):
+        if f.encode_name not in obj or f.encode_name == "type":
+            continue
+        ok, value = _convert(obj[f.encode_name], f.type, f"{where}{f.encode_name}", notes)
+        if ok:
+            out[f.name] = value
+    return out
+
+
+def _convert(value: Any, tp: Any, where: str, notes: list[Odd]) -> tuple[bool, Any]:
+    """``value`` as ``tp``: whole where it fits; else the parts of a
+    container that fit (an object's fields, an array's items); else noted."""
+    try:
+        return True, msgspec.convert(value, tp)
+    except msgspec.ValidationError:
+        pass
+    for m in map(_bare, _members(tp)):
+        origin = typing.get_origin(m)
+        if value.__class__ is dict and isinstance(m, type) and issubclass(m, msgspec.Struct):
+            return True, m(**_struct_fields(value, m, f"{where}.", notes))
+        if value.__class__ is list and origin is list:
+            (item,) = typing.get_args(m)
+            items = []
+            for i, x in enumerate(value):
+                ok, v = _convert(x, item, f"{where}[]" if _is_container(item) and x.__class__ is dict else f"{where}[{i}]",
+                                 notes)
+                if ok:
+                    items.append(v)
+            return True, items
+        if value.__class__ is dict and origin is dict:
+            _, vt = typing.get_args(m)
+            kept = {}
+            for key, x in value.items():
+                ok, v = _convert(x, vt, f"{where}.{key}", notes)
+                if ok:
+                    kept[key] = v
+            return True, kept
+    notes.append(Odd(where=where, value=shown(value), should=_should(tp)))
+    return False, None
+
+
+def _is_container(tp: Any) -> bool:
+    return any(isinstance(m, type) and issubclass(m, msgspec.Struct) for m in map(_bare, _members(tp)))
