@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["Holders", "HostSyncs", "Labels"]
+
 Holders = dict[str, Any]
 Labels = dict[str, Any]
 HostSyncs = dict[str, Any]

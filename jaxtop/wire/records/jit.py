@@ -6,4 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["Jit"]
+
 Jit = dict[str, Any]
