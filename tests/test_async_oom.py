@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from conftest import PY
+from test_oom import decoded
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +62,7 @@ def test_an_asynchronous_oom_ends_the_program_as_without_jaxtop(child_env, tmp_p
     censuses = sorted(tmp_path.glob("jaxtop-oom-*.json"))
     assert censuses, "no census written"
     triggers = [json.loads(p.read_text())["trigger"] for p in censuses]
+    assert all(decoded(json.loads(p.read_text())).trigger.how == t["how"] for p, t in zip(censuses, triggers))
     assert any(t["how"] == "failed_array" for t in triggers) or any(t.get("uncaught") for t in triggers), triggers
     if read:
         assert len(notes) == 1 and any(t.get("uncaught") for t in triggers)

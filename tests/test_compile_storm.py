@@ -15,6 +15,7 @@ from rich.console import Console
 
 from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.widgets.jit import JitLedgerTable
+from jaxtop.wire.records import from_dict
 from test_jit_ledger import FakeClient, FakeExe, FakeFrame, FakeStats, FakeTraceback, fake_probe
 
 T0 = 1_790_000_000.0
@@ -207,7 +208,7 @@ def test_the_trend_is_the_live_count_the_fields_carry():
 # -- the dashboard's store: one series, one event ---------------------------------------------
 
 def jit_sample(sample_t, **field):
-    return {"type": "sample", "t": sample_t, "jit": field}
+    return from_dict({"type": "sample", "t": sample_t, "jit": field})
 
 
 def test_an_older_agents_two_series_fold_into_one():

@@ -16,6 +16,7 @@ import pytest
 from conftest import TARGETS, jaxtop_cmd
 from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.wire import protocol
+from jaxtop.wire.records import from_dict
 
 STORM = TARGETS / "compile_storm.py"
 #: Before jax 0.6.2 no compile event names its function: the passes'
@@ -45,7 +46,7 @@ def storm_of(samples: list) -> tuple[dict | None, float | None]:
 
 def fold(samples: list) -> tuple[LedgerStore, list]:
     store = LedgerStore()
-    events = [e for s in samples for e in store.feed_sample(1, s)]
+    events = [e for s in samples for e in store.feed_sample(1, from_dict(s))]
     return store, events
 
 

@@ -19,7 +19,8 @@ from jaxtop.dashboard.app import INPUT_YIELD_S, JaxtopApp
 from jaxtop.dashboard.keytiming import KeyNotAnswered, type_keys
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import PushSource
-from jaxtop.dashboard.sources.live import STEP_ASIDE_LINES, drop_superseded_maps, fast_decode, ingest
+from jaxtop.dashboard.sources.live import STEP_ASIDE_LINES, drop_superseded_maps, ingest
+from jaxtop.wire.records import decode
 
 SIZE = (120, 40)
 BACKFILL = 6000  # an agent's 10-minute backfill at 10 Hz
@@ -53,10 +54,10 @@ def test_superseded_maps_are_not_decoded_and_nothing_else_changes(batch):
     emptied = 0
     for i in range(0, len(lines), batch):
         chunk = lines[i:i + batch]
-        full.feed_many(1, [fast_decode(x) for x in chunk])
+        full.feed_many(1, [decode(x) for x in chunk])
         kept = drop_superseded_maps(chunk)
         emptied += sum(a != b for a, b in zip(chunk, kept))
-        lean.feed_many(1, [fast_decode(x) for x in kept])
+        lean.feed_many(1, [decode(x) for x in kept])
     if batch > 7:
         assert emptied > 0  # maps really were skipped
     a, b = full.snapshot(now=2000.0, window_s=None), lean.snapshot(now=2000.0, window_s=None)
@@ -228,8 +229,8 @@ def test_the_agents_backfill_keeps_only_the_newest_maps_and_shows_the_same():
     assert with_maps == [lines[max(i for i, x in enumerate(lines) if b'"map":' in x)]]  # the newest, whole
     assert sum(map(len, kept)) < 0.7 * sum(map(len, lines[-len(kept):]))
     full, lean = Model(clock=lambda: 5.0), Model(clock=lambda: 5.0)
-    full.feed_many(1, [fast_decode(x) for x in lines[:1] + lines[-len(kept):]])
-    lean.feed_many(1, [fast_decode(x) for x in lines[:1] + kept])
+    full.feed_many(1, [decode(x) for x in lines[:1] + lines[-len(kept):]])
+    lean.feed_many(1, [decode(x) for x in lines[:1] + kept])
     a, b = full.snapshot(now=2000.0, window_s=None), lean.snapshot(now=2000.0, window_s=None)
     for da, db in zip(a.devices, b.devices):
         assert da.buffer_map and da.buffer_map == db.buffer_map and da.top_buffers == db.top_buffers

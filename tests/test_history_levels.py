@@ -28,7 +28,8 @@ from jaxtop.testing import synthetic
 from jaxtop.agent.clients import Client
 from jaxtop.agent.history import Backfill, Coarse, Present
 from jaxtop.dashboard.model import DEVICE_SERIES, PROCESS_SERIES, Model
-from jaxtop.dashboard.sources.live import fast_decode, ingest
+from jaxtop.dashboard.sources.live import ingest
+from jaxtop.wire.records import decode, kind_of
 
 PID = 11
 T0 = 1_000_000.0
@@ -187,7 +188,7 @@ def three_hours():
 
 def test_the_greeting_is_hello_present_coarse_fine_end(three_hours):
     hello, records, backfill, lines, _ = three_hours
-    recs = [fast_decode(line) for line in lines]
+    recs = [protocol.decode(line) for line in lines]
     kinds = [r["type"] for r in recs]
     assert kinds[0] == protocol.HELLO and recs[0]["history"]["present_first"] is True
     assert kinds[1] == protocol.SAMPLE and recs[1]["present"] is True and recs[1]["seq"] == records[-1]["seq"]
@@ -241,7 +242,7 @@ def test_an_attached_dashboard_shows_what_every_sample_shows(three_hours):
 
 def test_the_present_shows_before_the_history_and_coarse_before_fine(three_hours):
     hello, records, backfill, lines, _ = three_hours
-    kinds = [fast_decode(line)["type"] for line in lines]
+    kinds = [kind_of(decode(line)) for line in lines]
     first_fine = kinds.index(protocol.BACKFILL)
     model = Model(clock=lambda: 0.0)
     ingest(model, PID, lines[:2])  # hello and the present
@@ -332,7 +333,7 @@ async def test_the_first_complete_frame_does_not_wait_for_the_redraw_period():
     hello, records, backfill = agent_history(2, 2 * 3600, 1.0, 600.0)
     shift = now - records[-1]["t"]
     lines = sent(backfill, hello, 600.0)
-    recs = [fast_decode(line) for line in lines]
+    recs = [protocol.decode(line) for line in lines]
     for r in recs:  # dated to end now
         if isinstance(r.get("t"), float):
             r["t"] += shift

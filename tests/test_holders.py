@@ -547,3 +547,45 @@ def test_the_profile_after_a_mark_comes_soon_whatever_the_back_off():
     mono.t += marked["interval_s"]
     after = probe.sample()
     assert after is not None and after["seq"] == 5 and after["mark"]["seq"] == 4
+
+
+# -- the records as the dashboard decodes them (jaxtop.wire.records.holders) ----------------------------
+
+def assert_decoded_whole(raw, typed, where="part"):
+    """Every key and value ``raw`` (what a producer wrote) holds is in
+    ``typed`` (its decoded part), field by field: none was dropped as
+    unknown nor read n/a."""
+    import msgspec
+
+    if isinstance(typed, msgspec.Struct):
+        assert isinstance(raw, dict), where
+        for key, value in raw.items():
+            assert hasattr(typed, key), f"{where}.{key}: no such field"
+            assert_decoded_whole(value, getattr(typed, key), f"{where}.{key}")
+    elif isinstance(raw, dict):
+        assert isinstance(typed, dict) and typed.keys() == raw.keys(), where
+        for key, value in raw.items():
+            assert_decoded_whole(value, typed[key], f"{where}.{key}")
+    elif isinstance(raw, list):
+        assert isinstance(typed, (list, tuple)) and len(typed) == len(raw), where
+        for i, (value, item) in enumerate(zip(raw, typed)):
+            assert_decoded_whole(value, item, f"{where}[{i}]")
+    else:
+        assert typed == raw and type(typed) is type(raw), (where, raw, typed)
+
+
+def test_the_probes_records_decode_whole_mark_growth_and_suspects_included():
+    from jaxtop.wire.records import Holders, from_dict
+
+    probe, clock, mono = make_probe(leak_profiles(14, leak_per_step=16), interval_s=5.0)
+    keys = set()
+    for i in range(14):
+        clock.t, mono.t = T0 + 5.0 * i, 5.0 * i
+        if i == 6:
+            probe.cmd_mark({})
+        raw = probe.sample()
+        rec = from_dict({"type": "sample", "t": clock.t, "holders": raw})
+        assert rec.odd == () and isinstance(rec.holders, Holders)
+        assert_decoded_whole(raw, rec.holders, "holders")
+        keys |= set(raw) | {k for site in raw["sites"] for k in site}
+    assert {"mark", "growth", "suspect", "other", "by_device", "executables", "devices"} <= keys, keys

@@ -11,11 +11,17 @@ from rich.console import Console
 from jaxtop.dashboard.holders import HoldersFold, fold_records
 from jaxtop.dashboard.holders_screen import HoldersScreen
 from jaxtop.widgets.holders import HoldersReport, render_holders, sparkline
+from jaxtop.wire.records import Sample, from_dict
 from test_holders import USER, leak_profiles, make_probe
 from test_holders import MiB, T0  # helpers shared with that module
 
 
 # -- fold and report ----------------------------------------------------------------------------------------
+
+def typed(records):
+    """The records as the fold takes them: decoded, as the model feeds it."""
+    return [from_dict(rec) for rec in records]
+
 
 def stream(n=24, pid=4242, mark_at=12):
     """A recorded-looking stream: hello, then samples every second with a
@@ -53,7 +59,7 @@ def stream(n=24, pid=4242, mark_at=12):
 
 
 def test_fold_keeps_history_mark_suspects_labels_and_syncs():
-    view = fold_records(stream())
+    view = fold_records(typed(stream()))
     assert view.profiles == 24 and view.t == T0 + 116  # every 5 s; the mark's profile took #12's turn
     by_site = {s.site: s for s in view.sites}
     leak = by_site["train.py:120"]
@@ -71,15 +77,72 @@ def test_fold_keeps_history_mark_suspects_labels_and_syncs():
 
 
 def test_fold_ignores_other_records_and_bad_fields():
+    assert fold_records(typed([{"type": "hello", "t": 1.0}])).empty
     fold = HoldersFold()
-    assert not fold.feed({"type": "hello", "t": 1.0})
-    assert fold.feed({"type": "sample", "t": 2.0, "holders": {"error": "no profiler", "t": 2.0}})
+    assert not fold.feed(from_dict({"type": "sample", "t": 1.0}))
+    assert fold.feed(from_dict({"type": "sample", "t": 2.0, "holders": {"error": "no profiler", "t": 2.0}}))
     assert fold.view().error == "no profiler" and fold.view().t is None
-    fold.feed({"type": "sample", "t": 3.0, "holders": {"t": 3.0, "sites": ["junk", {"site": "x.py:1"}], "bytes": "?"},
-               "labels": {"trees": [None, {"name": "p"}]}, "host_syncs": {"sites": [1], "available": False, "reason": "r"}})
+    fold.feed(from_dict({"type": "sample", "t": 3.0,
+                         "holders": {"t": 3.0, "sites": ["junk", {"site": "x.py:1"}], "bytes": "?"},
+                         "labels": {"trees": [None, {"name": "p"}]},
+                         "host_syncs": {"sites": [1], "available": False, "reason": "r"}}))
     view = fold.view()
     assert [s.site for s in view.sites] == ["x.py:1"] and view.labels[0].name == "p" and view.syncs_reason == "r"
     assert fold.view() is view  # cached until the next change
+
+
+def test_the_streams_parts_decode_whole():
+    from test_holders import assert_decoded_whole
+
+    seen = set()
+    for raw in stream():
+        rec = from_dict(raw)
+        assert rec.odd == ()
+        for part in ("holders", "labels", "host_syncs"):
+            if part in raw:
+                assert_decoded_whole(raw[part], getattr(rec, part), part)
+                seen.add(part)
+    assert seen == {"holders", "labels", "host_syncs"}
+
+
+def test_wrong_typed_parts_read_n_a_and_are_noted_never_raise():
+    rec = from_dict({"type": "sample", "t": 5.0, "holders": {
+        "t": 5.0, "seq": True, "bytes": 100, "in_use_bytes": "lots", "by_device": {"cpu:0": [100, 2], "x": [1, 2, 3]},
+        "other": [], "mark": {"t": "then", "bytes": 5}, "sites": [
+            {"site": "a.py:3", "function": "f", "file": "/a.py", "line": "3", "bytes": 60, "count": 1,
+             "devices": {"cpu:0": "60"}, "growth": {"rises": "many", "for_s": 30}, "suspect": "yes", "mark": 7},
+            {"site": "b.py:9", "function": "g", "file": "/b.py", "line": 9, "bytes": [40], "count": 1}]},
+        "labels": {"t": 5.0, "trees": [{"name": 3, "bytes": 10, "alive": None, "followed": 1}]},
+        "host_syncs": {"t": 5.0, "available": "yes", "count": 4, "by_kind": {"float": "4", "item": 1},
+                       "sites": [{"site": "c.py:1", "line": 1, "count": 4, "kinds": [], "last_t": 1e200}]}})
+    assert {o.where for o in rec.odd} >= {
+        "holders.seq", "holders.in_use_bytes", "holders.by_device.x", "holders.other", "holders.mark.t",
+        "holders.sites[].line", "holders.sites[].devices.cpu:0", "holders.sites[].growth.rises",
+        "holders.sites[].suspect", "holders.sites[].mark", "holders.sites[].bytes", "labels.trees[].name",
+        "host_syncs.available", "host_syncs.by_kind.float", "host_syncs.sites[].kinds", "host_syncs.sites[].last_t"}
+    view = fold_records([rec])
+    assert view.seq == 0 and view.in_use_bytes is None and view.by_device == {"cpu:0": (100, 2)}
+    assert view.other_bytes == 0 and view.mark_t is None and view.mark_bytes == 5
+    a, b = sorted(view.sites, key=lambda s: s.site)
+    assert (a.site, a.line, a.bytes, a.devices, a.suspect, a.mark_bytes) == ("a.py:3", 0, 60, {}, False, None)
+    assert a.growth.rises == 0 and a.growth.for_s == 30.0
+    assert b.bytes == 0 and b.history == (None,)  # n/a: unknown in the sparkline, not gone
+    assert a.share == pytest.approx(0.6)  # of the profile's bytes: the allocator's read n/a
+    tree = view.labels[0]
+    assert (tree.name, tree.bytes, tree.alive, tree.followed) == ("?", 10, 0, False)
+    assert view.syncs_available is False and view.syncs_by_kind == {"item": 1}
+    assert view.syncs[0].kinds == {} and view.syncs[0].last_t is None and view.syncs_total == 4
+
+
+def test_a_probe_that_raised_says_so_where_its_part_shows():
+    fold = HoldersFold()
+    for part in ("holders", "labels", "host_syncs"):
+        rec = from_dict({"type": "sample", "t": 7.0, part: {"error": "ValueError: boom"}})
+        assert rec.odd == () and getattr(rec, part).error == "ValueError: boom"
+        assert fold.feed(rec)
+    view = fold.view()
+    assert view.error == "ValueError: boom" and view.t is None and view.labels == ()
+    assert view.syncs_available is False and view.syncs_reason == "ValueError: boom"
 
 
 def render(renderable, width=120) -> str:
@@ -89,7 +152,7 @@ def render(renderable, width=120) -> str:
 
 
 def test_report_shows_sites_suspects_mark_labels_and_syncs_at_any_width():
-    view = fold_records(stream())
+    view = fold_records(typed(stream()))
     text = render(HoldersReport(view), 140)
     assert "⚠ leak suspect train.py:120 log_metrics: +192 arrays/min, +6.00 MiB/min, for 1m45s" in text
     assert "since mark (59s ago): +37.5 MiB, +177 buffers" in text
@@ -136,7 +199,9 @@ def feed_app(src, records, pid=4242):
     fold = HoldersFold()
     for rec in records:
         src.push(pid, rec, update=False)
-        fold.feed(rec)
+        decoded = from_dict(rec)
+        if isinstance(decoded, Sample):
+            fold.feed(decoded)
     src.on_update()
     return fold
 
@@ -196,7 +261,7 @@ def test_reads_the_agent_cannot_see_are_said_under_the_syncs_at_any_width():
     for rec in records:
         if "host_syncs" in rec:
             rec["host_syncs"] = dict(rec["host_syncs"], numpy_hooks=False, uncounted=note)
-    view = fold_records(records)
+    view = fold_records(typed(records))
     assert view.syncs_uncounted == note
     assert "np.asarray/np.array of CPU arrays not counted" in render(HoldersReport(view), 200).replace("\n", " ")
     for width in (60, 80):
@@ -205,4 +270,4 @@ def test_reads_the_agent_cannot_see_are_said_under_the_syncs_at_any_width():
     for rec in records:
         if "host_syncs" in rec:
             rec["host_syncs"]["uncounted"] = 10 ** 400
-    assert fold_records(records).syncs_uncounted is None
+    assert fold_records(typed(records)).syncs_uncounted is None

@@ -116,6 +116,14 @@ def test_by_default_numpy_is_untouched_item_is_counted_and_the_gap_is_said(probe
     assert counts == {line + 2: {"item": 1}, line + 3: {"float": 1}}
     assert "np.asarray/np.array of CPU arrays not counted" in snap["uncounted"]
     assert "JAXTOP_NUMPY_HOOKS=1" in snap["uncounted"]
+    # As the dashboard reads it: decoded whole, the note under the syncs.
+    from jaxtop.dashboard.holders import fold_records
+    from jaxtop.wire.records import from_dict
+
+    rec = from_dict({"type": "sample", "t": snap["t"], "host_syncs": snap})
+    assert rec.odd == ()
+    view = fold_records([rec])
+    assert view.syncs_uncounted == snap["uncounted"] and view.syncs_available and view.syncs_total == 2
     after = array_class_state()
     assert all(after[k][n] is v for k in before for n, v in before[k].items())
 

@@ -21,6 +21,7 @@ from jaxtop.wire import protocol
 from jaxtop.dashboard.ledger import LedgerStore, describe_reason, short_site
 from jaxtop.dashboard.model import Model
 from jaxtop.probes.executables import CacheMissFilter, name_key, parse_cache_miss
+from jaxtop.wire.records import JitReason, from_dict
 
 LEDGER = TARGETS / "jit_ledger.py"
 LEAK = TARGETS / "jit_ledger_leak.py"
@@ -58,8 +59,17 @@ def folded(log: Path, pid: int = 1):
     with open(log, "rb") as f:
         for rec in protocol.iter_records(f):
             if rec.get("type") == "sample":
-                store.feed_sample(pid, rec)
+                store.feed_sample(pid, from_dict(rec))
     return store.view(pid)
+
+
+def as_reason(parsed: dict) -> JitReason:
+    """A parsed cache-miss record as the dashboard reads it: a recompile
+    reason of a function row, decoded from a sample."""
+    sample = from_dict({"type": "sample", "t": 1.0, "jit": {"functions": [{"name": "f", "reasons": [parsed]}]}})
+    assert not sample.odd, sample.odd
+    (reason,) = sample.jit.functions[0].reasons
+    return reason
 
 
 def sizes(row) -> tuple:
@@ -111,7 +121,7 @@ def test_cache_miss_wordings_of_every_version(message, old, new, line):
     assert r["kind"] == "types" and r["arg"] == "x" and (r["old"], r["new"]) == (old, new)
     assert r["call_site"] == f"/src/train.py:{line}" and r["fn"] == "step" and r["key"] == "jit_step"
     assert r["defined_at"] == "/src/train.py:14"
-    assert describe_reason(r) == f"x {old} → {new}{' (+1 more)' if len(r.get('diffs', ())) > 1 else ''} at train.py:{line}"
+    assert describe_reason(as_reason(r)) == f"x {old} → {new}{' (+1 more)' if len(r.get('diffs', ())) > 1 else ''} at train.py:{line}"
 
 
 def test_cache_miss_other_kinds():
@@ -122,7 +132,7 @@ def test_cache_miss_other_kinds():
     assert loop["kind"] == "redefined" and loop["key"] == "jit__lambda"
     kw = parse_cache_miss(MISS_KWARGS)
     assert kw["kind"] == "other" and "keyword args" in kw["text"] and "arg" not in kw
-    assert "keyword args" in describe_reason(kw)
+    assert "keyword args" in describe_reason(as_reason(kw))
 
 
 def test_one_name_for_every_spelling():
@@ -505,11 +515,11 @@ def test_a_static_argument_flip_is_its_own_kind_worded_plainly():
 
     flip = parse_cache_miss(STATIC_FLIP)
     assert (flip["kind"], flip["arg"], flip["old"], flip["new"]) == ("static", "train", "True", "False")
-    assert describe_reason(flip) == "static argument train: True → False at static.py:7"
+    assert describe_reason(as_reason(flip)) == "static argument train: True → False at static.py:7"
     obj = parse_cache_miss(STATIC_OBJECT)
     assert (obj["kind"], obj["arg"], obj["old"], obj["new"], obj["same_repr"]) == (
         "static", "#1", "a Cfg object", "a Cfg object", True)
-    assert "both print alike" in describe_reason(obj) and "Static(" not in describe_reason(obj)
+    assert "both print alike" in describe_reason(as_reason(obj)) and "Static(" not in describe_reason(as_reason(obj))
 
 
 def test_a_raw_binary_fingerprint_goes_on_the_wire_as_hex():

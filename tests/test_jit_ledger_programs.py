@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 
+import msgspec
 import pytest
 
 from conftest import NAMES_COMPILES, PY
@@ -49,7 +50,8 @@ def test_ledger_sizes_compiles_and_reasons_match_jax(child_env, tmp_path):
         rows = [e for e in last["executables"] if e["name"] == key]
         want = [e for e in expected if e["name"] == name]
         assert sorted(sizes(r) for r in rows) == sorted(sizes(e) for e in want)
-        assert sorted(sizes(r) for r in view.executables if r["name"] == key) == sorted(sizes(e) for e in want)
+        assert sorted(sizes(msgspec.structs.asdict(r)) for r in view.executables if r.name == key) == sorted(
+            sizes(e) for e in want)
     # Each executable's call site is the line whose call compiled it.
     by_args = {e["argument_bytes"]: e for e in last["executables"] if e["name"] == "jit_step"}
     for k, (shape, dtype) in enumerate([((100, 64), 4), ((200, 64), 4), ((300, 64), 4), ((300, 64), 2)]):
@@ -68,7 +70,7 @@ def test_ledger_sizes_compiles_and_reasons_match_jax(child_env, tmp_path):
         seen.append(new)
     assert functions["jit_matmul"]["reasons"] == [] and functions["jit_sort_rows"]["reasons"] == []
     # The screen's order: latest first.
-    assert [r["new"] for r in folded_functions["jit_step"].reasons] == ["f16[300,64]", "f32[300,64]", "f32[200,64]"]
+    assert [r.new for r in folded_functions["jit_step"].reasons] == ["f16[300,64]", "f32[300,64]", "f32[200,64]"]
     assert last["explain"]["enabled"] is True and last["explain"]["by"] == "jaxtop"
     assert last["leak"] is None and all(f.get("leak") is None for f in fields)
     assert last["live_count"] >= 6 and last["pending"] == 0

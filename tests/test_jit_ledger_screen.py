@@ -11,6 +11,7 @@ from jaxtop.dashboard.app import make_app
 from jaxtop.dashboard.jit_screen import JitScreen
 from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.dashboard.sources import PushSource
+from jaxtop.wire.records import from_dict
 from jaxtop.widgets.jit import JitLedgerTable, sort_functions
 from test_jit_ledger import MODEL_FOLDS  # helpers shared with that module
 
@@ -74,33 +75,33 @@ def samples(fields, pid=4242):
 def test_store_folds_full_tables_changes_and_replies():
     store = LedgerStore()
     recs = samples(fake_fields())
-    events = [e for r in recs for e in store.feed_sample(4242, r)]
+    events = [e for r in recs for e in store.feed_sample(4242, from_dict(r))]
     v = store.view(4242)
     assert v.complete and v.live_count == 45
     names = {f.name: f for f in v.functions}
     assert set(names) == {"jit_train_step", "jit_eval", "jit_step", "jit__lambda"}
     assert names["jit_step"].compiles == 4 and names["jit_step"].recompiles == 3
-    assert [r["new"] for r in names["jit_step"].reasons] == ["f16[300,64]", "f32[300,64]", "f32[200,64]"]
-    assert len(v.executables) == 44 and 2 not in {e["id"] for e in v.executables}  # executable 2 was freed
-    assert [g["id"] for g in v.gone] == [2]
+    assert [r.new for r in names["jit_step"].reasons] == ["f16[300,64]", "f32[300,64]", "f32[200,64]"]
+    assert len(v.executables) == 44 and 2 not in {e.id for e in v.executables}  # executable 2 was freed
+    assert [g.id for g in v.gone] == [2]
     assert v.trend[0] == (T0 + 1, 2) and v.trend[-1] == (T0 + 46, 45) and v.trend_delta(60) == 43
-    assert v.leak["site"] == "/src/loop.py:9"
+    assert v.leak.site == "/src/loop.py:9"
     kinds = collections.Counter(text.split(" ")[0] for kind, text, t in events if kind == "jit")
     assert kinds == {"recompile": 3, "leak?": 1}  # each reason once, the flag once
     # A reply to the jit_ledger command is a whole table.
     reply = {"type": "reply", "t": T0 + 50, "ok": True,
              "result": {"jit_ledger": dict(fake_fields()[0], t=T0 + 50, gone_recent=[exe(9, "jit_old", 5)])}}
-    assert store.feed_reply(4242, reply) is True
-    assert store.feed_reply(4242, {"type": "reply", "result": {"path": "x"}}) is False
+    assert store.feed_reply(4242, from_dict(reply)) is True
+    assert store.feed_reply(4242, from_dict({"type": "reply", "result": {"path": "x"}})) is False
     v = store.view(4242)
-    assert {f.name for f in v.functions} == {"jit_train_step", "jit_eval"} and [g["id"] for g in v.gone] == [9]
+    assert {f.name for f in v.functions} == {"jit_train_step", "jit_eval"} and [g.id for g in v.gone] == [9]
     # A stream joined in the middle is incomplete until its next whole table.
     late = LedgerStore()
-    late.feed_sample(7, samples(fake_fields()[10:11])[0])
+    late.feed_sample(7, from_dict(samples(fake_fields()[10:11])[0]))
     assert not late.view(7).complete and late.view(7).live_count == 14
     # n/a with the reason; forget; adopt
     na = LedgerStore()
-    na.feed_sample(8, {"type": "sample", "t": T0, "jit": {"available": False, "reason": "jax too old"}})
+    na.feed_sample(8, from_dict({"type": "sample", "t": T0, "jit": {"available": False, "reason": "jax too old"}}))
     assert na.view(8).available is False and na.view(8).reason == "jax too old"
     store.adopt(8, na)
     assert store.view(8).reason == "jax too old"
@@ -117,7 +118,7 @@ def render_text(renderable, width=120) -> str:
 def test_jit_table_renders_sorted_with_reasons_and_the_flag():
     store = LedgerStore()
     for r in samples(fake_fields()):
-        store.feed_sample(4242, r)
+        store.feed_sample(4242, from_dict(r))
     v = store.view(4242)
     by_temp = [f.name for f in sort_functions(v.functions, "temp")]
     assert by_temp[:2] == ["jit_train_step", "jit_eval"]
@@ -157,7 +158,7 @@ def feed(src, app, pid=4242):
     for rec in samples(fake_fields(), pid):
         src.push(pid, rec, update=False)
         if not MODEL_FOLDS:
-            store.feed_sample(pid, rec)
+            store.feed_sample(pid, from_dict(rec))
     src.on_update()
     return store
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 
-from test_holders import Clock, FakeAgent
+from test_holders import Clock, FakeAgent, assert_decoded_whole
 
 
 # -- labels ------------------------------------------------------------------------------------------------
@@ -127,6 +127,28 @@ def test_labels_field_sends_changes_and_a_heartbeat(jax_cpu, labels_installed, m
     assert agent.fields["labels"]() is not None  # heartbeat for late clients
 
 
+def test_the_labels_field_decodes_whole_into_its_types(jax_cpu, labels_installed):
+    import jax.numpy as jnp
+
+    from jaxtop.wire.records import Labels, from_dict
+
+    class Model:  # an object with state of its own: followed as it changes
+        def __init__(self):
+            self.w = jnp.ones(8)
+
+    labels, agent = labels_installed
+    params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
+    model = Model()
+    labels.label("params", params)
+    labels.label("model", model)
+    raw = agent.fields["labels"]()
+    assert {t["name"] for t in raw["trees"] if t.get("followed")} == {"model"}
+    rec = from_dict({"type": "sample", "t": raw["t"], "labels": raw})
+    assert rec.odd == () and isinstance(rec.labels, Labels)
+    assert_decoded_whole(raw, rec.labels, "labels")
+    assert rec.labels.trees[0].name == "params" and rec.labels.trees[0].bytes == 80
+
+
 # -- host syncs (in this process) ---------------------------------------------------------------------------
 
 @pytest.fixture
@@ -233,3 +255,23 @@ def test_host_sync_stop_restores_and_a_second_probe_stays_off(jax_cpu):
     after = array_class_state()
     assert all(after[g][k] is v for g in before for k, v in before[g].items())
     assert jax.Array.__dict__.keys() == before["Array"].keys() and np.asarray is before["numpy"]["asarray"]
+
+
+def test_the_host_syncs_field_decodes_whole_into_its_types(host_sync):
+    import jax.numpy as jnp
+
+    from jaxtop.probes.host_sync import HostSyncProbe
+    from jaxtop.wire.records import HostSyncs, from_dict
+
+    float(jnp.sum(jnp.ones(3)))
+    jnp.ones(2).tolist()
+    raw = host_sync.snapshot()
+    assert raw["count"] == 2 and len(raw["sites"]) == 2
+    off = HostSyncProbe()  # a second probe stays off and says why
+    off.start()
+    stopped = off.snapshot()
+    assert stopped["available"] is False and stopped["reason"]
+    for part in (raw, stopped):
+        rec = from_dict({"type": "sample", "t": part["t"], "host_syncs": part})
+        assert rec.odd == () and isinstance(rec.host_syncs, HostSyncs)
+        assert_decoded_whole(part, rec.host_syncs, "host_syncs")

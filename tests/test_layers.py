@@ -31,10 +31,12 @@ THIRD_PARTY_AGENT = {"jax", "jaxlib", "numpy", "psutil", "pynvml", "prometheus_c
 # TPU backend only, once jax has imported libtpu.
 TPU_RUNTIME = {"libtpu", "libtpu.sdk"}
 WIRE = {"jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.paths", "jaxtop.wire.client", "jaxtop.wire.timeline"}
+# The wire's record types and their decoder: msgspec, on the dashboard's side only.
+RECORDS = {"msgspec", "jaxtop.wire.records"}
 MODEL = {"numpy", "jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.timeline", "jaxtop.wire", "jaxtop.dashboard.history",
-         "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"} | {f"jaxtop.dashboard.{m}" for m in (
+         "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"} | RECORDS | {f"jaxtop.dashboard.{m}" for m in (
     "model", "views", "readings", "oom_views", "ledger_views", "snapshot", "backlog", "batch", "events", "state",
-    "accelerator", "transfer_sites", "counter_window")}
+    "accelerator", "transfer_sites", "counter_window", "rows")}
 ALLOWED = {
     # `forksafe`: probes/forksafe.py under the top-level name the stderr relay
     # (python -S, probes/ first on sys.path) imports it by.
@@ -46,6 +48,7 @@ ALLOWED = {
     "jaxtop/wire/timeline.py": {"jaxtop", "jaxtop.wire.protocol"},
     "jaxtop/wire/prometheus.py": {"jaxtop", "jaxtop.wire", "prometheus_client"},
     "jaxtop/wire/schema.py": set(),
+    "jaxtop/wire/records": RECORDS | {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.wire.safe_text"},
     "jaxtop/wire/paths.py": set(),
     "jaxtop/wire/client.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.wire.paths"},
     # The profile merge reads protobuf with the probes' stdlib-only wire reader (jaxtop.probes.pprof).
@@ -66,11 +69,12 @@ ALLOWED = {
     "jaxtop/dashboard/events.py": MODEL,
     "jaxtop/dashboard/state.py": MODEL,
     "jaxtop/dashboard/accelerator.py": MODEL,
-    "jaxtop/dashboard/holders.py": set(),
-    "jaxtop/dashboard/transfer_sites.py": {"jaxtop.dashboard.counter_window"},
+    "jaxtop/dashboard/holders.py": RECORDS,
+    "jaxtop/dashboard/rows.py": RECORDS | {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.wire.timeline"},
+    "jaxtop/dashboard/transfer_sites.py": {"jaxtop.dashboard.counter_window"} | RECORDS,
     "jaxtop/dashboard/counter_window.py": set(),
     # The wire's number rules (protocol: stdlib only, as this module stays).
-    "jaxtop/dashboard/ledger.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol"},
+    "jaxtop/dashboard/ledger.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol"} | RECORDS,
     "jaxtop/dashboard/history.py": {"numpy"},
 }
 
@@ -124,6 +128,22 @@ def test_each_layer_imports_only_what_it_may(layer):
         for name in sorted(_imports(path)):
             if not _allowed(name, allowed):
                 bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+AGENT_SIDE = ("probes", "jaxtop/agent", "jaxtop/wire/protocol.py", "jaxtop/wire/timeline.py", "jaxtop/wire/schema.py",
+              "jaxtop/wire/paths.py", "jaxtop/wire/client.py", "jaxtop/wire/prometheus.py", "jaxtop/wire/safe_text.py",
+              "jaxtop/wire/units.py")
+
+
+@pytest.mark.parametrize("layer", AGENT_SIDE)
+def test_the_agent_side_never_imports_the_record_types(layer):
+    # The record types need msgspec, which a training job may not have:
+    # the agent writes the same names from plain dicts. "jaxtop.wire" is
+    # allowed to the agent as a package, so its records subpackage is
+    # checked by name here.
+    bad = [f"{path.relative_to(ROOT)} imports {name}" for path in _modules(layer) for name in sorted(_imports(path))
+           if name == "msgspec" or name.startswith("jaxtop.wire.records")]
     assert not bad, "\n".join(bad)
 
 

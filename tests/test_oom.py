@@ -22,6 +22,7 @@ from jaxtop.probes.oom import (
     AllocatorLog, OomLineScanner, OomMonitor, build_census, device_verdict, group_live_arrays, host_verdict,
     parse_allocator_line, parse_oom_message, parse_size,
 )
+from jaxtop.wire.records import OomCensus, decode, from_dict
 from jaxtop.wire.units import fmt_bytes
 
 TARGETS = Path(__file__).parent / "targets"
@@ -31,6 +32,17 @@ MiB, GiB = 1 << 20, 1 << 30
 
 #: How a comprehension's frame is named (Python < 3.12 runs it in a frame of its own).
 LISTCOMP = ".<listcomp>" if sys.version_info < (3, 12) else ""
+
+
+def decoded(census: dict) -> OomCensus:
+    """A census as the dashboard and ``jaxtop oom`` read it, through both of
+    the decoder's paths: every part the agent writes has its declared type
+    (jaxtop.wire.records.oom), so nothing is noted as odd."""
+    line = json.dumps(census)
+    fast, careful = decode(line), from_dict(json.loads(line))
+    assert isinstance(fast, OomCensus) and not fast.odd, fast.odd
+    assert careful == fast
+    return fast
 
 
 def marker_line(path: Path, marker: str) -> int:
@@ -189,6 +201,9 @@ def test_scanner_reports_the_allocator_lines_however_stderr_is_cut(chunk):  # (c
     assert event["summary"]["free"] == round(3.12 * GiB) and event["occupancy"].startswith("****")
     assert event["errors"] == [("Execution of replica 0 failed: RESOURCE_EXHAUSTED: Out of memory while trying "
                                 "to allocate 17179869184 bytes.")]
+    log_part = decoded({"type": "oom_census", "allocator_log": event}).allocator_log
+    assert log_part.stats.largest_free_block_bytes == 412 * MiB and log_part.summary.free == round(3.12 * GiB)
+    assert log_part.in_use_total_bytes == round(74.5 * GiB) and log_part.errors == event["errors"]
 
 
 FIXTURES_OOM = Path(__file__).parent / "fixtures" / "oom_lines"
@@ -235,6 +250,10 @@ def test_recorded_gpu_allocator_lines_through_the_relay(chunk):
     assert event["stats"] == {"bytes_in_use": 61982909300, "peak_bytes_in_use": 61982909300, "num_allocs": 21841,
                               "largest_alloc_size": 59743666176}  # its printed 0s are "not tracked", not measured
     assert event["cuda"] == {"free_bytes": 22635544576, "total_bytes": 85095874560}
+    log_part = decoded({"type": "oom_census", "allocator_log": event}).allocator_log
+    assert (log_part.cuda.free_bytes, log_part.request.form) == (22635544576, "gpu_cuda_async")
+    assert log_part.stats.items() == (("bytes_in_use", 61982909300), ("peak_bytes_in_use", 61982909300),
+                                      ("num_allocs", 21841), ("largest_alloc_size", 59743666176))
 
     data = (FIXTURES_OOM / "bfc_not_a_failure_tsl.txt").read_bytes()
     forwarded, lines = _through_the_relay(data, chunk)
@@ -388,6 +407,9 @@ def test_build_census_in_process_is_complete_and_json(tmp_path):
     path = oom.write_census(census, str(tmp_path))
     assert oom.FILE_NAME.fullmatch(os.path.basename(path))
     assert json.loads(Path(path).read_text())["id"] == census["id"]
+    typed = decoded(json.loads(Path(path).read_text()))
+    assert typed.arrays.bytes == census["arrays"]["bytes"] and typed.request.bytes == 2147483648
+    assert typed.devices and typed.devices[0].source == "live_arrays" and typed.host.rss_bytes
 
 
 # ---------------------------------------------------------------------------
@@ -445,6 +467,8 @@ def test_excepthook_chains_and_says_where_the_census_is(tmp_path, capsys):
         # The census goes to the agent's stream once, as a record of its own.
         records = monitor.take_records()
         assert [r["id"] for r in records] == [census["id"]] and monitor.take_records() == []
+        typed = decoded(records[0])
+        assert typed.path == census["path"] and typed.trigger.raised_at.function == "_oom_error"
         assert not agent.fields  # never a sample field
         assert agent.events[0][0] == "oom" and census["path"] in agent.events[0][1]["text"]
         oom.uninstall()
@@ -516,6 +540,7 @@ def test_rate_limit_counts_what_it_skipped(tmp_path, monkeypatch):
     # An uncaught OOM is taken even within the interval: the program ends.
     fatal = monitor.census("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes.", {"how": "uncaught"}, force=True)
     assert fatal is not None and fatal["suppressed_before"] == 2
+    assert decoded(fatal).suppressed_before == 2
     monkeypatch.setattr(oom.monitor, "MIN_INTERVAL_S", 0.0)
     for _ in range(10):
         monitor.census("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes.", {"how": "raised"})
@@ -538,6 +563,9 @@ def test_allocator_line_without_an_exception_brings_a_census_on_the_agent_thread
     assert census["request"]["rounded_bytes"] == 17179869184 and census["request"]["allocator"] == "GPU_0_bfc"
     assert census["allocator_log"]["stats"]["largest_free_block_bytes"] == 412 * MiB
     assert monitor.take_records() == []
+    typed = decoded(census)
+    assert typed.allocator_log.stats.largest_free_block_bytes == 412 * MiB
+    assert typed.allocator_log.verdict == census["allocator_log"]["verdict"]
 
 
 def test_an_exception_census_takes_the_allocators_account(tmp_path):
@@ -552,3 +580,4 @@ def test_an_exception_census_takes_the_allocators_account(tmp_path):
     other = oom.build_census(message="RESOURCE_EXHAUSTED: Out of memory allocating 1024 bytes.",
                              allocator=monitor.allocator.latest(), profile=False)
     assert "allocator_log" not in other and other["request"]["op"] is None
+    assert decoded(census).request.op == "jit(train_step)/dot_general" and decoded(other).allocator_log is None

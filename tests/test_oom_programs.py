@@ -13,7 +13,7 @@ import pytest
 from jaxtop.dashboard import oom_report
 from jaxtop.probes import oom
 from jaxtop.wire.units import fmt_bytes
-from test_oom import HOLD, LISTCOMP, ROOT, marker_line  # helpers shared with that module
+from test_oom import HOLD, LISTCOMP, ROOT, decoded, marker_line  # helpers shared with that module
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -40,9 +40,13 @@ def _note_free(stderr: str) -> tuple[str, list[str]]:
 
 
 def _only_census(tmp_path) -> dict:
+    """The one census file, as the agent wrote it; its every part has its
+    declared type (``decoded`` asserts that nothing reads as odd)."""
     files = sorted(tmp_path.glob("jaxtop-oom-*.json"))
     assert len(files) == 1, files
-    return json.loads(files[0].read_text())
+    census = json.loads(files[0].read_text())
+    decoded(census)
+    return census
 
 
 @pytest.mark.slow
@@ -84,7 +88,8 @@ def test_uncaught_oom_census_names_the_arrays_and_sites_and_leaves_the_run_alone
     assert census["timeline"]["t"] and census["timeline"]["last_is_census"]
     # The stream carries it too, and `jaxtop oom` reads it from the recording.
     recorded = oom_report.load_censuses(str(log))
-    assert [c["id"] for c in recorded] == [census["id"]] and recorded[0]["trigger"]["uncaught"]
+    assert [c.id for c in recorded] == [census["id"]] and recorded[0].trigger.uncaught
+    assert not recorded[0].odd and recorded[0] == decoded(census)  # the stream's copy is the file's
     code = "import sys; from jaxtop.dashboard.oom_report import main; sys.exit(main(sys.argv[1:]))"
     report = subprocess.run([sys.executable, "-c", code, census["path"]], capture_output=True, text=True, timeout=60)
     assert report.returncode == 0 and f"{cache['site']}: 6 arrays, 768 MiB" in report.stdout
@@ -148,7 +153,7 @@ def test_caught_oom_is_recorded_and_the_program_goes_on(child_env, tmp_path):  #
     assert census["trigger"]["raised_at"]["line"] == marker_line(HOLD, "CAUGHT_OOM_LINE")
     assert census["request"]["bytes"] == 2 * GiB
     assert census["arrays"]["bytes"] >= 6 * 128 * MiB + 2 * 64 * MiB
-    assert [c["id"] for c in oom_report.load_censuses(str(log))] == [census["id"]]
+    assert [c.id for c in oom_report.load_censuses(str(log))] == [census["id"]]
 
 
 @pytest.mark.slow

@@ -6,16 +6,21 @@ import gzip
 import io
 import json
 import re
+from pathlib import Path
 
 from rich.console import Console
 
 from jaxtop.dashboard import oom_report
+from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.probes import oom
 from jaxtop.probes.oom import (
     build_census,
 )
+from jaxtop.wire.records import decode, from_dict
+from jaxtop.widgets.oom import OomCensusView
 
 MiB, GiB = 1 << 20, 1 << 30
+TPU = Path(__file__).parent / "fixtures" / "tpu"
 
 #: How a comprehension's frame is named (Python < 3.12 runs it in a frame of its own).
 
@@ -69,8 +74,13 @@ def sample_census() -> dict:
     }
 
 
+def view_of(census: dict) -> OomCensus:
+    """The OOM screen's view of a census dict, decoded as the dashboard decodes it."""
+    return OomCensus.from_wire(from_dict(census))
+
+
 def test_report_text_names_what_held_the_memory():
-    text = oom_report.format_report(sample_census(), width=100)
+    text = oom_report.format_report(from_dict(sample_census()), width=100)
     assert "Out of memory: uncaught jax.errors.JaxRuntimeError in thread MainThread at train.py:120 in step" in text
     assert ("Failed request: 1.00 GiB (1073741824 bytes) on gpu:0 (allocator GPU_0_bfc), op jit(step)/dot_general"
             in text)
@@ -89,7 +99,8 @@ def test_jaxtop_oom_main_reads_a_census_file_and_a_recording(tmp_path, capsys): 
     path.write_text(json.dumps(census, indent=1))
     assert oom_report.main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "train.py:88 in prefetch: 12 arrays, 9.40 GiB" in out and out == oom_report.format_report(census, width=100)
+    assert ("train.py:88 in prefetch: 12 arrays, 9.40 GiB" in out
+            and out == oom_report.format_report(from_dict(census), width=100))
     # A gzip recording: the census rides in a sample (an older copy) and as a record (the last copy wins).
     older = dict(census, verdict="older copy")
     lines = [{"type": "hello", "t": 1.0, "pid": 4242}, {"type": "sample", "t": 2.0, "seq": 1, "oom_census": older},
@@ -109,6 +120,96 @@ def test_jaxtop_oom_main_reads_a_census_file_and_a_recording(tmp_path, capsys): 
     assert oom_report.main([str(tmp_path / "missing.json")]) == 2
 
 
+def test_the_chips_census_decodes_as_written_and_reads_by_attribute():
+    # A census a TPU wrote (tests/fixtures/tpu/README.md): every part has its
+    # type, on both of the decoder's paths.
+    text = (TPU / "oom-census.json").read_text()
+    census = decode(json.dumps(json.loads(text)))
+    assert census == from_dict(json.loads(text)) and not census.odd
+    assert census.id == "6815-1" and census.trigger.raised_at.site == "oom.py:6 in <module>"
+    assert census.request.bytes == 1 << 30 and census.request.device_id == 0
+    (dev,) = census.devices
+    assert (dev.kind, dev.bytes_limit, dev.failed) == ("TPU v5 lite", 16909336064, True)
+    assert census.arrays.groups[0].shape == [268435456] and census.arrays.per_device == {"0": 16106127364}
+    assert census.sites.top[0].devices == ["TPU_0(process=0,(0,0,0,0))"] and census.timing.steps["sites"] == 0.001458
+    assert census.timeline.last_is_census and len(census.timeline.t) == len(census.timeline.bytes_in_use["0"]) == 21
+    # As a sample's field (an older agent's form): the same census.
+    sample = decode(json.dumps({"type": "sample", "t": 1.0, "seq": 1, "oom_census": json.loads(text)}))
+    assert sample.oom_census == census and not sample.odd
+
+
+def test_a_census_of_the_wrong_types_reads_na_and_says_which_parts(tmp_path, capsys):
+    census = sample_census()
+    census["pid"] = "4242"
+    census["argv"] = ["train.py", 7]
+    census["trigger"]["uncaught"] = "yes"
+    census["devices"][0]["bytes_in_use"] = "76 GiB"
+    census["devices"].append("gpu:2")
+    census["host"] = ["rss", 1]
+    census["arrays"]["groups"][0]["count"] = {"n": 12}
+    census["timeline"]["t"][3] = "later"
+    census["allocator_log"]["stats"]["bytes_limit"] = [1]
+    census["skipped"] = [{"part": 3, "reason": "time budget"}]
+    rec = from_dict(census)
+    assert {o.where for o in rec.odd} == {
+        "pid", "argv[1]", "trigger.uncaught", "devices[].bytes_in_use", "devices[2]", "host",
+        "arrays.groups[].count", "timeline.t[3]", "allocator_log.stats.bytes_limit", "skipped[].part"}
+    assert (rec.pid, rec.argv, rec.trigger.uncaught, rec.host) == (None, ["train.py"], None, None)
+    assert rec.devices[0].bytes_in_use is None and len(rec.devices) == 2 and len(rec.timeline.t) == 9
+    text = oom_report.format_report(rec, width=100)
+    assert text.startswith("jaxtop OOM census · pid ? · ") and "gpu:0     in use n/a of 79.1 GiB" in text
+    assert "Out of memory: jax.errors.JaxRuntimeError raised" in text  # not "uncaught": that part is n/a
+    assert re.search(r"\s\?\s+36\.0 GiB\s+3\.00 GiB\s+float32\[12, 8192, 8192\]", text)
+    assert "Host:" not in text and "skipped: None (time budget)" in text
+    assert "Not read: pid is 4242, not a number; argv[1] is 7, not a string;" in text
+    console = Console(width=100, record=True, file=io.StringIO(), color_system=None)
+    console.print(OomCensusView(OomCensus.from_wire(rec)))
+    assert "OUT OF MEMORY · pid ?" in console.export_text()
+    # `jaxtop oom` reads the file the same way.
+    path = tmp_path / "jaxtop-oom-4242-20260922-000000.json"
+    path.write_text(json.dumps(census, indent=1))
+    assert oom_report.main([str(path)]) == 0
+    assert capsys.readouterr().out == oom_report.format_report(rec, width=100)
+
+
+def test_jaxtop_oom_json_prints_the_census_as_read(tmp_path, capsys):
+    census = sample_census()
+    census["argv"] = ["train.py", "\x1b]0;TITLE\x07"]
+    census["newer_field"] = {"from": "a newer agent"}
+    path = tmp_path / "census.json"
+    path.write_text(json.dumps(census))
+    assert oom_report.main([str(path), "--json"]) == 0
+    out = capsys.readouterr().out
+    printed = json.loads(out)
+    assert printed["type"] == "oom_census" and printed["id"] == "4242-1"
+    # Every field the census has, as read; one it lacks is null.
+    said = [{k: v for k, v in site.items() if v is not None} for site in census["sites"]["top"]]
+    assert [{k: v for k, v in site.items() if v is not None} for site in printed["sites"]["top"]] == said
+    assert printed["sites"]["top"][0]["devices"] is None and printed["file_error"] is None
+    assert printed["argv"] == ["train.py", "\\x1b]0;TITLE\\x07"]  # shown, not obeyed
+    assert "newer_field" not in printed and all(k.isascii() and k.isidentifier() for k in printed)
+    assert "\x1b" not in out and out.isascii()
+
+
+def test_the_model_keeps_the_last_copy_of_each_census_from_either_form():
+    from jaxtop.dashboard.model import Model
+
+    model = Model(clock=lambda: 0.0)
+    census = sample_census()
+    first = dict(census, trigger=dict(census["trigger"], uncaught=False))
+    model.feed(4242, {"type": "hello", "t": census["t"] - 10, "pid": 4242})
+    model.feed(4242, {"type": "sample", "t": census["t"] - 1, "seq": 1, "oom_census": first})
+    assert [(c.id, c.trigger.uncaught) for c in model.processes[4242].oom_censuses] == [("4242-1", False)]
+    model.feed(4242, dict(census, id="4242-2", verdict="another"))
+    model.feed(4242, census)  # the same census again, once its OOM turned out uncaught
+    kept = model.processes[4242].oom_censuses
+    assert [(c.id, c.trigger.uncaught) for c in kept] == [("4242-2", True), ("4242-1", True)]
+    views = model.snapshot().processes[0].oom_censuses
+    assert [v.verdict for v in views] == ["another", census["verdict"]] and views[1].record is kept[1]
+    assert views[1].allocator_stats == (("bytes_limit", int(79.1 * GiB)), ("largest_free_block_bytes", int(0.4 * GiB)))
+    assert views[1].sites[1].record.via == "linear.py:12 in param"
+
+
 def test_report_and_view_take_a_census_that_failed_half_way(monkeypatch):
     from jaxtop.widgets.oom import OomCensusView
 
@@ -118,10 +219,11 @@ def test_report_and_view_take_a_census_that_failed_half_way(monkeypatch):
     monkeypatch.setattr(oom.census, "_build_census", broken)
     census = build_census(message="RESOURCE_EXHAUSTED: Out of memory allocating 64 bytes.")
     assert census["errors"] == ["census: ValueError: boom"] and census["request"]["bytes"] == 64
-    text = oom_report.format_report(census)
+    assert not from_dict(census).odd
+    text = oom_report.format_report(from_dict(census))
     assert "Failed request: 64 B (64 bytes)" in text and "Errors: census: ValueError: boom" in text
     console = Console(width=80, record=True, file=io.StringIO(), color_system=None)
-    console.print(OomCensusView(census))
+    console.print(OomCensusView(view_of(census)))
     assert "OUT OF MEMORY" in console.export_text()
 
 
@@ -130,7 +232,7 @@ def test_view_renders_at_any_width_without_a_census_too():
 
     for width in (60, 100, 200):
         console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-        console.print(OomCensusView(sample_census(), position=(0, 2)))
+        console.print(OomCensusView(view_of(sample_census()), position=(0, 2)))
         text = console.export_text()
         assert "OUT OF MEMORY" in text and "train.py:88 in prefetch" in text
         assert max(len(line) for line in text.splitlines()) <= width
@@ -164,7 +266,7 @@ async def test_oom_screen_shows_a_pushed_census_and_closes():
         if hasattr(proc, "oom_census"):  # once the model keeps censuses
             assert proc.oom_census["id"] == census["id"]
         older = dict(census, id="4242-0", verdict="the pool is full: 70.0 of 79.1 GiB in use")
-        app.push_screen(OomScreen([older, census]))
+        app.push_screen(OomScreen([from_dict(older), from_dict(census)]))
         await pilot.pause(0.1)
         assert isinstance(app.screen, OomScreen)
         shown = _static_text(app.screen)
@@ -192,7 +294,7 @@ def test_oom_screen_snapshot(snap_compare):
 
     async def run_before(pilot):
         src.push(4242, sample_census())
-        app.push_screen(OomScreen(sample_census()))
+        app.push_screen(OomScreen(from_dict(sample_census())))
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=(110, 46), run_before=run_before)

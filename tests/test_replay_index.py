@@ -273,7 +273,7 @@ def test_a_recording_rewritten_in_the_middle_is_indexed_again(tmp_path, cache):
             at = now.index(b"\n", int(share * size)) + 1
             want = json.loads(now[at:now.index(b"\n", at)])
             src.seek(want["t"])
-            assert src.model.processes[PID].latest["seq"] == want["seq"], share
+            assert src.model.processes[PID].latest.seq == want["seq"], share
     finally:
         src.stop()
 

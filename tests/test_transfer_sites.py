@@ -145,6 +145,43 @@ def test_lines_are_tied_in_batches_of_ticks_and_none_is_lost():
         line: [made(line, 0), made(line, 1)] for line in (10, 11)}
 
 
+def test_the_field_names_only_what_the_wire_types_name_and_decodes_clean(monkeypatch):
+    """Every key the probe writes is a field of the dashboard's types
+    (:class:`jaxtop.wire.records.TransferSites`): one renamed on one side
+    only would read n/a there, silently, as an unknown key does."""
+    import msgspec
+
+    from jaxtop.probes import transfer_sites
+    from jaxtop.probes.transfer_values import ArgInfo
+    from jaxtop.wire.records import TransferArg, TransferSite, TransferSites, TransferSitesOther, decode
+
+    monkeypatch.setattr(transfer_sites, "SITES_SENT", 1)  # the second line goes to `other`
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time() - 10
+    args = (ArgInfo("batch['x']", NUMPY, "float32[8,4]", 128), ArgInfo("lr", PY_SCALAR, "float[]", 4))
+    _call(probe, t0 + 0.000010, 10, described=args)
+    _call(probe, t0 + 0.000030, 20, callee="sin")
+    # Two lines of the first call, one of the second, one no call follows (unattributed).
+    probe.take_stamps(b" ".join([_stamp("h2d", me, t0, t0 + 0.000002), _stamp("h2d", me, t0 + 0.000020),
+                                 _stamp("h2d", me, t0 + 5.0)]))
+    probe.on_tick(Tick(now=time.time() - 0.1))
+    field = probe.on_tick(Tick(now=time.time(), final=True))  # a second history entry: history_s measured
+
+    def names(cls) -> set[str]:
+        return {f.encode_name for f in msgspec.structs.fields(cls)}
+
+    assert set(field) == names(TransferSites) - {"error"}  # written alone, by jaxtop.agent.probe_list, where it raised
+    assert set(field["other"]) == names(TransferSitesOther)
+    (site,) = field["sites"]
+    assert set(site) == names(TransferSite) and all(set(a) == names(TransferArg) for a in site["args"])
+    assert field["unattributed"] == {"h2d": 1} and field["history_s"] is not None and site["history"]
+    rec = decode(json.dumps({"type": "sample", "t": time.time(), "transfer_sites": field}))
+    assert rec.odd == () and rec.transfer_sites == msgspec.convert(field, TransferSites)
+    assert rec.transfer_sites.sites[0].args[0] == TransferArg(name="batch['x']", kind=NUMPY, shape="float32[8,4]",
+                                                              bytes=128)
+    assert rec.transfer_sites.other.count_total == 1
+
+
 def test_a_line_waits_for_its_call_to_return():
     probe, me = _probe(), threading.get_native_id()
     t0 = time.time()

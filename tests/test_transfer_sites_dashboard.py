@@ -23,9 +23,10 @@ from rich.console import Console
 from conftest import PY
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.snapshot_text import snapshot_text
-from jaxtop.dashboard.transfer_sites import TransferSitesFold, fold_transfer_sites
+from jaxtop.dashboard.transfer_sites import TransferArgView, TransferSitesFold, fold_transfer_sites
 from jaxtop.widgets.panels import TransfersPanel
 from jaxtop.widgets.transfer_sites import render_transfer_sites
+from jaxtop.wire.records import Sample, decode, from_dict
 
 T0 = 1_790_000_000.0
 TRAIN = "/home/me/proj/train.py"
@@ -94,6 +95,11 @@ def stream(n=60, pid=4321, evil=False, unattributed=True, sites=SITES):
     return records
 
 
+def typed(records) -> list:
+    """The records as the decoder makes them (what the fold reads)."""
+    return [from_dict(rec) for rec in records]
+
+
 def model_of(records, pid=4321) -> Model:
     model = Model(clock=lambda: 0.0)
     for rec in records:
@@ -111,7 +117,7 @@ def drawn(snap, width, height) -> str:
 
 def test_the_fold_keeps_the_last_field_and_rates_come_from_totals_over_time():
     records = stream()
-    view = fold_transfer_sites(records)
+    view = fold_transfer_sites(typed(records))
     by = {(s.where, s.callee): s for s in view.sites}
     step = by[("train.py:27", "step")]
     # 3 a tick on 4 ticks of 5, 10 ticks a second: 48 in the last 2 s.
@@ -183,17 +189,17 @@ def test_a_recording_whose_clock_stands_still_does_not_grow_the_fold():
     for k in range(5000):
         rec = dict(records[k % len(records)], t=T0 + 1.0 + (k // 2500) * 1e-9)  # stands, creeps by a nanosecond
         rec["transfer_sites"] = records[-1]["transfer_sites"]
-        fold.feed(rec)
+        fold.feed(from_dict(rec))
     assert all(len(state.totals) <= 2 for state in fold._sites.values())
     assert len(fold._unattributed) <= TOTALS_KEPT
     for k in range(3 * TOTALS_KEPT):  # a clock creeping a nanosecond a field: bounded all the same
         rec = dict(records[-1], t=T0 + 2.0 + k * 1e-9)
-        fold.feed(rec)
+        fold.feed(from_dict(rec))
     assert max(len(state.totals) for state in fold._sites.values()) <= TOTALS_KEPT
 
 
 def test_scalars_apart_and_the_summary_names_the_busiest():
-    view = fold_transfer_sites(stream())
+    view = fold_transfer_sites(typed(stream()))
     assert [s.callee for s in view.arrays] == ["step", "sin (op)", "host read (float)"]
     assert {s.callee for s in view.scalars} == {"scale", "add (op)"}
     summary = view.scalar_summary()
@@ -225,6 +231,91 @@ def test_a_history_sent_after_the_present_is_folded_in_time_order():
     assert view.t == present["t"]
     assert {s.callee: s.count_total for s in view.sites}["step"] == present["transfer_sites"]["sites"][0]["count_total"]
     assert view.sites[0].count_per_s == pytest.approx(24.0, rel=0.2)
+
+
+def test_a_field_of_the_wrong_shape_reads_n_a_where_it_is_wrong_and_never_raises():
+    """The decoder reads each wrong-typed part n/a (noted once), the rest
+    as sent; the fold, the report and the snapshot text draw what is left."""
+    records = stream(n=12)
+    hello, last = records[0], records[-2]  # the 11th tick carries the field
+    good = last["transfer_sites"]["sites"][0]
+    broken = dict(good, direction=5, line="27", count_total="x", scalar="yes", args_seen="elsewhere",
+                  args=[1, {"name": 3, "kind": "NumPy array", "shape": "float32[2]", "bytes": "big"}],
+                  history=["a", 1, None, 2])
+    cases = [
+        ({"sites": "nope", "unattributed": [1]}, ("transfer_sites.sites", "transfer_sites.unattributed")),
+        ({"sites": ["str", 3, broken], "unattributed": {"h2d": "many", "d2h": 2}, "unattributed_reasons": [1],
+          "other": 5, "pending": {}, "sites_total": "6", "history_ticks": "x", "history_s": [1]},
+         ("transfer_sites.sites[0]", "transfer_sites.sites[1]", "transfer_sites.sites[].direction",
+          "transfer_sites.sites[].line", "transfer_sites.sites[].count_total", "transfer_sites.sites[].scalar",
+          "transfer_sites.sites[].args[0]", "transfer_sites.sites[].args[].name",
+          "transfer_sites.sites[].args[].bytes", "transfer_sites.sites[].history[0]",
+          "transfer_sites.unattributed.h2d", "transfer_sites.unattributed_reasons",
+          "transfer_sites.other", "transfer_sites.pending", "transfer_sites.sites_total",
+          "transfer_sites.history_ticks", "transfer_sites.history_s")),
+    ]
+    for field, odd in cases:
+        rec = decode(json.dumps(dict(last, transfer_sites=field)))
+        assert sorted(o.where for o in rec.odd) == sorted(odd)
+        view = fold_transfer_sites([decode(json.dumps(hello)), rec])
+        if not isinstance(field["sites"], list):
+            assert view.sites == () and view.unattributed == {} and view.sites_total == 0
+            continue
+        (site,) = view.sites
+        assert (site.direction, site.file, site.line, site.function, site.callee) == ("", TRAIN, 0, "main", "step")
+        assert site.count_total == 0 and site.calls_total == good["calls_total"]
+        assert site.args == (TransferArgView(name="", kind="NumPy array", shape="float32[2]", bytes=None),)
+        assert site.args_seen is None and not site.scalar and site.history == (1, 2)
+        assert view.unattributed == {"d2h": 2} and view.unattributed_reasons == {}
+        assert view.other_count_total is None and view.pending == 0 and view.sites_total == 1
+        assert view.history_s == pytest.approx(0.1)  # neither history_s nor history_ticks: one sample interval
+        assert "train.py:0" in render_transfer_sites(view, 100)
+        model = Model(clock=lambda: 0.0)
+        model.feed(1, decode(json.dumps(hello)))
+        model.feed(1, rec)
+        assert "transfer sites: 1 line" in snapshot_text(model.snapshot(now=0.0))
+
+
+def test_a_sample_whose_probe_raised_keeps_the_last_sites_and_says_why():
+    """``{"error": ...}`` in place of the field (jaxtop.agent.probe_list) says
+    nothing of the lines: the last field's sites stand, and the view says why
+    until the next field."""
+    records = typed(stream(n=12))
+    fold = TransferSitesFold()
+    assert not fold.feed(from_dict({"type": "sample", "t": T0, "transfer_sites": {"error": "ValueError: boom"}}))
+    assert fold.empty  # nothing to keep yet
+    for rec in records[1:-1]:  # to the 11th tick's field
+        fold.feed(rec)
+    before = fold.view(T0 + 1.15)
+    assert before.error is None and before.sites
+    failed = from_dict({"type": "sample", "t": T0 + 1.15, "transfer_sites": {"error": "ValueError: boom"}})
+    assert failed.odd == () and fold.feed(failed)
+    view = fold.view(T0 + 1.15)
+    assert view.error == "ValueError: boom" and view.t == before.t
+    assert [(s.key, s.count_total) for s in view.sites] == [(s.key, s.count_total) for s in before.sites]
+    assert records[-1].transfer_sites is not None and fold.feed(records[-1])  # the 12th tick's field
+    assert fold.view(T0 + 1.2).error is None
+
+
+def test_the_chips_recording_decodes_clean_and_folds_to_its_last_field():
+    import gzip
+
+    path = Path(__file__).parent / "fixtures" / "tpu" / "transfer-sites.jsonl.gz"
+    with gzip.open(path, "rb") as f:
+        lines = [line for line in f if line.strip()]
+    records = [decode(line) for line in lines]
+    assert not [r.odd for r in records if getattr(r, "odd", ())]
+    fields = [json.loads(line)["transfer_sites"] for line in lines if b'"transfer_sites"' in line]
+    view = fold_transfer_sites(records)
+    assert len(fields) > 1 and len(view.sites) == len(fields[-1]["sites"])
+    for site, sent in zip(view.sites, fields[-1]["sites"]):
+        assert (site.direction, site.file, site.line, site.function, site.callee) == \
+            (sent["direction"], sent["file"], sent["line"], sent["function"], sent["callee"])
+        assert (site.count_total, site.calls_total, site.bytes_total) == \
+            (sent["count_total"], sent["calls_total"], sent["bytes_total"])
+        assert [(a.name, a.kind, a.shape, a.bytes) for a in site.args] == \
+            [(a["name"], a["kind"], a["shape"], a["bytes"]) for a in sent["args"]]
+        assert site.args_seen == sent["args_seen"] and site.scalar == sent["scalar"]
 
 
 # -- the panel at three sizes -----------------------------------------------------------------------------------
@@ -284,7 +375,7 @@ def test_escapes_in_file_function_and_argument_names_are_shown_not_obeyed():
 # -- the screen of every site, snapshot text, export -------------------------------------------------------------
 
 def test_the_sites_report_lists_every_site_with_history_and_reasons():
-    view = fold_transfer_sites(stream())
+    view = fold_transfer_sites(typed(stream()))
     text = render_transfer_sites(view, 160)
     for where in ("train.py:27", "data.py:88", "train.py:29", "train.py:33", "train.py:40"):
         assert where in text
@@ -408,8 +499,9 @@ def test_the_fold_survives_a_replay_checkpoint():
     from jaxtop.dashboard.sources import replay_index
 
     fold = TransferSitesFold()
-    for rec in stream(n=10):
-        fold.feed(rec)
+    for rec in typed(stream(n=10)):
+        if isinstance(rec, Sample):
+            fold.feed(rec)
     restored = replay_index._ModelUnpickler(io.BytesIO(pickle.dumps(fold)), None).load()
     assert restored.view(T0 + 1.0).sites[0].count_total == fold.view(T0 + 1.0).sites[0].count_total
 
@@ -492,7 +584,7 @@ def test_a_steady_sites_rate_reads_the_same_whatever_the_agents_batches_span():
                                                 "callee": "step", "count_total": 204 * k, "count": 2040,
                                                 "calls_total": 204 * k}],
                                      "history_ticks": 10, "history_s": 1.2, "pending": 0}
-        fold.feed(rec)
+        fold.feed(from_dict(rec))
         model.feed(9, rec)
         if k > 40:
             seen.append(fold.view(t).sites[0].count_per_s)

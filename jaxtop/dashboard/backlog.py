@@ -199,10 +199,10 @@ class HistoryFeed:
             seen: set[Any] = set()
             for part in proc.past_holders + proc.present_holders:
                 holders = part.holders
-                if holders is not None and "seq" in holders:
-                    if holders["seq"] in seen:
+                if holders is not None and holders.seq is not None:
+                    if holders.seq in seen:
                         part = msgspec.structs.replace(part, holders=None)
-                    seen.add(holders["seq"])
+                    seen.add(holders.seq)
                 fold.feed(part)
             proc.holders = fold
             sites = TransferSitesFold()

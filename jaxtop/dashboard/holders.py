@@ -1,7 +1,8 @@
 """The dashboard's fold of ``holders``, ``labels`` and ``host_syncs`` fields.
 
-One :class:`HoldersFold` per process takes each ``sample`` record and keeps
-what the Holders screen shows:
+One :class:`HoldersFold` per process takes each decoded ``sample``
+(:class:`~jaxtop.wire.records.Sample`, its parts typed in
+:mod:`jaxtop.wire.records.holders`) and keeps what the Holders screen shows:
 allocation sites with the history of their bytes, the mark, leak suspects,
 named pytrees and host-sync call sites. :meth:`HoldersFold.view` returns a
 frozen :class:`HoldersView`. No Textual, no sockets, no jax; not thread-safe
@@ -11,11 +12,14 @@ by itself (the model feeds and reads it under its own lock).
 from __future__ import annotations
 
 import collections
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from jaxtop.wire.records import Sample
+from jaxtop.wire.records import (
+    BytesCountPair, Holders, HolderSite, HostSyncs, Labels, Record, Sample, SyncSite, Unknown,
+)
+from jaxtop.wire.records.base import Num
 
 #: Profiles of history kept per site (the sparkline shows the last ones).
 SITE_HISTORY = 120
@@ -127,32 +131,29 @@ class HoldersView:
         return self.t is None and not self.labels and self.syncs_available is None and self.error is None
 
 
-def _int(value: Any, default: int = 0) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+def _n(value: Num, default: int = 0) -> int:
+    """A figure as the view's whole number; ``default`` where it is n/a."""
+    return default if value is None else int(value)
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _f(value: Num) -> float | None:
+    """A figure as a float, or None where it is n/a."""
+    return None if value is None else float(value)
 
 
-def _key(rec: dict[str, Any]) -> SiteKey:
-    return (str(rec.get("file") or ""), _int(rec.get("line")), str(rec.get("function") or rec.get("site") or "?"))
+def _key(rec: HolderSite | SyncSite) -> SiteKey:
+    return (rec.file or "", _n(rec.line), rec.function or rec.site or "?")
 
 
-def _devices(value: Any) -> dict[str, tuple[int, int]]:
-    out: dict[str, tuple[int, int]] = {}
-    if isinstance(value, dict):
-        for name, pair in value.items():
-            if isinstance(pair, (list, tuple)) and len(pair) >= 2:
-                out[str(name)] = (_int(pair[0]), _int(pair[1]))
-    return out
+def _devices(value: dict[str, BytesCountPair] | None) -> dict[str, tuple[int, int]]:
+    return {name: (_n(nbytes), _n(count)) for name, (nbytes, count) in (value or {}).items()}
 
 
 class _Site:
     __slots__ = ("rec", "history", "seen_seq")
 
     def __init__(self) -> None:
-        self.rec: dict[str, Any] = {}
+        self.rec = HolderSite()
         self.history: collections.deque[float | None] = collections.deque(maxlen=SITE_HISTORY)
         self.seen_seq = 0
 
@@ -162,10 +163,10 @@ class HoldersFold:
 
     def __init__(self) -> None:
         self._sites: dict[SiteKey, _Site] = {}
-        self._latest: dict[str, Any] | None = None
+        self._latest: Holders | None = None
         self._profiles = 0
-        self._labels: dict[str, Any] | None = None
-        self._syncs: dict[str, Any] | None = None
+        self._labels: Labels | None = None
+        self._syncs: HostSyncs | None = None
         self._sync_prev: dict[SiteKey, tuple[float, int]] = {}
         self._sync_rate: dict[SiteKey, float] = {}
         self._error: str | None = None
@@ -197,20 +198,18 @@ class HoldersFold:
             self._view = None
         return changed
 
-    def _take_profile(self, rec: dict[str, Any]) -> None:
-        if rec.get("error") and "sites" not in rec:
-            self._error = str(rec["error"])
+    def _take_profile(self, rec: Holders) -> None:
+        if rec.error and rec.sites is None:
+            self._error = rec.error
             return
         self._error = None
         self._latest = rec
         self._profiles += 1
         seq = self._profiles
-        sites = rec.get("sites") if isinstance(rec.get("sites"), list) else []
-        complete = _int(rec.get("sites_total"), len(sites)) <= len(sites)
+        sites = rec.sites or []
+        complete = _n(rec.sites_total, len(sites)) <= len(sites)
         listed: set[SiteKey] = set()
         for site in sites:
-            if not isinstance(site, dict):
-                continue
             key = _key(site)
             listed.add(key)
             state = self._sites.get(key)
@@ -220,23 +219,21 @@ class HoldersFold:
                 # its earlier profiles are unknown, not zero.
                 state.history.extend([None] * min(seq - 1, SITE_HISTORY))
             state.rec = site
-            state.history.append(float(_int(site.get("bytes"))))
+            state.history.append(_f(site.bytes))  # n/a: unknown, as when the site was not listed
             state.seen_seq = seq
         for key, state in self._sites.items():
             if key not in listed:
                 # Not listed: gone (0) when the record lists every site, else unknown.
                 state.history.append(0.0 if complete else None)
         if len(self._sites) > MAX_SITES:
-            ranked = sorted(self._sites.items(), key=lambda kv: (kv[1].seen_seq, _int(kv[1].rec.get("bytes"))), reverse=True)
+            ranked = sorted(self._sites.items(), key=lambda kv: (kv[1].seen_seq, _n(kv[1].rec.bytes)), reverse=True)
             self._sites = dict(ranked[:MAX_SITES])
 
-    def _take_syncs(self, rec: dict[str, Any]) -> None:
-        t = _num(rec.get("t"))
-        for site in rec.get("sites") or []:
-            if not isinstance(site, dict):
-                continue
+    def _take_syncs(self, rec: HostSyncs) -> None:
+        t = rec.t
+        for site in rec.sites or []:
             key = _key(site)
-            count = _int(site.get("count"))
+            count = _n(site.count)
             prev = self._sync_prev.get(key)
             if t is not None:
                 if prev is not None and t > prev[0]:
@@ -252,112 +249,125 @@ class HoldersFold:
         self._view = self._build()
         return self._view
 
+    def _site_view(self, key: SiteKey, state: _Site, denominator: float | None, marked: bool) -> SiteView:
+        rec = state.rec
+        nbytes = _n(rec.bytes)
+        growth = rec.growth
+        mark = rec.mark if marked else None
+        return SiteView(
+            key=key,
+            site=rec.site or key[2],
+            function=key[2],
+            file=key[0],
+            line=key[1],
+            bytes=nbytes,
+            count=_n(rec.count),
+            share=(nbytes / denominator) if denominator else None,
+            devices=_devices(rec.devices),
+            history=tuple(state.history),
+            mark_bytes=_n(mark.bytes) if mark is not None else None,
+            mark_count=_n(mark.count) if mark is not None else None,
+            suspect=rec.suspect is True,
+            growth=Growth(
+                rises=_n(growth.rises),
+                for_s=_f(growth.for_s) or 0.0,
+                bytes_per_min=_f(growth.bytes_per_min),
+                count_per_min=_f(growth.count_per_min),
+                since_t=growth.since_t,
+            ) if growth is not None else None,
+            library=rec.library is True,
+        )
+
     def _build(self) -> HoldersView:
-        latest = self._latest or {}
-        in_use = latest.get("in_use_bytes")
-        total = _int(latest.get("bytes")) if latest else None
-        denominator = _num(in_use) or (float(total) if total else None)
-        mark = latest.get("mark") if isinstance(latest.get("mark"), dict) else None
+        latest = self._latest
         sites: list[SiteView] = []
-        listed_now = {_key(s) for s in latest.get("sites") or [] if isinstance(s, dict)}
-        for key, state in self._sites.items():
-            if key not in listed_now:
-                continue  # the screen lists the latest profile's sites (the agent adds those gone since the mark)
-            rec = state.rec
-            nbytes = _int(rec.get("bytes"))
-            growth = rec.get("growth") if isinstance(rec.get("growth"), dict) else None
-            mark_rec = rec.get("mark") if (mark and isinstance(rec.get("mark"), dict)) else None
-            sites.append(SiteView(
-                key=key,
-                site=str(rec.get("site") or key[2]),
+        if latest is not None:
+            in_use = latest.in_use_bytes
+            total = _n(latest.bytes)
+            denominator = float(in_use) if in_use else (float(total) if total else None)
+            listed_now = {_key(s) for s in latest.sites or []}
+            for key, state in self._sites.items():
+                if key in listed_now:  # the latest profile's sites (the agent adds those gone since the mark)
+                    sites.append(self._site_view(key, state, denominator, latest.mark is not None))
+        sites.sort(key=lambda s: (-s.bytes, -s.count, s.site, s.function))
+
+        labels = self._labels
+        trees = tuple(
+            LabelView(
+                name=tree.name if tree.name is not None else "?",
+                bytes=_n(tree.bytes),
+                arrays=_n(tree.arrays),
+                alive=_n(tree.alive),
+                labelled_t=tree.labelled_t,
+                followed=tree.followed is True,
+            )
+            for tree in (labels.trees if labels is not None else None) or []
+        )
+        syncs = self._syncs
+        sync_sites = []
+        for site in (syncs.sites if syncs is not None else None) or []:
+            key = _key(site)
+            sync_sites.append(SyncSiteView(
+                site=site.site or key[2],
                 function=key[2],
                 file=key[0],
                 line=key[1],
-                bytes=nbytes,
-                count=_int(rec.get("count")),
-                share=(nbytes / denominator) if denominator else None,
-                devices=_devices(rec.get("devices")),
-                history=tuple(state.history),
-                mark_bytes=_int(mark_rec.get("bytes")) if mark_rec else None,
-                mark_count=_int(mark_rec.get("count")) if mark_rec else None,
-                suspect=bool(rec.get("suspect")),
-                growth=Growth(
-                    rises=_int(growth.get("rises")),
-                    for_s=_num(growth.get("for_s")) or 0.0,
-                    bytes_per_min=_num(growth.get("bytes_per_min")),
-                    count_per_min=_num(growth.get("count_per_min")),
-                    since_t=_num(growth.get("since_t")),
-                ) if growth else None,
-                library=bool(rec.get("library")),
+                count=_n(site.count),
+                kinds={kind: _n(n) for kind, n in (site.kinds or {}).items()},
+                per_s=self._sync_rate.get(key),
+                last_t=site.last_t,
             ))
-        sites.sort(key=lambda s: (-s.bytes, -s.count, s.site, s.function))
-        other = latest.get("other") if isinstance(latest.get("other"), dict) else {}
-
-        labels = []
-        for tree in (self._labels or {}).get("trees") or []:
-            if isinstance(tree, dict):
-                labels.append(LabelView(
-                    name=str(tree.get("name", "?")),
-                    bytes=_int(tree.get("bytes")),
-                    arrays=_int(tree.get("arrays")),
-                    alive=_int(tree.get("alive")),
-                    labelled_t=_num(tree.get("labelled_t")),
-                    followed=tree.get("followed") is True,
-                ))
-        syncs = []
-        sync_rec = self._syncs or {}
-        for site in sync_rec.get("sites") or []:
-            if isinstance(site, dict):
-                key = _key(site)
-                kinds = site.get("kinds") if isinstance(site.get("kinds"), dict) else {}
-                syncs.append(SyncSiteView(
-                    site=str(site.get("site") or key[2]),
-                    function=key[2],
-                    file=key[0],
-                    line=key[1],
-                    count=_int(site.get("count")),
-                    kinds={str(k): _int(v) for k, v in kinds.items()},
-                    per_s=self._sync_rate.get(key),
-                    last_t=_num(site.get("last_t")),
-                ))
-        by_kind = sync_rec.get("by_kind") if isinstance(sync_rec.get("by_kind"), dict) else {}
-        return HoldersView(
-            t=_num(latest.get("t")),
-            seq=_int(latest.get("seq")) if latest else None,
+        view = HoldersView(
             profiles=self._profiles,
-            seconds=_num(latest.get("seconds")),
-            interval_s=_num(latest.get("interval_s")),
-            reason=latest.get("reason"),
-            bytes=total,
-            count=_int(latest.get("count")) if latest else None,
-            in_use_bytes=_int(in_use) if _num(in_use) is not None else None,
-            by_device=_devices(latest.get("by_device")),
             sites=tuple(sites),
-            sites_total=_int(latest.get("sites_total"), len(sites)),
-            other_bytes=_int(other.get("bytes")),
-            other_count=_int(other.get("count")),
-            other_sites=_int(other.get("sites")),
-            mark_t=_num(mark.get("t")) if mark else None,
-            mark_bytes=_int(mark.get("bytes")) if mark else None,
-            mark_count=_int(mark.get("count")) if mark else None,
+            sites_total=len(sites),
             error=self._error,
-            labels=tuple(labels),
-            labels_t=_num((self._labels or {}).get("t")),
-            syncs=tuple(syncs),
-            syncs_total=_int(sync_rec.get("count")) if self._syncs is not None else None,
-            syncs_by_kind={str(k): _int(v) for k, v in by_kind.items()},
-            syncs_sites_total=_int(sync_rec.get("sites_total"), len(syncs)),
-            syncs_available=bool(sync_rec.get("available")) if self._syncs is not None else None,
-            syncs_reason=sync_rec.get("reason") if self._syncs is not None else None,
-            syncs_uncounted=sync_rec["uncounted"] if isinstance(sync_rec.get("uncounted"), str) else None,
-            syncs_t=_num(sync_rec.get("t")),
+            labels=trees,
+            labels_t=labels.t if labels is not None else None,
+            syncs=tuple(sync_sites),
+            syncs_sites_total=len(sync_sites),
             last_t=self._last_t,
         )
+        if latest is not None:
+            other, mark = latest.other, latest.mark
+            view = dataclasses.replace(
+                view,
+                t=latest.t,
+                seq=_n(latest.seq),
+                seconds=_f(latest.seconds),
+                interval_s=_f(latest.interval_s),
+                reason=latest.reason,
+                bytes=_n(latest.bytes),
+                count=_n(latest.count),
+                in_use_bytes=_n(latest.in_use_bytes) if latest.in_use_bytes is not None else None,
+                by_device=_devices(latest.by_device),
+                sites_total=_n(latest.sites_total, len(sites)),
+                other_bytes=_n(other.bytes) if other is not None else 0,
+                other_count=_n(other.count) if other is not None else 0,
+                other_sites=_n(other.sites) if other is not None else 0,
+                mark_t=mark.t if mark is not None else None,
+                mark_bytes=_n(mark.bytes) if mark is not None else None,
+                mark_count=_n(mark.count) if mark is not None else None,
+            )
+        if syncs is not None:
+            view = dataclasses.replace(
+                view,
+                syncs_total=_n(syncs.count),
+                syncs_by_kind={kind: _n(n) for kind, n in (syncs.by_kind or {}).items()},
+                syncs_sites_total=_n(syncs.sites_total, len(sync_sites)),
+                syncs_available=syncs.available is True,
+                syncs_reason=syncs.reason if syncs.reason is not None else syncs.error,  # error: the probe raised
+                syncs_uncounted=syncs.uncounted,
+                syncs_t=syncs.t,
+            )
+        return view
 
 
-def fold_records(records: list[dict[str, Any]]) -> HoldersView:
-    """Folds a list of records (one process) into a view: tests, exports."""
+def fold_records(records: Iterable[Record | Unknown]) -> HoldersView:
+    """Folds one process's typed records into a view (tests, exports);
+    records other than samples (and their backfill copies) are skipped."""
     fold = HoldersFold()
     for record in records:
-        fold.feed(record)
+        if isinstance(record, Sample):
+            fold.feed(record)
     return fold.view()

@@ -3,10 +3,10 @@
 The agent sends the ledger as the sample field ``jit``: a whole table now and
 then (``full: true``) and, in between, only what changed; the command
 ``jit_ledger`` answers with the whole table at once. :class:`LedgerStore`
-folds both into one table per process and hands out frozen
-:class:`LedgerView` s. A stream joined in the middle (or a recording read
-from the middle) holds changes only until its next whole table:
-``LedgerView.complete`` says so.
+folds both (:class:`~jaxtop.wire.records.jit.Jit`, decoded once) into one
+table per process and hands out frozen :class:`LedgerView` s. A stream
+joined in the middle (or a recording read from the middle) holds changes
+only until its next whole table: ``LedgerView.complete`` says so.
 
 Thread-safe (its own lock): the model feeds it on the reader thread, the Jit
 screen reads it on the UI thread.
@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import bisect
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jaxtop.wire import protocol
+import msgspec
+
+from jaxtop.wire.records.base import Num
+from jaxtop.wire.records.jit import Jit, JitExecutable, JitExplain, JitFunctionRow, JitLeak, JitReason, JitStorm
 
 if TYPE_CHECKING:
     from jaxtop.wire.records import Reply, Sample
@@ -35,27 +39,10 @@ EVENTS_WINDOW_S = 60.0
 #: Recently freed executables kept for the screen.
 MAX_GONE = 64
 
-_SIZES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes", "code_bytes")
 
-
-def _int(v: Any) -> int | None:
-    v = protocol.number(v)
+def _count(v: Num) -> int | None:
+    """A count or a size as an int (a figure may come as a float)."""
     return None if v is None else int(v)
-
-
-_num = protocol.finite
-
-
-def _name(v: Any) -> str:
-    """A function's name (a key and a label) or a part of a recompile reason:
-    a string as it is, anything else as a short repr (``str()`` of a deeply
-    nested value raises)."""
-    return v if isinstance(v, str) else protocol.shown(v)
-
-
-def _key(v: Any) -> bool:
-    """Whether an executable's id can be a key: hashable and plain."""
-    return v.__class__ in (int, str)
 
 
 @dataclass(frozen=True)
@@ -80,7 +67,7 @@ class JitFunction:
     defined_at: str | None = None
     first_t: float | None = None
     last_t: float | None = None
-    reasons: tuple[dict[str, Any], ...] = ()  # latest first
+    reasons: tuple[JitReason, ...] = ()  # latest first
     reasons_total: int = 0
     eager_compiles: int = 0  # compiles of an op run outside jit: none is a recompile
 
@@ -113,26 +100,31 @@ class JitFunction:
         return max(0, self.compiles - 1 - self.eager_compiles) if not self.eager else 0
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> JitFunction:
-        # A reason's time is one a clock can show (the screen prints it).
-        reasons = [dict(r, t=protocol.timestamp(r.get("t"))) if "t" in r else r
-                   for r in protocol.list_of(row.get("reasons")) if isinstance(r, dict)]
+    def from_row(cls, row: JitFunctionRow, name: str) -> JitFunction:
+        """The function of a row of the wire's ``functions`` (named ``name``:
+        the row's own, which its caller has)."""
+        reasons = tuple(reversed(row.reasons or ()))
         return cls(
-            name=_name(row.get("name")),
-            compiles=_int(row.get("compiles")),
-            compiles_source=row.get("compiles_source") if isinstance(row.get("compiles_source"), str) else None,
-            compile_s=_num(row.get("compile_s")),
-            live=_int(row.get("live")) or 0,
-            **{k: _int(row.get(k)) for k in _SIZES},
-            flops=_num(row.get("flops")),
-            bytes_accessed=_num(row.get("bytes_accessed")),
-            call_site=row.get("call_site") if isinstance(row.get("call_site"), str) else None,
-            defined_at=row.get("defined_at") if isinstance(row.get("defined_at"), str) else None,
-            first_t=protocol.timestamp(row.get("first_t")),
-            last_t=protocol.timestamp(row.get("last_t")),
-            reasons=tuple(reversed(reasons)),
-            reasons_total=_int(row.get("reasons_total")) or len(reasons),
-            eager_compiles=max(0, _int(row.get("eager_compiles")) or 0),
+            name=name,
+            compiles=_count(row.compiles),
+            compiles_source=row.compiles_source,
+            compile_s=row.compile_s,
+            live=_count(row.live) or 0,
+            argument_bytes=_count(row.argument_bytes),
+            output_bytes=_count(row.output_bytes),
+            alias_bytes=_count(row.alias_bytes),
+            temp_bytes=_count(row.temp_bytes),
+            peak_bytes=_count(row.peak_bytes),
+            code_bytes=_count(row.code_bytes),
+            flops=row.flops,
+            bytes_accessed=row.bytes_accessed,
+            call_site=row.call_site,
+            defined_at=row.defined_at,
+            first_t=row.first_t,
+            last_t=row.last_t,
+            reasons=reasons,
+            reasons_total=_count(row.reasons_total) or len(reasons),
+            eager_compiles=max(0, _count(row.eager_compiles) or 0),
         )
 
 
@@ -149,12 +141,12 @@ class LedgerView:
     pending: int = 0  # live executables the agent has not analysed yet
     compiles_total: int | None = None
     functions: tuple[JitFunction, ...] = ()
-    executables: tuple[dict[str, Any], ...] = ()
-    gone: tuple[dict[str, Any], ...] = ()
+    executables: tuple[JitExecutable, ...] = ()
+    gone: tuple[JitExecutable, ...] = ()  # each with the ``last_t`` it was found freed
     trend: tuple[tuple[float, int], ...] = ()
-    leak: dict[str, Any] | None = None
-    storm: dict[str, Any] | None = None  # one function compiling again and again, and why
-    explain: dict[str, Any] = field(default_factory=dict)
+    leak: JitLeak | None = None
+    storm: JitStorm | None = None  # one function compiling again and again, and why
+    explain: JitExplain | None = None  # None: the agent said nothing of recompile reasons
     complete: bool = False  # a whole table was folded
     notes: tuple[str, ...] = ()
 
@@ -174,68 +166,75 @@ class LedgerView:
         return n_end - start
 
 
+#: The totals of a table before its first field that the ledger could read.
+_NO_FIELD = Jit()
+
+
 class _Table:
     """One process's ledger as folded so far."""
 
     def __init__(self) -> None:
         self.fields = 0
         self.complete = False
-        self.totals: dict[str, Any] = {}
-        self.functions: dict[str, dict[str, Any]] = {}
-        self.executables: dict[Any, dict[str, Any]] = {}
-        self.gone: list[dict[str, Any]] = []
+        self.last = _NO_FIELD  # the last field read: its totals, flags and notes
+        self.t: float | None = None  # its time (the sample's where it has none)
+        self.storm: JitStorm | None = None
+        self.functions: dict[str, JitFunction] = {}
+        self.executables: dict[int, JitExecutable] = {}
+        self.gone: list[JitExecutable] = []
         self.trend: list[tuple[float, int]] = []
         self.available = True
         self.reason: str | None = None
+        self.error: str | None = None  # the probe raised on the last sample: why
         self.joined_t: float | None = None
         self.reason_t: dict[str, float] = {}  # newest reason already turned into an event
         # Per function: [window start, events in it, reasons folded, newest folded reason]
         self.reason_window: dict[str, list[Any]] = {}
-        self.leak_since: Any = None
-        self.storm_since: Any = None
+        self.leak_since: float | None = None
+        self.storm_since: float | None = None
 
-    def fold(self, data: dict[str, Any], sample_t: float | None) -> list[tuple[str, str, float]]:
-        t = _num(data.get("t")) or sample_t or 0.0
+    def fold(self, data: Jit, sample_t: float | None) -> list[tuple[str, str, float]]:
+        t = data.t or sample_t or 0.0
         if self.joined_t is None:
             self.joined_t = t
         self.fields += 1
-        if data.get("available") is False:
+        if data.available is False:
             self.available = False
-            self.reason = protocol.shown(data.get("reason") or "unavailable")
+            self.reason = data.reason or "unavailable"
             return []
-        self.available, self.reason = True, None
-        for key in ("live_count", "code_bytes", "pending", "compiles_total", "compiles_unattributed", "explain",
-                    "leak", "storm", "executables_reason", "compiles_reason", "pass_s"):
-            if key in data:
-                self.totals[key] = data[key]
-        for key in ("executables_reason", "compiles_reason"):
-            if key not in data:
-                self.totals.pop(key, None)
-        self.totals["t"] = t
-        rows = [r for r in protocol.list_of(data.get("functions")) if isinstance(r, dict) and "name" in r]
-        exes = [r for r in protocol.list_of(data.get("executables")) if isinstance(r, dict) and _key(r.get("id"))]
-        if data.get("full"):
+        if data.error is not None:
+            # The probe raised on this sample: the table stays as it was
+            # (its changes come with the next field), and the screen says why.
+            self.error = data.error
+            return []
+        self.available, self.reason, self.error = True, None, None
+        # Every field the agent sends carries all the totals and both flags:
+        # the last one's are the table's.
+        self.last, self.t = data, t
+        self.storm = data.storm_flag
+        rows = [(r.name, r) for r in data.functions or () if r.name is not None]
+        exes = [(r.id, r) for r in data.executables or () if r.id is not None]
+        if data.full:
             self.complete = True
-            self.functions = {_name(r["name"]): r for r in rows}
-            self.executables = {r["id"]: r for r in exes}
+            self.functions = {name: JitFunction.from_row(r, name) for name, r in rows}
+            self.executables = dict(exes)
             # Agents before the storm flag kept their trend without ops while
             # their fields' live_count held all executables: two series that
             # zig-zag when interleaved. Theirs only fills in what came before
             # this reader's first point.
-            self._merge_trend(data.get("trend"), before=None if "storm" in data else self._first_point_t())
+            self._merge_trend(data.trend, before=None if data.storm_sent else self._first_point_t())
         else:
-            for r in rows:
-                self.functions[_name(r["name"])] = r
-            for r in exes:
-                self.executables[r["id"]] = r
-            for ident in protocol.list_of(data.get("gone")):
-                row = self.executables.pop(ident, None) if _key(ident) else None
+            for name, r in rows:
+                self.functions[name] = JitFunction.from_row(r, name)
+            self.executables.update(exes)
+            for ident in data.gone or ():
+                row = self.executables.pop(ident, None)
                 if row is not None:
-                    self.gone.append(dict(row, last_t=t))
+                    self.gone.append(msgspec.structs.replace(row, last_t=t))
             del self.gone[:-MAX_GONE]
-        if "gone_recent" in data:
-            self.gone = [r for r in protocol.list_of(data["gone_recent"]) if isinstance(r, dict)][-MAX_GONE:]
-        count = _int(data.get("live_count"))
+        if data.gone_recent is not None:
+            self.gone = data.gone_recent[-MAX_GONE:]
+        count = _count(data.live_count)
         if count is not None and (not self.trend or t > self.trend[-1][0]):
             self.trend.append((t, count))
             del self.trend[:-MAX_TREND]
@@ -244,26 +243,22 @@ class _Table:
     def _first_point_t(self) -> float | None:
         return self.trend[0][0] if self.trend else None
 
-    def _merge_trend(self, points: Any, before: float | None = None) -> None:
+    def _merge_trend(self, points: list[tuple[float | None, Num]] | None, before: float | None = None) -> None:
         """Points of a whole table's ``trend`` this reader has not seen
         (passes that changed nothing send no field; a reader that joined
         late), only those before ``before`` when given."""
-        if not isinstance(points, list):
-            return
         # Agents before the storm flag rounded a trend point's time to the
         # millisecond and the field's own to the microsecond: one pass, two
         # points. A point within the same millisecond is the same pass.
         known = {round(t, 3) for t, _ in self.trend}
-        for p in points:
-            if isinstance(p, (list, tuple)) and len(p) == 2:
-                t, n = _num(p[0]), _int(p[1])
-                if t is None or n is None or round(t, 3) in known or (before is not None and t >= before):
-                    continue
-                bisect.insort(self.trend, (t, n))
-                known.add(round(t, 3))
+        for t, n in points or ():
+            if t is None or n is None or round(t, 3) in known or (before is not None and t >= before):
+                continue
+            bisect.insort(self.trend, (t, int(n)))
+            known.add(round(t, 3))
         del self.trend[:-MAX_TREND]
 
-    def _events(self, rows: list[dict[str, Any]], data: dict[str, Any], t: float) -> list[tuple[str, str, float]]:
+    def _events(self, rows: list[tuple[str, JitFunctionRow]], data: Jit, t: float) -> list[tuple[str, str, float]]:
         """New recompile reasons, a new leak flag and a new compile storm, as
         events for the event list.
 
@@ -274,48 +269,46 @@ class _Table:
         function's compile storm (the storm is its one event).
         """
         events: list[tuple[str, str, float]] = []
-        storm = self.totals.get("storm")  # this field's, or the last one sent
-        storming = _name(storm.get("function")) if isinstance(storm, dict) else None
-        if isinstance(storm, dict):
-            if storm.get("since_t") != self.storm_since:
-                self.storm_since = storm.get("since_t")
-                events.append(("jit", protocol.shown(storm.get("message")), t))
+        storm = self.storm
+        storming = storm.function if storm is not None else None
+        if storm is not None:
+            if storm.since_t != self.storm_since:
+                self.storm_since = storm.since_t
+                events.append(("jit", storm_message(storm), t))
                 window = self.reason_window.get(storming) if storming is not None else None
                 if window is not None:
                     window[2], window[3] = 0, None  # its recompiles folded so far: the storm's event says them
-        elif "storm" in data:
+        else:
             self.storm_since = None
         for name, window in list(self.reason_window.items()):
             if t - window[0] >= EVENTS_WINDOW_S:
                 events.extend(self._folded(name, window, storming))
                 del self.reason_window[name]
-        for row in rows:
-            name = _name(row["name"])
+        for name, row in rows:
             newest = self.reason_t.get(name, self.joined_t or 0.0)
-            fresh = [r for r in protocol.list_of(row.get("reasons"))
-                     if isinstance(r, dict) and (_num(r.get("t")) or 0.0) > newest]
+            fresh = [r for r in row.reasons or () if (r.t or 0.0) > newest]
             if not fresh:
                 continue
-            self.reason_t[name] = max(_num(r.get("t")) or 0.0 for r in fresh)
+            self.reason_t[name] = max(r.t or 0.0 for r in fresh)
             window = self.reason_window.setdefault(name, [t, 0, 0, None])
             for r in fresh:
                 if name == storming:
                     continue  # the storm's event says it
                 if window[1] < MAX_EVENTS_PER_FUNCTION:
                     window[1] += 1
-                    events.append(("jit", f"recompile {name}: {describe_reason(r)}", _num(r.get("t")) or t))
+                    events.append(("jit", f"recompile {name}: {describe_reason(r)}", r.t or t))
                 else:
                     window[2] += 1
                     window[3] = r
-        leak = data.get("leak")
-        if isinstance(leak, dict):
-            if leak.get("since_t") != self.leak_since:
-                self.leak_since = leak.get("since_t")
+        leak = data.leak
+        if leak is not None:
+            if leak.since_t != self.leak_since:
+                self.leak_since = leak.since_t
                 # A function's storm that keeps its executables is one event:
                 # the storm's (the screen shows both flags).
-                if storming is None or _name(leak.get("function")) != storming:
-                    events.append(("jit", f"leak? {protocol.shown(leak.get('message'))}", t))
-        elif "leak" in data:
+                if storming is None or leak.function != storming:
+                    events.append(("jit", f"leak? {leak_message(leak)}", t))
+        else:
             self.leak_since = None
         return events
 
@@ -327,37 +320,37 @@ class _Table:
         if not folded or name == storming:
             return []
         text = f"recompile {name}: {folded} more in {EVENTS_WINDOW_S:.0f} s"
-        if isinstance(latest, dict):
+        if latest is not None:
             text += f", the latest {describe_reason(latest)}"
-        return [("jit", text, (_num(latest.get("t")) if isinstance(latest, dict) else None) or start)]
+        return [("jit", text, (latest.t if latest is not None else None) or start)]
 
     def view(self, pid: int) -> LedgerView:
-        tot = self.totals
-        notes = tuple(protocol.shown(tot[k]) for k in ("executables_reason", "compiles_reason") if tot.get(k))
-        leak = tot.get("leak") if isinstance(tot.get("leak"), dict) else None
-        storm = tot.get("storm") if isinstance(tot.get("storm"), dict) else None
+        last = self.last
+        notes = tuple(n for n in (last.executables_reason, last.compiles_reason) if n)
+        if self.error is not None:
+            notes += (f"the ledger's last sample failed: {self.error}",)
         return LedgerView(
             pid=pid,
-            t=protocol.timestamp(tot.get("t")),
+            t=self.t,
             available=self.available,
             reason=self.reason,
-            live_count=_int(tot.get("live_count")),
-            code_bytes=_int(tot.get("code_bytes")),
-            pending=_int(tot.get("pending")) or 0,
-            compiles_total=_int(tot.get("compiles_total")),
-            functions=tuple(JitFunction.from_row(r) for r in self.functions.values()),
-            executables=tuple(dict(r) for r in self.executables.values()),
-            gone=tuple(dict(r) for r in self.gone),
+            live_count=_count(last.live_count),
+            code_bytes=_count(last.code_bytes),
+            pending=_count(last.pending) or 0,
+            compiles_total=_count(last.compiles_total),
+            functions=tuple(self.functions.values()),
+            executables=tuple(self.executables.values()),
+            gone=tuple(self.gone),
             trend=tuple(self.trend),
-            leak=dict(leak) if leak else None,
-            storm=dict(storm) if storm else None,
-            explain=dict(protocol.obj_of(tot.get("explain"))),
+            leak=last.leak,
+            storm=self.storm,
+            explain=last.explain,
             complete=self.complete,
             notes=notes,
         )
 
 
-def largest_call(functions: Any) -> JitFunction | None:
+def largest_call(functions: Iterable[JitFunction]) -> JitFunction | None:
     """See :meth:`LedgerView.largest_call`."""
     best, most = None, 0
     for fn in functions:
@@ -368,36 +361,60 @@ def largest_call(functions: Any) -> JitFunction | None:
     return best
 
 
-def describe_reason(reason: dict[str, Any], site: bool = True) -> str:
+def leak_message(leak: JitLeak) -> str:
+    """What a leak flag says: the agent words its cause."""
+    return leak.message or "live executables keep growing (the agent gave no cause)"
+
+
+def storm_message(storm: JitStorm) -> str:
+    """What a compile-storm flag says: the agent words its cause."""
+    return storm.message or f"compile storm: {storm.name or storm.function or '?'} (the agent gave no cause)"
+
+
+def describe_reason(reason: JitReason, site: bool = True) -> str:
     """One line for a recompile reason: what changed (and where it was called)."""
-    where = short_site(reason.get("call_site")) if site else None
-    kind = reason.get("kind")
+    where = short_site(reason.call_site) if site else None
+    kind = reason.kind
     if kind == "static":
-        what = f"static argument {_name(reason.get('arg'))}: {_name(reason.get('old'))} → {_name(reason.get('new'))}"
-        if reason.get("same_repr"):
+        what = f"static argument {reason.arg}: {reason.old} → {reason.new}"
+        if reason.same_repr:
             what += (" (both print alike: a __repr__ would show what changed; __hash__ and __eq__ by value, "
                      "if equal settings should not recompile)")
-    elif reason.get("arg") is not None:
-        what = f"{_name(reason.get('arg'))} {_name(reason.get('old'))} → {_name(reason.get('new'))}"
-        more = len(protocol.list_of(reason.get("diffs"))) - 1
+    elif reason.arg is not None:
+        what = f"{reason.arg} {reason.old} → {reason.new}"
+        more = len(reason.diffs or ()) - 1
         if more > 0:
             what += f" (+{more} more)"
     elif kind == "redefined":
         what = "a new function object on a line traced before (re-defined in a loop?)"
     else:
-        text = " ".join(_name(reason.get("text") or "").split())
-        what = text or _name(kind or "?")
+        what = " ".join((reason.text or "").split()) or kind or "?"
     return f"{what} at {where}" if where else what
 
 
-def short_site(site: Any) -> str | None:
+def short_site(site: str | None) -> str | None:
     """``/long/path/train.py:31`` → ``train.py:31``."""
-    if not isinstance(site, str) or not site:
+    if not site:
         return None
     path, sep, line = site.rpartition(":")
     if not sep or not line.isdigit():
         return site.rsplit("/", 1)[-1]
     return f"{path.rsplit('/', 1)[-1]}:{line}"
+
+
+def reply_ledger(result: Any) -> Jit | None:
+    """The whole table in a command's ``result`` (untyped JSON, its strings
+    already made safe by the decoder), or None when the reply is another
+    command's. A ``jit_ledger`` part of the wrong shape reads n/a, with why."""
+    if result.__class__ is not dict or "jit_ledger" not in result:
+        return None
+    try:
+        table = msgspec.convert(result["jit_ledger"], Jit)
+    except msgspec.ValidationError as exc:
+        return Jit(available=False, reason=f"the jit_ledger reply could not be read: {exc}")
+    except RecursionError:
+        return Jit(available=False, reason="the jit_ledger reply could not be read: nested too deeply")
+    return msgspec.structs.replace(table, full=True)
 
 
 class LedgerStore:
@@ -416,17 +433,15 @@ class LedgerStore:
         data = sample.jit
         if data is None:
             return []
-        t = sample.t
         with self._lock:
             table = self._tables.setdefault(pid, _Table())
-            return table.fold(data, t)
+            return table.fold(data, sample.t)
 
     def feed_reply(self, pid: int, reply: Reply) -> bool:
         """Fold a ``jit_ledger`` command's reply; False when the reply is another command's."""
-        result = reply.result
-        if not isinstance(result, dict) or not isinstance(result.get("jit_ledger"), dict):
+        data = reply_ledger(reply.result)
+        if data is None:
             return False
-        data = dict(result["jit_ledger"], full=True)
         with self._lock:
             self._tables.setdefault(pid, _Table()).fold(data, reply.t)
         return True
@@ -444,8 +459,8 @@ class LedgerStore:
         copying the whole table (the main screen asks it every frame)."""
         with self._lock:
             table = self._tables.get(pid)
-            rows = list(table.functions.values()) if table is not None else []
-        return largest_call(JitFunction.from_row(r) for r in rows if _int(r.get("live")))
+            functions = list(table.functions.values()) if table is not None else []
+        return largest_call(functions)
 
     def pids(self) -> list[int]:
         with self._lock:

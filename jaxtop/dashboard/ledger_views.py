@@ -1,24 +1,22 @@
-"""Typed views of the parts of a jit ledger that still come as wire objects.
+"""What the Jit screen says of a ledger beside its tables: whether recompile
+reasons are recorded, and the leak and compile-storm verdicts.
 
 :class:`~jaxtop.dashboard.ledger.LedgerView` hands on the agent's
-``explain`` status, its leak and compile-storm verdicts and each recompile
-reason as they came;
-the Jit screen reads them through these instead of by key.
+``explain`` status and its flags as decoded
+(:class:`~jaxtop.wire.records.jit.JitExplain`,
+:class:`~jaxtop.wire.records.jit.JitLeak`,
+:class:`~jaxtop.wire.records.jit.JitStorm`); :class:`LedgerNotes` words
+them once for every view that shows them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
 
-from jaxtop.wire import protocol
-from jaxtop.dashboard.ledger import LedgerView
+from jaxtop.dashboard.ledger import LedgerView, leak_message, storm_message
+from jaxtop.wire.records.jit import JitReason
 
 __all__ = ["LedgerNotes", "recompile_t"]
-
-
-def _obj(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -37,19 +35,16 @@ class LedgerNotes:
 
     @classmethod
     def of(cls, view: LedgerView) -> LedgerNotes:
-        explain = _obj(view.explain)
-        by, reason = explain.get("by"), explain.get("reason")
-        leak = _obj(view.leak)
-        storm = _obj(view.storm)
+        explain = view.explain
         return cls(
-            explain_enabled=bool(explain.get("enabled")),
-            explain_by=protocol.shown(by) if by else None,
-            explain_na_reason=protocol.shown(reason) if reason else None,
-            leak_message=None if not leak else protocol.shown(leak.get("message")),
-            storm_message=None if not storm else protocol.shown(storm.get("message")),
+            explain_enabled=bool(explain is not None and explain.enabled),
+            explain_by=(explain.by or None) if explain is not None else None,
+            explain_na_reason=(explain.reason or None) if explain is not None else None,
+            leak_message=leak_message(view.leak) if view.leak is not None else None,
+            storm_message=storm_message(view.storm) if view.storm is not None else None,
         )
 
 
-def recompile_t(reason: Any) -> float | None:
+def recompile_t(reason: JitReason) -> float | None:
     """When a recompile reason (an entry of ``JitFunction.reasons``) was seen."""
-    return protocol.timestamp(_obj(reason).get("t"))
+    return reason.t

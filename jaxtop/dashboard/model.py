@@ -20,9 +20,10 @@ from typing import Any, Callable, Iterable, Union
 
 from jaxtop.wire import protocol
 from jaxtop.wire.records import (
-    Backend, Backfill, Dropped, Error, Exit, Hello, History, HistoryEnd, Odd, OomCensus, Record, Reply, Sample, Unknown,
+    Backend, Backfill, Dropped, Error, Exit, Hello, HistoryEnd, Odd, OomCensus, Record, Reply, Sample, Unknown,
     kind_of,
 )
+from jaxtop.wire.records import History as HistoryRecord
 from jaxtop.wire.records import from_dict as records_from_dict
 from jaxtop.wire.safe_text import terminal_safe
 from jaxtop.dashboard.accelerator import nvml_worth_saying
@@ -282,7 +283,7 @@ class Model(HistoryFeed):
             self._sample(proc, rec, batch)
         elif cls is Backfill:
             self._past_sample(proc, rec, batch)
-        elif cls is History:
+        elif cls is HistoryRecord:
             self._coarse(proc, rec, batch)
         elif cls is Hello:
             self._hello(proc, rec)
@@ -303,8 +304,7 @@ class Model(HistoryFeed):
             proc.state = EXITED
             self._event(pid, "exit", "process exited (final sample received)", rec.t)
         elif cls is OomCensus:
-            if rec.body is not None:
-                self._oom_census(proc, rec.body)
+            self._oom_census(proc, rec)
         elif cls is Reply:
             self._reply(proc, rec)
 
@@ -345,9 +345,9 @@ class Model(HistoryFeed):
             if due:
                 self._event(proc.pid, "info", f"NVML n/a: {protocol.shown(proc.nvml_status.reason)}", t)
 
-    def _oom_census(self, proc: ProcessModel, census: dict[str, Any]) -> None:
+    def _oom_census(self, proc: ProcessModel, census: OomCensus) -> None:
         # A census sent again (its OOM turned out to be uncaught) replaces the first copy.
-        kept = [c for c in proc.oom_censuses if c.get("id") != census.get("id")]
+        kept = [c for c in proc.oom_censuses if c.id != census.id]
         proc.oom_censuses = (kept + [census])[-20:]
 
     def _reply(self, proc: ProcessModel, rec: Reply) -> None:
@@ -567,4 +567,7 @@ class Model(HistoryFeed):
 
 
 def _odd_text(kind: str, odd: Odd) -> str:
-    return f"malformed {kind!r} record: {odd.where} is {odd.value}, not {odd.should}; it is shown as n/a (said once)"
+    # A device without a usable id, or an item of the wrong shape, cannot be
+    # shown at all; any other part reads n/a.
+    fate = "it is left out" if odd.where == "devices[].id" or odd.where.endswith("]") else "it is shown as n/a"
+    return f"malformed {kind!r} record: {odd.where} is {odd.value}, not {odd.should}; {fate} (said once)"

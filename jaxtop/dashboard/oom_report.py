@@ -2,9 +2,11 @@
 
 FILE is a census file (``jaxtop-oom-PID-TIME.json``, one JSON object) or a
 recording (JSON lines, plain or gzip) holding ``oom_census`` records, or
-samples carrying one in their ``oom_census`` field. :func:`format_report` is
-pure (a census dict in, text out); the dashboard's OOM screen shows the same
-facts with Rich.
+samples carrying one in their ``oom_census`` field. Every record is decoded
+by :func:`jaxtop.wire.records.decode` (its strings shown, never obeyed; a
+part of the wrong type read as n/a), and :func:`format_report` is pure (a
+typed census in, text out); the dashboard's OOM screen shows the same
+facts with Rich, in the same words.
 """
 
 from __future__ import annotations
@@ -16,10 +18,16 @@ import json
 import os
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
-from jaxtop.probes.oom import OOM_CENSUS
-from jaxtop.wire.safe_text import safe_record
+import msgspec
+
+from jaxtop.wire.protocol import ProtocolError, ReadStats, iter_lines
+from jaxtop.wire.records import (
+    CensusArrays, CensusDevice, CensusHost, CensusRequest, CensusSite, CensusTiming, CensusTrigger, OomCensus, Record,
+    Sample, Unknown, decode,
+)
+from jaxtop.wire.records.core import ODD_KEY
 from jaxtop.wire.units import fmt_bytes, fmt_bytes_pair
 
 #: Block characters of the timeline's sparklines, lowest first.
@@ -27,33 +35,35 @@ SPARK = "▁▂▃▄▅▆▇█"
 #: Exit statuses of ``jaxtop oom``.
 EXIT_OK, EXIT_NO_CENSUS, EXIT_USAGE = 0, 1, 2
 
+#: The parts of a census that did not say anything: each reads n/a.
+NO_TRIGGER, NO_REQUEST, NO_HOST, NO_ARRAYS, NO_TIMING = (CensusTrigger(), CensusRequest(), CensusHost(),
+                                                         CensusArrays(), CensusTiming())
+
 
 # --------------------------------------------------------------------------
 # Finding censuses
 # --------------------------------------------------------------------------
 
-def censuses_in(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The censuses of a stream, oldest first, one per ``id`` (the last
-    copy wins: an uncaught OOM's census is sent again once it is known to be
-    fatal).
+def censuses_in(records: Iterable[Record | Unknown]) -> list[OomCensus]:
+    """The censuses of a stream of decoded records, oldest first, one per
+    ``id`` (the last copy wins: an uncaught OOM's census is sent again once
+    it is known to be fatal).
 
     Both forms are found: ``oom_census`` records, and samples whose
     ``oom_census`` field carries one (an agent that lets the monitor ride
     in its samples).
     """
-    by_id: dict[str, dict[str, Any]] = {}
+    by_id: dict[str, OomCensus] = {}
     order: list[str] = []
     for n, rec in enumerate(records):
-        if not isinstance(rec, dict):
-            continue
-        census = None
-        if rec.get("type") == OOM_CENSUS:
+        census: OomCensus | None = None
+        if isinstance(rec, OomCensus):
             census = rec
-        elif rec.get("type") == "sample" and isinstance(rec.get(OOM_CENSUS), dict):
-            census = rec[OOM_CENSUS]
+        elif isinstance(rec, Sample):  # a sample, or its backfill copy
+            census = rec.oom_census
         if census is None:
             continue
-        key = str(census.get("id") or f"#{n}")
+        key = census.id or f"#{n}"
         if key not in by_id:
             order.append(key)
         by_id[key] = census
@@ -68,7 +78,7 @@ def censuses_in(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 MAX_CENSUS_FILE_BYTES = 64 << 20
 
 
-def load_censuses(path: str) -> list[dict[str, Any]]:
+def load_censuses(path: str) -> list[OomCensus]:
     """Every census in a census file or a recording, read in bounded memory:
     a recording line by line (no line over the protocol's limit is kept), a
     census file up to :data:`MAX_CENSUS_FILE_BYTES`.
@@ -89,24 +99,36 @@ def load_censuses(path: str) -> list[dict[str, Any]]:
             if len(data) > MAX_CENSUS_FILE_BYTES:
                 raise ValueError(f"{path}: a JSON document over {MAX_CENSUS_FILE_BYTES >> 20} MiB is no OOM census")
             try:
-                whole = json.loads(data.decode("utf-8", "replace"))
-            except ValueError:
-                raise ValueError(f"{path}: not an OOM census nor a jaxtop recording") from None
-            if isinstance(whole, dict) and whole.get("type") == OOM_CENSUS:
-                return [whole]
-            found = censuses_in([whole]) if isinstance(whole, dict) else []
+                found = censuses_in([decode(data)])
+            except ProtocolError:
+                found = []
             if found:
                 return found
             raise ValueError(f"{path}: not an OOM census nor a jaxtop recording")
         if not first.endswith(b"\n") and _whole_record(first):
-            return censuses_in([json.loads(first)])  # one object, the whole file, no newline
-        from jaxtop.wire.protocol import ReadStats, iter_records
-
+            # One object, the whole file, no newline.
+            try:
+                return censuses_in([decode(first)])
+            except ProtocolError:
+                return []
         stats = ReadStats()
-        found = censuses_in(iter_records(io.BufferedReader(_chain(first, f)), stats))
+        found = censuses_in(_records(io.BufferedReader(_chain(first, f)), stats))
     if not found and stats.records == 0:
         raise ValueError(f"{path}: not an OOM census nor a jaxtop recording")
     return found
+
+
+def _records(stream: Any, stats: ReadStats) -> Iterator[Record | Unknown]:
+    """The records of a recording, decoded; a line that is no record is
+    counted in ``stats`` and skipped."""
+    for lineno, line in iter_lines(stream, stats):
+        try:
+            record = decode(line)
+        except ProtocolError as exc:
+            stats.note(lineno, str(exc))
+            continue
+        stats.records += 1
+        yield record
 
 
 def _whole_record(line: bytes) -> bool:
@@ -142,16 +164,32 @@ class _chain(io.RawIOBase):
 # The report
 # --------------------------------------------------------------------------
 
-def _when(t: Any) -> str:
-    if not isinstance(t, (int, float)):
+def _when(t: float | None) -> str:
+    if t is None:
         return "?"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _or(value: Any, missing: str = "?") -> Any:
+    """``value``, or ``missing`` where the census has none."""
+    return missing if value is None else value
 
 
 def _dims(shape: Any, dtype: Any) -> str:
     if isinstance(shape, (list, tuple)):
         return f"{dtype}[{', '.join(str(s) for s in shape)}]"
     return f"{dtype}{shape}"
+
+
+def device_label(dev: CensusDevice) -> str:
+    """``gpu:0``: a census's device as every line names it."""
+    return f"{_or(dev.platform)}:{_or(dev.id)}"
+
+
+def said(part: msgspec.Struct | None) -> bool:
+    """Whether a part of a census says anything: an empty object (a part
+    whose probe failed, as ``host: {}``) is shown as absent."""
+    return part is not None and part != part.__class__()
 
 
 def sparkline(values: Sequence[float | None], width: int) -> str:
@@ -163,13 +201,13 @@ def sparkline(values: Sequence[float | None], width: int) -> str:
     if len(vals) > width:
         step = len(vals) / width
         vals = [vals[int(i * step)] for i in range(width - 1)] + [vals[-1]]
-    known = [v for v in vals if isinstance(v, (int, float))]
+    known = [v for v in vals if v is not None]
     if not known:
         return " " * len(vals)
     lo, hi = min(known), max(known)
     out = []
     for v in vals:
-        if not isinstance(v, (int, float)):
+        if v is None:
             out.append(" ")
         elif hi == lo:
             out.append(SPARK[3] if hi else SPARK[0])  # flat: neither empty nor full
@@ -178,18 +216,18 @@ def sparkline(values: Sequence[float | None], width: int) -> str:
     return "".join(out)
 
 
-def trigger_line(census: dict[str, Any]) -> str:
+def trigger_line(census: OomCensus) -> str:
     """"Out of memory: uncaught jax.errors.JaxRuntimeError in MainThread at
     train.py:120 in step" and the like."""
-    trig = census.get("trigger") or {}
-    how = trig.get("how")
-    exc = trig.get("exception") or "an error"
+    trig = census.trigger or NO_TRIGGER
+    how = trig.how
+    exc = trig.exception or "an error"
     if how == "allocator_log":
         text = "the allocator logged a failed allocation (no Python exception seen)"
-    elif trig.get("uncaught"):
+    elif trig.uncaught:
         text = f"uncaught {exc}"
-        if trig.get("reported_as"):
-            text += f" (reported as {trig['reported_as']})"
+        if trig.reported_as:
+            text += f" (reported as {trig.reported_as})"
     elif how == "raised":
         text = f"{exc} raised (caught by the program, or not yet handled)"
     elif how == "failed_array":
@@ -197,197 +235,199 @@ def trigger_line(census: dict[str, Any]) -> str:
                 "reading it raises)")
     else:
         text = f"{how or 'census'}"
-    if trig.get("thread"):
-        text += f" in thread {trig['thread']}"
-    where = trig.get("raised_at")
-    if isinstance(where, dict) and where.get("site"):
-        text += f" at {where['site']}"
+    if trig.thread:
+        text += f" in thread {trig.thread}"
+    where = trig.raised_at
+    if where is not None and where.site:
+        text += f" at {where.site}"
     return "Out of memory: " + text
 
 
-def request_line(census: dict[str, Any]) -> str:
+def request_line(census: OomCensus) -> str:
     """The failed request: size, exact bytes, device, allocator and op."""
-    req = census.get("request") or {}
-    nbytes = req.get("bytes")
+    req = census.request or NO_REQUEST
+    nbytes = req.bytes
     if nbytes is None:
-        if req.get("form") == "tpu_compile":
-            return (f"Failed: compiling needs {fmt_bytes(req.get('used_bytes'))} of {req.get('memory_space')} "
-                    f"but there is {fmt_bytes(req.get('capacity_bytes'))} "
-                    f"(over by {fmt_bytes(req.get('over_bytes'))})")
+        if req.form == "tpu_compile":
+            return (f"Failed: compiling needs {fmt_bytes(req.used_bytes)} of {req.memory_space} "
+                    f"but there is {fmt_bytes(req.capacity_bytes)} "
+                    f"(over by {fmt_bytes(req.over_bytes)})")
         return "Failed request: size not given by the error"
     text = f"Failed request: {fmt_bytes(nbytes)} ({nbytes} bytes)"
-    rounded = req.get("rounded_bytes")
+    rounded = req.rounded_bytes
     if rounded and rounded != nbytes:
         text += f", rounded to {rounded}"
-    if req.get("device"):
-        text += f" on {req['device']}"
-    if req.get("allocator"):
-        text += f" (allocator {req['allocator']})"
-    if req.get("op"):
-        text += f", op {req['op']}"
+    if req.device:
+        text += f" on {req.device}"
+    if req.allocator:
+        text += f" (allocator {req.allocator})"
+    if req.op:
+        text += f", op {req.op}"
     return text
 
 
-def _device_line(dev: dict[str, Any]) -> str:
-    label = f"{dev.get('platform', '?')}:{dev.get('id', '?')}"
-    parts = [f"{label:<8}"]
-    if dev.get("source") == "memory_stats":
-        if dev.get("bytes_limit") is not None:
-            parts.append(f"in use {fmt_bytes_pair(dev.get('bytes_in_use'), dev.get('bytes_limit'))}")
+def _device_line(dev: CensusDevice) -> str:
+    parts = [f"{device_label(dev):<8}"]
+    if dev.source == "memory_stats":
+        if dev.bytes_limit is not None:
+            parts.append(f"in use {fmt_bytes_pair(dev.bytes_in_use, dev.bytes_limit)}")
         else:
-            parts.append(f"in use {fmt_bytes(dev.get('bytes_in_use'))}")
-        if dev.get("pool_bytes") is not None:
-            parts.append(f"pool {fmt_bytes(dev['pool_bytes'])}")
-        if dev.get("largest_free_block_bytes") is not None:
-            parts.append(f"largest free block {fmt_bytes(dev['largest_free_block_bytes'])}")
-        if isinstance(dev.get("fragmentation"), (int, float)):
-            parts.append(f"fragmentation {dev['fragmentation']:.2f}")
-        if dev.get("live_array_bytes") is not None:
-            parts.append(f"live arrays {fmt_bytes(dev['live_array_bytes'])}")
-        if isinstance(dev.get("unheld_bytes"), int):
-            parts.append(f"not in arrays {fmt_bytes(dev['unheld_bytes'])}")
+            parts.append(f"in use {fmt_bytes(dev.bytes_in_use)}")
+        if dev.pool_bytes is not None:
+            parts.append(f"pool {fmt_bytes(dev.pool_bytes)}")
+        if dev.largest_free_block_bytes is not None:
+            parts.append(f"largest free block {fmt_bytes(dev.largest_free_block_bytes)}")
+        if dev.fragmentation is not None:
+            parts.append(f"fragmentation {dev.fragmentation:.2f}")
+        if dev.live_array_bytes is not None:
+            parts.append(f"live arrays {fmt_bytes(dev.live_array_bytes)}")
+        if dev.unheld_bytes is not None:
+            parts.append(f"not in arrays {fmt_bytes(dev.unheld_bytes)}")
     else:
-        parts.append(f"live arrays {fmt_bytes(dev.get('live_array_bytes'))} (no allocator statistics)")
-    if dev.get("failed"):
+        parts.append(f"live arrays {fmt_bytes(dev.live_array_bytes)} (no allocator statistics)")
+    if dev.failed:
         parts.append("<- the request failed here")
     return "  ".join(parts)
 
 
-def host_line(host: dict[str, Any]) -> str:
+def host_line(host: CensusHost) -> str:
     """RSS, address space and the limits that apply."""
-    parts = [f"RSS {fmt_bytes(host.get('rss_bytes'))}"]
-    if host.get("peak_rss_bytes") is not None:
-        parts[-1] += f" (peak {fmt_bytes(host['peak_rss_bytes'])})"
-    if host.get("vms_bytes") is not None:
-        parts.append(f"address space {fmt_bytes(host['vms_bytes'])}")
-    for key, name in (("rlimit_as_bytes", "RLIMIT_AS"), ("rlimit_data_bytes", "RLIMIT_DATA"),
-                      ("cgroup_limit_bytes", "cgroup memory.max")):
-        if host.get(key) is not None:
-            parts.append(f"{name} {fmt_bytes(host[key])}")
-    if host.get("mem_total_bytes") is not None:
-        parts.append(f"MemTotal {fmt_bytes(host['mem_total_bytes'])} "
-                     f"({fmt_bytes(host.get('mem_available_bytes'))} available)")
+    parts = [f"RSS {fmt_bytes(host.rss_bytes)}"]
+    if host.peak_rss_bytes is not None:
+        parts[-1] += f" (peak {fmt_bytes(host.peak_rss_bytes)})"
+    if host.vms_bytes is not None:
+        parts.append(f"address space {fmt_bytes(host.vms_bytes)}")
+    for limit, name in ((host.rlimit_as_bytes, "RLIMIT_AS"), (host.rlimit_data_bytes, "RLIMIT_DATA"),
+                        (host.cgroup_limit_bytes, "cgroup memory.max")):
+        if limit is not None:
+            parts.append(f"{name} {fmt_bytes(limit)}")
+    if host.mem_total_bytes is not None:
+        parts.append(f"MemTotal {fmt_bytes(host.mem_total_bytes)} "
+                     f"({fmt_bytes(host.mem_available_bytes)} available)")
     return " · ".join(parts)
 
 
-def arrays_summary(census: dict[str, Any]) -> str:
+def arrays_summary(census: OomCensus) -> str:
     """"11 live arrays, 900 MiB in 5 groups (100 % of what is in use)"."""
-    arrays = census.get("arrays") or {}
-    text = (f"{arrays.get('count', 0)} live arrays, {fmt_bytes(arrays.get('bytes'))} "
-            f"in {arrays.get('groups_total', 0)} groups")
-    in_use = [d.get("bytes_in_use") for d in census.get("devices") or [] if d.get("source") == "memory_stats"]
-    if in_use and all(isinstance(v, int) for v in in_use) and sum(in_use) > 0 and arrays.get("bytes") is not None:
-        text += f" ({100 * arrays['bytes'] / sum(in_use):.0f} % of the {fmt_bytes(sum(in_use))} in use)"
-    if arrays.get("aliases"):
-        n = arrays["aliases"]
+    arrays = census.arrays or NO_ARRAYS
+    text = (f"{_or(arrays.count)} live arrays, {fmt_bytes(arrays.bytes)} "
+            f"in {_or(arrays.groups_total)} groups")
+    in_use = [d.bytes_in_use for d in census.devices or () if d.source == "memory_stats"]
+    total = sum(v for v in in_use if v is not None)
+    if in_use and None not in in_use and total > 0 and arrays.bytes is not None:
+        text += f" ({100 * arrays.bytes / total:.0f} % of the {fmt_bytes(total)} in use)"
+    if arrays.aliases:
+        n = arrays.aliases
         text += f"; {n} {'arrays share' if n != 1 else 'array shares'} another's buffer (counted once)"
-    if arrays.get("not_scanned"):
-        text += f"; {arrays['not_scanned']} arrays not looked at (time budget)"
+    if arrays.not_scanned:
+        text += f"; {arrays.not_scanned} arrays not looked at (time budget)"
     return text
 
 
-def site_line(site: dict[str, Any]) -> str:
+def site_line(site: CensusSite) -> str:
     """"train.py:88 in prefetch: 12 arrays, 9.40 GiB"."""
-    count = site.get("count", 0)
-    text = f"{site.get('site')}: {count} array{'s' if count != 1 else ''}, {fmt_bytes(site.get('bytes'))}"
-    if site.get("via"):
-        text += f" (via {site['via']})"
-    if not site.get("user", True):
+    count = site.count
+    text = f"{site.site}: {_or(count)} array{'s' if count != 1 else ''}, {fmt_bytes(site.bytes)}"
+    if site.via:
+        text += f" (via {site.via})"
+    if site.user is False:
         text += " (no frame of your code in its stack)"
     return text
 
 
-def timeline_rows(census: dict[str, Any], width: int = 40) -> list[tuple[str, str, str]]:
+def timeline_rows(census: OomCensus, width: int = 40) -> list[tuple[str, str, str]]:
     """``(label, sparkline, "first → last")`` per device, then the host's RSS."""
-    tl = census.get("timeline")
-    if not isinstance(tl, dict) or not tl.get("t"):
+    tl = census.timeline
+    if tl is None or not tl.t:
         return []
     rows = []
-    labels = {str(d.get("id")): f"{d.get('platform', '?')}:{d.get('id')}" for d in census.get("devices") or []}
-    for dev_id, values in (tl.get("bytes_in_use") or {}).items():
-        known = [v for v in values if isinstance(v, (int, float))]
+    labels = {str(d.id): device_label(d) for d in census.devices or ()}
+    for dev_id, values in (tl.bytes_in_use or {}).items():
+        known = [v for v in values if v is not None]
         if not known:
             continue
         rows.append((labels.get(dev_id, f"device {dev_id}"), sparkline(values, width),
                      f"{fmt_bytes(known[0])} -> {fmt_bytes(known[-1])}"))
-    rss = [v for v in tl.get("rss_bytes") or [] if isinstance(v, (int, float))]
+    rss = [v for v in tl.rss_bytes or () if v is not None]
     if rss:
-        rows.append(("RSS", sparkline(tl["rss_bytes"], width), f"{fmt_bytes(rss[0])} -> {fmt_bytes(rss[-1])}"))
+        rows.append(("RSS", sparkline(tl.rss_bytes or (), width), f"{fmt_bytes(rss[0])} -> {fmt_bytes(rss[-1])}"))
     return rows
 
 
-def timeline_span(census: dict[str, Any]) -> float | None:
-    tl = census.get("timeline")
-    if not isinstance(tl, dict) or len(tl.get("t") or []) < 2:
+def timeline_span(census: OomCensus) -> float | None:
+    """Seconds from the timeline's first point to its last (None: fewer than two)."""
+    tl = census.timeline
+    times = [t for t in (tl.t if tl is not None else None) or () if t is not None]
+    if len(times) < 2:
         return None
-    return float(tl["t"][-1] - tl["t"][0])
+    return float(times[-1] - times[0])
 
 
-def timing_line(census: dict[str, Any]) -> str:
-    timing = census.get("timing") or {}
-    text = f"Census took {1000 * (timing.get('seconds') or 0):.1f} ms of a {timing.get('budget_s', '?')} s budget"
-    skipped = census.get("skipped") or []
+def timing_line(census: OomCensus) -> str:
+    timing = census.timing or NO_TIMING
+    text = f"Census took {1000 * (timing.seconds or 0):.1f} ms of a {_or(timing.budget_s)} s budget"
+    skipped = census.skipped or []
     if skipped:
-        text += "; skipped: " + "; ".join(f"{s.get('part')} ({s.get('reason')})" for s in skipped)
+        text += "; skipped: " + "; ".join(f"{s.part} ({s.reason})" for s in skipped)
     else:
         text += "; complete"
-    if census.get("suppressed_before"):
-        text += f"; {census['suppressed_before']} earlier OOMs were not censused (rate limit)"
+    if census.suppressed_before:
+        text += f"; {census.suppressed_before} earlier OOMs were not censused (rate limit)"
     return text
 
 
-def format_report(census: dict[str, Any], width: int = 100) -> str:
+def format_report(census: OomCensus, width: int = 100) -> str:
     """The census as plain text, for a terminal or a bug report.
 
     Args:
-        census: a census dict (``type: "oom_census"``).
+        census: a decoded census (:func:`jaxtop.wire.records.decode`).
         width: the widest line wanted (sparklines and tables fit it).
     """
     out: list[str] = []
-    argv = " ".join(census.get("argv") or []) or "?"
-    out.append(f"jaxtop OOM census · pid {census.get('pid', '?')} · {_when(census.get('t'))} · {argv}"[:width])
+    argv = " ".join(census.argv or []) or "?"
+    out.append(f"jaxtop OOM census · pid {_or(census.pid)} · {_when(census.t)} · {argv}"[:width])
     out.append(trigger_line(census))
-    message = (census.get("trigger") or {}).get("message") or (census.get("request") or {}).get("text")
+    message = (census.trigger or NO_TRIGGER).message or (census.request or NO_REQUEST).text
     if message:
-        first = str(message).strip().splitlines()[0] if str(message).strip() else ""
+        first = message.strip().splitlines()[0] if message.strip() else ""
         out.append(f"  {first[:width - 2]}")
     out.append(request_line(census))
-    out.append(f"Verdict: {census.get('verdict') or 'n/a'}")
+    out.append(f"Verdict: {census.verdict or 'n/a'}")
     out.append("")
-    devices = census.get("devices") or []
+    devices = census.devices or []
     if devices:
         out.append("Devices")
         for dev in devices:
             out.append("  " + _device_line(dev))
-            if dev.get("verdict") and dev.get("verdict") != census.get("verdict"):
-                out.append(f"           {dev['verdict']}")
-    if census.get("host"):
-        out.append("Host: " + host_line(census["host"]))
+            if dev.verdict and dev.verdict != census.verdict:
+                out.append(f"           {dev.verdict}")
+    if census.host is not None and said(census.host):
+        out.append("Host: " + host_line(census.host))
     out.append("")
-    arrays = census.get("arrays")
-    if arrays:
+    arrays = census.arrays
+    if arrays is not None and said(arrays):
         out.append("Largest live arrays: " + arrays_summary(census))
-        groups = arrays.get("groups") or []
+        groups = arrays.groups or []
         if groups:
             out.append(f"  {'count':>7}  {'bytes':>10}  {'each':>10}  {'array':<32} where")
             for g in groups:
-                out.append(f"  {g.get('count', 0):>7}  {fmt_bytes(g.get('bytes')):>10}  "
-                           f"{fmt_bytes(g.get('bytes_each')):>10}  {_dims(g.get('shape'), g.get('dtype')):<32} "
-                           f"{g.get('placement', '')}")
-            rest = (arrays.get("bytes") or 0) - (arrays.get("shown_bytes") or 0)
-            if arrays.get("groups_total", 0) > len(groups):
-                out.append(f"  … {arrays['groups_total'] - len(groups)} more groups, {fmt_bytes(rest)}")
+                out.append(f"  {_or(g.count):>7}  {fmt_bytes(g.bytes):>10}  "
+                           f"{fmt_bytes(g.bytes_each):>10}  {_dims(g.shape, g.dtype):<32} "
+                           f"{g.placement or ''}")
+            rest = (arrays.bytes or 0) - (arrays.shown_bytes or 0)
+            if (arrays.groups_total or 0) > len(groups):
+                out.append(f"  … {arrays.groups_total - len(groups)} more groups, {fmt_bytes(rest)}")
     else:
         out.append("Largest live arrays: n/a (not scanned)")
     out.append("")
-    sites = census.get("sites")
-    if sites and sites.get("top"):
+    sites = census.sites
+    if sites is not None and sites.top:
         out.append("Allocation sites holding the most (innermost frame of your code)")
-        for site in sites["top"]:
+        for site in sites.top:
             out.append("  " + site_line(site))
-        out.append(f"  (device memory profile: {sites.get('count', 0)} buffers, {fmt_bytes(sites.get('bytes'))})")
+        out.append(f"  (device memory profile: {_or(sites.count)} buffers, {fmt_bytes(sites.bytes)})")
     else:
-        out.append("Allocation sites: n/a" + (" (skipped)" if any(s.get("part") == "sites" for s in census.get("skipped") or [])
+        out.append("Allocation sites: n/a" + (" (skipped)" if any(s.part == "sites" for s in census.skipped or ())
                                                else ""))
     rows = timeline_rows(census, width=max(10, min(60, width - 40)))
     if rows:
@@ -396,25 +436,37 @@ def format_report(census: dict[str, Any], width: int = 100) -> str:
         out.append("Before the OOM (bytes in use" + (f", last {span:.0f} s)" if span else ")"))
         for label, spark, change in rows:
             out.append(f"  {label:<8} {spark}  {change}")
-    log = census.get("allocator_log")
-    if isinstance(log, dict):
+    log = census.allocator_log
+    if log is not None:
         out.append("")
         out.append("Allocator log")
-        for line in log.get("lines") or []:
+        for line in log.lines or ():
             out.append(f"  {line[:width - 2]}")
-        stats = log.get("stats") or {}
+        stats = log.stats.items() if log.stats is not None else ()
         if stats:
             out.append("  at the failure: " + ", ".join(
-                f"{k} {v if k == 'num_allocs' else fmt_bytes(v)}" for k, v in stats.items()))
-        if log.get("occupancy"):
-            out.append(f"  pool: {log['occupancy'][:width - 8]}")
+                f"{k} {v if k == 'num_allocs' else fmt_bytes(v)}" for k, v in stats))
+        if log.occupancy:
+            out.append(f"  pool: {log.occupancy[:width - 8]}")
     out.append("")
     out.append(timing_line(census))
-    if census.get("errors"):
-        out.append("Errors: " + "; ".join(str(e) for e in census["errors"]))
-    if census.get("path"):
-        out.append(f"File: {census['path']}")
+    if census.errors:
+        out.append("Errors: " + "; ".join(census.errors))
+    if census.odd:
+        # Parts of the wrong type (a newer agent's, a damaged or forged file):
+        # each read n/a above, said here once.
+        out.append("Not read: " + "; ".join(f"{o.where} is {o.value}, not {o.should}" for o in census.odd))
+    if census.path:
+        out.append(f"File: {census.path}")
     return "\n".join(out) + "\n"
+
+
+def census_json(census: OomCensus) -> str:
+    """The census as JSON (``jaxtop oom --json``): every field the census
+    has, as read (a field it lacks is null; one of the wrong type too)."""
+    obj = msgspec.to_builtins(census)
+    obj.pop(ODD_KEY, None)  # the decoder's notes, not the census's
+    return json.dumps(obj, indent=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -440,9 +492,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not found:
         print(f"jaxtop oom: no OOM census in {args.file}", file=sys.stderr)
         return EXIT_NO_CENSUS
-    # Someone else's census: its strings (argv, messages, file names) are
-    # shown, never obeyed (jaxtop.wire.safe_text).
-    chosen = [safe_record(c) for c in (found if args.all else found[-1:])]
+    # Someone else's census: its strings (argv, messages, file names) were
+    # made safe to show by the decoder (jaxtop.wire.safe_text).
+    chosen = found if args.all else found[-1:]
     try:
         width = max(60, min(160, os.get_terminal_size().columns))
     except OSError:
@@ -451,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if i:
             print()
         if args.json:
-            print(json.dumps(census, indent=1))
+            print(census_json(census))
         else:
             sys.stdout.write(format_report(census, width=width))
     return EXIT_OK

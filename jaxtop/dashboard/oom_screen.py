@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,27 +11,28 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from jaxtop.dashboard.oom_views import OomCensus
+from jaxtop.wire.records import OomCensus as CensusRecord
 from jaxtop.widgets.oom import OomCensusView
 
 __all__ = ["OomScreen"]
 
-Census = OomCensus | dict[str, Any]
+Census = OomCensus | CensusRecord
 Censuses = Census | Iterable[Census] | None
 
 
 def _views(censuses: Censuses) -> list[OomCensus]:
-    """The censuses as views, oldest first; records are turned into views."""
+    """The censuses as views, oldest first; decoded records are turned into views."""
     if censuses is None:
         return []
-    items = [censuses] if isinstance(censuses, (dict, OomCensus)) else list(censuses)
-    return [OomCensus.from_wire(c) if isinstance(c, dict) else c for c in items if isinstance(c, (dict, OomCensus))]
+    items = [censuses] if isinstance(censuses, (CensusRecord, OomCensus)) else list(censuses)
+    return [OomCensus.from_wire(c) if isinstance(c, CensusRecord) else c for c in items]
 
 
 class OomScreen(Screen[None]):
     """A whole screen for one process's OOM censuses, newest first.
 
     Args:
-        censuses: a census (its view, or the record), a list of them
+        censuses: a census (its view, or the decoded record), a list of them
             (oldest first, as they arrived), or None when there is none yet
             (the screen says so).
     """

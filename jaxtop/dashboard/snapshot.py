@@ -7,7 +7,7 @@ views of :mod:`jaxtop.dashboard.views`, so no wire object reaches a widget.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from jaxtop.wire import protocol
 from jaxtop.dashboard.accelerator import AcceleratorView
@@ -15,6 +15,7 @@ from jaxtop.dashboard.history import Window
 from jaxtop.dashboard.ledger import JitFunction
 from jaxtop.wire.timeline import LIVE_COUNT_NA
 from jaxtop.dashboard.oom_views import OomCensus
+from jaxtop.wire.records import OomCensus as CensusRecord
 from jaxtop.dashboard.readings import (
     AgentView, BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
     TopShapeView,
@@ -36,7 +37,7 @@ CENSUS_VIEWS_KEPT = 64
 #: Census views by the id of their record, each kept with its record so
 #: that the id is not reused meanwhile: a census never changes once in,
 #: and snapshots are taken a few times a second.
-CensusViews = dict[int, tuple[dict[str, Any], OomCensus]]
+CensusViews = dict[int, tuple[CensusRecord, OomCensus]]
 
 
 def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: float, replaying: bool,
@@ -154,7 +155,7 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
     )
 
 
-def census_view(census: dict[str, Any], views: CensusViews) -> OomCensus:
+def census_view(census: CensusRecord, views: CensusViews) -> OomCensus:
     """The view of a census record, built once per record and kept in ``views``."""
     kept = views.get(id(census))
     if kept is not None and kept[0] is census:

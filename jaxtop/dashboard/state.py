@@ -21,6 +21,7 @@ from jaxtop.dashboard.transfer_sites import TransferSitesFold
 from jaxtop.dashboard.views import CONNECTING
 from jaxtop.dashboard.readings import NO_NVML, TransferView
 from jaxtop.wire.records import Accelerator, AgentStats, Device, Hello, Sample, TopBuffer
+from jaxtop.wire.records import OomCensus
 from jaxtop.dashboard.rows import Cursor
 from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES
 
@@ -68,7 +69,7 @@ class ProcessModel:
         self.last_profile: dict[str, Any] | None = None
         self.holders = HoldersFold()
         self.transfer_sites = TransferSitesFold()  # which line makes each implicit transfer
-        self.oom_censuses: list[dict[str, Any]] = []  # oldest first, one per census id
+        self.oom_censuses: list[OomCensus] = []  # oldest first, one per census id
         self.backend: str | None = None
         self.versions: dict[str, Any] = {}
         self.nvml_status = NO_NVML

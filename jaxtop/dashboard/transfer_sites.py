@@ -9,21 +9,25 @@ difference of its totals over the last :data:`RATE_WINDOW_S` seconds of
 samples, as the Transfers panel's rates are differences of the agent's
 counters. :meth:`TransferSitesFold.view` returns a frozen
 :class:`TransferSitesView`. No Textual, no sockets; not thread-safe by
-itself (the model feeds and reads it under its own lock). Every string in it
-came through the model's :func:`~jaxtop.wire.safe_text.safe_record`.
+itself (the model feeds and reads it under its own lock). It reads the
+typed field (:class:`~jaxtop.wire.records.TransferSites`): every string in
+it is terminal-safe and every figure a number or None, as the decoder
+(:mod:`jaxtop.wire.records.decoder`) made them.
+
+What a site is (its line, callee, arguments, totals) is worked out once, as
+its field comes in; a view adds only what depends on the moment it is
+drawn: rates, and the quiet ticks since the field.
 """
 
 from __future__ import annotations
 
 import collections
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Iterable
 
 from jaxtop.dashboard.counter_window import RATE_WINDOW_S
-
-if TYPE_CHECKING:
-    from jaxtop.wire.records import Sample
+from jaxtop.wire.records import Record, Sample, TransferArg, TransferSite, Unknown
 
 __all__ = [
     "RATE_WINDOW_S", "SCALAR_ADVICE", "ScalarSummary", "TransferArgView", "TransferSiteView", "TransferSitesFold",
@@ -51,24 +55,13 @@ SCALAR_ADVICE = "pass jnp.asarray(x) once or mark static_argnums"
 SEEN_TRANSFER, SEEN_CALL = "transfer", "call"
 
 
-def _int(value: Any, default: int = 0) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+def _int(value: float | None, default: int = 0) -> int:
+    """A count as the views keep it (a float the agent never writes, truncated)."""
+    return default if value is None else int(value)
 
 
-def _opt_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ("" if value is None else str(value))
-
-
-def _key(rec: dict[str, Any]) -> SiteKey:
-    return (_str(rec.get("direction")), _str(rec.get("file")), _int(rec.get("line")), _str(rec.get("function")))
+def _opt_int(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True)
@@ -181,6 +174,9 @@ class TransferSitesView:
     unattributed_per_s: float | None = None
     pending: int = 0  # lines waiting for the call that made them
     history_s: float = 0.1  # what one entry of a site's history spans (the agent's batch of ticks)
+    #: Why the probe failed on the latest sample that carried the field (it
+    #: then sent nothing else: the sites are the last it sent); None when it did not.
+    error: str | None = None
 
     @property
     def unattributed_total(self) -> int:
@@ -213,12 +209,11 @@ def _by_rate(sites: Iterable[TransferSiteView]) -> tuple[TransferSiteView, ...]:
 
 
 class _Site:
-    """What the fold keeps of one site: its last record and recent totals."""
+    """What the fold keeps of one site besides its view: its recent totals."""
 
-    __slots__ = ("rec", "totals", "seen")
+    __slots__ = ("totals", "seen")
 
     def __init__(self) -> None:
-        self.rec: dict[str, Any] = {}
         # (sample time, count_total, bytes_total or None), oldest first: the
         # last one before the rate window and those within it.
         self.totals: collections.deque[tuple[float, int, int | None]] = collections.deque(maxlen=TOTALS_KEPT)
@@ -275,7 +270,13 @@ class TransferSitesFold:
     """Folds one process's samples into a :class:`TransferSitesView`."""
 
     def __init__(self) -> None:
-        self._field: dict[str, Any] | None = None
+        # The last field as a view without rates (its sites' rates and the
+        # quiet ticks since it are the moment's: :meth:`view`), the seconds
+        # one history entry spans as it says (None: not said, or no time),
+        # and its ticks per entry (1 from an older agent).
+        self._field: TransferSitesView | None = None
+        self._period: float | None = None
+        self._ticks = 1
         self._field_t: float | None = None
         self._sites: dict[SiteKey, _Site] = {}
         self._unattributed: collections.deque[tuple[float, int, int | None]] = collections.deque(maxlen=TOTALS_KEPT)
@@ -295,30 +296,48 @@ class TransferSitesFold:
             return False
         if self._field_t is not None and t < self._field_t:
             return False  # older than what is in (a history fold feeds in order)
+        if field_.error is not None and field_.sites is None:
+            # The probe raised on this sample: it says nothing of the lines, so
+            # the last field stands (its totals are still the latest known).
+            if self._field is None:
+                return False
+            self._field = replace(self._field, error=field_.error)
+            self._view = None
+            return True
         prev_t = self._field_t
-        sites = field_.get("sites")
-        for rec in sites if isinstance(sites, list) else ():
-            if not isinstance(rec, dict):
-                continue
-            key = _key(rec)
-            state = self._sites.get(key)
-            count_total = _int(rec.get("count_total"))
-            bytes_total = _opt_int(rec.get("bytes_total"))
+        sites = []
+        for rec in field_.sites or ():
+            site = _site_view(rec)
+            sites.append(site)
+            state = self._sites.get(site.key)
             if state is None:
-                state = self._sites[key] = _Site()
+                state = self._sites[site.key] = _Site()
                 if prev_t is not None:
                     # Its transfers since the previous field are `count`; before, it had the rest.
-                    before = count_total - _int(rec.get("count"))
+                    before = site.count_total - _int(rec.count)
                     state.totals.append((prev_t, before, 0 if before == 0 else None))
-            state.rec = rec
             state.seen = t
-            _add(state.totals, (t, count_total, bytes_total))
-        total = sum(_int(v) for v in _dict(field_.get("unattributed")).values())
-        _add(self._unattributed, (t, total, None))
+            _add(state.totals, (t, site.count_total, site.bytes_total))
+        unattributed = {k: _int(v) for k, v in (field_.unattributed or {}).items()}
+        _add(self._unattributed, (t, sum(unattributed.values()), None))
         if len(self._sites) > MAX_KEPT:
             ranked = sorted(self._sites.items(), key=lambda kv: kv[1].seen, reverse=True)
             self._sites = dict(ranked[:MAX_KEPT])
-        self._field, self._field_t = field_, t
+        other = field_.other
+        self._field = TransferSitesView(
+            t=t,
+            sites=tuple(sites),
+            sites_total=_int(field_.sites_total, len(sites)),
+            other_count_total=_opt_int(other.count_total) if other is not None else None,
+            unattributed=unattributed,
+            unattributed_reasons={k: _int(v) for k, v in (field_.unattributed_reasons or {}).items()},
+            pending=_int(field_.pending),
+        )
+        period, ticks = field_.history_s, field_.history_ticks
+        # An hour at most: a broken or hostile figure reads as the ticks' period.
+        self._period = period if period is not None and 0 < period <= 3600 else None
+        self._ticks = int(min(100, ticks)) if ticks is not None and ticks >= 1 else 1
+        self._field_t = t
         self._view = None
         return True
 
@@ -331,35 +350,26 @@ class TransferSitesFold:
         at = (now, interval_s)
         if self._view is not None and self._view_at == at:
             return self._view
-        self._view = self._build(now if now is not None else self._field_t, interval_s)
+        self._view = self._build(self._field, now if now is not None else self._field_t, interval_s)
         self._view_at = at
         return self._view
 
-    def _build(self, now: float | None, interval_s: float) -> TransferSitesView:
-        field_ = self._field or {}
+    def _build(self, field_: TransferSitesView, now: float | None, interval_s: float) -> TransferSitesView:
         # A history entry spans the seconds the agent measured, else this
         # many sample intervals (the agent ties its lines in batches of
         # ticks; an older agent sent one per tick).
-        period = _num(field_.get("history_s"))
-        if period is None or not 0 < period <= 3600:
-            period = interval_s * max(1, min(100, _int(field_.get("history_ticks")) or 1))
+        period = self._period if self._period is not None else interval_s * self._ticks
         now_t = now if now is not None and self._field_t is not None and now >= self._field_t else self._field_t
         quiet_ticks = 0
         if now_t is not None and self._field_t is not None and period > 0:
             quiet_ticks = min(HISTORY_TICKS, int(round((now_t - self._field_t) / period)))
         sites = []
-        for rec in field_.get("sites") if isinstance(field_.get("sites"), list) else ():
-            if not isinstance(rec, dict):
-                continue
-            state = self._sites.get(_key(rec))
+        for site in field_.sites:
+            state = self._sites.get(site.key)
             totals = state.totals if state is not None else ()
             count_rate = _rate(totals, now_t, 1) if now_t is not None else None
             bytes_rate = _rate(totals, now_t, 2) if now_t is not None else None
-            args = tuple(_arg(a) for a in rec.get("args") or () if isinstance(a, dict))
-            history = [_int(v) for v in rec.get("history") or () if isinstance(v, (int, float))]
-            history += [0] * quiet_ticks
-            count_total = _int(rec.get("count_total"))
-            bytes_total = _opt_int(rec.get("bytes_total"))
+            history = [*site.history, *[0] * quiet_ticks]
             estimated = False
             if count_rate is None and history and period > 0:
                 # One field only (a snapshot's present, the first after
@@ -367,65 +377,53 @@ class TransferSitesFold:
                 recent = history[-max(1, int(round(RATE_WINDOW_S / period))):]
                 count_rate, bytes_rate = sum(recent) / (len(recent) * period), None
             if bytes_rate is None and count_rate is not None:
-                if bytes_total is not None and count_total > 0:
-                    bytes_rate, estimated = count_rate * bytes_total / count_total, True
-                elif args:
-                    known = [a.bytes for a in args if a.bytes is not None]
+                if site.bytes_total is not None and site.count_total > 0:
+                    bytes_rate, estimated = count_rate * site.bytes_total / site.count_total, True
+                elif site.args:
+                    known = [a.bytes for a in site.args if a.bytes is not None]
                     if known:
                         # Each transfer is one argument of a call: counting the
                         # unknown ones as 0 bytes keeps it a lower bound.
-                        bytes_rate, estimated = count_rate * sum(known) / len(args), True
-            args_seen = rec.get("args_seen")
-            sites.append(TransferSiteView(
-                direction=_str(rec.get("direction")),
-                file=_str(rec.get("file")),
-                line=_int(rec.get("line")),
-                function=_str(rec.get("function")),
-                callee=_str(rec.get("callee")),
-                count_total=count_total,
-                calls_total=_int(rec.get("calls_total")),
-                bytes_total=bytes_total,
-                count_per_s=count_rate,
-                bytes_per_s=bytes_rate,
-                bytes_estimated=estimated,
-                args=args,
-                args_seen=args_seen if args_seen in (SEEN_TRANSFER, SEEN_CALL) else None,
-                scalar=rec.get("scalar") is True,
-                history=tuple(history[-HISTORY_TICKS:]),
-            ))
-        other = _dict(field_.get("other"))
-        return TransferSitesView(
-            t=self._field_t,
-            sites=tuple(sites),
-            sites_total=_int(field_.get("sites_total"), len(sites)),
-            other_count_total=_opt_int(other.get("count_total")) if other else None,
-            unattributed={_str(k): _int(v) for k, v in _dict(field_.get("unattributed")).items()},
-            unattributed_reasons={_str(k): _int(v) for k, v in _dict(field_.get("unattributed_reasons")).items()},
-            unattributed_per_s=_rate(self._unattributed, now_t, 1) if now_t is not None else None,
-            pending=_int(field_.get("pending")),
-            history_s=period,
-        )
+                        bytes_rate, estimated = count_rate * sum(known) / len(site.args), True
+            sites.append(replace(site, count_per_s=count_rate, bytes_per_s=bytes_rate, bytes_estimated=estimated,
+                                 history=tuple(history[-HISTORY_TICKS:])))
+        return replace(field_, sites=tuple(sites), history_s=period,
+                       unattributed_per_s=_rate(self._unattributed, now_t, 1) if now_t is not None else None)
 
 
-_EMPTY: dict[str, Any] = {}
+def _site_view(rec: TransferSite) -> TransferSiteView:
+    """What a field says of a site, without the moment's rates."""
+    args_seen = rec.args_seen
+    return TransferSiteView(
+        direction=rec.direction or "",
+        file=rec.file or "",
+        line=rec.line or 0,
+        function=rec.function or "",
+        callee=rec.callee or "",
+        count_total=_int(rec.count_total),
+        calls_total=_int(rec.calls_total),
+        bytes_total=_opt_int(rec.bytes_total),
+        count_per_s=None,
+        bytes_per_s=None,
+        bytes_estimated=False,
+        args=tuple(_arg(a) for a in rec.args or ()),
+        args_seen=args_seen if args_seen in (SEEN_TRANSFER, SEEN_CALL) else None,
+        scalar=rec.scalar is True,
+        # A null entry (not counted) is left out, as the decoder leaves out one of the wrong type.
+        history=tuple(int(v) for v in rec.history or () if v is not None),
+    )
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else _EMPTY
+def _arg(rec: TransferArg) -> TransferArgView:
+    return TransferArgView(name=rec.name or "", kind=rec.kind or "", shape=rec.shape or "", bytes=_opt_int(rec.bytes))
 
 
-def _arg(rec: dict[str, Any]) -> TransferArgView:
-    return TransferArgView(name=_str(rec.get("name")), kind=_str(rec.get("kind")), shape=_str(rec.get("shape")),
-                           bytes=_opt_int(rec.get("bytes")))
-
-
-def fold_transfer_sites(records: Iterable[dict[str, Any]], interval_s: float = 0.1) -> TransferSitesView | None:
-    """Folds one process's records into a view as of its last sample (tests, exports)."""
+def fold_transfer_sites(records: Iterable[Record | Unknown], interval_s: float = 0.1) -> TransferSitesView | None:
+    """Folds one process's decoded records into a view as of its last sample (tests, exports)."""
     fold = TransferSitesFold()
     last_t = None
     for record in records:
-        if record.get("type") in ("sample", "backfill"):
-            t = _num(record.get("t"))
-            last_t = t if t is not None else last_t
+        if isinstance(record, Sample):  # a backfill is a sample too
+            last_t = record.t if record.t is not None else last_t
             fold.feed(record)
     return fold.view(last_t, interval_s)

@@ -1,20 +1,22 @@
 """Drive an export writer over a recording, fast.
 
-Used by :mod:`jaxtop.export`. A writer has ``sample(rec)`` and ``other(rec)``
-(the plain path), ``typed()`` (a decoder of just the fields it writes and an
-emitter for what that decoder gives, or None), ``state()``/``set_state()``
-(what the next sample's output depends on besides the sample), ``first``
-(nothing written yet) and ``close()``; it is made as ``make(out)``, or
+Used by :mod:`jaxtop.export`. A writer has ``SAMPLE`` (the lean type of
+:mod:`jaxtop.export.typed` its samples are decoded into), ``sample(s)`` and
+``other(r)`` (a lean sample, and any other record as
+:class:`~jaxtop.export.typed.Other`), ``state()``/``set_state()`` (what the
+next sample's output depends on besides the sample), ``first`` (nothing
+written yet) and ``close()``; it is made as ``make(out)``, or
 ``make(out, part=True)`` for a piece of a file.
 
-Lines are read from 1 MiB blocks. The plain path decodes a line with
-:func:`decode`: orjson, or json.loads where orjson would read the line
-otherwise, so a record is always what json.loads makes of it. Two speed-ups,
-neither of which changes a byte of the output:
-- samples are decoded by msgspec into just the fields the writer writes
-  (:mod:`jaxtop.export.typed`); the plain path takes about twice as long
-  (docs/benchmarks.md);
-- a big plain recording is cut into pieces converted by forked processes.
+Lines are read in blocks of about 1 MiB. Each sample line is decoded by
+msgspec straight into the writer's ``SAMPLE``; a line it refuses, and every
+other record, goes the careful way: decoded whole by :func:`decode` (orjson,
+or json.loads where orjson would read the line otherwise, so a record is
+always what json.loads makes of it), then taken field by field
+(:func:`jaxtop.export.typed.from_dict`). Both give the writer the same
+record. ``fast=False`` sends every line the careful way (the same output,
+slower). A big plain recording is also cut into pieces converted by forked
+processes (the same output again).
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ import shutil
 import signal
 import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+import msgspec
 import orjson
 
+from jaxtop.export import typed
 from jaxtop.wire import protocol
-from jaxtop.export.typed import ERRORS as _TYPED_ERRORS
 
 # orjson reads an integer beyond 64 bits as a float, without an error, where
 # json.loads keeps the exact int. Such an integer is a run of at least 19
@@ -160,8 +163,9 @@ def guarded(stream: IO[bytes], stats: protocol.ReadStats) -> IO[bytes]:
     return stream
 
 
-def feed(writer: Any, rec: dict[str, Any]) -> str | None:
-    """The plain path: one decoded record to the writer.
+def feed(writer: Any, rec: Any) -> str | None:
+    """One lean record to the writer: a sample (the writer's ``SAMPLE``) to
+    ``sample``, any other (:class:`~jaxtop.export.typed.Other`) to ``other``.
 
     Returns None, or why the writer could not format the record. orjson
     reads nesting up to 1,024 deep, but str() and json.dumps raise
@@ -173,10 +177,10 @@ def feed(writer: Any, rec: dict[str, Any]) -> str | None:
     with several devices the rows before the failing one are written.
     """
     try:
-        if rec.get("type") == "sample":
-            writer.sample(rec)
-        else:
+        if rec.__class__ is typed.Other:
             writer.other(rec)
+        else:
+            writer.sample(rec)
     except RecursionError:
         return "not JSON: nested too deeply"
     except Exception as exc:  # noqa: BLE001 - the writers check types; this is the backstop
@@ -184,21 +188,79 @@ def feed(writer: Any, rec: dict[str, Any]) -> str | None:
     return None
 
 
+def blocks(stream: IO[bytes], stats: protocol.ReadStats) -> Iterator[list[bytes] | None]:
+    """A file's complete lines (without their newline), a list per read of
+    about :data:`~jaxtop.wire.protocol.BLOCK_BYTES`.
+
+    What :func:`jaxtop.wire.protocol.iter_blocks` reads, with each read
+    split once instead of copied into a block first: a line may be blank,
+    but none is over :data:`~jaxtop.wire.protocol.MAX_RECORD_LINE_BYTES`:
+    such a line is skipped here and None stands for it, so the caller can
+    count it and note its number. A truncated last line is skipped and
+    flagged in ``stats.truncated``.
+    """
+    limit = protocol.MAX_RECORD_LINE_BYTES
+    size = min(protocol.BLOCK_BYTES, limit + 1)  # a line within one read is never too long
+    head: list[bytes] = []  # the start of a line that earlier reads cut
+    held = 0  # its length
+    skipping = False  # inside a line too long to hold
+    while True:
+        chunk = stream.read(size)
+        if not chunk:
+            if head and not skipping:
+                stats.truncated = True
+            return
+        if skipping:
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                continue
+            chunk, skipping = chunk[newline + 1:], False
+            if not chunk:
+                continue
+        lines = chunk.split(b"\n")
+        tail = lines.pop()
+        if not lines:  # no newline: the line goes on
+            head.append(tail)
+            held += len(tail)
+            if held > limit:
+                yield None
+                head, held, skipping = [], 0, True
+            continue
+        if head:
+            head.append(lines[0])
+            lines[0] = b"".join(head)
+            if len(lines[0]) > limit:  # only a line begun in earlier reads can be too long
+                yield None
+                del lines[0]
+        head, held = ([tail], len(tail)) if tail else ([], 0)
+        if lines:
+            yield lines
+
+
+_FAST: dict[type, Callable[[bytes], Any]] = {}
+
+
+def fast_decoder(lean: type) -> Callable[[bytes], Any]:
+    """msgspec's decoder of a line into the lean type ``lean`` (made once)."""
+    decoder = _FAST.get(lean)
+    if decoder is None:
+        decoder = _FAST[lean] = msgspec.json.Decoder(lean).decode
+    return decoder
+
+
 def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStats, lines: int = 0) -> int:
     """Feed every record of ``stream`` to ``writer``; return the line count.
 
-    Reads in blocks of lines. With ``fast`` and a writer that reads typed
-    samples (``writer.typed()`` gives a decoder and an emitter), each sample
-    line is decoded into just the fields the writer writes
-    (:mod:`jaxtop.export.typed`); a line that decoder refuses, a sample the
-    emitter leaves (it returns False), and every other record go the plain
-    way: decoded by :func:`decode` and fed to the writer's ``sample`` or
-    ``other``. ``lines``: lines before the stream's first, for line numbers
-    in notes.
+    With ``fast``, each line is decoded by msgspec into the writer's
+    ``SAMPLE``; a line that decoding refuses, and every record that is no
+    sample, goes the careful way (:func:`decode`, then
+    :func:`jaxtop.export.typed.record`). ``lines``: lines before the
+    stream's first, for line numbers in notes.
     """
     lineno = lines
+    lean = writer.SAMPLE
 
-    def plain(lineno: int, line: bytes) -> None:
+    def careful(lineno: int, line: bytes) -> None:
         if not line.strip():
             return
         try:
@@ -206,34 +268,42 @@ def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStat
         except protocol.ProtocolError as exc:
             stats.note(lineno, str(exc))
             return
-        failed = feed(writer, rec)
+        failed = feed(writer, typed.record(rec, lean))
         if failed is not None:
             stats.note(lineno, failed)
             return
         stats.records += 1
 
-    typed = writer.typed() if fast and hasattr(writer, "typed") else None
-    decode_typed, emit_typed = typed if typed is not None else (None, None)
-    for block in protocol.iter_blocks(stream, stats):
+    decode_fast = fast_decoder(lean) if fast else None
+    sample = writer.sample
+    errors = typed.ERRORS
+    for block in blocks(stream, stats):
         if block is None:
             lineno += 1
             stats.note(lineno, "line too long")
             continue
         served = 0
-        for line in block.split(b"\n")[:-1]:
+        for line in block:
             lineno += 1
-            if decode_typed is not None:
+            if decode_fast is not None:
                 try:
-                    rec = decode_typed(line)
-                except _TYPED_ERRORS:
+                    rec = decode_fast(line)
+                except errors:
                     pass
                 else:
-                    if rec.type == "sample" and emit_typed(rec) is not False:
-                        served += 1
+                    if rec.type == "sample":
+                        try:
+                            sample(rec)
+                        except RecursionError:
+                            stats.note(lineno, "not JSON: nested too deeply")
+                        except Exception as exc:  # noqa: BLE001 - as feed()
+                            stats.note(lineno, f"cannot be exported: {type(exc).__name__}: {exc}")
+                        else:
+                            served += 1
                         continue
-            # Another record, a line the typed decoder refuses, a sample the
-            # emitter leaves: the plain path.
-            plain(lineno, line + b"\n")
+            # Another record, a line msgspec refuses: the careful way (with
+            # its newline, as json.loads's messages count it).
+            careful(lineno, line + b"\n")
         stats.records += served
     return lineno
 
@@ -323,13 +393,13 @@ def guess_state(path: str, make: Callable[..., Any], start: int) -> list[Any]:
     records = []
     for line in head:
         with contextlib.suppress(protocol.ProtocolError):
-            rec = decode(line)
-            if rec.get("type") == "hello":
+            rec = typed.record(decode(line), typed.Other)
+            if rec.type == "hello":
                 records.append(rec)
                 break
     for line in tail[-16:]:
         with contextlib.suppress(protocol.ProtocolError):
-            records.append(decode(line))
+            records.append(typed.record(decode(line), writer.SAMPLE))
     for rec in records:
         feed(writer, rec)
     return writer.state()

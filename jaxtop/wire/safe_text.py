@@ -9,13 +9,16 @@ escape sequence among them is obeyed by the terminal: OSC 0 sets the window
 title, OSC 52 writes the clipboard, CSI 6n makes the terminal type a reply
 into the next command, ``ESC [2J`` clears the screen, and the same go as C1
 controls (U+0080-U+009F) without an ESC. Bidirectional overrides
-(U+202A-U+202E, U+2066-U+2069) reorder what is shown around them.
+(U+202A-U+202E, U+2066-U+2069) reorder what is shown around them. A lone
+surrogate (U+D800-U+DFFF, which JSON can spell as an escape) is no
+character at all: printing it raises UnicodeEncodeError.
 
 :func:`terminal_safe` shows each such character as its escape
 (``\\x1b``, ``\\x9b``, ``\\u202e``): visible, never interpreted. Newlines and
 tabs stay (exception messages have them; they move the cursor only as text
 does). :func:`safe_record` does it for every string of a decoded record;
-the dashboard's model applies it to each record it is fed, so every screen,
+the record decoder (:mod:`jaxtop.wire.records.decoder`) applies it to each
+line whose bytes hold such a character or its escape, so every screen,
 ``snapshot``, ``replay`` and ``attach`` draw only safe text, and the
 commands that print without the model (``ls``, ``oom``, ``export`` to a
 terminal, Prometheus errors) call :func:`terminal_safe` themselves.
@@ -30,12 +33,8 @@ from typing import Any
 
 __all__ = ["UNSAFE", "safe_record", "terminal_safe"]
 
-#: C0 controls but tab and newline, DEL, C1 controls, bidi overrides/isolates.
-UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-#: Keys whose values are only numbers the screens draw as numbers (a buffer
-#: map: ``[[address, bytes], ...]``, up to thousands of entries): not walked.
-_NUMERIC_KEYS = frozenset({"map"})
+#: C0 controls but tab and newline, DEL, C1 controls, bidi overrides/isolates, lone surrogates.
+UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def _visible(match: re.Match[str]) -> str:
@@ -66,8 +65,6 @@ def safe_record(value: Any) -> Any:
     if cls is dict:
         out = None
         for key, item in value.items():
-            if key in _NUMERIC_KEYS:
-                continue
             new_item = safe_record(item) if item.__class__ in (str, dict, list) else item
             new_key = terminal_safe(key) if key.__class__ is str else key
             if new_item is not item or new_key is not key:

@@ -420,8 +420,8 @@ def play_to_end(path: Path, model: Model | None = None) -> tuple[ReplaySource, M
 
 
 def seqs_fed(model: Model) -> int | None:
-    latest = model.processes[PID].latest
-    return latest.get("seq") if latest else None
+    seq = model.processes[PID].latest.seq
+    return int(seq) if seq is not None else None
 
 
 WRONG_TYPES = [
@@ -470,7 +470,7 @@ class FragileModel(Model):
     """A real model that fails on one record, as a model bug would."""
 
     def feed(self, pid, record):
-        if record.get("seq") == 3:
+        if getattr(record, "seq", None) == 3:
             raise KeyError("boom")
         super().feed(pid, record)
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtop.wire import paths, protocol
+from jaxtop.wire import paths, protocol, records
 from jaxtop.dashboard import model as model_module
 from jaxtop.dashboard.sources import replay_index
 from jaxtop.dashboard.sources.replay_index import INDEX_FORMAT, Index, build
@@ -126,11 +126,12 @@ def code_fingerprint() -> str:
     """A hash of the code whose objects the checkpoints hold: an index built
     by other code is built again rather than misread."""
     h = hashlib.sha256(f"{INDEX_FORMAT}:{protocol.JAXTOP_VERSION}".encode())
-    # Every module of the model's package and of the wire (the model is
+    # Every module of the model's package, of the wire and of its record
+    # types (the model is
     # split over views, readings, backlog, batch, events...: a change to any
     # of them may change what a checkpoint holds), and the indexer itself.
     files: list[str] = []
-    for module in (model_module, protocol):
+    for module in (model_module, protocol, records):
         folder = os.path.dirname(module.__file__ or "")
         try:
             files += sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".py"))

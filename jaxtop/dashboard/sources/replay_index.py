@@ -29,10 +29,12 @@ import io
 import os
 import pickle
 import shutil
+import sys
 import zlib
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator
 
+import msgspec
 import numpy as np
 
 from jaxtop.wire import paths, protocol
@@ -45,7 +47,7 @@ from jaxtop.dashboard import state as state_module
 from jaxtop.dashboard import transfer_sites as transfer_sites_module
 from jaxtop.dashboard import events as events_module
 from jaxtop.dashboard import readings as readings_module
-from jaxtop.wire.records import core as records_core
+from jaxtop.wire import records as records_package
 from jaxtop.dashboard.history import History, HistoryLog
 from jaxtop.dashboard.model import REPLAY, Model
 from jaxtop.wire.records import Hello, Record, Sample, Unknown, decode
@@ -196,7 +198,9 @@ _ALLOWED = {
 }
 _MODEL_MODULES = {m.__name__: m for m in (model_module, state_module, events_module, holders_module, ledger_module,
                                           history_module, transfer_sites_module, counter_window_module,
-                                          readings_module, records_core)}
+                                          readings_module)}
+#: The package of the wire's record types (jaxtop.wire.records.core, .holders, …).
+_RECORDS_PACKAGE = records_package.__name__ + "."
 
 
 class _ModelUnpickler(pickle.Unpickler):
@@ -209,6 +213,12 @@ class _ModelUnpickler(pickle.Unpickler):
         if owner is not None:
             obj = getattr(owner, name, None)
             if isinstance(obj, type) and obj.__module__ == module:
+                return obj
+        elif module.startswith(_RECORDS_PACKAGE):
+            # A decoded record's classes: frozen structs of data (any of the
+            # package's modules: the sparse parts have their own).
+            obj = getattr(sys.modules.get(module), name, None)
+            if isinstance(obj, type) and issubclass(obj, msgspec.Struct) and obj.__module__ == module:
                 return obj
         elif (module, name) in _ALLOWED:
             return super().find_class(module, name)

@@ -34,7 +34,8 @@ Time = Union[Annotated[float, msgspec.Meta(ge=-MAX_TIME_S, le=MAX_TIME_S)], None
 #: A device's id: the agent's jax id (an integer), or a name (a Prometheus
 #: label that is not a number). A bool, a float (``0.0`` would be device 0
 #: as a key) or a container names no device.
-DeviceId = Union[int, Annotated[str, msgspec.Meta(min_length=1, max_length=200)]]
+DeviceId = Union[Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)],
+                 Annotated[str, msgspec.Meta(min_length=1, max_length=200)]]
 #: A part of a record kept as decoded JSON (an object): its readers take
 #: its keys themselves. Its strings are terminal-safe like every other.
 Raw = Union[dict[str, Any], None]

@@ -23,6 +23,10 @@ import msgspec
 from jaxtop.wire.records.base import DeviceId, Num, Raw, Rec, Time
 from jaxtop.wire.records.holders import Holders, HostSyncs, Labels
 from jaxtop.wire.records.jit import Jit
+from jaxtop.wire.records.oom import (
+    CensusAllocatorLog, CensusArrays, CensusDevice, CensusHost, CensusRequest, CensusSites, CensusSkipped,
+    CensusTimeline, CensusTiming, CensusTrigger,
+)
 from jaxtop.wire.records.sites import TransferSites
 
 __all__ = [
@@ -112,6 +116,7 @@ class Transfers(Rec):
     d2h: Transfer | None = None
     d2d: Transfer | None = None
     top_shapes: list[TopShape] | None = None
+    error: str | None = None  # the probe raised while taking this sample: why (jaxtop.agent.probe_list)
 
     def direction(self, name: str) -> Transfer | None:
         """The direction named ``name`` (``h2d``, ``d2h``, ``d2d``)."""
@@ -129,6 +134,7 @@ class Process(Rec):
     cpu_percent: Num = None
     threads: Num = None
     started_t: Time = None
+    error: str | None = None  # the probe raised while taking this sample: why (jaxtop.agent.probe_list)
 
 
 class Compile(Rec):
@@ -138,6 +144,9 @@ class Compile(Rec):
     count_total: Num = None
     seconds_total: Num = None
     cache_hits_total: Num = None
+    available: bool | None = None  # False: the probe could not start, ``reason`` says why
+    reason: str | None = None
+    error: str | None = None  # the probe raised while taking this sample: why (jaxtop.agent.probe_list)
 
 
 class Donation(Rec):
@@ -146,6 +155,9 @@ class Donation(Rec):
     failed: Num = None
     failed_total: Num = None
     last_message: str | None = None
+    available: bool | None = None  # False: the probe could not start, ``reason`` says why
+    reason: str | None = None
+    error: str | None = None  # the probe raised while taking this sample: why (jaxtop.agent.probe_list)
 
 
 class Gpu(Rec):
@@ -174,6 +186,7 @@ class Nvml(Rec):
     reason: str | None = None
     t: Time = None
     devices: list[Gpu] | None = None
+    error: str | None = None  # the probe raised while taking this sample: why (jaxtop.agent.probe_list)
 
 
 class Capture(Rec):
@@ -184,6 +197,7 @@ class Capture(Rec):
     reason: str | None = None
     note: str | None = None
     guard: dict[str, str] | None = None
+    error: str | None = None  # the probe raised while taking this sample: why (jaxtop.agent.probe_list)
 
 
 class AgentStats(Rec):
@@ -229,6 +243,7 @@ class Accelerator(Rec):
     metrics: AcceleratorMetrics | None = None
     unavailable: dict[str, str] | None = None  # metric -> why it did not answer
     hlo_queue_size: Num = None
+    error: str | None = None  # the probe raised while taking this sample: why (jaxtop.agent.probe_list)
 
 
 # -- records -----------------------------------------------------------------------------------
@@ -306,6 +321,7 @@ class Hello(_Record, tag="hello"):
     prometheus: Raw = None
     distributed: Raw = None
     external: External | None = None
+    synthetic: bool | None = None  # True in jaxtop.testing.synthetic's streams (benchmarks, demos); never an agent's
 
 
 class Backend(_Record, tag="backend"):
@@ -340,7 +356,7 @@ class Sample(_Record, tag="sample"):
     host_syncs: HostSyncs | None = None
     transfer_sites: TransferSites | None = None
     demo: Raw = None
-    oom_census: Raw = None  # an agent that sent its census inside a sample
+    oom_census: OomCensus | None = None  # an agent that sent its census inside a sample
 
 
 class Backfill(Sample, tag="backfill"):
@@ -387,6 +403,8 @@ class Reply(_Record, tag="reply"):
     result: Any = None
     error: Any = None
     retry_after_s: Num = None
+    reply_bytes: Num = None  # a reply too large to send: its size (jaxtop.agent.clients)
+    cached_age_s: Num = None  # a cached command's answer: how old it is
 
 
 class Pong(_Record, tag="pong"):
@@ -394,10 +412,31 @@ class Pong(_Record, tag="pong"):
 
 
 class OomCensus(_Record, tag="oom_census"):
-    """What held the memory when the program ran out; its readers
-    (:mod:`jaxtop.dashboard.oom_report`) read the census's own parts."""
+    """What held the memory when the program ran out (docs/protocol.md,
+    "OOM census"; its parts are in :mod:`jaxtop.wire.records.oom`). The
+    census of an error later found uncaught is sent again with the same
+    ``id``: a reader keeps the last copy of each."""
 
-    body: Raw = None  # the whole record, as decoded
+    version: Num = None  # the census layout's version (1)
+    id: str | None = None  # "PID-N": the process and the census's number in it
+    pid: Num = None
+    argv: list[str] | None = None
+    trigger: CensusTrigger | None = None
+    request: CensusRequest | None = None  # None: the error's text gave no request
+    devices: list[CensusDevice] | None = None
+    host: CensusHost | None = None
+    verdict: str | None = None  # one line: why it ran out
+    arrays: CensusArrays | None = None  # None: not scanned
+    sites: CensusSites | None = None  # None: skipped or failed
+    timeline: CensusTimeline | None = None
+    allocator_log: CensusAllocatorLog | None = None  # GPU, when the allocator's lines reached the agent
+    timing: CensusTiming | None = None
+    skipped: list[CensusSkipped] | None = None  # parts not taken in full
+    errors: list[str] | None = None  # parts that failed, one line each
+    complete: bool | None = None  # nothing was skipped
+    suppressed_before: Num = None  # OOMs not censused (rate limit) since the previous census
+    path: str | None = None  # the census file (None: not written, ``file_error`` says why)
+    file_error: str | None = None
 
 
 #: Every record a stream may hold.

@@ -15,9 +15,10 @@ Two paths:
   none, msgspec decodes the line straight into the types. Clean ASCII with
   no backslash and no DEL (what the agent writes) is told by three C-speed
   tests of the bytes; only a line with one of those is searched.
-* **Careful**: a line the scan flags, or one msgspec refuses for its types
-  (an unknown ``type``, a field of the wrong shape, an integer beyond 64
-  bits, a number beyond a float's range), is read with ``json.loads``; its
+* **Careful**: a line the scan flags, or one msgspec refuses (an unknown
+  ``type``, a field of the wrong shape, an integer beyond 64 bits, a number
+  beyond a float's range, a ``NaN`` or ``Infinity`` literal, which Python's
+  json writes), is read with ``json.loads``; its
   strings are shown safely (:func:`~jaxtop.wire.safe_text.safe_record`);
   then each part that does not have its declared type reads n/a (None, or
   is left out of its list) and is noted in the record's ``odd``, which the
@@ -40,7 +41,7 @@ import msgspec
 
 from jaxtop.wire.protocol import ProtocolError, shown
 from jaxtop.wire.records.base import INT64_MAX, INT64_MIN, MAX_TIME_S
-from jaxtop.wire.records.core import ODD_KEY, RECORD_TYPES, Odd, OomCensus, Record, Unknown
+from jaxtop.wire.records.core import ODD_KEY, RECORD_TYPES, Odd, Record, Unknown
 from jaxtop.wire.safe_text import safe_record
 
 __all__ = ["decode", "from_dict", "is_clean"]
@@ -49,11 +50,11 @@ _FAST = msgspec.json.Decoder(Record)
 
 #: What makes a line take the careful path: a raw C0 control or DEL (JSON
 #: allows DEL raw in a string), a C1 control or a bidi override/isolate in
-#: UTF-8, and a JSON escape of any of them (tab and newline escapes too:
-#: they are rare, and the careful path keeps them).
+#: UTF-8, and a JSON escape of any of them or of a lone surrogate (tab and
+#: newline escapes too: they are rare, and the careful path keeps them).
 _SUSPECT = re.compile(
     rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]|\xe2\x80[\xaa-\xae]|\xe2\x81[\xa6-\xa9]"
-    rb"|\\u(?:00[0-1]|007[fF]|00[89]|202[a-eA-E]|206[6-9])"
+    rb"|\\u(?:00[0-1]|007[fF]|00[89]|202[a-eA-E]|206[6-9]|[dD][89a-fA-F])"
 )
 
 def is_clean(line: bytes) -> bool:
@@ -75,15 +76,12 @@ def decode(line: bytes | str) -> Record | Unknown:
     raw = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line
     if is_clean(raw):
         try:
-            record = _FAST.decode(raw)
-            if record.__class__ is not OomCensus:
-                return record
-        except msgspec.ValidationError:
-            pass  # the careful path says which part, and keeps the rest
-        except msgspec.DecodeError as exc:
-            raise ProtocolError(f"not JSON: {exc}") from None
-        except RecursionError:
-            raise ProtocolError("not JSON: nested too deeply") from None
+            return _FAST.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            # The careful path says which part, and keeps the rest; it also
+            # reads what Python's json writes and msgspec refuses (NaN and
+            # Infinity literals), and says why a line is no JSON at all.
+            pass
     return from_dict(_loads(raw))
 
 
@@ -142,19 +140,17 @@ def from_dict(obj: dict[str, Any]) -> Record | Unknown:
     if kind.__class__ is not str:
         raise ProtocolError("not a record: expected an object with a 'type' string")
     try:
-        obj = safe_record(obj)
+        obj = _bounded(safe_record(obj))
     except RecursionError:
         raise ProtocolError("not JSON: nested too deeply") from None
     cls = RECORD_TYPES.get(obj["type"])
     if cls is None:
         t = obj.get("t")
-        return Unknown(type=obj["type"], t=t if t.__class__ is float or t.__class__ is int else None)
+        # Its t reads as any record's does (base.Time): a number within MAX_TIME_S of 0, else n/a.
+        ok = (t.__class__ is float or t.__class__ is int) and -MAX_TIME_S <= t <= MAX_TIME_S
+        return Unknown(type=obj["type"], t=t if ok else None)
     if ODD_KEY in obj:
         obj = {k: v for k, v in obj.items() if k != ODD_KEY}
-    if cls is OomCensus:  # kept whole: its readers take its parts (jaxtop.dashboard.oom_report)
-        t = obj.get("t")
-        return OomCensus(t=t if (t.__class__ is float or t.__class__ is int) and abs(t) <= MAX_TIME_S else None,
-                         body=obj)
     try:
         return msgspec.convert(obj, cls)
     except msgspec.ValidationError:
@@ -167,6 +163,31 @@ def from_dict(obj: dict[str, Any]) -> Record | Unknown:
     except RecursionError:
         raise ProtocolError("not JSON: nested too deeply") from None
     return cls(**fields, odd=tuple(notes))
+
+
+def _bounded(value: Any) -> Any:
+    """``value`` with the number rules of a line applied (a dict built in
+    Python, a scrape's, may hold what JSON cannot spell): NaN and infinity
+    read None, an integer beyond 64 bits a float, and one beyond a float's
+    range refuses the record. Containers are copied only where something
+    changed."""
+    cls = value.__class__
+    if cls is float:
+        return value if value - value == 0.0 else None
+    if cls is int:
+        if INT64_MIN <= value <= INT64_MAX:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            raise ProtocolError("an integer beyond a float's range") from None
+    if cls is dict:
+        out = {k: _bounded(v) for k, v in value.items()}
+        return value if all(out[k] is v for k, v in value.items()) else out
+    if cls is list:
+        items = [_bounded(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else items
+    return value
 
 
 # -- the careful path: each part of its declared type, or n/a -----------------------------------
