@@ -13,6 +13,7 @@ import pytest
 from conftest import NAMES_COMPILES, PY, RECOMPILES_NA, TARGETS, jaxtop_cmd
 from jaxtop import budgets as b
 from jaxtop import cli
+from jaxtop.wire.records import from_dict
 
 # -- the grammar ------------------------------------------------------------------
 
@@ -134,12 +135,14 @@ def cpu(dev_id, live, scanned_t, top=None):
 
 
 def fold(spec, start, during, end, **finish):
+    """``start``, ``during`` and ``end`` (sample dicts) read as the meter reads
+    the agent's lines: decoded into typed records first."""
     budget = b.parse_spec(spec)
-    start_reading = b.Reading.from_sample(start) if start is not None else None
+    start_reading = b.Reading.from_sample(from_dict(start)) if start is not None else None
     state = b.WindowState(budget, start_reading, start_t=start["t"] if start is not None else 100.0)
     for rec in during:
-        state.observe(b.Reading.from_sample(rec))
-    measured = state.finish(b.Reading.from_sample(end), end_t=end["t"], **finish)
+        state.observe(b.Reading.from_sample(from_dict(rec)))
+    measured = state.finish(b.Reading.from_sample(from_dict(end)), end_t=end["t"], **finish)
     return b.check(budget, measured, {"what": "test", "seconds": end["t"] - state.start_t})
 
 

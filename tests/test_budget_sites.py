@@ -12,6 +12,7 @@ import pytest
 
 from jaxtop.budgets import BudgetError, WindowState, check, parse_spec
 from jaxtop.budgets.reading import Reading
+from jaxtop.wire.records import from_dict
 
 PROGRAM = '''
 import numpy as np
@@ -62,10 +63,10 @@ def test_an_unknown_name_mentions_the_per_line_form():
 # -- the fold -----------------------------------------------------------------------------
 
 def _reading(t, sites, unattributed=None):
-    return Reading.from_sample({"type": "sample", "t": t, "transfer_sites": {
+    return Reading.from_sample(from_dict({"type": "sample", "t": t, "transfer_sites": {
         "sites": [{"direction": d, "file": f"/w/{f}", "line": n, "function": "main", "callee": "step",
                    "count_total": c, "args": []} for d, f, n, c in sites],
-        "unattributed": unattributed or {}}})
+        "unattributed": unattributed or {}}}))
 
 
 def _measure(spec, start, end):
@@ -94,8 +95,8 @@ def test_a_pass_is_not_given_while_some_transfers_have_no_line():
 
 
 def test_no_attribution_at_all_is_na_not_zero():
-    start = Reading.from_sample({"type": "sample", "t": 1.0})
-    end = Reading.from_sample({"type": "sample", "t": 2.0})
+    start = Reading.from_sample(from_dict({"type": "sample", "t": 1.0}))
+    end = Reading.from_sample(from_dict({"type": "sample", "t": 2.0}))
     (result,) = _measure("h2d@train.py:27=0", start, end).results
     assert result.status == "n/a" and "not attributed to lines" in result.measured.na
 

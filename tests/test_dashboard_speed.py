@@ -19,7 +19,7 @@ from jaxtop.dashboard.app import INPUT_YIELD_S, JaxtopApp
 from jaxtop.dashboard.keytiming import KeyNotAnswered, type_keys
 from jaxtop.dashboard.model import Model
 from jaxtop.dashboard.sources import PushSource
-from jaxtop.dashboard.sources.live import STEP_ASIDE_LINES, drop_superseded_maps, ingest
+from jaxtop.dashboard.sources.live import STEP_ASIDE_LINES, ingest
 from jaxtop.wire.records import decode
 
 SIZE = (120, 40)
@@ -45,35 +45,31 @@ def test_feed_many_equals_feed():
 
 
 @pytest.mark.parametrize("batch", [1, 7, 64, 1000])
-def test_superseded_maps_are_not_decoded_and_nothing_else_changes(batch):
-    """Reads of a backfill decoded with the maps that a later line of the
-    same read replaces emptied: the same model as decoding every line."""
+def test_maps_are_decoded_only_where_shown_and_a_batch_changes_nothing(batch):
+    """A backfill read in batches of any size gives the model that reading
+    it line by line gives: each device's newest map (maps stay undecoded
+    in the records, and a batch decodes only the last one of each device)."""
     recs = [synthetic.hello(1, 3, 1000.0)] + list(synthetic.samples(1, 3, 1000.0, 700, map_every=7))
     lines = [protocol.encode(r) for r in recs]
-    full, lean = Model(clock=lambda: 5.0), Model(clock=lambda: 5.0)
-    emptied = 0
+    one, many = Model(clock=lambda: 5.0), Model(clock=lambda: 5.0)
+    for line in lines:
+        ingest(one, 1, [line])
     for i in range(0, len(lines), batch):
-        chunk = lines[i:i + batch]
-        full.feed_many(1, [decode(x) for x in chunk])
-        kept = drop_superseded_maps(chunk)
-        emptied += sum(a != b for a, b in zip(chunk, kept))
-        lean.feed_many(1, [decode(x) for x in kept])
-    if batch > 7:
-        assert emptied > 0  # maps really were skipped
-    a, b = full.snapshot(now=2000.0, window_s=None), lean.snapshot(now=2000.0, window_s=None)
+        ingest(many, 1, lines[i:i + batch])
+    a, b = one.snapshot(now=2000.0, window_s=None), many.snapshot(now=2000.0, window_s=None)
     for da, db in zip(a.devices, b.devices):
         assert da.buffer_map and da.buffer_map == db.buffer_map and da.top_buffers == db.top_buffers
         assert (da.map_live_count, da.map_live_bytes, da.unmapped) == (db.map_live_count, db.map_live_bytes, db.unmapped)
         assert np.array_equal(da.timeline.hi, db.timeline.hi, equal_nan=True)
 
 
-def test_a_map_is_kept_when_the_last_one_covers_fewer_devices():
-    lines = [b'{"type":"sample","devices":[{"live_arrays":{"map":[[1,2]]}},{"live_arrays":{"map":[[3,4]]}}]}',
-             b'{"type":"sample","devices":[{"live_arrays":{"map":[[5,6]]}}]}']
-    assert drop_superseded_maps(lines) == lines
-    text = b'{"type":"sample","events":[{"text":"\\"map\\":[[9,9]]"}],"devices":[{"live_arrays":{"map":[[1,2],[3,4]]}}]}'
-    out = drop_superseded_maps([text, lines[1]])
-    assert out[0] == text.replace(b'"map":[[1,2],[3,4]]', b'"map":[]')  # a string that looks like one is left alone
+def test_a_map_that_is_not_pairs_keeps_its_pairs_and_reads_empty_otherwise():
+    model = Model(clock=lambda: 5.0)
+    model.feed(1, {"type": "sample", "t": 1.0, "devices": [
+        {"id": 0, "platform": "cpu", "live_arrays": {"count": 2, "map": [[1, 2], "x", [3], [4, 5], [2**70, 1]]}},
+        {"id": 1, "platform": "cpu", "live_arrays": {"count": 0, "map": "x"}}]})
+    d0, d1 = model.snapshot(now=2.0).devices
+    assert d0.buffer_map == ((1, 2), (4, 5)) and d1.buffer_map == ()
 
 
 @pytest.mark.asyncio

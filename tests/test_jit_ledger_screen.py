@@ -109,6 +109,26 @@ def test_store_folds_full_tables_changes_and_replies():
     assert store.view(8) is None and store.view(None).pid == 4242
 
 
+def test_a_reply_of_the_wrong_shape_reads_n_a_and_never_raises():
+    """A reply's result is decoded when the ledger reads it: its parts of the
+    wrong type read n/a (the rest is folded), and a result that holds no
+    table is another command's."""
+    store = LedgerStore()
+    bad = dict(fake_fields()[0], live_count="many", trend=[[T0, 2], [T0], "x"],
+               functions=[dict(fn("jit_a", 1, 1, 8), compiles="once"), fn("jit_b", 2, 1, 16)])
+    assert store.feed_reply(1, from_dict({"type": "reply", "t": T0, "result": {"jit_ledger": bad}})) is True
+    v = store.view(1)
+    assert v.complete and v.live_count is None and v.trend == ((T0, 2),)
+    assert {f.name: f.compiles for f in v.functions} == {"jit_a": None, "jit_b": 2}
+    for result in ({"jit_ledger": [1]}, {"jit_ledger": None}, [1], "text", None):
+        assert store.feed_reply(1, from_dict({"type": "reply", "t": T0, "result": result})) is False
+    assert store.view(1) == v
+    # Numbers a JSON line cannot spell, in a reply built in Python: n/a too.
+    huge = dict(fake_fields()[0], live_count=float("inf"), trend=[[T0, float("nan")]])
+    assert store.feed_reply(2, from_dict({"type": "reply", "t": T0, "result": {"jit_ledger": huge}})) is True
+    assert store.view(2).live_count is None and store.view(2).trend == ()
+
+
 def render_text(renderable, width=120) -> str:
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     console.print(renderable)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gzip
 import io
 import json
@@ -170,6 +171,53 @@ def test_a_census_of_the_wrong_types_reads_na_and_says_which_parts(tmp_path, cap
     path.write_text(json.dumps(census, indent=1))
     assert oom_report.main([str(path)]) == 0
     assert capsys.readouterr().out == oom_report.format_report(rec, width=100)
+
+
+def _places(obj, at=()):
+    """The path of every part of a census (a list's first two items)."""
+    yield at
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _places(value, at + (key,))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj[:2]):
+            yield from _places(value, at + (i,))
+
+
+def _replaced(obj, at, value):
+    obj = copy.deepcopy(obj)
+    part = obj
+    for key in at[:-1]:
+        part = part[key]
+    part[at[-1]] = value
+    return obj
+
+
+def test_any_value_in_any_part_of_a_census_reads_na_and_never_raises():
+    # A damaged or forged census (a file someone sends with a bug report, a
+    # recording): every part of the wrong type reads n/a; the report, the
+    # screen's view and the model take whatever is left.
+    from jaxtop.dashboard.model import Model
+
+    hostile = ["\x1b]0;T\x07", -1, 2.5, 10**30, [], [1, "a"], {}, {"a": 1}, None, True]
+    census, n = sample_census(), 0
+    model = Model(clock=lambda: 0.0)
+    console = Console(width=80, record=True, file=io.StringIO(), color_system=None)
+    for at in _places(census):
+        if at in ((), ("type",)):
+            continue
+        for value in hostile:
+            line = json.dumps(_replaced(census, at, value))
+            rec = decode(line)
+            assert isinstance(rec.odd, tuple)
+            assert "\x1b" not in oom_report.format_report(rec, width=80) + oom_report.census_json(rec)
+            console.print(OomCensusView(OomCensus.from_wire(rec)))
+            model.feed(4242, decode(b'{"type":"sample","t":1.0,"seq":1,"oom_census":%s}' % line.encode()))
+            model.feed(4242, rec)
+            n += 1
+    assert n > 500 and "\x1b" not in console.export_text()
+    snap = model.snapshot()
+    assert snap.processes[0].oom_censuses and not [e.text for e in snap.events if "record skipped" in e.text]
 
 
 def test_jaxtop_oom_json_prints_the_census_as_read(tmp_path, capsys):

@@ -3,8 +3,9 @@
 maxima isolated where the window set them, and when each limit was first
 exceeded.
 
-Pure and standard library only: the in-process window feeds it readings
-from the agent's stream, tests feed it readings made from plain dicts.
+Pure: the in-process window feeds it readings from the agent's stream,
+tests feed it readings of records made with
+:func:`jaxtop.wire.records.from_dict`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+import msgspec
+
 from jaxtop.budgets.sites import SiteName, parse_site_name, site_count, site_detail, unattributed, worst_sites
-from jaxtop.budgets.reading import WIRE_FIELDS, Reading, wire_value
+from jaxtop.budgets.reading import WIRE_FIELDS, Reading, wire_part, wire_value
 from jaxtop.budgets.report import NOT_MEASURED, Measured
 from jaxtop.budgets.spec import Budget
 from jaxtop.probes.compile_storm import change_summary
 from jaxtop.wire.protocol import DIRECTIONS
+from jaxtop.wire.records import TopBuffer
 from jaxtop.wire.units import fmt_bytes
 
 
@@ -51,7 +55,7 @@ class WindowState:
     """Folds readings taken during a window into measured values.
 
     Pure: the in-process :class:`Window` feeds it readings from the agent's
-    stream, tests feed it readings made from plain dicts.
+    stream, tests feed it readings of records made with ``from_dict``.
 
     Args:
         limits: the budget (for the time each limit was first exceeded).
@@ -68,10 +72,10 @@ class WindowState:
         self.first: dict[str, float] = {}
         self.readings = 0
         # Per device: the largest value seen and the reading's details then.
-        self.peak: dict[Any, tuple[int, float, list[dict[str, Any]] | None]] = {}
+        self.peak: dict[Any, tuple[int, float, list[TopBuffer] | None]] = {}
         self.peak_rss: int | None = None
         self.wire_max: dict[str, float] = {}
-        self.last_top: dict[Any, list[dict[str, Any]]] = {}
+        self.last_top: dict[Any, list[TopBuffer]] = {}
 
     # -- values at one reading --------------------------------------------------------
     def _total(self, reading: Reading, name: str) -> float | None:
@@ -101,10 +105,10 @@ class WindowState:
             return None if before is None else now - before
         site = parse_site_name(name)
         if isinstance(site, SiteName):
-            now = site_count(reading.fields, site)
+            now = site_count(reading.fields.transfer_sites, site)
             if now is None:
                 return None
-            return float(now - ((site_count(s.fields, site) or 0) if s is not None else 0))
+            return float(now - ((site_count(s.fields.transfer_sites, site) or 0) if s is not None else 0))
         return None
 
     def _sites(self, end: Reading | None) -> dict[str, Measured]:
@@ -119,9 +123,10 @@ class WindowState:
                 out[limit.name] = Measured(na="transfers were not attributed to lines (no transfer_sites field: "
                                            "the agent's stderr capture or jax's post hook is off)")
                 continue
-            unknown = (unattributed(end.fields) or 0) - ((unattributed(self.start.fields) or 0) if self.start else 0)
+            unknown = ((unattributed(end.fields.transfer_sites) or 0)
+                       - ((unattributed(self.start.fields.transfer_sites) or 0) if self.start else 0))
             m = Measured(value=value, first_exceeded_s=self.first.get(limit.name))
-            m.detail = site_detail(end.fields, site)
+            m.detail = site_detail(end.fields.transfer_sites, site)
             if unknown > 0 and value <= limit.value:
                 # The line may have made some of them: no pass on a lower bound.
                 m = Measured(na=f"{unknown} implicit transfer(s) in the window could not be tied to a line; "
@@ -251,7 +256,8 @@ class WindowState:
             m = Measured(value=float(value), first_exceeded_s=first(d))
             if end is not None and value:
                 # The lines that made them first, then their shapes.
-                worst = worst_sites(self.start.fields if self.start else None, end.fields, d)
+                worst = worst_sites(self.start.fields.transfer_sites if self.start else None,
+                                    end.fields.transfer_sites, d)
                 m.detail = [f"{count} at {text}" for count, text in worst]
                 m.data["sites"] = [{"count": count, "site": text} for count, text in worst]
             self._shape_detail(m, d, end, shapes, shapes_complete)
@@ -305,9 +311,9 @@ class WindowState:
         out["peak"] = self._peak_measured(end)
         out["in_use"] = self._in_use(end, end_scanned, no_stream)
         out["peak_rss"] = self._peak_rss(end, no_stream)
-        # fields of other probes
+        # figures of other probes (the sparse parts kept)
         for name, (fname, key, kind) in WIRE_FIELDS.items():
-            if end is None or fname not in end.fields:
+            if end is None or wire_part(end, name) is None:
                 out[name] = Measured(na=NOT_MEASURED)
                 continue
             if kind == "total":
@@ -393,10 +399,10 @@ class WindowState:
             if source == "live_arrays":
                 m.note = "live-array bytes, sampled: arrays that lived between two scans are missed"
             if top:
-                m.detail.append("largest live buffers then: " + ", ".join(
-                    f"{b.get('dtype')}{b.get('shape')} {fmt_bytes(b.get('nbytes'))}" for b in top[:5]))
+                m.detail.append("largest live buffers then: " + _buffers(top))
+            # The report's JSON holds each buffer as the agent sent it.
             m.data = {"device": dev_id, "t_s": round(t_s, 6), "source": source,
-                      "top": list(top or [])[:10]}
+                      "top": msgspec.to_builtins(list(top or [])[:10])}
             return m
         if end is None or not end.devices:
             return Measured(na="no device memory seen (the program created no JAX backend, "
@@ -423,8 +429,7 @@ class WindowState:
         m.detail.append(f"device {best[1]}: {fmt_bytes(best[0])} at the end")
         top = self.last_top.get(best[1])
         if top:
-            m.detail.append("largest live buffers: " + ", ".join(
-                f"{b.get('dtype')}{b.get('shape')} {fmt_bytes(b.get('nbytes'))}" for b in top[:5]))
+            m.detail.append("largest live buffers: " + _buffers(top))
         return m
 
     def _peak_rss(self, end: Reading | None, no_stream: str) -> Measured:
@@ -435,3 +440,8 @@ class WindowState:
         return Measured(at_most=float(end.peak_rss),
                         na=f"peak RSS is a process-lifetime maximum, set before this window "
                            f"({fmt_bytes(end.peak_rss)}): the window's own cannot be isolated")
+
+
+def _buffers(top: list[TopBuffer]) -> str:
+    """The five largest of a scan's buffers: ``float32[32, 32] 4.00 KiB, ...``."""
+    return ", ".join(f"{b.dtype}{b.shape} {fmt_bytes(b.nbytes)}" for b in top[:5])

@@ -18,17 +18,19 @@ from typing import Any
 
 from jaxtop.budgets.compile_log import CompileLog
 from jaxtop.budgets.fold import CompileSite, WindowState
-from jaxtop.budgets.reading import Reading
+from jaxtop.budgets.reading import KeptParts, Reading
 from jaxtop.budgets.report import Measured, Report, check
 from jaxtop.budgets.spec import METRICS, Budget
 from jaxtop.probes.forksafe import ForkLock
 from jaxtop.wire.protocol import DIRECTIONS
+from jaxtop.wire.records import Hello, Sample, decode
 
 
 class _Stream:
     """The agent's own stream, read in this process on a thread of its own.
 
-    Each sample becomes a :class:`Reading`; the open windows observe it.
+    Each line is decoded once (:func:`jaxtop.wire.records.decode`); each
+    sample becomes a :class:`Reading`; the open windows observe it.
     """
 
     def __init__(self, agent: Any) -> None:
@@ -41,8 +43,8 @@ class _Stream:
         # the condition, not a re-entrant one: nothing here takes it twice.
         self.cond = threading.Condition(ForkLock())
         self.latest: Reading | None = None
-        self.fields: dict[str, Any] = {}
-        self.hello: dict[str, Any] = {}
+        self.fields = KeptParts()
+        self.hello: Hello | None = None
         self.windows: list[WindowState] = []
         self.closed = False
         self.error: str | None = None
@@ -50,19 +52,18 @@ class _Stream:
         self.thread.start()
 
     def _read(self) -> None:
-        from jaxtop.wire import protocol
-
         try:
             for line in self.conn.lines(should_stop=lambda: self.closed, poll_s=0.2):
                 try:
-                    rec = protocol.decode(line)
+                    rec = decode(line)
                 except Exception:
                     continue
-                kind = rec.get("type")
-                if kind == protocol.HELLO:
+                if isinstance(rec, Hello):
                     self.hello = rec
                     continue
-                if kind != protocol.SAMPLE:
+                # Samples only: a backfill (a Sample's subclass) is history
+                # from before the connection, never a window's.
+                if type(rec) is not Sample:
                     continue
                 reading = Reading.from_sample(rec, self.fields)
                 self.fields = reading.fields
@@ -204,7 +205,8 @@ class Meter:
             return {d: f"transfers not counted: {self.transfers_na}" for d in DIRECTIONS}
         capture = getattr(agent, "capture", None)
         if capture is None or not getattr(capture, "active", False):
-            reason = (self.stream.hello.get("transfer_capture", {}) or {}).get("reason") if self.stream else None
+            hello = self.stream.hello if self.stream is not None else None
+            reason = hello.transfer_capture.reason if hello is not None and hello.transfer_capture is not None else None
             reason = reason or getattr(capture, "reason", None) or "stderr capture is off"
             return {d: f"transfers not counted: {reason}" for d in DIRECTIONS}
         if "jax" not in sys.modules:

@@ -1,34 +1,58 @@
 """The agent's ``sample`` records, read into the cumulative values a budget
 needs (:class:`Reading`); docs/protocol.md has the record format.
 
-Pure and standard library only: the meter feeds it the agent's stream,
-tests feed it plain dicts.
+Pure: the meter feeds it the agent's stream as typed records
+(:func:`jaxtop.wire.records.decode`), tests feed it records made with
+:func:`jaxtop.wire.records.from_dict`. It runs in the measured program's
+process (the pytest plugin, ``jaxtop run --budget``) beside the agent, which
+never imports it: msgspec, a dependency of jaxtop, is there.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
 
 from jaxtop.wire.protocol import DIRECTIONS
+from jaxtop.wire.records import HostSyncs, Sample, TopBuffer, TransferSites, from_dict, kind_of
+from jaxtop.wire.records.base import Num
 
-#: Sample fields a budget reads as they are when present, for probes that
-#: add their own field to the stream: name -> (field, key, kind). ``total``
-#: values are differenced over a window; ``max`` values are process-wide
-#: maxima, isolated like ``peak``.
+#: Figures a budget reads from a sparse part of the samples (a probe sends
+#: its part when it changed; the last one sent holds): name -> (part,
+#: figure, kind), as reports and docs/budgets.md name them. ``total`` values
+#: are differenced over a window; ``max`` values are process-wide maxima,
+#: isolated like ``peak``.
 WIRE_FIELDS: dict[str, tuple[str, str, str]] = {
     "host_syncs": ("host_syncs", "count", "total"),
     "host_syncs_per_step": ("host_syncs", "per_step_max", "max"),
 }
 
-#: Sample fields kept whole, as last sent (a probe sends them when they
-#: change): the implicit transfers per line of the program, for limits such
-#: as ``h2d@train.py:27`` (jaxtop.budgets.sites).
-KEPT_FIELDS = ("transfer_sites",)
+#: How each of :data:`WIRE_FIELDS` is read from its part.
+_FIGURES: dict[str, Callable[[HostSyncs], Num]] = {
+    "host_syncs": lambda part: part.count,
+    # docs/budgets.md's per-step figure: no probe sends it yet, and HostSyncs
+    # (jaxtop.wire.records.holders) has no field for it, so it reads n/a
+    # until that type names it.
+    "host_syncs_per_step": lambda part: getattr(part, "per_step_max", None),
+}
 
 #: Shapes per direction as the agent sends them: the 5 most frequent.
 TOP_SHAPES_SENT = 5
+
+
+@dataclass(frozen=True)
+class KeptParts:
+    """The sparse parts of the samples a budget reads, as last sent (a probe
+    sends its part only on samples that have news of it).
+
+    Attributes:
+        host_syncs: host reads of device arrays (:data:`WIRE_FIELDS`).
+        transfer_sites: the implicit transfers per line of the program, for
+            limits such as ``h2d@train.py:27`` (:mod:`jaxtop.budgets.sites`).
+    """
+
+    host_syncs: HostSyncs | None = None
+    transfer_sites: TransferSites | None = None
 
 
 @dataclass
@@ -51,7 +75,7 @@ class DeviceReading:
     in_use: int | None
     peak: int | None
     scanned_t: float | None
-    top: list[dict[str, Any]] | None
+    top: list[TopBuffer] | None
 
 
 @dataclass
@@ -59,7 +83,7 @@ class Reading:
     """The cumulative values of one ``sample`` record a budget needs."""
 
     t: float
-    seq: int | None = None
+    seq: Num = None
     counts: dict[str, int] | None = None
     bytes_known: dict[str, int] = field(default_factory=dict)
     bytes_unknown: dict[str, int] = field(default_factory=dict)
@@ -69,79 +93,104 @@ class Reading:
     devices: dict[Any, DeviceReading] = field(default_factory=dict)
     rss: int | None = None
     peak_rss: int | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: KeptParts = field(default_factory=KeptParts)
 
     @classmethod
-    def from_sample(cls, rec: Mapping[str, Any], fields: Mapping[str, Any] | None = None) -> "Reading":
+    def from_sample(cls, rec: Sample | Mapping[str, Any],
+                    fields: KeptParts | Mapping[str, Any] | None = None) -> "Reading":
         """Read a ``sample`` record (docs/protocol.md).
 
         Args:
-            rec: the record.
-            fields: the latest value of each of :data:`WIRE_FIELDS`'s fields
-                seen so far (a probe may send its field only when it changed);
-                the record's own win.
+            rec: the record; a dict is read as a line of the wire would be
+                (:func:`jaxtop.wire.records.from_dict`).
+            fields: the sparse parts seen so far (the previous reading's
+                :attr:`fields`); the record's own win. A dict holds them by
+                their wire names, read as the record is; None: none yet.
+
+        Raises:
+            ValueError: a dict that is not a ``sample`` (or ``backfill``).
         """
-        r = cls(t=_num(rec.get("t")) or 0.0, seq=rec.get("seq") if isinstance(rec.get("seq"), int) else None)
-        tr = rec.get("transfers")
-        if isinstance(tr, dict) and all(isinstance(tr.get(d), dict) for d in DIRECTIONS):
-            r.counts = {d: _int(tr[d].get("count_total")) for d in DIRECTIONS}
-            r.bytes_known = {d: _int(tr[d].get("bytes_known_total")) for d in DIRECTIONS}
-            r.bytes_unknown = {d: _int(tr[d].get("count_bytes_unknown_total")) for d in DIRECTIONS}
-            top = tr.get("top_shapes") if isinstance(tr.get("top_shapes"), list) else []
+        rec = _sample(rec)
+        kept = fields if isinstance(fields, KeptParts) else _kept(fields)
+        r = cls(t=rec.t or 0.0, seq=rec.seq)
+        tr = rec.transfers
+        per = {d: tr.direction(d) for d in DIRECTIONS} if tr is not None else {}
+        sent = {d: p for d, p in per.items() if p is not None}
+        if tr is not None and len(sent) == len(DIRECTIONS):
+            r.counts = {d: _int(p.count_total) for d, p in sent.items()}
+            r.bytes_known = {d: _int(p.bytes_known_total) for d, p in sent.items()}
+            r.bytes_unknown = {d: _int(p.count_bytes_unknown_total) for d, p in sent.items()}
+            top = tr.top_shapes or []
             for s in top:
-                if isinstance(s, dict) and isinstance(s.get("shape"), str):
-                    r.shapes[(str(s.get("direction")), s["shape"])] = _int(s.get("count"))
+                if s.shape is not None:
+                    # A shape without a direction is kept as the text "None" (it matches none).
+                    r.shapes[(str(s.direction), s.shape)] = _int(s.count)
             r.shapes_complete = len(top) < TOP_SHAPES_SENT
-        comp = rec.get("compile")
-        if isinstance(comp, dict) and comp.get("available", True) is not False:
-            r.compiles = _int(comp.get("count_total")) if "count_total" in comp else None
-        for dev in rec.get("devices") or []:
-            if not isinstance(dev, dict):
-                continue
-            live = dev.get("live_arrays") if isinstance(dev.get("live_arrays"), dict) else {}
-            source = str(dev.get("source") or "")
-            r.devices[dev.get("id")] = DeviceReading(
-                id=dev.get("id"),
+        comp = rec.compile
+        if comp is not None and comp.available is not False:
+            r.compiles = _opt_int(comp.count_total)
+        for dev in rec.devices or []:
+            live = dev.live_arrays
+            source = dev.source or ""
+            r.devices[dev.id] = DeviceReading(
+                id=dev.id,
                 source=source,
-                in_use=_opt_int(dev.get("bytes_in_use")),
-                peak=_opt_int(dev.get("peak_bytes_in_use")) if source == "memory_stats" else None,
-                scanned_t=_num(live.get("scanned_t")),
-                top=live.get("top") if isinstance(live.get("top"), list) else None,
+                in_use=_opt_int(dev.bytes_in_use),
+                peak=_opt_int(dev.peak_bytes_in_use) if source == "memory_stats" else None,
+                scanned_t=live.scanned_t if live is not None else None,
+                top=live.top if live is not None else None,
             )
-        proc = rec.get("process")
-        if isinstance(proc, dict):
-            r.rss = _opt_int(proc.get("rss_bytes"))
-            r.peak_rss = _opt_int(proc.get("peak_rss_bytes"))
-        r.fields = dict(fields or {})
-        for name in (*(f for f, _key, _kind in WIRE_FIELDS.values()), *KEPT_FIELDS):
-            if isinstance(rec.get(name), dict):
-                r.fields[name] = rec[name]
+        proc = rec.process
+        if proc is not None:
+            r.rss = _opt_int(proc.rss_bytes)
+            r.peak_rss = _opt_int(proc.peak_rss_bytes)
+        r.fields = replace(
+            kept,
+            host_syncs=rec.host_syncs if rec.host_syncs is not None else kept.host_syncs,
+            transfer_sites=rec.transfer_sites if rec.transfer_sites is not None else kept.transfer_sites,
+        )
         return r
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+def _sample(rec: Sample | Mapping[str, Any]) -> Sample:
+    """``rec`` as a typed sample (a dict read as the wire's)."""
+    if isinstance(rec, Sample):
+        return rec
+    record = from_dict(dict(rec))
+    if not isinstance(record, Sample):
+        raise ValueError(f"not a sample record: {kind_of(record)!r}")
+    return record
 
 
-def _int(value: Any) -> int:
-    n = _num(value)
-    return int(n) if n is not None else 0
+def _kept(fields: Mapping[str, Any] | None) -> KeptParts:
+    """Sparse parts given by their wire names, read as a sample's."""
+    if not fields:
+        return KeptParts()
+    rec = _sample({**fields, "type": "sample"})
+    return KeptParts(host_syncs=rec.host_syncs, transfer_sites=rec.transfer_sites)
 
 
-def _opt_int(value: Any) -> int | None:
-    n = _num(value)
-    return int(n) if n is not None else None
+def _int(value: Num) -> int:
+    """A total: 0 where the agent sent none."""
+    return int(value) if value is not None else 0
+
+
+def _opt_int(value: Num) -> int | None:
+    return int(value) if value is not None else None
 
 
 def wire_value(reading: Reading | None, name: str) -> float | None:
     """A :data:`WIRE_FIELDS` value in a reading; None when not sent (or the
     probe says it is not available)."""
-    if reading is None:
+    part = wire_part(reading, name)
+    if part is None or part.available is False:
         return None
-    fname, key, _kind = WIRE_FIELDS[name]
-    rec = reading.fields.get(fname)
-    if not isinstance(rec, dict) or rec.get("available") is False:
-        return None
-    return _num(rec.get(key))
+    value = _FIGURES[name](part)
+    return float(value) if value is not None else None
+
+
+def wire_part(reading: Reading | None, name: str) -> HostSyncs | None:
+    """The part a :data:`WIRE_FIELDS` value is read from, as last sent up to
+    ``reading`` (None: never sent)."""
+    # Every figure of WIRE_FIELDS is host_syncs's.
+    return reading.fields.host_syncs if reading is not None else None

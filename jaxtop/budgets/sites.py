@@ -8,20 +8,24 @@ jaxtop could not tie to a line are not counted against any site: where
 there were some in the window and the site stayed within its limit, the
 result is n/a (the site may have made them), never a pass.
 
-Pure and standard library only.
+Pure, and standard library only at import: a spec is parsed here without
+the record types, whose part (:class:`~jaxtop.wire.records.TransferSites`,
+as last sent: :attr:`jaxtop.budgets.reading.Reading.fields`) the counts
+read.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
 
 from jaxtop.wire.protocol import DIRECTIONS
 
-__all__ = ["SITE_FIELD", "SiteName", "parse_site_name", "site_count", "site_detail", "unattributed", "worst_sites"]
+if TYPE_CHECKING:
+    from jaxtop.wire.records import TransferSite, TransferSites
 
-#: The sample field the counts come from.
-SITE_FIELD = "transfer_sites"
+__all__ = ["SiteName", "parse_site_name", "site_count", "site_detail", "unattributed", "worst_sites"]
+
 _WORDS = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-to-device", "transfers": "all"}
 
 
@@ -36,13 +40,13 @@ class SiteName:
         what = "implicit transfers" if self.direction == "transfers" else f"implicit {_WORDS[self.direction]} transfers"
         return f"{what} made at {self.path}:{self.line}"
 
-    def matches(self, site: Mapping[str, Any]) -> bool:
+    def matches(self, site: TransferSite) -> bool:
         """Whether a wire site is this one: same line, the file ending with the path given."""
-        if site.get("line") != self.line:
+        if site.line != self.line:
             return False
-        if self.direction != "transfers" and site.get("direction") != self.direction:
+        if self.direction != "transfers" and site.direction != self.direction:
             return False
-        filename = str(site.get("file") or "")
+        filename = site.file or ""
         if "/" in self.path:
             return filename == self.path or filename.endswith("/" + self.path.lstrip("/"))
         return os.path.basename(filename) == self.path
@@ -63,63 +67,61 @@ def parse_site_name(name: str) -> SiteName | None | str:
     return SiteName(direction, path, int(line))
 
 
-def _field(fields: Mapping[str, Any]) -> dict[str, Any] | None:
-    value = fields.get(SITE_FIELD)
-    return value if isinstance(value, dict) and isinstance(value.get("sites"), list) else None
+def _sites(part: TransferSites | None) -> list[TransferSite] | None:
+    """The part's sites; None where no ``transfer_sites`` with sites was sent
+    (one with only ``error``, the probe having raised, counts none)."""
+    return part.sites if part is not None else None
 
 
-def site_count(fields: Mapping[str, Any], site: SiteName) -> int | None:
+def site_count(part: TransferSites | None, site: SiteName) -> int | None:
     """Transfers attributed to ``site`` since the agent started (None: no
     ``transfer_sites`` field seen). Sites beyond the agent's top 50 are not
     sent: one of them reads 0 until it climbs into them."""
-    value = _field(fields)
-    if value is None:
+    sites = _sites(part)
+    if sites is None:
         return None
-    return sum(int(s.get("count_total") or 0) for s in value["sites"] if isinstance(s, dict) and site.matches(s))
+    return sum(int(s.count_total or 0) for s in sites if site.matches(s))
 
 
-def unattributed(fields: Mapping[str, Any]) -> int | None:
+def unattributed(part: TransferSites | None) -> int | None:
     """Transfers the agent could not tie to a line, since it started."""
-    value = _field(fields)
-    if value is None:
+    if part is None or part.sites is None:
         return None
-    counts = value.get("unattributed")
-    return sum(int(n) for n in counts.values() if isinstance(n, int)) if isinstance(counts, dict) else 0
+    counts = part.unattributed
+    return sum(int(n) for n in counts.values() if n is not None) if counts is not None else 0
 
 
-def site_detail(fields: Mapping[str, Any], site: SiteName) -> list[str]:
+def site_detail(part: TransferSites | None, site: SiteName) -> list[str]:
     """What was transferred there: the function called and its arguments."""
-    value = _field(fields)
     out = []
-    for s in (value or {}).get("sites", []):
-        if not isinstance(s, dict) or not site.matches(s):
+    for s in _sites(part) or []:
+        if not site.matches(s):
             continue
-        args = ", ".join(f"{a.get('name') or '?'}: {a.get('kind')} {a.get('shape')}" for a in s.get("args") or []
-                         if isinstance(a, dict))
-        out.append(f"{s.get('direction')} by {s.get('callee') or '?'} in {s.get('function') or '?'}: "
-                   f"{s.get('count_total')} transfer(s)" + (f" of {args}" if args else ""))
+        args = ", ".join(f"{a.name or '?'}: {a.kind} {a.shape}" for a in s.args or [])
+        out.append(f"{s.direction} by {s.callee or '?'} in {s.function or '?'}: "
+                   f"{s.count_total} transfer(s)" + (f" of {args}" if args else ""))
     return out
 
 
-def _site_text(s: Mapping[str, Any]) -> str:
-    args = ", ".join(str(a.get("name") or a.get("kind")) for a in s.get("args") or [] if isinstance(a, dict))
-    where = f"{os.path.basename(str(s.get('file') or '?'))}:{s.get('line')}"
-    return f"{where} ({s.get('callee') or '?'}" + (f": {args})" if args else ")")
+def _site_text(s: TransferSite) -> str:
+    args = ", ".join(str(a.name or a.kind) for a in s.args or [])
+    where = f"{os.path.basename(s.file or '?')}:{s.line}"
+    return f"{where} ({s.callee or '?'}" + (f": {args})" if args else ")")
 
 
-def worst_sites(start: Mapping[str, Any] | None, end: Mapping[str, Any], direction: str,
+def worst_sites(start: TransferSites | None, end: TransferSites | None, direction: str,
                 n: int = 3) -> list[tuple[int, str]]:
     """The lines that made the most ``direction`` transfers between two
-    readings' fields: ``(count, "train.py:27 (step: batch)")``, most first."""
+    readings' ``transfer_sites``: ``(count, "train.py:27 (step: batch)")``,
+    most first."""
     before: dict[tuple, int] = {}
-    for s in (_field(start or {}) or {}).get("sites", []):
-        if isinstance(s, dict):
-            before[(s.get("direction"), s.get("file"), s.get("line"))] = int(s.get("count_total") or 0)
+    for s in _sites(start) or []:
+        before[(s.direction, s.file, s.line)] = int(s.count_total or 0)
     ranked = []
-    for s in (_field(end) or {}).get("sites", []):
-        if not isinstance(s, dict) or s.get("direction") != direction:
+    for s in _sites(end) or []:
+        if s.direction != direction:
             continue
-        count = int(s.get("count_total") or 0) - before.get((s.get("direction"), s.get("file"), s.get("line")), 0)
+        count = int(s.count_total or 0) - before.get((s.direction, s.file, s.line), 0)
         if count > 0:
             ranked.append((count, _site_text(s)))
     ranked.sort(key=lambda cs: (-cs[0], cs[1]))

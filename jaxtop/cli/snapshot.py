@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any
 
+import msgspec
+
 from jaxtop.cli.exits import EXIT_USAGE
 
 __all__ = ["cmd_snapshot", "snapshot_of", "to_json"]
@@ -36,6 +38,7 @@ def snapshot_of(pid: int, timeout_s: float = 10.0) -> tuple[Any, dict[int, Any]]
     """
     from jaxtop.dashboard.model import Model
     from jaxtop.wire import client, protocol
+    from jaxtop.wire.records import HistoryEnd, Sample, decode
 
     model = Model()
     deadline = time.monotonic() + timeout_s
@@ -43,16 +46,15 @@ def snapshot_of(pid: int, timeout_s: float = 10.0) -> tuple[Any, dict[int, Any]]
     with client.AgentConnection.open(pid, timeout_s=min(timeout_s, 5.0)) as conn:
         for line in conn.lines(should_stop=lambda: time.monotonic() > deadline):
             try:
-                record = protocol.decode(line)
+                record = decode(line)
             except protocol.ProtocolError:
                 continue
             model.feed(pid, record)
-            kind = record.get("type")
             # The present comes first after hello (present_first); an older
             # agent sends its history first: then the first live sample.
-            if kind in ("sample", "backfill") and (record.get("present") or kind == "sample"):
+            if isinstance(record, Sample) and (record.present or record.__class__ is Sample):
                 seen_sample = True
-            if seen_sample or kind == "history_end":
+            if seen_sample or isinstance(record, HistoryEnd):
                 break
     if not seen_sample:
         raise TimeoutError(f"no sample from pid {pid} within {timeout_s:g} s")
@@ -64,6 +66,8 @@ def to_json(value: Any) -> Any:
     """A view as plain JSON: dataclasses by field, no drawing data, n/a as null."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name not in SKIP}
+    if isinstance(value, msgspec.Struct):  # a decoded part a view carries
+        return {f: to_json(getattr(value, f)) for f in value.__struct_fields__ if f not in SKIP}
     if isinstance(value, dict):
         return {str(k): to_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -3,13 +3,13 @@ in one numpy step per history, and each device's newest buffer map."""
 
 from __future__ import annotations
 
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jaxtop.wire import protocol
 from jaxtop.dashboard.history import History, _num
+from jaxtop.wire.records import buffer_map
 
 if TYPE_CHECKING:
     from jaxtop.dashboard.state import _DeviceState
@@ -26,9 +26,11 @@ class Batch:
     snapshot shows)."""
 
     def __init__(self) -> None:
-        self.rows: dict[int, tuple[History, list[float], list[list[float]]]] = {}
+        self.rows: dict[int, tuple[History, list[float], list[tuple[Any, ...]]]] = {}
         self.maps: dict[int, tuple[_DeviceState, LiveArrays]] = {}
         self.samples = 0
+        #: pid -> (process, windowed rates, process row, transfers by direction) of its last sample
+        self.rates: dict[int, tuple[Any, list[Any], tuple[Any, ...], tuple[Any, ...]]] = {}
         self.past = False  # fine history rows went into `past` histories
 
     def add(self, history: History, t: float, values: tuple[Any, ...]) -> None:
@@ -36,8 +38,9 @@ class Batch:
         if entry is None:
             entry = self.rows[id(history)] = (history, [], [])
         entry[1].append(t)
-        # Numbers pass as they are; anything else as History.append stores it.
-        entry[2].append([v if (v.__class__ is float or v.__class__ is int) else _num(v) for v in values])
+        # A decoded record's figures are numbers or None, which numpy stores
+        # as NaN (not measured) when the rows are written at flush.
+        entry[2].append(values)
 
     def flush(self) -> None:
         for state, live in self.maps.values():
@@ -48,7 +51,7 @@ class Batch:
             with np.errstate(over="ignore"):
                 try:
                     values = np.asarray(rows, dtype=np.float32)
-                except OverflowError:  # an int beyond a float (fed straight, not read by a bounded decode)
+                except (OverflowError, TypeError, ValueError):  # a coarse row's value of another kind
                     values = np.asarray([[_num(v) for v in row] for row in rows], dtype=np.float32)
                 history.extend(np.asarray(ts, dtype=np.float64), values)
         self.rows.clear()
@@ -59,7 +62,7 @@ def take_map(state: _DeviceState, live: LiveArrays) -> None:
     """Keep the buffer map of a map-carrying ``live_arrays``, with the counts
     of its own scan, so that the map's caption never compares it with the
     bytes of another scan."""
-    state.buffer_map = buffer_map(live.map or [])
+    state.buffer_map = buffer_map(live.map) if live.map is not None else ()
     state.map_complete = live.map_complete is not False
     state.top_buffers = tuple(live.top or ())
     state.map_live_count = _whole(live.count)
@@ -83,30 +86,3 @@ def _whole(value: Any) -> int | None:
         return value if -_INT63 <= value < _INT63 else None
     value = protocol.finite(value)
     return int(value) if value is not None and -_INT63 <= value < _INT63 else None
-
-
-def buffer_map(entries: list[Any]) -> tuple[tuple[int, int], ...]:
-    """A scan's map as pairs of (address, size), each an int within int64
-    (the map draws them so); an entry of another shape is left out.
-
-    The agent's maps (a few thousand pairs of ints) take the first way:
-    checked as a whole, in C, at a quarter of the cost of entry by entry.
-    """
-    try:
-        pairs = [(address, size) for address, size in entries]
-    except (TypeError, ValueError):  # an entry that is not a pair
-        pairs = None
-    if pairs is not None:
-        values = list(chain.from_iterable(pairs))
-        if not values or (set(map(type, values)) == {int} and min(values) >= -_INT63 and max(values) < _INT63):
-            return tuple(pairs)
-    return tuple((p, n) for p, n in map(_pair, entries) if p is not None)
-
-
-def _pair(entry: Any) -> tuple[int | None, int | None]:
-    """A map entry ``[address, size]``; (None, None) for anything else."""
-    if isinstance(entry, list) and len(entry) == 2:
-        address, size = _whole(entry[0]), _whole(entry[1])
-        if address is not None and size is not None:
-            return address, size
-    return None, None

@@ -23,7 +23,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from jaxtop.wire.records.base import Num
-from jaxtop.wire.records.jit import Jit, JitExecutable, JitExplain, JitFunctionRow, JitLeak, JitReason, JitStorm
+from jaxtop.wire.records.decoder import reply_result
+from jaxtop.wire.records.jit import (
+    Jit, JitExecutable, JitExplain, JitFunctionRow, JitLeak, JitLedgerResult, JitReason, JitStorm,
+)
 
 if TYPE_CHECKING:
     from jaxtop.wire.records import Reply, Sample
@@ -402,21 +405,6 @@ def short_site(site: str | None) -> str | None:
     return f"{path.rsplit('/', 1)[-1]}:{line}"
 
 
-def reply_ledger(result: Any) -> Jit | None:
-    """The whole table in a command's ``result`` (untyped JSON, its strings
-    already made safe by the decoder), or None when the reply is another
-    command's. A ``jit_ledger`` part of the wrong shape reads n/a, with why."""
-    if result.__class__ is not dict or "jit_ledger" not in result:
-        return None
-    try:
-        table = msgspec.convert(result["jit_ledger"], Jit)
-    except msgspec.ValidationError as exc:
-        return Jit(available=False, reason=f"the jit_ledger reply could not be read: {exc}")
-    except RecursionError:
-        return Jit(available=False, reason="the jit_ledger reply could not be read: nested too deeply")
-    return msgspec.structs.replace(table, full=True)
-
-
 class LedgerStore:
     """Every watched process's ledger (see the module docstring)."""
 
@@ -438,10 +426,13 @@ class LedgerStore:
             return table.fold(data, sample.t)
 
     def feed_reply(self, pid: int, reply: Reply) -> bool:
-        """Fold a ``jit_ledger`` command's reply; False when the reply is another command's."""
-        data = reply_ledger(reply.result)
-        if data is None:
+        """Fold a ``jit_ledger`` command's reply (a whole table); False when
+        the reply is another command's. Its parts of the wrong type read
+        n/a, as a sample's do."""
+        result = reply_result(reply, JitLedgerResult)
+        if result is None or result.jit_ledger is None:
             return False
+        data = msgspec.structs.replace(result.jit_ledger, full=True)
         with self._lock:
             self._tables.setdefault(pid, _Table()).fold(data, reply.t)
         return True

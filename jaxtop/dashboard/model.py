@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Union
 from jaxtop.wire import protocol
 from jaxtop.wire.records import (
     Backend, Backfill, Dropped, Error, Exit, Hello, HistoryEnd, Odd, OomCensus, Record, Reply, Sample, Unknown,
-    kind_of,
+    MemoryProfile, Transfer, kind_of, reply_result,
 )
 from jaxtop.wire.records import History as HistoryRecord
 from jaxtop.wire.records import from_dict as records_from_dict
@@ -258,6 +258,8 @@ class Model(HistoryFeed):
                     self._event(pid, "error", f"malformed {kind_of(record)!r} record skipped: {type(exc).__name__}: {exc}",
                                 None)
             batch.flush()
+            for rates_of, windowed, row, by_direction in batch.rates.values():
+                rates_of.rates = _rates(windowed, row, by_direction)
             proc.samples += batch.samples
             now = proc.last_recv or 0.0
             if proc.coarse_pending and (proc.coarse_done or proc.coarse_merges == 0
@@ -353,13 +355,16 @@ class Model(HistoryFeed):
     def _reply(self, proc: ProcessModel, rec: Reply) -> None:
         if self.ledgers.feed_reply(proc.pid, rec):
             return
-        result = rec.result
-        if isinstance(result, dict) and ("top_sites" in result or "path" in result):
-            proc.last_profile = result
-            if result.get("error"):
-                self._event(proc.pid, "profile", f"memory profile failed: {protocol.shown(result['error'])}", rec.t)
+        # A reply's result has the shape of its command's: a memory profile's
+        # names its file (or the error that stopped it).
+        profile = reply_result(rec, MemoryProfile) if isinstance(rec.result, dict) and (
+            "top_sites" in rec.result or "path" in rec.result) else None
+        if profile is not None:
+            proc.last_profile = profile
+            if profile.error:
+                self._event(proc.pid, "profile", f"memory profile failed: {protocol.shown(profile.error)}", rec.t)
             else:
-                self._event(proc.pid, "profile", f"memory profile saved: {protocol.shown(result.get('path'))}", rec.t)
+                self._event(proc.pid, "profile", f"memory profile saved: {protocol.shown(profile.path)}", rec.t)
         elif rec.ok is False:
             self._event(proc.pid, "error", f"command failed: {protocol.shown(rec.error)}", rec.t)
 
@@ -379,8 +384,10 @@ class Model(HistoryFeed):
             proc.present_holders.append(sparse_part(rec))
         proc.last_t = t
         proc.latest = rec
-        proc.holders.feed(rec)
-        proc.transfer_sites.feed(rec)
+        if rec.holders is not None or rec.labels is not None or rec.host_syncs is not None:
+            proc.holders.feed(rec)
+        if rec.transfer_sites is not None:
+            proc.transfer_sites.feed(rec)
         if rec.oom_census is not None:  # an agent that sends the census inside a sample
             self._oom_census(proc, rec.oom_census)
         if rec.demo is not None:
@@ -423,17 +430,7 @@ class Model(HistoryFeed):
         by_direction = (transfers.h2d, transfers.d2h, transfers.d2d) if transfers is not None else (None, None, None)
         windowed = proc.transfer_window.add(t, [x for tr in by_direction for x in (
             (tr.count_total, tr.bytes_known_total) if tr is not None else (None, None))])
-        rates: dict[str, TransferView] = {}
-        for i, (d, tr) in enumerate(zip(DIRECTIONS, by_direction)):
-            rate, brate = row[i], row[3 + i]
-            rates[d] = TransferView(
-                count_per_s=windowed[2 * i] if windowed[2 * i] is not None else rate,
-                bytes_known_per_s=windowed[2 * i + 1] if windowed[2 * i + 1] is not None else brate,
-                count_total=tr.count_total if tr is not None else None,
-                bytes_known_total=tr.bytes_known_total if tr is not None else None,
-                count_bytes_unknown_total=tr.count_bytes_unknown_total if tr is not None else None,
-            )
-        proc.rates = rates
+        batch.rates[proc.pid] = (proc, windowed, row, by_direction)  # the panel's: the batch's last sample's
         host = rec.process
         if host is not None and host.started_t is not None:
             proc.started_t = host.started_t
@@ -564,6 +561,24 @@ class Model(HistoryFeed):
                 notices=tuple(self.notices),
                 replay=ReplayView.from_state(replay),
             )
+
+
+def _rates(windowed: list[float | None], row: tuple[Any, ...],
+           by_direction: tuple[Transfer | None, Transfer | None, Transfer | None]) -> dict[str, TransferView]:
+    """The Transfers panel's figures by direction: rates over the last
+    seconds of totals (``windowed``; the sample's own interval until there
+    are two samples: ``row``) and the totals since start."""
+    rates = {}
+    for i, (d, tr) in enumerate(zip(DIRECTIONS, by_direction)):
+        rates[d] = TransferView(
+            count_per_s=windowed[2 * i] if windowed[2 * i] is not None else row[i],
+            bytes_known_per_s=windowed[2 * i + 1] if windowed[2 * i + 1] is not None else row[3 + i],
+            count_total=int(tr.count_total) if tr is not None and tr.count_total is not None else None,
+            bytes_known_total=int(tr.bytes_known_total) if tr is not None and tr.bytes_known_total is not None else None,
+            count_bytes_unknown_total=int(tr.count_bytes_unknown_total)
+            if tr is not None and tr.count_bytes_unknown_total is not None else None,
+        )
+    return rates
 
 
 def _odd_text(kind: str, odd: Odd) -> str:

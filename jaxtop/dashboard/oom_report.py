@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import msgspec
 
+from jaxtop.dashboard.oom_views import device_label, said
 from jaxtop.wire.protocol import ProtocolError, ReadStats, iter_lines
 from jaxtop.wire.records import (
     CensusArrays, CensusDevice, CensusHost, CensusRequest, CensusSite, CensusTiming, CensusTrigger, OomCensus, Record,
@@ -179,17 +180,6 @@ def _dims(shape: Any, dtype: Any) -> str:
     if isinstance(shape, (list, tuple)):
         return f"{dtype}[{', '.join(str(s) for s in shape)}]"
     return f"{dtype}{shape}"
-
-
-def device_label(dev: CensusDevice) -> str:
-    """``gpu:0``: a census's device as every line names it."""
-    return f"{_or(dev.platform)}:{_or(dev.id)}"
-
-
-def said(part: msgspec.Struct | None) -> bool:
-    """Whether a part of a census says anything: an empty object (a part
-    whose probe failed, as ``host: {}``) is shown as absent."""
-    return part is not None and part != part.__class__()
 
 
 def sparkline(values: Sequence[float | None], width: int) -> str:

@@ -12,11 +12,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jaxtop.dashboard.oom_report import device_label, said
+import msgspec
+
 from jaxtop.wire.records import CensusArrayGroup, CensusArrays, CensusDevice, CensusHost, CensusSite
 from jaxtop.wire.records import OomCensus as CensusRecord
 
-__all__ = ["OomArrayGroup", "OomArrays", "OomCensus", "OomDevice", "OomSite"]
+__all__ = ["OomArrayGroup", "OomArrays", "OomCensus", "OomDevice", "OomSite", "device_label", "said"]
+
+
+def device_label(dev: CensusDevice) -> str:
+    """``gpu:0``: a census's device as the screen and ``jaxtop oom`` name it."""
+    return f"{'?' if dev.platform is None else dev.platform}:{'?' if dev.id is None else dev.id}"
+
+
+def said(part: msgspec.Struct | None) -> bool:
+    """Whether a part of a census says anything: an empty object (a part
+    whose probe failed, as ``host: {}``) is shown as absent."""
+    return part is not None and part != part.__class__()
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from jaxtop.wire import protocol
 from jaxtop.wire.records import (
-    AgentStats, Capture, Compile, Donation, Gpu, Nvml, Process, TopBuffer, TopShape,
+    AgentStats, Capture, Compile, Donation, Gpu, MemoryProfile, Nvml, Process, TopBuffer, TopShape,
 )
 
 __all__ = [
@@ -308,14 +308,11 @@ class ProfileView:
     top_sites: tuple[ProfileSiteView, ...] = ()
 
     @classmethod
-    def from_wire(cls, p: dict[str, Any] | None) -> ProfileView | None:
-        """From a ``memory_profile`` command's result (a reply's ``result``)."""
-        if not p:
+    def from_wire(cls, p: MemoryProfile | None) -> ProfileView | None:
+        """From a ``memory_profile`` command's result."""
+        if p is None:
             return None
-        sites = p.get("top_sites")
-        top = tuple(ProfileSiteView(site=protocol.shown(s.get("site")), bytes=number(s.get("bytes")),
-                                    allocations=number(s.get("allocations")))
-                    for s in (sites if isinstance(sites, list) else ()) if isinstance(s, dict))
-        path, error = p.get("path"), p.get("error")
-        return cls(path=None if path is None else protocol.shown(path), error=protocol.shown(error) if error else None,
-                   total_bytes=number(p.get("total_bytes")), top_sites=top)
+        top = tuple(ProfileSiteView(site=protocol.shown(s.site), bytes=_int(s.bytes), allocations=_int(s.allocations))
+                    for s in p.top_sites or ())
+        return cls(path=p.path, error=protocol.shown(p.error) if p.error else None, total_bytes=_int(p.total_bytes),
+                   top_sites=top)

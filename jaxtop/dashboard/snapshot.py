@@ -60,7 +60,6 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
     latest, hello = p.latest, p.hello
     history = p.history.window(window_s, end_t)
     shapes = latest.transfers.top_shapes if latest.transfers is not None else None
-    external = hello.external or {}
     seq, own_pid = latest.seq, hello.pid
     return ProcessView(
         pid=p.pid,
@@ -90,7 +89,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         last_profile=ProfileView.from_wire(p.last_profile),
         span=_span(history, window_s, end_t),
         demo=p.demo,
-        external=protocol.text_of(external.get("note")),
+        external=hello.external.note or None if hello.external is not None else None,
         nvml=NvmlView.from_wire(latest.nvml),
         holders=p.holders.view(),
         transfer_sites=p.transfer_sites.view(p.last_t, p.tick_s),

@@ -20,7 +20,7 @@ from jaxtop.dashboard.holders import HoldersFold
 from jaxtop.dashboard.transfer_sites import TransferSitesFold
 from jaxtop.dashboard.views import CONNECTING
 from jaxtop.dashboard.readings import NO_NVML, TransferView
-from jaxtop.wire.records import Accelerator, AgentStats, Device, Hello, Sample, TopBuffer
+from jaxtop.wire.records import Accelerator, AgentStats, Device, Hello, MemoryProfile, Sample, TopBuffer
 from jaxtop.wire.records import OomCensus
 from jaxtop.dashboard.rows import Cursor
 from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES
@@ -66,7 +66,7 @@ class ProcessModel:
         # Each direction's count and known bytes since start, per sample: the
         # rates shown are over a window of them, as the per-line rates are.
         self.transfer_window = CounterWindow()
-        self.last_profile: dict[str, Any] | None = None
+        self.last_profile: MemoryProfile | None = None
         self.holders = HoldersFold()
         self.transfer_sites = TransferSitesFold()  # which line makes each implicit transfer
         self.oom_censuses: list[OomCensus] = []  # oldest first, one per census id

@@ -188,51 +188,71 @@ def feed(writer: Any, rec: Any) -> str | None:
     return None
 
 
-def blocks(stream: IO[bytes], stats: protocol.ReadStats) -> Iterator[list[bytes] | None]:
+def blocks(stream: IO[bytes], stats: protocol.ReadStats) -> Iterator[list[bytes | memoryview] | None]:
     """A file's complete lines (without their newline), a list per read of
     about :data:`~jaxtop.wire.protocol.BLOCK_BYTES`.
 
-    What :func:`jaxtop.wire.protocol.iter_blocks` reads, with each read
-    split once instead of copied into a block first: a line may be blank,
-    but none is over :data:`~jaxtop.wire.protocol.MAX_RECORD_LINE_BYTES`:
-    such a line is skipped here and None stands for it, so the caller can
-    count it and note its number. A truncated last line is skipped and
-    flagged in ``stats.truncated``.
+    The lines :func:`jaxtop.wire.protocol.iter_blocks` reads, uncopied:
+    each read goes into one buffer, and a line is a view of it (a line that
+    began in an earlier read is joined into bytes). A view is valid until
+    the next list is asked for. A line may be blank, but none is over
+    :data:`~jaxtop.wire.protocol.MAX_RECORD_LINE_BYTES`: such a line is
+    skipped here and None stands for it, so the caller can count it and
+    note its number. A truncated last line is skipped and flagged in
+    ``stats.truncated``.
     """
     limit = protocol.MAX_RECORD_LINE_BYTES
     size = min(protocol.BLOCK_BYTES, limit + 1)  # a line within one read is never too long
-    head: list[bytes] = []  # the start of a line that earlier reads cut
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    find = buffer.find
+    readinto = getattr(stream, "readinto", None)
+    head: list[bytes | memoryview] = []  # the start of a line that earlier reads cut (never an empty part)
     held = 0  # its length
     skipping = False  # inside a line too long to hold
     while True:
-        chunk = stream.read(size)
-        if not chunk:
+        if readinto is not None:
+            n = readinto(buffer) or 0
+        else:
+            data = stream.read(size)
+            n = len(data)
+            buffer[:n] = data
+        if not n:
             if head and not skipping:
                 stats.truncated = True
             return
+        start = 0
         if skipping:
-            newline = chunk.find(b"\n")
+            newline = find(b"\n", 0, n)
             if newline < 0:
                 continue
-            chunk, skipping = chunk[newline + 1:], False
-            if not chunk:
-                continue
-        lines = chunk.split(b"\n")
-        tail = lines.pop()
-        if not lines:  # no newline: the line goes on
-            head.append(tail)
-            held += len(tail)
-            if held > limit:
-                yield None
-                head, held, skipping = [], 0, True
+            start, skipping = newline + 1, False
+        newline = find(b"\n", start, n)
+        if newline < 0:  # no newline: the line goes on
+            if start < n:
+                head.append(bytes(view[start:n]))
+                held += n - start
+                if held > limit:
+                    yield None
+                    head, held, skipping = [], 0, True
             continue
+        lines: list[bytes | memoryview] = []
         if head:
-            head.append(lines[0])
-            lines[0] = b"".join(head)
-            if len(lines[0]) > limit:  # only a line begun in earlier reads can be too long
+            head.append(view[start:newline])
+            line = b"".join(head)
+            head, held = [], 0
+            if len(line) > limit:  # only a line begun in earlier reads can be too long
                 yield None
-                del lines[0]
-        head, held = ([tail], len(tail)) if tail else ([], 0)
+            else:
+                lines.append(line)
+            start = newline + 1
+            newline = find(b"\n", start, n)
+        while newline >= 0:
+            lines.append(view[start:newline])
+            start = newline + 1
+            newline = find(b"\n", start, n)
+        if start < n:
+            head, held = [bytes(view[start:n])], n - start
         if lines:
             yield lines
 
@@ -303,7 +323,7 @@ def convert(stream: IO[bytes], writer: Any, fast: bool, stats: protocol.ReadStat
                         continue
             # Another record, a line msgspec refuses: the careful way (with
             # its newline, as json.loads's messages count it).
-            careful(lineno, line + b"\n")
+            careful(lineno, bytes(line) + b"\n")
         stats.records += served
     return lineno
 
@@ -347,6 +367,15 @@ class Window:
         data = self.f.read(n)
         self.left -= len(data)
         return data
+
+    def readinto(self, buffer: bytearray) -> int:
+        n = min(len(buffer), self.left)
+        if n <= 0:
+            return 0
+        with memoryview(buffer) as view:
+            got = self.f.readinto(view[:n])
+        self.left -= got
+        return got
 
 
 def pieces(path: str, jobs: int) -> list[tuple[int, int]]:

@@ -24,9 +24,12 @@ import csv
 import io
 import json
 import math
-from itertools import compress, repeat
-from operator import is_not
+from collections.abc import Callable
+from itertools import repeat
+from operator import is_not, itemgetter
 from typing import IO, Any
+
+import msgspec
 
 from jaxtop.export import convert, typed
 from jaxtop.export.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
@@ -149,21 +152,41 @@ class _Table:
 
 
 _NO_TRANSFER = [None] * 4
-_NO_LIVE = [None] * 3
+_NO_LIVE = (None, None, None)
 _NO_DEVICE = _cells([None] * (len(_DEVICE_KEYS) + len(_LIVE_KEYS)))
+#: What a row's figures may be for the shapes' formats (numbers and n/a),
+#: and its labels (of these, two equal values are written alike: not so 1
+#: and True, 0 and 0.0).
+_FIGURES = frozenset((int, float, type(None)))
+_LABELS = frozenset((int, str, type(None)))
+_NONES = repeat(None)
+#: Row formats kept (one per shape of sample: its devices' id, platform and
+#: source, which of their figures are numbers).
+MAX_ROW_SHAPES = 256
+_astuple = msgspec.structs.astuple
+# A device is read whole (astuple): its lean type's fields are the columns, in their order.
+if ("device_id", *_DEVICE_KEYS[1:], *(f"live_array_{k}" for k in _LIVE_KEYS)) != (
+        *CSV_COLUMNS[3:14], "live_array_bytes", "live_array_count", "live_array_largest_bytes"):
+    raise TypeError("typed.CsvDevice's fields are not the CSV columns' order")
 
 
 class _CsvWriter(_Table):
     COLUMNS = CSV_COLUMNS
     SAMPLE = typed.CsvSample
 
+    def __init__(self, out: IO[str], part: bool = False) -> None:
+        super().__init__(out, part)
+        self._shapes: dict[tuple[Any, ...], tuple[str, Callable[[list[Any]], tuple[Any, ...]]]] = {}
+
     def sample(self, s: typed.CsvSample) -> None:
         """The sample's rows, one per device (one with the device's cells
         empty when it has none), in the order of :data:`CSV_COLUMNS`.
 
-        A row that cannot be written (a value whose text Python cannot
-        make) raises after the rows before it are written, as csv's
-        writerows would."""
+        The rows' text is the same from one sample to the next but for the
+        figures, as long as the devices are the same and the same figures
+        are numbers: that text is made once per such shape (a %-format,
+        :meth:`_shape_format`) and filled in. A sample with a figure of
+        another type is written row by row (:meth:`_rows`)."""
         tail = []
         tr = s.transfers
         for x in (tr.h2d, tr.d2h, tr.d2d) if tr is not None else (None, None, None):
@@ -177,9 +200,57 @@ class _CsvWriter(_Table):
         if not s.devices:
             self.out.write(f"{head}{_NO_DEVICE}{end}")
             return
+        labels: list[Any] = []  # per device: id, platform, source
+        figures: list[Any] = []  # per device: its 11 figures
+        for dev in s.devices:
+            row = _astuple(dev)
+            labels += row[:3]
+            figures += row[3:11]
+            live = row[11]
+            figures += _NO_LIVE if live is None else _astuple(live)
+        if not (_FIGURES.issuperset(map(type, figures)) and _LABELS.issuperset(map(type, labels))):
+            self._rows(s.devices, head, end)
+            return
+        key = (tuple(labels), tuple(map(is_not, figures, _NONES)))
+        shape = self._shapes.get(key)
+        if shape is None:
+            if len(self._shapes) >= MAX_ROW_SHAPES:  # a recording whose every sample differs: no cache pays
+                self._shapes.clear()
+            shape = self._shapes[key] = self._shape_format(key)
+        fmt, pick = shape
+        figures += (head, end)
+        self.out.write(fmt % pick(figures))
+
+    @staticmethod
+    def _shape_format(key: tuple[Any, ...]) -> tuple[str, Callable[[list[Any]], tuple[Any, ...]]]:
+        """The rows of one shape of sample: a %-format (``%r`` of an int or a
+        float is the text csv writes for it; an empty cell stays empty) and
+        what picks its values from the figures, the head and the end
+        (:meth:`sample`'s list)."""
+        labels, present = key
+        head, end = len(present), len(present) + 1
+        per_device = len(present) * 3 // len(labels)
+        text, picks = "", []
+        for k in range(0, len(labels), 3):
+            first = k // 3 * per_device
+            cells = []
+            picks.append(head)
+            for i in range(first, first + per_device):
+                cells.append("%r" if present[i] else "")
+                if present[i]:
+                    picks.append(i)
+            picks.append(end)
+            label = ",".join(map(_cell, labels[k:k + 3])).replace("%", "%%")
+            text += f"%s{label},{','.join(cells)}%s"
+        return text, itemgetter(*picks)
+
+    def _rows(self, devices: list[typed.CsvDevice], head: str, end: str) -> None:
+        """The rows one by one; a row that cannot be written (a value whose
+        text Python cannot make) raises after the rows before it are
+        written, as csv's writerows would."""
         rows = []
         try:
-            for dev in s.devices:
+            for dev in devices:
                 live = dev.live_arrays
                 figures = [dev.bytes_in_use, dev.peak_bytes_in_use, dev.peak_rise_bytes, dev.pool_bytes,
                            dev.bytes_limit, dev.largest_free_block_bytes, dev.fragmentation, dev.num_allocs]
@@ -337,7 +408,6 @@ def write_sparse_csv(kind: str, path: str, out: IO[str], fast: bool = True, jobs
 #: Counter formats kept (one per shape of sample: which devices, which of
 #: their values are numbers).
 MAX_SHAPES = 256
-_NONES = repeat(None)
 
 
 class _PerfettoWriter:
@@ -433,7 +503,7 @@ class _PerfettoWriter:
         if ts is None:
             return
         ids = []  # the devices with a track: an integer id
-        values: list[Any] = []  # each counter's values, None where the sample has none
+        values: list[Any] = [ts]  # the timestamp, then each counter's values, None where the sample has none
         for dev in s.devices or ():
             did = dev.id
             if did.__class__ is int:  # an int, not a bool
@@ -455,14 +525,14 @@ class _PerfettoWriter:
             rates = tuple(rates)
         self.last_t = t
         values.append(None if s.process is None else s.process.rss_bytes)
-        present = tuple(map(is_not, values, _NONES))
-        key = (self.pid, tuple(ids), rates, present)
-        fmt = self._shapes.get(key)
-        if fmt is None:
+        key = (self.pid, tuple(ids), rates, tuple(map(is_not, values, _NONES)))
+        shape = self._shapes.get(key)
+        if shape is None:
             if len(self._shapes) >= MAX_SHAPES:  # a recording whose every sample differs: no cache pays
                 self._shapes.clear()
-            fmt = self._shapes[key] = self._shape_format(key)
-        text = fmt.format(ts, *compress(values, present))
+            shape = self._shapes[key] = self._shape_format(key)
+        fmt, pick = shape
+        text = fmt % pick(values)
         don, comp = s.donation, s.compile
         compiles = None if comp is None else comp.count_total
         failed = None if don is None else don.failed_total
@@ -473,30 +543,36 @@ class _PerfettoWriter:
         self._write(text)
 
     @staticmethod
-    def _shape_format(key: tuple[Any, ...]) -> str:
+    def _shape_format(key: tuple[Any, ...]) -> tuple[str, Callable[[list[Any]], tuple[Any, ...]]]:
         """The counters of :meth:`sample` for one shape, as :meth:`_counter`
-        writes them, for ``str.format``: ``{0}`` the timestamp, ``{1}``… each
-        number (``format`` of an int or a float with no spec is its repr)."""
+        writes them: a %-format (``%r`` of an int or a float is what
+        _counter writes) and what picks its values from the sample's list
+        (the timestamp first in each counter, then the numbers)."""
         pid, ids, rates, present = key
-        flags = iter(present)
-        n = 0
+        picks = [0]  # an itemgetter of one index returns no tuple: the format's first value stays the timestamp
 
-        def counter(name: str, keys: tuple[str, ...]) -> str:
-            nonlocal n
-            have = [k for k in keys if next(flags)]
+        def counter(name: str, keys: tuple[str, ...], at: int) -> str:
+            have = [(k, at + i) for i, k in enumerate(keys) if present[at + i]]
             if not have:
                 return ""
-            body = ",".join(f'"{k}":{{{n + i + 1}}}' for i, k in enumerate(have))
-            n += len(have)
-            return f',\n{{{{"ph":"C","name":"{name}","ts":{{0}},"pid":{pid},"tid":0,"args":{{{{{body}}}}}}}}}'
+            picks.extend([0, *(i for _, i in have)])
+            body = ",".join(f'"{k}":%r' for k, _ in have)
+            # Names are the program's numbers and fixed words: a "%" in one is escaped.
+            return (f',\n{{"ph":"C","name":"{name.replace("%", "%%")}","ts":%r,"pid":{pid},"tid":0,'
+                    f'"args":{{{body}}}}}')
 
         text = ""
+        at = 1
         for did in ids:
-            text += counter(f"device {did} memory (bytes)", _MEMORY_KEYS)
-            text += counter(f"device {did} fragmentation", ("fragmentation",))
+            text += counter(f"device {did} memory (bytes)", _MEMORY_KEYS, at)
+            text += counter(f"device {did} fragmentation", ("fragmentation",), at + 4)
+            at += 5
         if rates is not None:
-            text += counter("implicit transfers/s", rates)
-        return text + counter("host RSS (bytes)", ("rss",))
+            text += counter("implicit transfers/s", rates, at)
+            at += len(rates)
+        text += counter("host RSS (bytes)", ("rss",), at)
+        # The leading 0 makes every getter pick at least two items: a tuple.
+        return "%.0s" + text, itemgetter(*picks)
 
     def _events(self, events: list[dict[str, Any]] | None, ts: int) -> str:
         """The agent's events of a sample, as instants at their own time (the

@@ -6,7 +6,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import shutil
 import signal
 import stat
@@ -483,10 +482,10 @@ def ingest(model: Model, pid: int, lines: list[bytes]) -> bool:
     """
     records: list[Record | Unknown] = []
     saw_exit = False
-    for n, line in enumerate(drop_superseded_maps(lines), 1):
+    for n, line in enumerate(lines, 1):
         if n % STEP_ASIDE_LINES == 0:
             model.step_aside()
-        if not line.strip():
+        if not line or line.isspace():  # (strip() would copy every line)
             continue
         try:
             record = decode(line)
@@ -501,55 +500,6 @@ def ingest(model: Model, pid: int, lines: list[bytes]) -> bool:
     if records:
         model.feed_many(pid, records)
     return saw_exit
-
-
-#: A buffer map as the agent writes it (compact JSON, pairs of integers).
-_MAP_RE = re.compile(rb'"map":\[(?:\[-?\d+,-?\d+\](?:,\[-?\d+,-?\d+\])*)?\]')
-_MAP_KEY = b'"map":'
-_BACKFILL_PREFIX = b'{"type":"backfill",'
-
-
-def drop_superseded_maps(lines: list[bytes]) -> list[bytes]:
-    """The lines of one read, with the buffer maps that a later line of the
-    same read replaces emptied before they are decoded.
-
-    The model shows only a device's newest map, and a batch keeps only its
-    last (:meth:`Model.feed_many`); but a backfill's maps are most of its
-    bytes (8 devices: 50 KiB a scan against 7 KiB a sample): decoding a
-    10-minute, 8-device backfill took 0.82 s with every map and 0.27 s with
-    the superseded ones emptied, the regex included (measured on 2 Dec's
-    2-core VM, batches of 100 lines). How much a read holds depends on how
-    fast the agent sends: from a slow sender, reads are small and keep more
-    of their maps. A map is emptied
-    only when the batch's last map-carrying line has as many maps, so each
-    device still gets one. The spool keeps the lines as they came.
-
-    ``backfill`` records (history sent after the present) lose their maps
-    whatever comes after them: the model takes only their timeline rows,
-    and they never replace the present's map.
-    """
-    last = None
-    history = False
-    for i in range(len(lines) - 1, -1, -1):
-        if _MAP_KEY in lines[i]:
-            if lines[i].startswith(_BACKFILL_PREFIX):
-                history = True
-            elif last is None:
-                last = i
-                if history:
-                    break
-    if not last and not history:
-        return lines
-    keep = lines[last].count(_MAP_KEY) if last is not None else 0
-    out = list(lines)
-    for i, line in enumerate(out):
-        if _MAP_KEY not in line:
-            continue
-        if line.startswith(_BACKFILL_PREFIX):
-            out[i] = _MAP_RE.sub(b'"map":[]', line)
-        elif last is not None and i < last and line.count(_MAP_KEY) <= keep:
-            out[i] = _MAP_RE.sub(b'"map":[]', line)
-    return out
 
 
 def _with_suffix(path: str, pid: int) -> str:

@@ -17,7 +17,6 @@ from jaxtop.wire import paths, protocol
 from jaxtop.dashboard.model import REPLAY, Model
 from jaxtop.dashboard.sources import replay_cache, replay_index
 from jaxtop.dashboard.sources.base import OnUpdate, Source
-from jaxtop.dashboard.sources.live import drop_superseded_maps
 from jaxtop.wire.records import Record, Sample, Unknown, decode
 from jaxtop.dashboard.sources.replay_index import Index
 from jaxtop.export.convert import guarded, open_recording
@@ -339,7 +338,7 @@ class ReplaySource(Source):
                         f.seek(offset)
                     lines.append(f.readline(protocol.MAX_RECORD_LINE_BYTES + 1))
                 records = []
-                for j, line in zip(range(i, end), drop_superseded_maps(lines)):
+                for j, line in zip(range(i, end), lines):
                     try:
                         records.append(decode(line))
                     except Exception as exc:  # noqa: BLE001 - the file changed since it was indexed

@@ -15,7 +15,7 @@ decodes a real agent's stream with unknown keys reported.
 
 from jaxtop.wire.records.core import *  # noqa: F403
 from jaxtop.wire.records.core import __all__ as _core_all
-from jaxtop.wire.records.decoder import decode, from_dict, is_clean
+from jaxtop.wire.records.decoder import buffer_map, decode, from_dict, is_clean, reply_result
 from jaxtop.wire.records.holders import *  # noqa: F403
 from jaxtop.wire.records.holders import __all__ as _holders_all
 from jaxtop.wire.records.jit import *  # noqa: F403
@@ -25,4 +25,4 @@ from jaxtop.wire.records.oom import __all__ as _oom_all
 from jaxtop.wire.records.sites import *  # noqa: F403
 from jaxtop.wire.records.sites import __all__ as _sites_all
 
-__all__ = [*_core_all, *_holders_all, *_jit_all, *_oom_all, *_sites_all, "decode", "from_dict", "is_clean"]
+__all__ = [*_core_all, *_holders_all, *_jit_all, *_oom_all, *_sites_all, "buffer_map", "decode", "from_dict", "is_clean", "reply_result"]

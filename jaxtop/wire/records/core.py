@@ -31,7 +31,7 @@ from jaxtop.wire.records.sites import TransferSites
 
 __all__ = [
     "RECORD_TYPES", "AgentStats", "Accelerator", "Backend", "Backfill", "Capture", "Compile", "Device", "DeviceInfo",
-    "AcceleratorMetrics", "Donation", "Dropped", "External", "Odd", "kind_of", "RECORDS", "Unknown", "Error", "Exit", "Gpu", "Hello", "History", "HistoryEnd", "HistoryInfo",
+    "AcceleratorMetrics", "MemoryProfile", "ProfileSite", "Donation", "Dropped", "External", "Odd", "kind_of", "RECORDS", "Unknown", "Error", "Exit", "Gpu", "Hello", "History", "HistoryEnd", "HistoryInfo",
     "LiveArrays", "Nvml", "OomCensus", "Pong", "Process", "Record", "Reply", "Sample", "TopBuffer", "TopShape",
     "Transfer", "Transfers",
 ]
@@ -61,7 +61,11 @@ class LiveArrays(Rec):
     not_ready_bytes: Num = None
     # On samples that carry a new buffer map of the device:
     top: list[TopBuffer] | None = None
-    map: list[Any] | None = None  # [[address, bytes], ...] in address order (pairs checked where the map is kept)
+    # [[address, bytes], ...] in address order, kept as its JSON text: a map
+    # is up to thousands of pairs, and only the newest one a batch of
+    # samples brings is ever shown, so the others are never decoded
+    # (jaxtop.wire.records.decoder.buffer_map decodes the one kept).
+    map: msgspec.Raw | None = None
     map_complete: bool | None = None
     map_t: Time = None
     unmapped: dict[str, Num] | None = None  # why buffers have no place in the map: kind -> count
@@ -405,6 +409,25 @@ class Reply(_Record, tag="reply"):
     retry_after_s: Num = None
     reply_bytes: Num = None  # a reply too large to send: its size (jaxtop.agent.clients)
     cached_age_s: Num = None  # a cached command's answer: how old it is
+
+
+class ProfileSite(Rec):
+    """One allocation site of a device memory profile."""
+
+    site: str | None = None
+    bytes: Num = None
+    allocations: Num = None
+
+
+class MemoryProfile(Rec):
+    """The ``memory_profile`` command's result: the saved profile's file and
+    top sites, or the error that stopped it."""
+
+    path: str | None = None
+    error: str | None = None
+    total_bytes: Num = None
+    seconds: Num = None
+    top_sites: list[ProfileSite] | None = None
 
 
 class Pong(_Record, tag="pong"):

@@ -35,16 +35,16 @@ import math
 import re
 import types
 import typing
-from typing import Any, Union
+from typing import Annotated, Any, TypeVar, Union
 
 import msgspec
 
 from jaxtop.wire.protocol import ProtocolError, shown
 from jaxtop.wire.records.base import INT64_MAX, INT64_MIN, MAX_TIME_S
-from jaxtop.wire.records.core import ODD_KEY, RECORD_TYPES, Odd, Record, Unknown
+from jaxtop.wire.records.core import ODD_KEY, RECORD_TYPES, Odd, Record, Reply, Unknown
 from jaxtop.wire.safe_text import safe_record
 
-__all__ = ["decode", "from_dict", "is_clean"]
+__all__ = ["buffer_map", "decode", "from_dict", "is_clean", "reply_result"]
 
 _FAST = msgspec.json.Decoder(Record)
 
@@ -165,6 +165,49 @@ def from_dict(obj: dict[str, Any]) -> Record | Unknown:
     return cls(**fields, odd=tuple(notes))
 
 
+T = TypeVar("T")
+
+
+def reply_result(reply: Reply, tp: type[T]) -> T | None:
+    """A reply's ``result`` read as ``tp``: each command's result has a shape
+    of its own, known to whoever asked, so it is decoded here when it is
+    read. Parts of the wrong type read n/a; None when the result is no
+    object of that shape at all (or holds a number beyond a float)."""
+    try:
+        ok, value = _convert(_bounded(reply.result), tp, "result", [])
+    except (ProtocolError, RecursionError):
+        return None
+    return value if ok else None
+
+
+_Pairs = list[tuple[Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)],
+                   Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]]]
+_PAIRS = msgspec.json.Decoder(_Pairs)
+
+
+def buffer_map(raw: msgspec.Raw) -> tuple[tuple[int, int], ...]:
+    """A device's buffer map (``live_arrays.map``, kept undecoded) as pairs
+    of (address, size), each an int within int64; an entry of another shape
+    is left out, and a map that is no array reads as empty.
+
+    The agent's maps (a few thousand pairs of ints) decode in one call, in C.
+    """
+    try:
+        return tuple(_PAIRS.decode(raw))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass
+    try:
+        entries = json.loads(bytes(raw), parse_int=_int64, parse_float=_finite, parse_constant=_no_constant)
+    except (ValueError, RecursionError, ProtocolError):
+        return ()
+    out = []
+    for entry in entries if entries.__class__ is list else ():
+        if entry.__class__ is list and len(entry) == 2 and all(
+                v.__class__ is int and INT64_MIN <= v <= INT64_MAX for v in entry):
+            out.append((entry[0], entry[1]))
+    return tuple(out)
+
+
 def _bounded(value: Any) -> Any:
     """``value`` with the number rules of a line applied (a dict built in
     Python, a scrape's, may hold what JSON cannot spell): NaN and infinity
@@ -252,6 +295,8 @@ def _convert(value: Any, tp: Any, where: str, notes: list[Odd]) -> tuple[bool, A
         return True, msgspec.convert(value, tp)
     except msgspec.ValidationError:
         pass
+    if msgspec.Raw in _members(tp):  # a part kept as its JSON text (already made safe and bounded)
+        return True, msgspec.Raw(msgspec.json.encode(value))
     for m in map(_bare, _members(tp)):
         origin = typing.get_origin(m)
         if value.__class__ is dict and isinstance(m, type) and issubclass(m, msgspec.Struct):

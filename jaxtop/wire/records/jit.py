@@ -1,5 +1,6 @@
 """The jit ledger: the sample's ``jit`` (its changes, or the whole table) and
-the ``jit_ledger`` command's table (:class:`Jit` both).
+the ``jit_ledger`` command's table (:class:`Jit` both; the command's reply
+holds it in :class:`JitLedgerResult`).
 
 The agent builds them in ``jaxtop.probes.jit_tables`` (totals, flags, rows),
 ``jaxtop.probes.jit_entries`` (an executable's row) and
@@ -16,7 +17,7 @@ import msgspec
 
 from jaxtop.wire.records.base import Num, Rec, Time
 
-__all__ = ["Jit", "JitExecutable", "JitExplain", "JitFunctionRow", "JitLeak", "JitReason", "JitStorm"]
+__all__ = ["Jit", "JitExecutable", "JitExplain", "JitFunctionRow", "JitLeak", "JitLedgerResult", "JitReason", "JitStorm"]
 
 
 class JitReason(Rec):
@@ -178,3 +179,10 @@ class Jit(Rec):
     def storm_flag(self) -> JitStorm | None:
         """The compile storm, if any (an agent before the flag: none)."""
         return None if self.storm is msgspec.UNSET else self.storm
+
+
+class JitLedgerResult(Rec):
+    """The ``jit_ledger`` command's ``result`` (a reply's result is decoded
+    by whoever asked: :func:`jaxtop.wire.records.decoder.reply_result`)."""
+
+    jit_ledger: Jit | None = None  # None: the reply is another command's
