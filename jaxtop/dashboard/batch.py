@@ -62,7 +62,7 @@ def take_map(state: _DeviceState, live: LiveArrays) -> None:
     """Keep the buffer map of a map-carrying ``live_arrays``, with the counts
     of its own scan, so that the map's caption never compares it with the
     bytes of another scan."""
-    state.buffer_map = buffer_map(live.map) if live.map is not None else ()
+    state.buffer_map = buffer_map(live.map)
     state.map_complete = live.map_complete is not False
     state.top_buffers = tuple(live.top or ())
     state.map_live_count = _whole(live.count)

@@ -418,7 +418,7 @@ class Model(HistoryFeed):
                     state.allocs_per_s = max(0.0, (num_allocs - state.prev_allocs[1]) / (t - state.prev_allocs[0]))
                 state.prev_allocs = (t, num_allocs)
             live = dev.live_arrays
-            if live is not None and live.map is not None:
+            if live is not None and live.map:
                 batch.maps[id(state)] = (state, live)  # a later scan in this batch replaces it
             batch.add(state.history, t, device_row(dev, nvml_by_index.get(jax_to_nvml.get(did)) if nvml_by_index else None,
                                                    state.allocs_per_s))

@@ -503,7 +503,7 @@ class _PerfettoWriter:
         if ts is None:
             return
         ids = []  # the devices with a track: an integer id
-        values: list[Any] = [ts]  # the timestamp, then each counter's values, None where the sample has none
+        values: list[Any] = [str(ts)]  # the timestamp, then each counter's values, None where the sample has none
         for dev in s.devices or ():
             did = dev.id
             if did.__class__ is int:  # an int, not a bool
@@ -547,9 +547,9 @@ class _PerfettoWriter:
         """The counters of :meth:`sample` for one shape, as :meth:`_counter`
         writes them: a %-format (``%r`` of an int or a float is what
         _counter writes) and what picks its values from the sample's list
-        (the timestamp first in each counter, then the numbers)."""
+        (each counter's timestamp, as text, then its numbers)."""
         pid, ids, rates, present = key
-        picks = [0]  # an itemgetter of one index returns no tuple: the format's first value stays the timestamp
+        picks = [0]  # for the format's "%.0s": a getter of one item would return it bare, not in a tuple
 
         def counter(name: str, keys: tuple[str, ...], at: int) -> str:
             have = [(k, at + i) for i, k in enumerate(keys) if present[at + i]]
@@ -558,7 +558,7 @@ class _PerfettoWriter:
             picks.extend([0, *(i for _, i in have)])
             body = ",".join(f'"{k}":%r' for k, _ in have)
             # Names are the program's numbers and fixed words: a "%" in one is escaped.
-            return (f',\n{{"ph":"C","name":"{name.replace("%", "%%")}","ts":%r,"pid":{pid},"tid":0,'
+            return (f',\n{{"ph":"C","name":"{name.replace("%", "%%")}","ts":%s,"pid":{pid},"tid":0,'
                     f'"args":{{{body}}}}}')
 
         text = ""
@@ -571,7 +571,6 @@ class _PerfettoWriter:
             text += counter("implicit transfers/s", rates, at)
             at += len(rates)
         text += counter("host RSS (bytes)", ("rss",), at)
-        # The leading 0 makes every getter pick at least two items: a tuple.
         return "%.0s" + text, itemgetter(*picks)
 
     def _events(self, events: list[dict[str, Any]] | None, ts: int) -> str:

@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable
 
 from jaxtop.dashboard.sources.base import Source
 from jaxtop.wire import http_deadline, protocol
+from jaxtop.wire.records import from_dict
 
 __all__ = ["Admission", "AnswerTooLargeError", "PrometheusError", "PrometheusSource", "Series", "group",
            "parse_answer", "records_for"]
@@ -444,11 +445,13 @@ class PrometheusSource(Source):
             key = self._keys.get(process)
             if key is None:
                 key = self._keys[process] = KEY_BASE + len(self._keys)
-                self.model.feed(key, hello_for(process, items, self.poll_s))
-            records = [r for r in records_for(items, self._previous.setdefault(key, {}))
+                self.model.feed(key, from_dict(hello_for(process, items, self.poll_s)))
+            # The scrape's figures as the wire's records, through the one
+            # decoder (its labels are anyone's text: made safe there).
+            records = [from_dict(r) for r in records_for(items, self._previous.setdefault(key, {}))
                        if r["seq"] != self._last_seq.get(key)]
             if records:
-                self._last_seq[key] = records[-1]["seq"]
+                self._last_seq[key] = records[-1].seq
                 fed += self.model.feed_many(key, records)
         return fed
 

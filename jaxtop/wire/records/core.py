@@ -64,8 +64,9 @@ class LiveArrays(Rec):
     # [[address, bytes], ...] in address order, kept as its JSON text: a map
     # is up to thousands of pairs, and only the newest one a batch of
     # samples brings is ever shown, so the others are never decoded
-    # (jaxtop.wire.records.decoder.buffer_map decodes the one kept).
-    map: msgspec.Raw | None = None
+    # (jaxtop.wire.records.decoder.buffer_map decodes the one kept). Empty
+    # (falsy) on a sample without one: msgspec keeps a Raw only alone.
+    map: msgspec.Raw = msgspec.Raw()
     map_complete: bool | None = None
     map_t: Time = None
     unmapped: dict[str, Num] | None = None  # why buffers have no place in the map: kind -> count
@@ -325,6 +326,7 @@ class Hello(_Record, tag="hello"):
     prometheus: Raw = None
     distributed: Raw = None
     external: External | None = None
+    source: str | None = None  # "prometheus": the dashboard's own stream of a Prometheus server's series
     synthetic: bool | None = None  # True in jaxtop.testing.synthetic's streams (benchmarks, demos); never an agent's
 
 

@@ -30,6 +30,7 @@ Unknown fields are ignored by both paths (a newer agent adds fields).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -188,10 +189,12 @@ _PAIRS = msgspec.json.Decoder(_Pairs)
 def buffer_map(raw: msgspec.Raw) -> tuple[tuple[int, int], ...]:
     """A device's buffer map (``live_arrays.map``, kept undecoded) as pairs
     of (address, size), each an int within int64; an entry of another shape
-    is left out, and a map that is no array reads as empty.
+    is left out, and a map that is no array (or none) reads as empty.
 
     The agent's maps (a few thousand pairs of ints) decode in one call, in C.
     """
+    if not raw:
+        return ()
     try:
         return tuple(_PAIRS.decode(raw))
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -279,13 +282,20 @@ def _struct_fields(obj: dict[str, Any], cls: Any, where: str, notes: list[Odd]) 
     """The fields of ``cls`` that ``obj`` holds with their declared types;
     each other one noted (it keeps its default: n/a)."""
     out: dict[str, Any] = {}
-    for f in msgspec.structs.fields(cls):
-        if f.encode_name not in obj or f.encode_name == "type":
+    for name, key, tp in _fields_of(cls):
+        if key not in obj or key == "type":
             continue
-        ok, value = _convert(obj[f.encode_name], f.type, f"{where}{f.encode_name}", notes)
+        ok, value = _convert(obj[key], tp, f"{where}{key}", notes)
         if ok:
-            out[f.name] = value
+            out[name] = value
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _fields_of(cls: Any) -> tuple[tuple[str, str, Any], ...]:
+    """A struct's fields as (name, key on the wire, type): msgspec works them
+    out from the annotations at each call."""
+    return tuple((f.name, f.encode_name, f.type) for f in msgspec.structs.fields(cls))
 
 
 def _convert(value: Any, tp: Any, where: str, notes: list[Odd]) -> tuple[bool, Any]:
@@ -295,7 +305,7 @@ def _convert(value: Any, tp: Any, where: str, notes: list[Odd]) -> tuple[bool, A
         return True, msgspec.convert(value, tp)
     except msgspec.ValidationError:
         pass
-    if msgspec.Raw in _members(tp):  # a part kept as its JSON text (already made safe and bounded)
+    if tp is msgspec.Raw:  # a part kept as its JSON text (already made safe and bounded)
         return True, msgspec.Raw(msgspec.json.encode(value))
     for m in map(_bare, _members(tp)):
         origin = typing.get_origin(m)
