@@ -1,33 +1,41 @@
-"""Speed of `jaxtop export` (CSV and Perfetto) on a recording of the demo:
-typed decoding against orjson on every line.
+"""Speed of `jaxtop export` (CSV and Perfetto), before and after, side by side.
 
-Records the demo workload (`python -m jaxtop.demo.worker --small --log`)
-for --record-s seconds, then repeats its samples with shifted times and seq
-numbers up to --samples samples (the recording stays a real one; only its
-length is stretched), and times the export in both formats, each run a
-fresh Python process as a user runs `jaxtop export`, with the default --jobs
-(the CPUs this process may use) and with --jobs 1, by two paths:
+    .venv/bin/python benchmarks/export.py                     # a 1 h 8-device recording, 5 rounds
+    .venv/bin/python benchmarks/export.py --hours 0.25 --runs 3
+    .venv/bin/python benchmarks/export.py --demo              # the demo, stretched to --samples samples
+    .venv/bin/python benchmarks/export.py --recording my.jsonl --careful
 
-- typed: what `jaxtop export` runs (``fast=True``): msgspec decodes each
-  sample into just the fields the writer writes (jaxtop/export/typed.py);
-- orjson: every line decoded with orjson.loads (json.loads where orjson
-  would read it otherwise) and written by the writers' plain path
-  (``fast=False``).
+The input, by default: ``--hours`` of a synthetic GPU job
+(``jaxtop.testing.synthetic``: 8 devices at 10 Hz, a 200-buffer map of each
+device every 10th sample; about 11 KB a sample, so 1 h is 36,000 samples,
+390 MiB). ``--demo`` records the demo workload (`python -m jaxtop.demo.worker
+--small --log`) for --record-s seconds and repeats its samples with shifted
+times and seq numbers up to --samples samples (2 KB a sample: the recording
+stays a real one, only its length is stretched).
 
-(Until 4 Dec a third path, learned line layouts matched as text, served
-between the two: 1.37 s for CSV and 1.53 s for Perfetto on one process where
-the typed path took 0.94 s and 0.92 s; it was removed.)
+Each run is a fresh Python process, as a user runs `jaxtop export FILE -o
+OUT`, with the default --jobs (the CPUs this process may use, at most 8) and
+with --jobs 1. The code exported with:
+
+- before: the export of ``--baseline`` (a git revision; by default 7a897f6,
+  the export before it decoded with the wire's types: its own msgspec
+  structs, the rest by a dict path), taken with ``git archive`` into a
+  temporary folder and put first on sys.path;
+- after: this checkout's (what `jaxtop export` runs);
+- after-careful (``--careful``): this checkout's with ``fast=False``: every
+  line decoded whole (orjson) and taken field by field.
 
 All variants alternate within each round (the order reversed every other
-round), so drifts of a noisy machine hit each alike; it prints each median,
-the ratio to the typed path, and checks that every path wrote the same bytes.
-For scale it also prints two floors measured in the same run: json.loads
-and orjson.loads of every line, nothing else.
+round), so drifts of a noisy machine hit each alike. Per variant it prints
+the median wall time and the median CPU time of the process and its forked
+pieces (user + system: steadier than wall time on a shared machine), the
+speed-up of after over before by each, and checks that every variant wrote
+the same bytes. For scale it also prints two floors measured in the same
+run: json.loads and orjson.loads of every line, nothing else.
 
-Target: under 1 s per 100,000 samples on one process (--jobs 1).
-
-    .venv/bin/python benchmarks/export.py                 # 100,000 samples, 5 rounds
-    .venv/bin/python benchmarks/export.py --recording my.jsonl --runs 7
+Target (the "one record, decoded once" refactor): after at least 2x faster
+than before on the 1 h recording. The demo's target (4 Dec): under 1 s per
+100,000 samples on one process (--jobs 1).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,20 +54,38 @@ import time
 
 import orjson
 
-from jaxtop import export
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-PATHS = ("typed", "orjson")
+from jaxtop import export  # noqa: E402
 
-# What `jaxtop export FILE -o OUT` does, minus argument parsing, the same for
-# both paths (the command line has no switch for the plain one).
+#: The export before the wire's types (6 Dec 2026).
+DEFAULT_BASELINE = "7a897f6"
+
+# What `jaxtop export FILE -o OUT` does, minus argument parsing, with the
+# export of the code at argv[1] (the command line has no switch for fast=False).
 RUNNER = """
 import sys
+sys.path.insert(0, sys.argv[1])
 from jaxtop import export
-path, fmt, mode, jobs, out = sys.argv[1:]
+path, fmt, mode, jobs, out = sys.argv[2:]
 write = export.write_csv if fmt == "csv" else export.write_perfetto
-with open(out, "w", newline="") as f:
-    write(path, f, fast=mode != "orjson", jobs=int(jobs))
+with open(out, "w", newline="", encoding="utf-8") as f:
+    write(path, f, fast=mode != "careful", jobs=int(jobs))
 """
+
+
+def synthetic_recording(path: str, hours: float, devices: int = 8) -> int:
+    """``hours`` of a synthetic GPU job at 10 Hz; returns its samples."""
+    from jaxtop.testing import synthetic
+    from jaxtop.wire import protocol
+
+    n = round(hours * 36_000)
+    with open(path, "wb") as f:
+        f.write(protocol.encode(synthetic.hello(1, devices, 1.8e9, 0.1)))
+        for rec in synthetic.samples(1, devices, 1.8e9, n, 0.1):
+            f.write(protocol.encode(rec))
+    return n
 
 
 def record_demo(path: str, seconds: float) -> None:
@@ -94,19 +121,17 @@ def stretch(src: str, dst: str, n_samples: int) -> int:
     return n_samples
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recording", help="use this recording instead of recording the demo")
-    ap.add_argument("--record-s", type=float, default=20.0)
-    ap.add_argument("--samples", type=int, default=100_000)
-    ap.add_argument("--runs", type=int, default=5, help="rounds; each runs every variant once (default 5)")
-    args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="jaxtop-export-bench-")
-    try:
-        run(args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)  # the inputs are hundreds of MiB
-    return 0
+def baseline_tree(revision: str, work: str) -> str | None:
+    """The ``jaxtop`` package of ``revision`` in a folder of ``work``, or
+    None (with a note) where git cannot give it."""
+    where = os.path.join(work, "before")
+    os.makedirs(where)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", revision, "jaxtop"], capture_output=True)
+    if archive.returncode != 0:
+        print(f"before: git archive {revision} failed ({archive.stderr.decode().strip()}); no baseline")
+        return None
+    subprocess.run(["tar", "-x", "-C", where], input=archive.stdout, check=True)
+    return where
 
 
 def floors(path: str, rounds: int) -> dict[str, list[float]]:
@@ -124,51 +149,101 @@ def floors(path: str, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = ap.add_mutually_exclusive_group()
+    source.add_argument("--hours", type=float, default=1.0, help="of the synthetic 8-device job (default 1)")
+    source.add_argument("--demo", action="store_true", help="record the demo and stretch it to --samples")
+    source.add_argument("--recording", help="use this recording")
+    ap.add_argument("--record-s", type=float, default=20.0, help="--demo: seconds to record it")
+    ap.add_argument("--samples", type=int, default=100_000, help="--demo: samples to stretch it to")
+    ap.add_argument("--runs", type=int, default=5, help="rounds; each runs every variant once (default 5)")
+    ap.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision of 'before' ('' for none)")
+    ap.add_argument("--careful", action="store_true", help="also time this checkout's careful path (fast=False)")
+    ap.add_argument("--formats", default="csv,perfetto", help="comma-separated (default csv,perfetto)")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="jaxtop-export-bench-")
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the inputs are hundreds of MiB
+    return 0
+
+
 def run(args: argparse.Namespace, work: str) -> None:
-    """Record (or take) a recording, stretch it, time the exports in ``work``."""
-    src = args.recording
-    if src is None:
+    """Make (or take) a recording, time the exports in ``work``."""
+    if args.recording:
+        big = args.recording
+        with open(big, "rb") as f:
+            n = sum(1 for line in f if b'"type":"sample"' in line[:40])
+    elif args.demo:
         src = os.path.join(work, "demo.jsonl")
         print(f"recording the demo for {args.record_s:g} s …", flush=True)
         record_demo(src, args.record_s)
-    big = os.path.join(work, "big.jsonl")
-    n = stretch(src, big, args.samples)
+        big = os.path.join(work, "big.jsonl")
+        n = stretch(src, big, args.samples)
+    else:
+        big = os.path.join(work, "synthetic.jsonl")
+        print(f"writing {args.hours:g} h of a synthetic 8-device job …", flush=True)
+        n = synthetic_recording(big, args.hours)
     size = os.path.getsize(big)
     per_100k = 100_000 / n
-    print(f"input: {n:,} samples, {size / 2**20:.1f} MiB ({size / n:.0f} bytes a sample)")
+    print(f"input: {n:,} samples, {size / 2**20:.1f} MiB ({size / n:,.0f} bytes a sample)")
     floor = {name: statistics.median(t) for name, t in floors(big, 3).items()}
     for name, seconds in floor.items():
-        print(f"floor {name:12s} {seconds * per_100k:5.2f} s per 100,000 samples: {name} of every line, nothing else")
+        print(f"floor {name:12s} {seconds:6.2f} s ({seconds * per_100k:5.2f} s per 100,000 samples): "
+              f"{name} of every line, nothing else")
+    trees = {"after": ROOT}
+    if args.baseline:
+        before = baseline_tree(args.baseline, work)
+        if before is not None:
+            trees = {"before": before, "after": ROOT}
+    codes = [(name, "fast") for name in trees] + ([("after", "careful")] if args.careful else [])
     jobs = export.default_jobs()
-    variants = [(fmt, j, path) for j in dict.fromkeys([jobs, 1]) for fmt in ("csv", "perfetto") for path in PATHS]
-    times: dict[tuple[str, int, str], list[float]] = {v: [] for v in variants}
-    digests: dict[tuple[str, int, str], str] = {}
+    fmts = args.formats.split(",")
+    variants = [(fmt, j, code, mode) for fmt in fmts for j in dict.fromkeys([jobs, 1]) for code, mode in codes]
+    wall: dict[tuple[str, int, str, str], list[float]] = {v: [] for v in variants}
+    cpu: dict[tuple[str, int, str, str], list[float]] = {v: [] for v in variants}
+    digests: dict[tuple[str, int, str, str], str] = {}
     sizes: dict[str, int] = {}
     for r in range(args.runs):  # the variants alternate, so drifts of the machine hit each alike
-        for fmt, j, path in variants if r % 2 == 0 else variants[::-1]:
+        for v in variants if r % 2 == 0 else variants[::-1]:
+            fmt, j, code, mode = v
             out = os.path.join(work, f"out.{fmt}")
-            cmd = [sys.executable, "-c", RUNNER, big, fmt, path, str(j), out]
+            cmd = [sys.executable, "-c", RUNNER, trees[code], big, fmt, mode, str(j), out]
+            cpu_before = children_cpu()
             started = time.perf_counter()
             res = subprocess.run(cmd, capture_output=True, text=True)
-            times[(fmt, j, path)].append(time.perf_counter() - started)
+            wall[v].append(time.perf_counter() - started)
+            cpu[v].append(children_cpu() - cpu_before)
             if res.returncode != 0:
-                raise SystemExit(res.stderr)
+                raise SystemExit(f"{v}: {res.stderr}")
             with open(out, "rb") as f:
-                digests[(fmt, j, path)] = hashlib.sha256(f.read()).hexdigest()
+                digests[v] = hashlib.sha256(f.read()).hexdigest()
             sizes[fmt] = os.path.getsize(out)
-    same = all(digests[v] == digests[(v[0], jobs, "typed")] for v in variants)
+    same = all(digests[v] == digests[(v[0], jobs, "after", "fast")] for v in variants)
     print(f"a fresh process each run; {args.runs} rounds, median; default --jobs {jobs}; "
-          f"outputs byte-identical across paths and jobs: {'yes' if same else 'NO'}")
-    for fmt, j, path in variants:
-        median = statistics.median(times[(fmt, j, path)])
-        verdict = ("meets" if median * per_100k < 1.0 else "MISSES") + " the 1 s target" if j == 1 else "-"
-        runs = " ".join(f"{t:.2f}" for t in times[(fmt, j, path)])
-        ratio = median / statistics.median(times[(fmt, j, "typed")])
-        print(f"{fmt:9s} -j {j}  {path:8s} {median * per_100k:5.2f} s per 100,000 samples ({verdict})  "
-              f"{ratio:.2f}x typed  {median / floor['json.loads']:.2f}x the json floor  [runs: {runs} s]  "
-              f"output {sizes[fmt] / 2**20:.1f} MiB")
+          f"outputs byte-identical across code, paths and jobs: {'yes' if same else 'NO'}")
+    for v in variants:
+        fmt, j, code, mode = v
+        w, c = statistics.median(wall[v]), statistics.median(cpu[v])
+        name = code if mode == "fast" else f"{code}-{mode}"
+        line = (f"{fmt:9s} -j {j}  {name:14s} wall {w:6.2f} s  cpu {c:6.2f} s  "
+                f"({w * per_100k:5.2f} s wall per 100,000 samples, {w / floor['json.loads']:.2f}x the json floor)")
+        if code == "after" and "before" in trees:
+            b = (fmt, j, "before", "fast")
+            line += (f"  before/after: {statistics.median(wall[b]) / w:.2f}x wall, "
+                     f"{statistics.median(cpu[b]) / c:.2f}x cpu")
+        if args.demo and j == 1 and code == "after" and mode == "fast":
+            line += "  meets the 1 s target" if w * per_100k < 1.0 else "  MISSES the 1 s target"
+        print(f"{line}  [wall: {' '.join(f'{t:.2f}' for t in wall[v])} s]  output {sizes[fmt] / 2**20:.1f} MiB")
     if not same:
-        raise SystemExit("the paths wrote different bytes")
+        raise SystemExit("the variants wrote different bytes")
 
 
 if __name__ == "__main__":

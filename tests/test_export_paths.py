@@ -1,16 +1,21 @@
 """The export's fast path (samples decoded by msgspec into just the fields a
 format writes, jaxtop.export.typed) must be invisible: every export is
-compared byte for byte with the plain path (every line decoded, by orjson
-where it reads as json.loads does) and with json.loads on every line, on
-real recordings and on lines made to trip it up.
+compared byte for byte with the careful path (every line decoded whole, by
+orjson where it reads as json.loads does, then taken field by field) and
+with json.loads on every line, on real recordings and on lines made to trip
+it up. The lean types are cuts of the wire's: checked on every fixture.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import random
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 import pytest
 
@@ -159,3 +164,61 @@ def test_a_trace_whose_every_sample_has_another_shape_is_written_the_same(tmp_pa
     path = tmp_path / "shapes.jsonl"
     path.write_text("".join(lines))
     both(path, monkeypatch, min_hits=2 * export.MAX_SHAPES)
+
+
+# ------------------------------------------------------------ the lean types
+
+def fixture_lines() -> list[bytes]:
+    lines = []
+    for path in sorted(FIXTURES.glob("*.jsonl")) + sorted((FIXTURES / "tpu").glob("*.jsonl.gz")):
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        lines += [line for line in data.splitlines() if line.strip()]
+    return lines
+
+
+def same_as_wire(lean: Any, wire: Any, where: str) -> list[str]:
+    """Where a lean record's values differ from the wire type's of the same line."""
+    if isinstance(lean, msgspec.Struct):
+        if wire is None:
+            return [f"{where}: the wire's is None"]
+        return [d for f in lean.__struct_fields__ if f != "type"
+                for d in same_as_wire(getattr(lean, f), getattr(wire, f), f"{where}.{f}")]
+    if isinstance(lean, list):
+        if not isinstance(wire, list) or len(wire) != len(lean):
+            return [f"{where}: {wire!r:.80} is not a list of {len(lean)}"]
+        return [d for i, (a, b) in enumerate(zip(lean, wire)) for d in same_as_wire(a, b, f"{where}[{i}]")]
+    lean = None if lean is typed.UNSET else lean
+    return [] if lean == wire else [f"{where}: {lean!r:.80} != {wire!r:.80}"]
+
+
+def test_the_lean_types_read_every_fixture_as_the_wires_types_do():
+    from jaxtop.wire.records import decode
+
+    samples = 0
+    for line in fixture_lines():
+        rec = decode(line)
+        assert not getattr(rec, "odd", ()), (rec.odd, line[:200])
+        if type(rec).__name__ != "Sample":
+            assert convert.fast_decoder(typed.Other)(line).type != "sample"
+            continue
+        samples += 1
+        for cls in {w.SAMPLE for w in (export._CsvWriter, export.PerfettoWriter, *export.SPARSE_CSV.values())}:
+            lean = convert.fast_decoder(cls)(line)
+            assert not same_as_wire(lean, rec, cls.__name__), same_as_wire(lean, rec, cls.__name__)[:5]
+            # The careful path reads the line as the fast one does.
+            assert typed.record(json.loads(line), cls) == lean, cls.__name__
+    assert samples > 1500
+
+
+def test_a_lean_type_must_be_a_cut_of_the_wires():
+    from jaxtop.wire.records import core
+
+    with pytest.raises(TypeError, match="bytes_used: .*Device has no such field"):
+        @typed.cut_of(core.Device)
+        class Misnamed(typed.Lean):
+            bytes_used: Any = None
+
+    with pytest.raises(TypeError, match="devices: CsvLive is no cut of what Sample.devices holds"):
+        @typed.cut_of(core.Sample)
+        class Misplaced(typed.Lean):
+            devices: list[typed.CsvLive] | None = None

@@ -314,7 +314,7 @@ async def test_the_oom_screen_shows_the_chips_census():
     async with app.run_test(size=(120, 46)) as pilot:
         src.push(census["pid"], census)  # as the agent sends it: an oom_census record
         await pilot.pause(0.1)
-        assert [c["id"] for c in app.model.processes[census["pid"]].oom_censuses] == ["6815-1"]
+        assert [c.id for c in app.model.processes[census["pid"]].oom_censuses] == ["6815-1"]
         app.push_screen(OomScreen(app.model.processes[census["pid"]].oom_censuses))
         await pilot.pause(0.1)
         shown = widget_text(app.screen.query_one("#oom-census"), 118)

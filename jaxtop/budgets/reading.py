@@ -33,7 +33,7 @@ _FIGURES: dict[str, Callable[[HostSyncs], Num]] = {
     # docs/budgets.md's per-step figure: no probe sends it yet, and HostSyncs
     # (jaxtop.wire.records.holders) has no field for it, so it reads n/a
     # until that type names it.
-    "host_syncs_per_step": lambda part: getattr(part, "per_step_max", None),
+    "host_syncs_per_step": lambda part: part.per_step_max,
 }
 
 #: Shapes per direction as the agent sends them: the 5 most frequent.

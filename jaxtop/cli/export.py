@@ -122,8 +122,10 @@ class _TerminalSafe:
         return getattr(self._stream, name)
 
 
-class _Terminated(Exception):
-    """SIGTERM during an export: unwinds like Ctrl-C, so no temporary file stays."""
+class _Terminated(BaseException):
+    """SIGTERM during an export: unwinds like Ctrl-C, so no temporary file
+    stays (a BaseException, as KeyboardInterrupt: the writers' backstop for
+    a record that cannot be exported, ``except Exception``, lets it pass)."""
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

@@ -53,7 +53,7 @@ from jaxtop.wire.records.base import Num
 
 __all__ = [
     "ERRORS", "UNSET", "CsvSample", "HoldersSample", "HostSyncsSample", "LabelsSample", "Other", "TraceSample",
-    "TransferSitesSample", "cut_of", "from_dict",
+    "TransferSitesSample", "cut_of", "finite", "from_dict", "is_int", "record",
 ]
 
 #: What makes the fast decoding leave a line to the careful path.
@@ -407,6 +407,11 @@ class Other(Lean):
 
 #: Integers this small convert to a finite float; bigger ones are checked.
 _SAFE_INT = 1 << 1023
+
+
+def is_int(value: Any) -> bool:
+    """True for an integer of any size, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def finite(v: Any) -> bool:

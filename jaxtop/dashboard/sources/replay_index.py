@@ -195,6 +195,8 @@ _ALLOWED = {
     # ``rebuild(cls, fields)``, which is ``cls(**fields)``: cls must itself
     # be one of the record classes below.
     ("msgspec._utils", "rebuild"),
+    # A field an older agent did not send at all (the jit ledger's storm flag).
+    ("msgspec._core", "UNSET"),
 }
 _MODEL_MODULES = {m.__name__: m for m in (model_module, state_module, events_module, holders_module, ledger_module,
                                           history_module, transfer_sites_module, counter_window_module,

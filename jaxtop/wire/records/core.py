@@ -31,7 +31,7 @@ from jaxtop.wire.records.sites import TransferSites
 
 __all__ = [
     "RECORD_TYPES", "AgentStats", "Accelerator", "Backend", "Backfill", "Capture", "Compile", "Device", "DeviceInfo",
-    "AcceleratorMetrics", "MemoryProfile", "ProfileSite", "Donation", "Dropped", "External", "Odd", "kind_of", "RECORDS", "Unknown", "Error", "Exit", "Gpu", "Hello", "History", "HistoryEnd", "HistoryInfo",
+    "AcceleratorMetrics", "Distributed", "PrometheusAddress", "MemoryProfile", "ProfileSite", "Donation", "Dropped", "External", "Odd", "kind_of", "RECORDS", "Unknown", "Error", "Exit", "Gpu", "Hello", "History", "HistoryEnd", "HistoryInfo",
     "LiveArrays", "Nvml", "OomCensus", "Pong", "Process", "Record", "Reply", "Sample", "TopBuffer", "TopShape",
     "Transfer", "Transfers",
 ]
@@ -44,7 +44,7 @@ class TopBuffer(Rec):
 
     nbytes: Num = None
     dtype: str | None = None
-    shape: Union[str, list[Any], None] = None
+    shape: Union[str, list[Num], None] = None  # as the agent wrote it: "[8192, 16384]"
     ptr: Num = None
 
 
@@ -231,10 +231,11 @@ class AcceleratorMetrics(Rec):
     hbm_capacity_usage: list[Num] | None = None
     hbm_capacity_total: list[Num] | None = None
     hlo_queue_size: dict[str, Num] | None = None  # core label -> programs waiting
-    # Rows {label, mean, p50, p90, p95, p999}, in microseconds.
-    hlo_execution_timing: list[dict[str, Any]] | None = None
-    host_to_device_transfer_latency: list[dict[str, Any]] | None = None
-    device_to_host_transfer_latency: list[dict[str, Any]] | None = None
+    # Rows {label, mean, p50, p90, p95, p999} in microseconds (the
+    # statistics as the metric's description names them: p99 on some).
+    hlo_execution_timing: list[dict[str, Union[str, Num]]] | None = None
+    host_to_device_transfer_latency: list[dict[str, Union[str, Num]]] | None = None
+    device_to_host_transfer_latency: list[dict[str, Union[str, Num]]] | None = None
 
 
 class Accelerator(Rec):
@@ -301,7 +302,23 @@ class External(Rec):
     without an agent (psutil and NVML from outside); never sent by an agent."""
 
     note: str | None = None
-    probes: list[Any] | None = None
+    probes: list[str] | None = None
+
+
+class PrometheusAddress(Rec):
+    """``hello.prometheus``: where the agent serves its metrics."""
+
+    addr: str | None = None
+    port: Num = None
+
+
+class Distributed(Rec):
+    """Where the process stands in a multi-process job (empty before the
+    backend exists)."""
+
+    process_index: Num = None
+    process_count: Num = None
+    coordinator: str | None = None  # the address given to jax.distributed.initialize
 
 
 class Hello(_Record, tag="hello"):
@@ -309,7 +326,7 @@ class Hello(_Record, tag="hello"):
 
     protocol: Num = None
     pid: Num = None
-    argv: list[Any] | None = None
+    argv: list[str] | None = None
     started_t: Time = None
     versions: Versions | None = None
     backend: str | None = None
@@ -323,8 +340,8 @@ class Hello(_Record, tag="hello"):
     host: str | None = None
     job: str | None = None  # --job / JAXTOP_JOB (None: the Prometheus exposition names one)
     detail_na: str | None = None  # a Prometheus stream: why maps, shapes, holders… are n/a
-    prometheus: Raw = None
-    distributed: Raw = None
+    prometheus: PrometheusAddress | None = None  # where the agent serves Prometheus metrics
+    distributed: Distributed | None = None
     external: External | None = None
     source: str | None = None  # "prometheus": the dashboard's own stream of a Prometheus server's series
     synthetic: bool | None = None  # True in jaxtop.testing.synthetic's streams (benchmarks, demos); never an agent's
@@ -336,7 +353,7 @@ class Backend(_Record, tag="backend"):
     backend: str | None = None
     devices: list[DeviceInfo] | None = None
     versions: Versions | None = None
-    distributed: Raw = None
+    distributed: Distributed | None = None
 
 
 class Sample(_Record, tag="sample"):
@@ -373,9 +390,9 @@ class History(_Record, tag="history"):
     """The coarse level: rows of min/max per bucket of the timeline series."""
 
     level_s: Num = None
-    process_columns: list[Any] | None = None
-    device_columns: list[Any] | None = None
-    sum_columns: list[Any] | None = None
+    process_columns: list[str] | None = None
+    device_columns: list[str] | None = None
+    sum_columns: list[str] | None = None
     rows: list[Any] | None = None  # each row's shape is checked where it is read (jaxtop.dashboard.backlog)
 
 
@@ -387,13 +404,13 @@ class HistoryEnd(_Record, tag="history_end"):
 class Dropped(_Record, tag="dropped"):
     """A slow client missed ``count`` samples."""
 
-    count: Any = None
+    count: Num = None
     count_total: Num = None
-    reason: Any = None
+    reason: str | None = None
 
 
 class Error(_Record, tag="error"):
-    message: Any = None
+    message: str | None = None
     fatal: bool | None = None
 
 
@@ -406,8 +423,8 @@ class Reply(_Record, tag="reply"):
 
     id: Any = None
     ok: bool | None = None
-    result: Any = None
-    error: Any = None
+    result: Any = None  # its command's shape: read with decoder.reply_result
+    error: str | None = None
     retry_after_s: Num = None
     reply_bytes: Num = None  # a reply too large to send: its size (jaxtop.agent.clients)
     cached_age_s: Num = None  # a cached command's answer: how old it is

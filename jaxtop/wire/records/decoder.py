@@ -42,7 +42,8 @@ import msgspec
 
 from jaxtop.wire.protocol import ProtocolError, shown
 from jaxtop.wire.records.base import INT64_MAX, INT64_MIN, MAX_TIME_S
-from jaxtop.wire.records.core import ODD_KEY, RECORD_TYPES, Odd, Record, Reply, Unknown
+from jaxtop.wire.records.core import ODD_KEY, RECORD_TYPES, Backfill, Odd, Record, Reply, Sample, Unknown
+from jaxtop.wire.records.core import History as HistoryRecord
 from jaxtop.wire.safe_text import safe_record
 
 __all__ = ["buffer_map", "decode", "from_dict", "is_clean", "reply_result"]
@@ -77,13 +78,43 @@ def decode(line: bytes | str) -> Record | Unknown:
     raw = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line
     if is_clean(raw):
         try:
-            return _FAST.decode(raw)
+            record = _FAST.decode(raw)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             # The careful path says which part, and keeps the rest; it also
             # reads what Python's json writes and msgspec refuses (NaN and
             # Infinity literals), and says why a line is no JSON at all.
             pass
+        else:
+            if not _open_parts_overflow(record):
+                return record
     return from_dict(_loads(raw))
+
+
+def _open_parts_overflow(record: Record) -> bool:
+    """Whether a part typed as open JSON (a sample's ``events`` and ``demo``,
+    a coarse history's positional rows, a reply's result) holds an integer beyond 64 bits:
+    msgspec reads those exactly there, where the careful path reads them as
+    floats or refuses the line. Such parts are rare or small."""
+    cls = record.__class__
+    if cls is Sample or cls is Backfill:
+        return (record.events is not None and _big_int(record.events)) or (
+            record.demo is not None and _big_int(record.demo))
+    if cls is HistoryRecord:
+        return record.rows is not None and _big_int(record.rows)
+    if cls is Reply:
+        return _big_int(record.result)
+    return False
+
+
+def _big_int(value: Any) -> bool:
+    cls = value.__class__
+    if cls is int:
+        return not INT64_MIN <= value <= INT64_MAX
+    if cls is dict:
+        return any(_big_int(v) for v in value.values())
+    if cls is list:
+        return any(_big_int(v) for v in value)
+    return False
 
 
 def _int64(text: str) -> int | float:
@@ -245,7 +276,7 @@ _UNION_TYPES = (Union, types.UnionType)
 def _members(tp: Any) -> tuple[Any, ...]:
     """The types a field may hold, None left out (``X | None`` -> ``(X,)``)."""
     if typing.get_origin(tp) in _UNION_TYPES:
-        return tuple(m for m in typing.get_args(tp) if m is not _NONE)
+        return tuple(m for m in typing.get_args(tp) if m is not _NONE and m is not msgspec.UnsetType)
     return (tp,)
 
 

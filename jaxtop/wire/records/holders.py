@@ -150,3 +150,6 @@ class HostSyncs(Rec):
     numpy_hooks: bool | None = None  # numpy's asarray/array/asanyarray are wrapped
     uncounted: str | None = None  # which reads cannot be seen, and why
     error: str | None = None  # instead of the above: the probe raised
+    # Host syncs in the worst step: a budget's figure (host_syncs_per_step)
+    # that no probe sends yet; budgets read it n/a until one does.
+    per_step_max: Num = None
