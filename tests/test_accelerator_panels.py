@@ -20,6 +20,7 @@ import pytest
 from rich.console import Console
 
 from jaxtop.dashboard.accelerator import backend_kind, nvml_absent, nvml_worth_saying
+from jaxtop.wire.records import Nvml
 from jaxtop.dashboard.model import Model
 from jaxtop.probes.tpu_monitoring import EMPTY_REASON, METRICS
 from jaxtop.widgets.panels import EventsPanel, HostPanel, Panel, TransfersPanel
@@ -249,18 +250,17 @@ def test_backend_kind(backend, platforms, kind):
     (None, False),
 ])
 def test_nvml_absent(reason, absent):
-    assert nvml_absent({"available": False, "reason": reason}) is absent
+    assert nvml_absent(Nvml(available=False, reason=reason)) is absent
 
 
 def test_when_an_nvml_failure_is_news():
-    missing = {"available": False,
-               "reason": "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"}
-    denied = {"available": False, "reason": "NVML unavailable: NVMLError_NoPermission: Insufficient Permissions"}
+    missing = Nvml(available=False, reason="NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found")
+    denied = Nvml(available=False, reason="NVML unavailable: NVMLError_NoPermission: Insufficient Permissions")
     assert nvml_worth_saying(missing, "tpu") is False and nvml_worth_saying(missing, "cpu") is False
     assert nvml_worth_saying(missing, "gpu") is True and nvml_worth_saying(denied, "cpu") is True
     assert nvml_worth_saying(missing, None) is None  # the backend decides, when it comes
     assert nvml_worth_saying(missing, None, external=True) is True  # NVML is one of its two sources
-    assert nvml_worth_saying({"available": True}, "gpu") is None
+    assert nvml_worth_saying(Nvml(available=True), "gpu") is None
 
 
 # -- the whole screen, in the app -------------------------------------------------------------------

@@ -338,3 +338,46 @@ def test_the_finite_test_of_counter_values_agrees_with_math_isfinite():
     values = [0, 1, -1, 1.5, -0.0, 5e-324, 1.7976931348623157e308, float("inf"), float("-inf"), float("nan"), None,
               True, False, "1", [1], {}, 2**1023 - 1, 2**1023, -2**1023, 2**1024, 10**400, -10**400]
     assert [_finite(v) for v in values] == [reference(v) for v in values]
+
+
+# ------------------------------------------------------------ reading lines
+
+@pytest.mark.parametrize("seed", range(6))
+def test_blocks_read_the_lines_iter_blocks_reads(monkeypatch, seed):
+    # convert.blocks reads into one buffer and hands out views of it: the
+    # same lines as protocol.iter_blocks, the same too-long lines skipped
+    # (one None each), the same truncation, from a plain file, a window of
+    # one and a stream that has only read().
+    import random
+
+    rng = random.Random(seed)
+    monkeypatch.setattr(protocol, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(protocol, "MAX_RECORD_LINE_BYTES", 100)
+    parts = [b"x" * rng.choice([0, 1, 5, 63, 64, 65, 99, 100, 101, 150, 300, 1000]) for _ in range(200)]
+    data = b"\n".join(parts) + rng.choice([b"", b"\n", b"tail", b" "])
+
+    def want(stream):
+        stats = protocol.ReadStats()
+        lines = []
+        for block in protocol.iter_blocks(stream, stats):
+            lines += [None] if block is None else block.split(b"\n")[:-1]
+        return lines, stats.truncated
+
+    def got(stream):
+        stats = protocol.ReadStats()
+        lines = []
+        for block in convert.blocks(stream, stats):
+            lines += [None] if block is None else [bytes(line) for line in block]
+        return lines, stats.truncated
+
+    class ReadOnly:
+        def __init__(self, data):
+            self.f = io.BytesIO(data)
+
+        def read(self, n):
+            return self.f.read(n)
+
+    assert got(io.BytesIO(data)) == want(io.BytesIO(data))
+    assert got(ReadOnly(data)) == want(io.BytesIO(data))
+    start = len(data) // 3
+    assert got(convert.Window(io.BytesIO(data), start, len(data))) == want(io.BytesIO(data[start:]))

@@ -40,14 +40,14 @@ class OomCensusView:
     """One census, laid out for a screen.
 
     Args:
-        census: the census's view, or the record (``type: "oom_census"``)
-            to build it from, or None.
+        census: the census's view (:meth:`OomCensus.from_wire` of a
+            decoded ``oom_census`` record), or None.
         position: ``(index, total)`` when the process has several censuses,
             shown in the title ("census 2 of 3").
     """
 
-    def __init__(self, census: OomCensus | dict[str, Any] | None, position: tuple[int, int] | None = None) -> None:
-        self.census = OomCensus.from_wire(census) if isinstance(census, dict) else census
+    def __init__(self, census: OomCensus | None, position: tuple[int, int] | None = None) -> None:
+        self.census = census
         self.position = position
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:

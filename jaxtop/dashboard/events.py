@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from jaxtop.wire.protocol import shown
+from jaxtop.wire.records import Event as EventRecord
 from jaxtop.wire.records import Sample
 
 
@@ -39,14 +40,15 @@ def sample_events(rec: Sample, t: float) -> list[tuple[str, str, float]]:
     don = rec.donation
     if don is not None and don.failed:
         out.append(("donation", f"{shown(don.failed)} failed donation(s): {shown(don.last_message or '')}", t))
-    # An agent's events are open: a kind, a time and the fields of their
-    # kind. One without a text reads as ``key=value`` of its other fields.
     for ev in rec.events or ():
-        text = ev.get("text") or ", ".join(f"{k}={shown(v)}" for k, v in ev.items() if k not in ("kind", "t"))
-        when = ev.get("t")
-        out.append((shown(ev.get("kind", "event")), text if isinstance(text, str) else shown(text),
-                    when if when.__class__ is float or when.__class__ is int else t))
+        out.append((ev.kind if ev.kind is not None else "event", ev.text or event_fields(ev),
+                    ev.t if ev.t is not None else t))
     return out
+
+
+def event_fields(ev: EventRecord) -> str:
+    """An event without a text, quoted by its other fields (``key=value``)."""
+    return ", ".join(f"{k}={v}" for k, v in (("source", ev.source), ("census_id", ev.census_id)) if v is not None)
 
 
 def merged_events(events: Iterable[Event], pid: int, ours: list[Event]) -> collections.deque[Event]:

@@ -149,7 +149,8 @@ _NONES = repeat(None)
 #: source, which of their figures are numbers).
 MAX_ROW_SHAPES = 256
 _astuple = msgspec.structs.astuple
-# A device is read whole (astuple): its lean type's fields are the columns, in their order.
+# A device is read whole (astuple): its lean type's fields are the columns,
+# in their order: id, platform and source, the figures, live_arrays last.
 if ("device_id", *_DEVICE_KEYS[1:], *(f"live_array_{k}" for k in _LIVE_KEYS)) != (
         *CSV_COLUMNS[3:14], "live_array_bytes", "live_array_count", "live_array_largest_bytes"):
     raise TypeError("typed.CsvDevice's fields are not the CSV columns' order")
@@ -186,12 +187,12 @@ class _CsvWriter(_Table):
             self.out.write(f"{head}{_NO_DEVICE}{end}")
             return
         labels: list[Any] = []  # per device: id, platform, source
-        figures: list[Any] = []  # per device: its 11 figures
+        figures: list[Any] = []  # per device: its figures, then its live arrays'
         for dev in s.devices:
             row = _astuple(dev)
             labels += row[:3]
-            figures += row[3:11]
-            live = row[11]
+            figures += row[3:-1]
+            live = row[-1]
             figures += _NO_LIVE if live is None else _astuple(live)
         if not (_FIGURES.issuperset(map(type, figures)) and _LABELS.issuperset(map(type, labels))):
             self._rows(s.devices, head, end)
@@ -214,7 +215,7 @@ class _CsvWriter(_Table):
         (:meth:`sample`'s list)."""
         labels, present = key
         head, end = len(present), len(present) + 1
-        per_device = len(present) * 3 // len(labels)
+        per_device = len(present) * 3 // len(labels)  # figures a device has in the list
         text, picks = "", []
         for k in range(0, len(labels), 3):
             first = k // 3 * per_device

@@ -61,11 +61,12 @@ ERRORS: tuple[type[BaseException], ...] = (msgspec.DecodeError, msgspec.Validati
 #: The default of a field whose absence means something else than null.
 UNSET: Any = msgspec.UNSET
 
-L = TypeVar("L", bound=type)
-
-
 class Lean(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The base of every lean type: frozen, fields by name."""
+
+
+C = TypeVar("C", bound=type)
+L = TypeVar("L", bound=Lean)
 
 
 # -- each lean type is a cut of the wire's ------------------------------------------------------
@@ -98,7 +99,7 @@ def _structs(tp: Any) -> set[type]:
     return found
 
 
-def cut_of(wire: type) -> Callable[[L], L]:
+def cut_of(wire: type) -> Callable[[C], C]:
     """A class decorator: the lean type is a cut of ``wire``.
 
     Raises:
@@ -106,7 +107,7 @@ def cut_of(wire: type) -> Callable[[L], L]:
             part that is not a cut of the part ``wire`` holds there.
     """
 
-    def check(cls: L) -> L:
+    def check(cls: C) -> C:
         have = {f.encode_name: f for f in msgspec.structs.fields(wire)}
         tag = wire.__struct_config__.tag_field
         for f in msgspec.structs.fields(cls):
@@ -385,7 +386,8 @@ class TraceSample(Lean):
     process: TraceProcess | None = None
     compile: TraceCompile | None = None
     donation: TraceDonation | None = None
-    events: list[dict[str, Any]] | None = None  # each kind has fields of its own: an instant's args are the rest
+    # Kept whole: an event's instant carries every field it has but kind and t, a newer agent's too.
+    events: list[dict[str, Any]] | None = None
     holders: Holders | None = None
     labels: Labels | None = None
     host_syncs: HostSyncs | None = None

@@ -31,13 +31,25 @@ from jaxtop.wire.records.sites import TransferSites
 
 __all__ = [
     "RECORD_TYPES", "AgentStats", "Accelerator", "Backend", "Backfill", "Capture", "Compile", "Device", "DeviceInfo",
-    "AcceleratorMetrics", "Distributed", "PrometheusAddress", "MemoryProfile", "ProfileSite", "Donation", "Dropped", "External", "Odd", "kind_of", "RECORDS", "Unknown", "Error", "Exit", "Gpu", "Hello", "History", "HistoryEnd", "HistoryInfo",
+    "AcceleratorMetrics", "Event", "Distributed", "PrometheusAddress", "MemoryProfile", "ProfileSite", "Donation", "Dropped", "External", "Odd", "kind_of", "RECORDS", "Unknown", "Error", "Exit", "Gpu", "Hello", "History", "HistoryEnd", "HistoryInfo",
     "LiveArrays", "Nvml", "OomCensus", "Pong", "Process", "Record", "Reply", "Sample", "TopBuffer", "TopShape",
     "Transfer", "Transfers",
 ]
 
 
 # -- a sample's parts --------------------------------------------------------------------------
+
+class Event(Rec):
+    """One of a sample's ``events``: what the agent (or a demo) has to say
+    beside the figures. Every producer writes a ``text``; an event from
+    another writer without one is quoted by its other fields."""
+
+    kind: str | None = None  # error, leak_suspect, leak_watch, oom, guard, strategy, profile…
+    t: Time = None
+    text: str | None = None
+    source: str | None = None  # where an error came from (e.g. stderr_capture)
+    census_id: str | None = None  # an oom event's census
+
 
 class TopBuffer(Rec):
     """One of a device's largest live buffers (``live_arrays.top``)."""
@@ -371,7 +383,7 @@ class Sample(_Record, tag="sample"):
     transfer_capture: Capture | None = None
     accelerator: Accelerator | None = None
     agent: AgentStats | None = None
-    events: list[dict[str, Any]] | None = None  # {kind, t, text?, ...}: each kind has fields of its own
+    events: list[Event] | None = None
     # Sparse parts: only on samples that have news of them.
     jit: Jit | None = None
     holders: Holders | None = None

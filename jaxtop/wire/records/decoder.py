@@ -91,14 +91,13 @@ def decode(line: bytes | str) -> Record | Unknown:
 
 
 def _open_parts_overflow(record: Record) -> bool:
-    """Whether a part typed as open JSON (a sample's ``events`` and ``demo``,
+    """Whether a part typed as open JSON (a sample's ``demo``,
     a coarse history's positional rows, a reply's result) holds an integer beyond 64 bits:
     msgspec reads those exactly there, where the careful path reads them as
     floats or refuses the line. Such parts are rare or small."""
     cls = record.__class__
     if cls is Sample or cls is Backfill:
-        return (record.events is not None and _big_int(record.events)) or (
-            record.demo is not None and _big_int(record.demo))
+        return record.demo is not None and _big_int(record.demo)
     if cls is HistoryRecord:
         return record.rows is not None and _big_int(record.rows)
     if cls is Reply:
