@@ -142,7 +142,7 @@ def floors(path: str, rounds: int) -> dict[str, list[float]]:
         for name in list(loads) if r % 2 == 0 else list(loads)[::-1]:
             decode = loads[name]
             started = time.perf_counter()
-            with open(path, "rb") as f:
+            with export.open_recording(path) as f:
                 for line in f:
                     decode(line)
             times[name].append(time.perf_counter() - started)
@@ -179,8 +179,8 @@ def run(args: argparse.Namespace, work: str) -> None:
     """Make (or take) a recording, time the exports in ``work``."""
     if args.recording:
         big = args.recording
-        with open(big, "rb") as f:
-            n = sum(1 for line in f if b'"type":"sample"' in line[:40])
+        with export.open_recording(big) as f:
+            n = max(1, sum(1 for line in f if b'"type":"sample"' in line[:40]))
     elif args.demo:
         src = os.path.join(work, "demo.jsonl")
         print(f"recording the demo for {args.record_s:g} s …", flush=True)

@@ -175,7 +175,10 @@ class PerfettoWriter:
         _counter writes) and what picks its values from the sample's list
         (each counter's timestamp, as text, then its numbers)."""
         pid, ids, rates, present = key
-        picks = [0]  # for the format's "%.0s": a getter of one item would return it bare, not in a tuple
+        # The format opens with "%.0s", which takes the timestamp and writes
+        # nothing: a sample with no counter still has a getter (of one item,
+        # which returns it bare; % takes a bare value as well).
+        picks = [0]
 
         def counter(name: str, keys: tuple[str, ...], at: int) -> str:
             have = [(k, at + i) for i, k in enumerate(keys) if present[at + i]]

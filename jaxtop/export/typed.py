@@ -1,7 +1,8 @@
 """The parts of the wire's records an export writes, as lean types.
 
-A demo sample is about 2 KB of JSON, an 8-device GPU sample with a buffer
-map ten times that, of which the CSV writes some 40 numbers. msgspec decodes
+A demo sample is about 2 KB of JSON, an 8-device GPU sample 11 KB on
+average (50 KB with its devices' buffer maps), of which the CSV writes some
+40 numbers a device. msgspec decodes
 a line straight into a lean type that names only the fields a format
 writes, and skips the rest without building Python objects for it; the
 writers then read attributes.
@@ -17,8 +18,9 @@ Two things differ from the wire's types, on purpose:
 * An export writes what the recording holds, exactly: an integer beyond 64
   bits as its digits, a string where a number belongs as that string (the
   wire's decoder reads the first as a float and the second as n/a). So a
-  cell's field is ``Any``. Only the trace's counters, which take numbers
-  alone, are the wire's :data:`~jaxtop.wire.records.base.Num`.
+  cell's field is ``Any``. Only the trace's counters and its sample time,
+  which take finite numbers alone, are the wire's
+  :data:`~jaxtop.wire.records.base.Num`.
 * No string is made terminal-safe: a file gets the recording's text as it
   is (``jaxtop export`` to a terminal shows it safely: jaxtop.cli.export).
 

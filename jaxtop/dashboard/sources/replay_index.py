@@ -197,6 +197,8 @@ _ALLOWED = {
     ("msgspec._utils", "rebuild"),
     # A field an older agent did not send at all (the jit ledger's storm flag).
     ("msgspec._core", "UNSET"),
+    # A device's buffer map, kept as its JSON text: Raw(bytes) holds bytes.
+    ("msgspec", "Raw"),
 }
 _MODEL_MODULES = {m.__name__: m for m in (model_module, state_module, events_module, holders_module, ledger_module,
                                           history_module, transfer_sites_module, counter_window_module,
