@@ -130,9 +130,10 @@ def test_a_labelled_nnx_model_and_optimizer_are_followed_across_steps(monkeypatc
     assert got["temporary"]["bytes"] == 0 and "followed" not in got["temporary"]
     from jaxtop.dashboard.holders import HoldersFold
     from jaxtop.widgets.holders import render_holders
+    from jaxtop.wire.records import from_dict
 
     fold = HoldersFold()
-    fold.feed({"type": "sample", "t": 1.0, "labels": {"t": 1.0, "trees": list(got.values())}})
+    fold.feed(from_dict({"type": "sample", "t": 1.0, "labels": {"t": 1.0, "trees": list(got.values())}}))
     text = " ".join(render_holders(fold.view(), width=160).split())
     assert "params, temporary: every array labelled is gone (replaced by newer ones)" in text
     assert "model:" not in text.split("Named pytrees")[1].split("every array")[0]

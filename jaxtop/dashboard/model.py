@@ -384,8 +384,7 @@ class Model(HistoryFeed):
             proc.present_holders.append(sparse_part(rec))
         proc.last_t = t
         proc.latest = rec
-        if rec.holders is not None or rec.labels is not None or rec.host_syncs is not None:
-            proc.holders.feed(rec)
+        proc.holders.feed(rec)  # every sample: its time is what the Holders screen's ages are measured to
         if rec.transfer_sites is not None:
             proc.transfer_sites.feed(rec)
         if rec.oom_census is not None:  # an agent that sends the census inside a sample
