@@ -100,79 +100,35 @@ def drain(master: int, counter: list[int]) -> None:
         counter[0] += len(data)
 
 
-#: Modules that left the root of ``jaxtop/`` (5 Dec 2026), for older refs.
-ROOT_MOVES = {"protocol": "jaxtop.wire.protocol", "timeline": "jaxtop.wire.timeline", "paths": "jaxtop.wire.paths",
-              "client": "jaxtop.wire.client", "oom_report": "jaxtop.dashboard.oom_report"}
 
-
-def load_head_model(ref: str = "HEAD"):
-    """Today's committed model (``git show HEAD``) as a separate package, to
-    measure it side by side with the working tree's."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tmp = tempfile.mkdtemp(prefix="jaxtop-head-model-")
-    pkg = os.path.join(tmp, "jaxtop_head_dashboard")
-    os.makedirs(pkg)
-    open(os.path.join(pkg, "__init__.py"), "w").close()
-    # Every module of the dashboard's package at ``ref`` (the model is split
-    # over several: views, readings, backlog, batch, events...).
-    listed = subprocess.run(["git", "-C", root, "ls-tree", "--name-only", ref, "jaxtop/dashboard/"],
-                            capture_output=True, text=True, check=True).stdout.split()
-    for path in (p for p in listed if p.endswith(".py") and not p.endswith("__init__.py")):
-        src = subprocess.run(["git", "-C", root, "show", f"{ref}:{path}"], capture_output=True, text=True, check=True).stdout
-        src = src.replace("jaxtop.dashboard.", "jaxtop_head_dashboard.").replace("from jaxtop.dashboard import", "from jaxtop_head_dashboard import")
-        for old, new in ROOT_MOVES.items():  # a ref from before the wire had its folder
-            src = src.replace(f"from jaxtop import {old}", f"from {new.rsplit('.', 1)[0]} import {old}")
-            src = src.replace(f"jaxtop.{old} ", f"{new} ").replace(f"from jaxtop.{old} import", f"from {new} import")
-        with open(os.path.join(pkg, os.path.basename(path)), "w") as f:
-            f.write(src)
-    sys.path.insert(0, tmp)
-    import jaxtop_head_dashboard.model as head_model
-    return head_model.Model
-
-
-def measure_ingest(n_devices: int, count: int, baseline: str = "HEAD") -> dict[str, float]:
+def measure_ingest(n_devices: int, count: int) -> dict[str, float]:
     """Samples/s into the model, in this process, the way the live source
-    feeds it (a read of 90 lines decoded and fed as one batch), the model at
-    ``baseline`` (its records decoded as that revision's live source did:
-    orjson, then its model's own checks) and today's (the typed decoder,
-    ``jaxtop.dashboard.sources.live.ingest``), alternating, three rounds each;
-    ``*_model`` feeds records decoded beforehand, ``*_end_to_end`` includes
-    decoding."""
-    import orjson
-
+    feeds it: a read of 90 lines given to ``jaxtop.dashboard.sources.live.
+    ingest`` (decoding included), and the same records decoded beforehand
+    and fed with ``Model.feed_many``. Whichever jaxtop this process imports
+    is measured: the working tree's, or a revision's (``tree_at``), each
+    with its own decoder."""
     from jaxtop.dashboard.model import Model
     from jaxtop.dashboard.sources.live import ingest
-    from jaxtop.wire.records import decode
+    try:
+        from jaxtop.wire.records import decode
+    except ImportError:  # a revision before the typed records
+        from jaxtop.dashboard.sources.live import fast_decode as decode
 
     lines = [protocol.encode(synthetic.hello(1, n_devices, 0.0, INTERVAL_S))]
     lines += [protocol.encode(r) for r in synthetic.samples(1, n_devices, 0.0, count, INTERVAL_S)]
     batch = 90  # about one 1 MiB read of this stream
-    out: dict[str, list[float]] = {}
-    try:
-        old_model = load_head_model(baseline)
-    except (subprocess.CalledProcessError, OSError, ImportError) as exc:
-        print(f"  ({baseline} model not measured: {exc})")
-        old_model = None
-
-    def timed(key: str, run: Callable[[], None]) -> None:
-        t = time.perf_counter()
-        run()
-        out.setdefault(key, []).append(count / (time.perf_counter() - t))
-
-    for _ in range(3):
-        if old_model is not None:
-            dicts = [orjson.loads(x) for x in lines]
-            m = old_model()
-            timed("before_model", lambda: [m.feed_many(1, dicts[i:i + batch]) for i in range(0, len(dicts), batch)])
-            m = old_model()
-            timed("before_end_to_end", lambda: [m.feed_many(1, [orjson.loads(x) for x in lines[i:i + batch]])
-                                                for i in range(0, len(lines), batch)])
-        recs = [decode(x) for x in lines]
-        m = Model()
-        timed("after_model", lambda: [m.feed_many(1, recs[i:i + batch]) for i in range(0, len(recs), batch)])
-        m = Model()
-        timed("after_end_to_end", lambda: [ingest(m, 1, lines[i:i + batch]) for i in range(0, len(lines), batch)])
-    return {key: max(values) for key, values in out.items()}
+    recs = [decode(x) for x in lines]
+    m = Model()
+    t = time.perf_counter()
+    for i in range(0, len(recs), batch):
+        m.feed_many(1, recs[i:i + batch])
+    model_rate = count / (time.perf_counter() - t)
+    m = Model()
+    t = time.perf_counter()
+    for i in range(0, len(lines), batch):
+        ingest(m, 1, lines[i:i + batch])
+    return {"model": model_rate, "end_to_end": count / (time.perf_counter() - t)}
 
 
 def measure_key_latency(n_devices: int, count: int, as_cli: bool) -> list[float]:
@@ -237,27 +193,27 @@ def measure_key_latency(n_devices: int, count: int, as_cli: bool) -> list[float]
     return asyncio.run(run())
 
 
-def child(kind: str, args: argparse.Namespace) -> dict:
+def child(kind: str, args: argparse.Namespace, tree: str | None = None) -> dict:
     """Run one in-process measure in a fresh Python: the collector's state is
-    the whole process's, so each configuration gets its own."""
+    the whole process's, so each configuration gets its own. ``tree``: a
+    revision's jaxtop (``tree_at``) to import instead of the working tree's."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--devices", str(args.devices),
            "--ingest-samples", str(args.ingest_samples), "--baseline", args.baseline]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, PYTHONPATH=tree) if tree else None
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if res.returncode != 0:
         raise RuntimeError(f"{kind}: {res.stderr.strip()[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def run_child(kind: str, args: argparse.Namespace) -> dict:
-    if kind == "ingest":
-        return measure_ingest(args.devices, args.ingest_samples, args.baseline)
     if kind == "ingest-tuned":
         import importlib
 
         from jaxtop.dashboard.collector import tune_gc
         importlib.import_module("jaxtop.dashboard.app")  # the modules a dashboard has, frozen with it
         tune_gc()
-        return measure_ingest(args.devices, args.ingest_samples, args.baseline)
+        return measure_ingest(args.devices, args.ingest_samples)
     as_cli = kind == "keys-cli"
     keys = []
     for _ in range(3):  # three backfills, one list: a few dozen keys in all
@@ -285,25 +241,35 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     ap.add_argument("--ingest-samples", type=int, default=6000, help="samples for the in-process ingest measure (0: skip)")
     ap.add_argument("--baseline", default="HEAD", help="git revision of the model to compare with (default HEAD)")
+    ap.add_argument("--prebuild-hours", type=float, default=2.0,
+                    help="a backlog up to this long is made and encoded before connecting (default 2)")
     ap.add_argument("--dashboard-ref", help="run the dashboard of this git revision (e.g. 1d95fde) instead of the "
                     "working tree's, to compare first frames and CPU before/after")
-    ap.add_argument("--child", choices=["ingest", "ingest-tuned", "keys-before", "keys-cli"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["ingest-tuned", "keys-before", "keys-cli"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(run_child(args.child, args)))
         return 0
     targets: list[str] = []
     if args.ingest_samples:
-        ing = child("ingest", args)
-        tuned = child("ingest-tuned", args)
-        print("ingest into the model, samples/s (" + ", ".join(f"{k} {v:,.0f}" for k, v in ing.items()) + ")")
-        print(f"  the collector tuned as the dashboard runs it: after_model {tuned['after_model']:,.0f}, "
-              f"after_end_to_end {tuned['after_end_to_end']:,.0f}")
+        # The baseline's own decoder and model against today's, each in a
+        # fresh process with the collector tuned as `jaxtop attach` tunes
+        # it, alternating, three rounds; the best of each is kept.
+        baseline_tree = tree_at(args.baseline)
+        rounds: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+        for _ in range(3):
+            rounds["before"].append(child("ingest-tuned", args, baseline_tree))
+            rounds["after"].append(child("ingest-tuned", args))
+        best = {side: {k: max(r[k] for r in runs) for k in runs[0]} for side, runs in rounds.items()}
+        for side, runs in rounds.items():
+            print(f"ingest, {side} ({args.baseline if side == 'before' else 'working tree'}), samples/s of "
+                  f"{args.devices} devices: decoding included " + ", ".join(f"{r['end_to_end']:,.0f}" for r in runs)
+                  + "; decoded beforehand " + ", ".join(f"{r['model']:,.0f}" for r in runs))
+        after, before = best["after"], best["before"]
         targets.append(f"(2) ingest >= 50,000 samples/s of {args.devices} devices, decoding included: "
-                       f"{verdict(tuned['after_end_to_end'] >= 50_000)} ({tuned['after_end_to_end']:,.0f}/s; "
-                       f"{args.baseline}: {tuned.get('before_end_to_end', float('nan')):,.0f}/s; records decoded "
-                       f"beforehand {tuned['after_model']:,.0f}/s, {args.baseline}: "
-                       f"{tuned.get('before_model', float('nan')):,.0f}/s)")
+                       f"{verdict(after['end_to_end'] >= 50_000)} ({after['end_to_end']:,.0f}/s; {args.baseline}: "
+                       f"{before['end_to_end']:,.0f}/s, x{after['end_to_end'] / before['end_to_end']:.1f}; records "
+                       f"decoded beforehand {after['model']:,.0f}/s, {args.baseline}: {before['model']:,.0f}/s)")
         before = child("keys-before", args)["keys"]
         after = child("keys-cli", args)["keys"]
         print(f"keys (tab, back to back) to the screen drawn while a {args.ingest_samples:,}-sample backfill loads:")
@@ -355,10 +321,13 @@ def main() -> int:
         n_backlog = int(args.hours * 3600 * HZ)
         # An agent holds its backfill encoded, as its Backfill keeps it (the
         # newest buffer maps only): up to 10 minutes of it is built first and
-        # sent as the agent sends it; a longer backlog streams after that.
+        # sent as the agent sends it; a longer backlog streams after that,
+        # made as it is sent, unless --prebuild-hours covers it (making and
+        # encoding a sample here takes about as long as the dashboard takes
+        # to read it: a backlog made while sent measures this process).
         # A real backfill ends now: the samples are dated so that it ends
         # when building it (timed on a first 200) is done.
-        ready = min(n_backlog, int(600 * HZ))
+        ready = min(n_backlog, int(max(600, args.prebuild_hours * 3600) * HZ))
         trial = synthetic.samples(pid, args.devices, time.time(), min(ready, 200), INTERVAL_S)
         began = time.perf_counter()
         Backfill().append(0.0, b"")
@@ -383,10 +352,16 @@ def main() -> int:
         cpu0 = dash.cpu_times()
         marks = {max(1, n_backlog * k // 10) for k in range(1, 11)} if n_backlog else set()
         held = backfill.lines(backfill.start, backfill.end)
+        chunk: list[bytes] = []
         for k in range(n_backlog):
             line = held[k] if k < len(held) else protocol.encode(next(stream))
-            conn.sendall(line)  # blocks while the dashboard is behind: it sets the pace
+            chunk.append(line)
             sent_bytes += len(line)
+            # A megabyte a write, as an agent's connection writes its
+            # backfill: a write a line would time this process's loop.
+            if sum(map(len, chunk)) >= 1 << 20 or k + 1 in marks or k + 1 == n_backlog:
+                conn.sendall(b"".join(chunk))  # blocks while the dashboard is behind: it sets the pace
+                chunk = []
             if k + 1 in marks:
                 rss = dash.memory_info().rss
                 rss_curve.append((k + 1, rss))

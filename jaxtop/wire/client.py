@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 import struct
 import threading
@@ -153,6 +154,8 @@ class AgentConnection:
 
     #: Bytes asked of the socket per read.
     RECV_BYTES = 1 << 16
+    #: The most a batch gathers while more is waiting (see :meth:`batches`).
+    GATHER_BYTES = 4 << 20
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -194,7 +197,9 @@ class AgentConnection:
         poll_s: float = 0.2,
         on_oversized: Callable[[], None] | None = None,
     ) -> Iterator[list[bytes]]:
-        """Yield the complete lines of each read, each ending in ``b"\\n"``.
+        """Yield the complete lines of each read, each ending in ``b"\\n"``;
+        while more is already waiting, of several reads (up to
+        :attr:`GATHER_BYTES`).
 
         Ends when the peer closes, the socket fails or is shut down, or
         ``should_stop()`` is true; that is asked before every read and at
@@ -209,6 +214,8 @@ class AgentConnection:
                 before the lines that follow it are yielded.
         """
         self.sock.settimeout(poll_s)
+        ready: list[bytes] = []  # complete lines not yielded yet
+        gathered = 0  # their bytes
         pending = bytearray()  # the start of an unfinished line, never over the limit
         skipping = False  # inside an oversized line: drop bytes up to its newline
 
@@ -221,11 +228,14 @@ class AgentConnection:
             try:
                 chunk = self.sock.recv(self.RECV_BYTES)
             except TimeoutError:  # socket.timeout: nothing within poll_s
+                if ready:  # the rest of a line that did not come: what is whole goes now
+                    yield ready
+                    ready, gathered = [], 0
                 continue
             except OSError:
-                return
+                break
             if not chunk:
-                return
+                break
             limit = protocol.MAX_RECORD_LINE_BYTES
             if skipping:
                 newline = chunk.find(b"\n")
@@ -250,8 +260,17 @@ class AgentConnection:
                 else:
                     lines.append(line + b"\n")
             pending = bytearray(chunk[cut:])
-            if lines:
-                yield lines
+            ready += lines
+            # While more is already waiting (a backlog pours in), gather it
+            # into one batch of up to GATHER_BYTES: a batch has a fixed cost
+            # downstream (a model update, a spool write). A live stream's
+            # line a tick is yielded at once.
+            gathered += cut
+            if ready and (gathered >= self.GATHER_BYTES or not _readable(self.sock)):
+                yield ready
+                ready, gathered = [], 0
+        if ready:  # what the last reads brought before the end
+            yield ready
 
     def lines(
         self,
@@ -529,3 +548,11 @@ def record(
             write([out for line in batch for out in order.feed(line)])
         write(order.flush())
     return lines
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether ``sock`` has data waiting now (or is closed: a read returns at once)."""
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):  # closed meanwhile, or a descriptor select cannot take
+        return False
