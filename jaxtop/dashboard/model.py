@@ -40,7 +40,7 @@ from jaxtop.dashboard.views import (
     CONNECTING, DISCONNECTED, EXITED, LIVE, REPLAY, STALE, DeviceView, ProcessView, ReplayView, Snapshot,
 )
 from jaxtop.wire.protocol import DIRECTIONS
-from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES, counts_live_allocations
+from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES
 
 #: What the model is fed: a decoded record, or a dict that it decodes the same way.
 Fed = Union[Record, Unknown, dict[str, Any]]
@@ -408,19 +408,13 @@ class Model(HistoryFeed):
                 if state is None:
                     continue
             state.latest = dev
-            num_allocs = dev.num_allocs
-            if num_allocs is not None:
-                prev = state.prev_allocs[1] if state.prev_allocs is not None else None
-                if state.allocs_live or counts_live_allocations(state.platform, prev, num_allocs):
-                    state.allocs_live, state.allocs_per_s = True, None
-                elif state.prev_allocs is not None and t > state.prev_allocs[0]:
-                    state.allocs_per_s = max(0.0, (num_allocs - state.prev_allocs[1]) / (t - state.prev_allocs[0]))
-                state.prev_allocs = (t, num_allocs)
+            allocs = state.allocs
+            allocs.feed(t, dev.num_allocs, state.platform)
             live = dev.live_arrays
             if live is not None and live.map:
                 batch.maps[id(state)] = (state, live)  # a later scan in this batch replaces it
             batch.add(state.history, t, device_row(dev, nvml_by_index.get(jax_to_nvml.get(did)) if nvml_by_index else None,
-                                                   state.allocs_per_s))
+                                                   allocs.per_s))
         row = process_row(rec, dt if dt is not None else interval, nvml_by_index)
         # The panel's rates: over the last seconds of totals (a sample's own
         # count swings with the relay's batches). The timelines draw each

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import msgspec
 
 from jaxtop.dashboard.oom_views import device_label, said
-from jaxtop.wire.protocol import ProtocolError, ReadStats, iter_lines
+from jaxtop.wire.protocol import ProtocolError, ReadStats, iter_records
 from jaxtop.wire.records import (
     CensusArrays, CensusDevice, CensusHost, CensusRequest, CensusSite, CensusTiming, CensusTrigger, OomCensus, Record,
     Sample, Unknown, decode,
@@ -122,14 +122,7 @@ def load_censuses(path: str) -> list[OomCensus]:
 def _records(stream: Any, stats: ReadStats) -> Iterator[Record | Unknown]:
     """The records of a recording, decoded; a line that is no record is
     counted in ``stats`` and skipped."""
-    for lineno, line in iter_lines(stream, stats):
-        try:
-            record = decode(line)
-        except ProtocolError as exc:
-            stats.note(lineno, str(exc))
-            continue
-        stats.records += 1
-        yield record
+    return iter_records(stream, stats, decode)
 
 
 def _whole_record(line: bytes) -> bool:

@@ -17,7 +17,7 @@ from jaxtop.wire.protocol import fragmentation_na
 from jaxtop.wire.records import Device, Gpu, Nvml, Sample
 from jaxtop.wire.timeline import counts_live_allocations
 
-__all__ = ["Cursor", "device_row", "gpus_by_index", "process_row"]
+__all__ = ["AllocationRate", "Cursor", "device_row", "gpus_by_index", "process_row"]
 
 
 def gpus_by_index(nvml: Nvml | None) -> dict[int, Gpu]:
@@ -64,6 +64,31 @@ def process_row(rec: Sample, span: float, gpus: dict[int, Gpu]) -> tuple[Any, ..
     return (*counts, host.rss_bytes if host is not None else None, host.cpu_percent if host is not None else None, tx, rx)
 
 
+class AllocationRate:
+    """A device's allocations per second, from the ``num_allocs`` of its
+    samples in order: the rise over the time since the previous sample that
+    had it, held while a sample has none; none at all once the count is
+    known not to be a running total (a TPU's, or one that fell:
+    ``jaxtop.wire.timeline.counts_live_allocations``)."""
+
+    __slots__ = ("t", "count", "per_s", "live")
+
+    def __init__(self) -> None:
+        self.t: float | None = None  # when the last count came
+        self.count: int | float | None = None
+        self.per_s: float | None = None
+        self.live = False  # the count is of allocations alive, not made
+
+    def feed(self, t: float, num_allocs: int | float | None, platform: str | None) -> None:
+        if num_allocs is None:
+            return
+        if self.live or counts_live_allocations(platform, self.count, num_allocs):
+            self.live, self.per_s = True, None
+        elif self.t is not None and self.count is not None and t > self.t:
+            self.per_s = max(0.0, (num_allocs - self.count) / (t - self.t))
+        self.t, self.count = t, num_allocs
+
+
 class Cursor:
     """The timeline rows of one stream's samples, fed in order (a history's
     fine samples: rates need the previous sample).
@@ -79,7 +104,7 @@ class Cursor:
         self.interval_s = interval_s
         self.jax_to_nvml = jax_to_nvml
         self.prev_t: float | None = None
-        self.allocs: dict[Any, list[Any]] = {}  # device id -> [t, num_allocs, rate, counts live allocations]
+        self.allocs: dict[Any, AllocationRate] = {}  # by device id
 
     def rows(self, rec: Sample) -> tuple[float, tuple[Any, ...], list[tuple[Any, tuple[Any, ...]]]] | None:
         """``(t, process row, [(device id, device row)])`` of one sample;
@@ -97,16 +122,10 @@ class Cursor:
             did = dev.id
             if did is None:
                 continue
-            state = self.allocs.get(did)
-            if state is None:
-                state = self.allocs[did] = [None, None, None, False]
-            num_allocs = dev.num_allocs
-            if num_allocs is not None:
-                if state[3] or counts_live_allocations(dev.platform, state[1], num_allocs):
-                    state[2], state[3] = None, True
-                elif state[0] is not None and t > state[0]:
-                    state[2] = max(0.0, (num_allocs - state[1]) / (t - state[0]))
-                state[0], state[1] = t, num_allocs
+            rate = self.allocs.get(did)
+            if rate is None:
+                rate = self.allocs[did] = AllocationRate()
+            rate.feed(t, dev.num_allocs, dev.platform)
             index = self.jax_to_nvml.get(did)
-            devices.append((did, device_row(dev, gpus.get(index) if index is not None else None, state[2])))
+            devices.append((did, device_row(dev, gpus.get(index) if index is not None else None, rate.per_s)))
         return t, process_row(rec, dt if dt is not None else self.interval_s, gpus), devices

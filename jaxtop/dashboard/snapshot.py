@@ -107,7 +107,7 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
     live = d.live_arrays or NO_LIVE
     index = p.jax_to_nvml.get(s.id)
     gpu = gpus_by_index(p.latest.nvml).get(index) if index is not None else None
-    allocs_reason = LIVE_COUNT_NA if s.allocs_live else None
+    allocs_reason = LIVE_COUNT_NA if s.allocs.live else None
     if d.num_allocs is None:
         allocs_reason = "allocator reports no num_allocs" if d.source == "memory_stats" else "no allocator statistics on this backend"
     source = d.source or "?"
@@ -132,7 +132,7 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
         # rule of today's agent applies (protocol.fragmentation_na).
         fragmentation=None if frag_na else d.fragmentation,
         fragmentation_reason=frag_na or d.fragmentation_reason or None,
-        allocs_per_s=s.allocs_per_s if d.num_allocs is not None else None,
+        allocs_per_s=s.allocs.per_s if d.num_allocs is not None else None,
         allocs_reason=allocs_reason,
         buffer_map=s.buffer_map,
         map_complete=s.map_complete,

@@ -22,7 +22,7 @@ from jaxtop.dashboard.views import CONNECTING
 from jaxtop.dashboard.readings import NO_NVML, TransferView
 from jaxtop.wire.records import Accelerator, AgentStats, Device, Hello, MemoryProfile, Sample, TopBuffer
 from jaxtop.wire.records import OomCensus
-from jaxtop.dashboard.rows import Cursor
+from jaxtop.dashboard.rows import AllocationRate, Cursor
 from jaxtop.wire.timeline import DEVICE_SERIES, PROCESS_SERIES
 
 __all__ = ["NO_DEVICE", "NO_HELLO", "NO_SAMPLE", "ProcessModel", "_DeviceState"]
@@ -37,9 +37,7 @@ class _DeviceState:
     platform: str
     latest: Device = NO_DEVICE
     history: History = field(default_factory=lambda: History(DEVICE_SERIES))
-    prev_allocs: tuple[float, int] | None = None
-    allocs_live: bool = False  # num_allocs counts live allocations here (wire.timeline.LIVE_COUNT_NA)
-    allocs_per_s: float | None = None
+    allocs: AllocationRate = field(default_factory=AllocationRate)  # from num_allocs (wire.timeline.LIVE_COUNT_NA)
     buffer_map: tuple[tuple[int, int], ...] = ()
     map_complete: bool = True
     top_buffers: tuple[TopBuffer, ...] = ()

@@ -14,7 +14,7 @@ import math
 import reprlib
 import zlib
 from dataclasses import dataclass, field
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 PROTOCOL_VERSION = 1
 #: jaxtop's own version, written once: the package, ``--version`` and every
@@ -196,10 +196,6 @@ def is_number(value: Any) -> bool:
 
 # -- numbers from outside: one set of rules for every reader that shows them ----------
 
-#: The integers orjson reads exactly: a bounded :func:`decode` keeps these
-#: as ints, reads bigger ones as floats (as orjson does) and refuses one
-#: beyond a float's range, where orjson refuses it too.
-INT_MIN, INT_MAX = -(1 << 63), (1 << 64) - 1
 #: The largest time a record may carry (Unix seconds, about the year 5138):
 #: a time beyond it is no time a program ran at, and ``time.localtime``
 #: and the timelines' bucket numbers (int64) would fail on it.
@@ -279,26 +275,15 @@ def shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
-def _bounded_int(text: str) -> int | float:
-    """``json.loads``' ``parse_int`` for a bounded :func:`decode`."""
-    if len(text) < 19:  # up to 18 digits: within 64 bits, the common case
-        return int(text)
-    if len(text) <= 21:  # int() of so few digits never meets Python's digit limit
-        value = int(text)
-        if INT_MIN <= value <= INT_MAX:
-            return value
-    number = float(text)  # no digit limit; inf beyond a float's range
-    if not math.isfinite(number):
-        raise ProtocolError(f"an integer beyond a float's range ({len(text.lstrip('-'))} digits)")
-    return number
-
-
 class ProtocolError(ValueError):
     """A line that is not a valid record."""
 
 
-def decode(line: bytes | str, bounded: bool = False) -> dict[str, Any]:
-    """Parse one line into a record.
+def decode(line: bytes | str, **hooks: Callable[[str], Any]) -> dict[str, Any]:
+    """Parse one line into a record (a dict, every integer exact: what the
+    agent, exports and raw readers take; the dashboard's typed reading is
+    ``jaxtop.wire.records.decode``, which passes its number rules here as
+    ``json.loads`` hooks).
 
     Whatever the input, the only exception is :class:`ProtocolError`: the
     agent decodes lines from any peer, and a 2 KB line of ``[`` makes
@@ -306,17 +291,14 @@ def decode(line: bytes | str, bounded: bool = False) -> dict[str, Any]:
 
     Args:
         line: One JSON line.
-        bounded: Read integers as orjson does, for a reader that computes
-            with them (the dashboard): beyond 64 bits (:data:`INT_MIN`,
-            :data:`INT_MAX`) as floats, and a line with one beyond a
-            float's range (``10**4000``) is refused. Without it every
-            integer is kept exact (exports write them as they came).
+        hooks: ``parse_int``, ``parse_float``, ``parse_constant`` for
+            ``json.loads`` (a hook may raise ProtocolError to refuse the line).
 
     Raises:
         ProtocolError: the line is not a JSON object with a string ``type``.
     """
     try:
-        obj = json.loads(line, parse_int=_bounded_int) if bounded else json.loads(line)
+        obj = json.loads(line, **hooks) if hooks else json.loads(line)
     except ProtocolError:
         raise
     except (ValueError, UnicodeDecodeError) as exc:
@@ -422,7 +404,8 @@ def iter_blocks(stream: IO[bytes], stats: ReadStats) -> Iterator[bytes | None]:
             yield data
 
 
-def iter_records(stream: IO[bytes], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+def iter_records(stream: IO[bytes], stats: ReadStats | None = None,
+                 decode_line: Callable[[bytes], Any] = decode) -> Iterator[Any]:
     """Yield records from a binary stream (file or ``socket.makefile('rb')``).
 
     Tolerates what real streams contain: a truncated last line (skipped and
@@ -432,11 +415,13 @@ def iter_records(stream: IO[bytes], stats: ReadStats | None = None) -> Iterator[
     Args:
         stream: Binary, line-iterable stream.
         stats: Optional counters updated as lines are read.
+        decode_line: What makes a record of a line (:func:`decode`: a dict;
+            ``jaxtop.wire.records.decode``: a typed record).
     """
     stats = stats if stats is not None else ReadStats()
     for lineno, line in iter_lines(stream, stats):
         try:
-            record = decode(line)
+            record = decode_line(line)
         except ProtocolError as exc:
             stats.note(lineno, str(exc))
             continue

@@ -47,6 +47,7 @@ from jaxtop.dashboard import state as state_module
 from jaxtop.dashboard import transfer_sites as transfer_sites_module
 from jaxtop.dashboard import events as events_module
 from jaxtop.dashboard import readings as readings_module
+from jaxtop.dashboard import rows as rows_module
 from jaxtop.wire import records as records_package
 from jaxtop.dashboard.history import History, HistoryLog
 from jaxtop.dashboard.model import REPLAY, Model
@@ -202,7 +203,7 @@ _ALLOWED = {
 }
 _MODEL_MODULES = {m.__name__: m for m in (model_module, state_module, events_module, holders_module, ledger_module,
                                           history_module, transfer_sites_module, counter_window_module,
-                                          readings_module)}
+                                          readings_module, rows_module)}
 #: The package of the wire's record types (jaxtop.wire.records.core, .holders, …).
 _RECORDS_PACKAGE = records_package.__name__ + "."
 

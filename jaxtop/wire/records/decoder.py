@@ -40,6 +40,7 @@ from typing import Annotated, Any, TypeVar, Union
 
 import msgspec
 
+from jaxtop.wire import protocol
 from jaxtop.wire.protocol import ProtocolError, shown
 from jaxtop.wire.records.base import INT64_MAX, INT64_MIN, MAX_TIME_S
 from jaxtop.wire.records.core import ODD_KEY, RECORD_TYPES, Backfill, Odd, Record, Reply, Sample, Unknown
@@ -145,19 +146,10 @@ def _no_constant(name: str) -> None:
 
 
 def _loads(line: bytes) -> dict[str, Any]:
-    try:
-        obj = json.loads(line, parse_int=_int64, parse_float=_finite, parse_constant=_no_constant)
-    except ProtocolError:
-        raise
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"not JSON: {exc}") from None
-    except RecursionError:
-        raise ProtocolError("not JSON: nested too deeply") from None
-    except Exception as exc:  # anything else a decoder may raise on odd input
-        raise ProtocolError(f"not JSON: {type(exc).__name__}: {exc}") from None
-    if obj.__class__ is not dict or obj.get("type").__class__ is not str:
-        raise ProtocolError("not a record: expected an object with a 'type' string")
-    return obj
+    """The careful path's reading of a line: every integer beyond 64 bits a
+    float (one beyond a float's range refuses the line), NaN, Infinity and
+    ``1e400`` n/a."""
+    return protocol.decode(line, parse_int=_int64, parse_float=_finite, parse_constant=_no_constant)
 
 
 def from_dict(obj: dict[str, Any]) -> Record | Unknown:
