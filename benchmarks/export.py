@@ -17,7 +17,7 @@ Each run is a fresh Python process, as a user runs `jaxtop export FILE -o
 OUT`, with the default --jobs (the CPUs this process may use, at most 8) and
 with --jobs 1. The code exported with:
 
-- before: the export of ``--baseline`` (a git revision; by default 7a897f6,
+- before: the export of ``--baseline`` (a git revision; by default 1d95fde,
   the export before it decoded with the wire's types: its own msgspec
   structs, the rest by a dict path), taken with ``git archive`` into a
   temporary folder and put first on sys.path;
@@ -60,7 +60,7 @@ sys.path.insert(0, ROOT)
 from jaxtop import export  # noqa: E402
 
 #: The export before the wire's types (6 Dec 2026).
-DEFAULT_BASELINE = "7a897f6"
+DEFAULT_BASELINE = "1d95fde"
 
 # What `jaxtop export FILE -o OUT` does, minus argument parsing, with the
 # export of the code at argv[1] (the command line has no switch for fast=False).
