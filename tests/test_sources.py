@@ -166,3 +166,37 @@ def test_empty_like_is_an_empty_model_on_the_same_clock():
     assert twin.processes == {}
     twin.feed(PID, synthetic.hello(PID, 1, T0))
     assert twin.processes[PID].last_recv == 101  # the next tick of the shared clock
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_a_replay_opens_on_its_first_sample_not_on_the_programs_start_up(tmp_path, indexed):
+    """The hello comes when the agent starts, the first sample when the
+    program has a backend: often seconds later. A replay plays what comes
+    before its first sample at once (a gap is waited for up to 1 s: the
+    first sample must come well before that), and the gaps between samples
+    as they were (the second is not shown within the test)."""
+    import time
+
+    hello = synthetic.hello(7, 1, 1000.0)
+    samples = list(synthetic.samples(7, 1, 1030.0, 2, interval_s=30.0))
+    path = tmp_path / "slow-start.jsonl"
+    path.write_bytes(b"".join(protocol.encode(r) for r in [hello, *samples]))
+    if indexed:  # the same once the index is in (a replay opened again)
+        first = ReplaySource(str(path), start_playing=False)
+        first.start(Model(), lambda: None)
+        deadline = time.monotonic() + 20
+        while first.index is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        first.stop()
+    src = ReplaySource(str(path), start_playing=True)
+    model = Model()
+    src.start(model, lambda: None)
+    try:
+        deadline = time.monotonic() + 0.6
+        while time.monotonic() < deadline and not (model.processes.get(src.pid) and model.processes[src.pid].samples):
+            time.sleep(0.01)
+        proc = model.processes.get(src.pid)
+        assert proc is not None and proc.samples == 1, "the first sample waited for the hello's gap"
+        assert proc.latest.seq == samples[0]["seq"]
+    finally:
+        src.stop()

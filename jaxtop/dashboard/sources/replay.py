@@ -417,12 +417,22 @@ class ReplaySource(Source):
                     gap = step / self.speed if step is not None else None
         if playing:
             self.on_update()
+            if gap is not None and not self._sample_shown():
+                # What comes before the first sample (hello, backend: a
+                # program's start-up, often seconds) plays at once, so a
+                # replay opens on its first frame rather than on its gap.
+                gap = 0.0
             if gap is not None:
                 self._wake.wait(min(max(gap, 0.0), 1.0))
                 self._wake.clear()
         else:
             self._wake.wait(0.2)
             self._wake.clear()
+
+    def _sample_shown(self) -> bool:
+        """Whether the shown model holds a sample of the replayed process."""
+        proc = self.model.processes.get(self.pid) if self.model is not None else None
+        return proc is not None and proc.samples > 0
 
     # -- controls (UI thread) ----------------------------------------------------
     def toggle(self) -> bool:
