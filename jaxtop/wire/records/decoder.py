@@ -60,10 +60,11 @@ _SUSPECT = re.compile(
     rb"|\\u(?:00[0-1]|007[fF]|00[89]|202[a-eA-E]|206[6-9]|[dD][89a-fA-F])"
 )
 
+
 def is_clean(line: bytes) -> bool:
     """Whether ``line`` holds nothing a terminal would obey, raw or escaped."""
-    # Two tests in C (memchr) settle what the agent writes: pure ASCII with
-    # no backslash at all (so no escape) and no DEL.
+    # Three tests in C settle what the agent writes: pure ASCII, no
+    # backslash at all (so no escape) and no DEL.
     if line.isascii() and b"\\" not in line and b"\x7f" not in line:
         return True
     return _SUSPECT.search(line) is None
@@ -86,16 +87,19 @@ def decode(line: bytes | str) -> Record | Unknown:
             # Infinity literals), and says why a line is no JSON at all.
             pass
         else:
-            if not _open_parts_overflow(record):
-                return record
+            try:
+                if not _open_parts_overflow(record):
+                    return record
+            except RecursionError:
+                pass  # an open part nested deeper than a walk goes: the careful path refuses the line
     return from_dict(_loads(raw))
 
 
 def _open_parts_overflow(record: Record) -> bool:
-    """Whether a part typed as open JSON (a sample's ``demo``,
-    a coarse history's positional rows, a reply's result) holds an integer beyond 64 bits:
-    msgspec reads those exactly there, where the careful path reads them as
-    floats or refuses the line. Such parts are rare or small."""
+    """Whether a part typed as open JSON (a sample's ``demo``, a coarse
+    history's positional rows, a reply's result) holds an integer beyond 64
+    bits: msgspec reads those exactly there, where the careful path reads
+    them as floats or refuses the line. Such parts are rare or small."""
     cls = record.__class__
     if cls is Sample or cls is Backfill:
         return record.demo is not None and _big_int(record.demo)
