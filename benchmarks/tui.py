@@ -46,7 +46,6 @@ import tempfile
 import termios
 import threading
 import time
-from typing import Callable
 
 import psutil
 

@@ -327,7 +327,7 @@ def test_export_keeps_big_integers_and_skips_deeply_nested_lines(tmp_path):
 
 
 def test_the_finite_test_of_counter_values_agrees_with_math_isfinite():
-    from jaxtop.export.formats import _finite
+    from jaxtop.export.trace import _finite
 
     def reference(v):
         try:

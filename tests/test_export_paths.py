@@ -21,6 +21,7 @@ import pytest
 
 from jaxtop.wire import protocol
 from jaxtop.export import convert, formats as export, typed
+from jaxtop.export.shapes import MAX_SHAPES
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WRITERS = [export.write_csv, export.write_perfetto,
@@ -149,7 +150,7 @@ def test_a_trace_whose_every_sample_has_another_shape_is_written_the_same(tmp_pa
     # device ids that change every sample, and values that come and go.
     base = json.loads((FIXTURES / "synthetic_gpu.jsonl").read_text().splitlines()[3])
     lines = [json.dumps({"type": "hello", "t": base["t"] - 1, "pid": 7, "argv": []}) + "\n"]
-    for k in range(3 * export.MAX_SHAPES):
+    for k in range(3 * MAX_SHAPES):
         rec = json.loads(json.dumps(base))
         rec["t"] += k * 0.1
         for i, dev in enumerate(rec["devices"]):
@@ -163,7 +164,7 @@ def test_a_trace_whose_every_sample_has_another_shape_is_written_the_same(tmp_pa
         lines.append(json.dumps(rec, separators=(",", ":")) + "\n")
     path = tmp_path / "shapes.jsonl"
     path.write_text("".join(lines))
-    both(path, monkeypatch, min_hits=2 * export.MAX_SHAPES)
+    both(path, monkeypatch, min_hits=2 * MAX_SHAPES)
 
 
 # ------------------------------------------------------------ the lean types

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from jaxtop.wire.protocol import shown
 from jaxtop.wire.records import Event as EventRecord

@@ -31,8 +31,8 @@ from typing import IO, Any
 import msgspec
 
 from jaxtop.export import convert, typed
-from jaxtop.export.convert import default_jobs, open_recording  # noqa: F401  (part of this module's API)
-from jaxtop.export.trace import MAX_SHAPES, PerfettoWriter, _finite  # noqa: F401  (MAX_SHAPES, _finite: tests)
+from jaxtop.export.shapes import ShapeFormats
+from jaxtop.export.trace import PerfettoWriter
 from jaxtop.export.typed import UNSET
 from jaxtop.wire import protocol
 from jaxtop.wire.protocol import DIRECTIONS
@@ -145,9 +145,6 @@ _NO_DEVICE = _cells([None] * (len(_DEVICE_KEYS) + len(_LIVE_KEYS)))
 _FIGURES = frozenset((int, float, type(None)))
 _LABELS = frozenset((int, str, type(None)))
 _NONES = repeat(None)
-#: Row formats kept (one per shape of sample: its devices' id, platform and
-#: source, which of their figures are numbers).
-MAX_ROW_SHAPES = 256
 _astuple = msgspec.structs.astuple
 # A device is read whole (astuple): its lean type's fields are the columns,
 # in their order: id, platform and source, the figures, live_arrays last.
@@ -162,7 +159,9 @@ class _CsvWriter(_Table):
 
     def __init__(self, out: IO[str], part: bool = False) -> None:
         super().__init__(out, part)
-        self._shapes: dict[tuple[Any, ...], tuple[str, Callable[[list[Any]], tuple[Any, ...]]]] = {}
+        # Row formats by shape of sample: its devices' id, platform and
+        # source, which of their figures are numbers.
+        self._shapes = ShapeFormats(self._shape_format)
 
     def sample(self, s: typed.CsvSample) -> None:
         """The sample's rows, one per device (one with the device's cells
@@ -198,12 +197,7 @@ class _CsvWriter(_Table):
             self._rows(s.devices, head, end)
             return
         key = (tuple(labels), tuple(map(is_not, figures, _NONES)))
-        shape = self._shapes.get(key)
-        if shape is None:
-            if len(self._shapes) >= MAX_ROW_SHAPES:  # a recording whose every sample differs: no cache pays
-                self._shapes.clear()
-            shape = self._shapes[key] = self._shape_format(key)
-        fmt, pick = shape
+        fmt, pick = self._shapes.get(key)
         figures += (head, end)
         self.out.write(fmt % pick(figures))
 

@@ -13,6 +13,7 @@ from operator import is_not, itemgetter
 from typing import IO, Any
 
 from jaxtop.export import typed
+from jaxtop.export.shapes import ShapeFormats
 from jaxtop.export.typed import UNSET
 from jaxtop.wire.protocol import D2D, D2H, H2D
 
@@ -30,9 +31,6 @@ def _ts(t: Any) -> int | None:
     return round(us) if math.isfinite(us) else None
 
 
-#: Counter formats kept (one per shape of sample: which devices, which of
-#: their values are numbers).
-MAX_SHAPES = 256
 
 
 class PerfettoWriter:
@@ -54,8 +52,9 @@ class PerfettoWriter:
         self.last_t: float | None = None
         self.last_compiles: int | None = None
         self.last_failed: int | None = None
-        # The counters' format per sample shape, and its values' getter.
-        self._shapes: dict[tuple[Any, ...], tuple[str, Callable[[list[Any]], tuple[Any, ...]]]] = {}
+        # The counters' format per sample shape (which devices, which of
+        # their values are numbers), and its values' getter.
+        self._shapes = ShapeFormats(self._shape_format)
 
     def state(self) -> list[Any]:
         """What the events of the next sample depend on besides the sample."""
@@ -152,12 +151,7 @@ class PerfettoWriter:
         self.last_t = t
         values.append(None if s.process is None else s.process.rss_bytes)
         key = (self.pid, tuple(ids), rates, tuple(map(is_not, values, _NONES)))
-        shape = self._shapes.get(key)
-        if shape is None:
-            if len(self._shapes) >= MAX_SHAPES:  # a recording whose every sample differs: no cache pays
-                self._shapes.clear()
-            shape = self._shapes[key] = self._shape_format(key)
-        fmt, pick = shape
+        fmt, pick = self._shapes.get(key)
         text = fmt % pick(values)
         don, comp = s.donation, s.compile
         compiles = None if comp is None else comp.count_total
