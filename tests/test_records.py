@@ -333,3 +333,21 @@ def test_a_real_agents_records_have_only_typed_keys_and_decode_clean(child_env, 
         record = decode(line)
         assert not isinstance(record, Unknown), line[:200]
         assert record.odd == (), (record.odd, line[:200])
+
+
+def test_the_agent_sides_figure_declarations_name_fields_of_the_types():
+    """jaxtop.wire.schema declares the figures (key, unit, help) for the
+    stdlib side (the agent's Prometheus exposition, the CSV columns); the
+    record types declare the same parts for the dashboard's side. A figure
+    the schema names must be a field of its part's type, or one side reads
+    n/a where the other reads a number."""
+    from jaxtop.wire import records, schema
+
+    for figures, cls in ((schema.DEVICE, records.Device), (schema.LIVE_ARRAYS, records.LiveArrays),
+                         (schema.TRANSFER, records.Transfer), (schema.PROCESS, records.Process),
+                         (schema.COMPILE, records.Compile), (schema.DONATION, records.Donation)):
+        missing = set(schema.keys(figures)) - set(cls.__struct_fields__)
+        assert not missing, (cls.__name__, missing)
+    assert set(schema.DEVICE_PARTS) <= set(records.Device.__struct_fields__)
+    assert set(schema.LIVE_ARRAYS_PARTS) <= set(records.LiveArrays.__struct_fields__)
+    assert set(schema.SAMPLE_FIELDS) - {"type"} <= set(records.Sample.__struct_fields__)

@@ -25,17 +25,15 @@ from jaxtop.wire.records import (
 __all__ = [
     "NO_NVML", "AgentView", "BufferView", "CaptureView", "CompileView", "DonationView", "GpuView", "HostView",
     "NvmlStatusView", "NvmlView", "ProfileSiteView", "ProfileView", "TopShapeView", "TransferView", "device_order",
-    "is_device_id", "number", "nvml_of_devices",
+    "is_device_id", "nvml_of_devices",
 ]
-
-number = protocol.number
 
 #: The hello's ``nvml`` before one came (or from an agent that sent none).
 NO_NVML = Nvml()
 
 
 def _int(value: Any) -> int | None:
-    value = number(value)
+    value = protocol.number(value)
     return None if value is None else int(value)
 
 
