@@ -96,13 +96,17 @@ DEV, NBYTES, PTR, DTYPE, SHAPE, WHY = range(6)
 _nbytes = itemgetter(NBYTES)
 
 
-def hole_ratio(spans: list[tuple[int, int]] | list[list[int]]) -> float | None:
+def hole_ratio(spans: list[tuple[int, int]] | list[list[int]], fill: int = 0) -> float | None:
     """Share of holes in the address range of some buffers: where the
     allocator reports no fragmentation (CPU), the one fragmentation measure
     left, read from live buffers' addresses.
 
     Args:
         spans: (address, bytes) of each buffer, in any order.
+
+        fill: bytes of buffers whose place is unknown, each smaller than
+            :data:`MIN_HOLE_BUFFER`: they may sit in the holes, so the holes
+            are counted less that much (a lower bound).
 
     Returns:
         holes / (holes + buffer bytes), where a hole is a gap between
@@ -118,6 +122,7 @@ def hole_ratio(spans: list[tuple[int, int]] | list[list[int]]) -> float | None:
         gap = q - (p + n)
         if MIN_HOLE_BYTES <= gap < REGION_GAP_BYTES:
             holes += gap
+    holes = max(0, holes - fill)
     used = sum(n for _, n in spans)
     return holes / (holes + used) if holes + used else None
 
@@ -143,8 +148,14 @@ def detail_of(rows: list[tuple]) -> dict[str, Any]:
     top = [{"nbytes": r[NBYTES], "dtype": r[DTYPE], "shape": r[SHAPE], "ptr": r[PTR]} for r in largest[:TOP_BUFFERS]]
     mapped = sorted([r[PTR], r[NBYTES]] for r in largest if r[PTR] is not None)
     out: dict[str, Any] = {"top": top, "map": mapped, "map_complete": len(rows) <= BUFFER_MAP_MAX}
-    if len(mapped) == len(rows):
-        out["holes"] = hole_ratio(mapped)
+    # A buffer left out of the map (no address yet, or beyond its length)
+    # could sit in a hole: with every large one in, the small ones left out
+    # count as filling holes by their size; one large one left out, and the
+    # holes are not known.
+    listed = {id(r) for r in largest}
+    left_out = [r for r in rows if r[PTR] is None or id(r) not in listed]
+    if all(r[NBYTES] < MIN_HOLE_BUFFER for r in left_out):
+        out["holes"] = hole_ratio(mapped, fill=sum(r[NBYTES] for r in left_out))
     return out
 
 

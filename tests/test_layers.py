@@ -76,6 +76,9 @@ ALLOWED = {
     # The wire's number rules (protocol: stdlib only, as this module stays).
     "jaxtop/dashboard/ledger.py": {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol"} | RECORDS,
     "jaxtop/dashboard/history.py": {"numpy"},
+    # The advisor: records in, advice out; the ledger's fold is the one the
+    # dashboard keeps (it imports only the record types).
+    "jaxtop/advice": RECORDS | {"jaxtop", "jaxtop.advice", "jaxtop.dashboard.ledger", "jaxtop.wire.units"},
 }
 
 

@@ -1,0 +1,191 @@
+"""What the jit ledger says of each jitted function: outputs that could take
+their inputs' buffers (donation), arrays rebuilt at a new shape every step
+(in-place updates), temporaries that dwarf the function's own arrays
+(gradient checkpointing).
+
+The ledger's sizes are XLA's own (``memory_analysis()`` of each live
+executable: arguments, outputs, outputs aliased to donated arguments,
+temporaries); its compiles and their reasons are jax's. The memory profiles
+(``holders``) say which line keeps a function's outputs alive.
+"""
+
+from __future__ import annotations
+
+from jaxtop.advice.detectors.base import Found, Window, per_s, short, site_of
+from jaxtop.advice.types import INFERRED, MEASURED, Advice, NotJudged
+from jaxtop.dashboard.ledger import JitFunction
+from jaxtop.wire.units import fmt_bytes
+
+__all__ = ["checkpointing", "donation", "in_place"]
+
+#: Outputs smaller than this are not worth a donation's constraints.
+MIN_DONATION_BYTES = 64 * 1024
+#: A function whose outputs are at least this share of its arguments (and
+#: not more than all of them) returns something the size of an input it was
+#: given: a state it updates (parameters, optimizer state, a buffer).
+STATE_SHARE = 0.4
+#: The calling line holding between these shares of a function's outputs
+#: keeps them: the state is carried from call to call.
+HELD_SHARE = (0.5, 1.05)
+#: Compiles of one function in the window, each at a larger shape: an array
+#: rebuilt every step.
+GROWING_COMPILES = 8
+#: Temporaries at least this large, and this many times the function's
+#: arguments and outputs together, are stored activations or intermediates.
+MIN_TEMP_BYTES = 1 << 20
+TEMP_RATIO = 1.0
+#: Share of the device's limit above which temporaries matter there whatever
+#: the ratio.
+TEMP_LIMIT_SHARE = 0.25
+#: Functions of jax's own ops (an op run eagerly, its compiles per shape).
+GROWING_OPS = ("concatenate", "pad", "append", "stack", "hstack", "vstack", "dynamic_update_slice", "scatter")
+
+
+def _live_functions(w: Window) -> tuple[list[JitFunction], str | None]:
+    ledger = w.ev.ledger()
+    if ledger is None:
+        return [], "no jit ledger in the records (an older agent, or jax's executables could not be read)"
+    if not ledger.available:
+        return [], f"the jit ledger is n/a: {ledger.reason or 'the agent gave no reason'}"
+    return [f for f in ledger.functions if not f.eager and f.live], None
+
+
+def _growing(w: Window) -> set[str]:
+    """Functions compiling again and again in the window (in-place's case)."""
+    ledger = w.ev.ledger()
+    names: set[str] = set()
+    if ledger is None:
+        return names
+    if ledger.storm is not None and ledger.storm.function and (ledger.storm.t or 0) >= w.start:
+        names.add(ledger.storm.function)
+    return names
+
+
+def donation(w: Window) -> Found:
+    out: Found = []
+    failed = w.ev.donation_failed.over(w.start, w.end)
+    if failed.rise > 0:
+        message = w.ev.donation_message or "jax gave no message"
+        out.append(Advice(
+            strategy="donation", file=None, line=None, function=None, jitted=None,
+            title="a donation failed: the buffer was copied, not reused",
+            evidence=f"{failed.rise:.0f} donated buffer(s) jax could not use {w.over()}: {message}",
+            gain="the donated input's bytes, at each call: the output is a new buffer while the input is kept",
+            fix="donate only arguments whose shape, dtype and sharding match an output, and do not read them "
+                "after the call",
+            basis=MEASURED, window_s=w.span_s, score=0.3))
+    functions, why = _live_functions(w)
+    if why:
+        return out + [NotJudged("donation", why)]
+    profiles = list(w.ev.profiles)
+    if not profiles:
+        why = w.ev.holders_error or "no memory profile in the records yet: which line keeps a function's outputs is unknown"
+        return out + [NotJudged("donation", why)]
+    sites = [s for s in (profiles[-1].sites or ()) if not s.library and s.bytes and s.file and s.line is not None]
+    growing = _growing(w)
+    for fn in functions:
+        out_b, arg_b, alias = fn.output_bytes, fn.argument_bytes, fn.alias_bytes
+        if out_b is None or arg_b is None or alias is None or alias > 0 or fn.name in growing:
+            continue
+        if out_b < MIN_DONATION_BYTES or not STATE_SHARE * arg_b <= out_b <= arg_b:
+            continue
+        lo, hi = HELD_SHARE
+        call_file, call_line = site_of(fn.call_site)
+        # The line that called it (and compiled it) keeps about its outputs'
+        # bytes: each call's outputs are kept there until the next call
+        # replaces them, a state carried from call to call. A line holding
+        # as much elsewhere may be an input's (parameters a gradient
+        # function reads every step and never replaces): not evidence.
+        site = next((s for s in sites if s.file == call_file and s.line == call_line
+                     and lo * out_b <= (s.bytes or 0) <= hi * out_b), None)
+        if site is None:
+            continue
+        name = fn.name.removeprefix("jit_")
+        defined = f" (defined at {short(*site_of(fn.defined_at))})" if fn.defined_at else ""
+        out.append(Advice(
+            strategy="donation", file=site.file, line=int(site.line or 0), function=site.function, jitted=name,
+            title=f"donate the state `{name}` replaces",
+            evidence=f"`{name}` returns {fmt_bytes(out_b)} of new outputs from {fmt_bytes(arg_b)} of arguments, none "
+                     f"aliased (XLA's memory analysis), and {short(site.file, int(site.line or 0))} keeps "
+                     f"{fmt_bytes(site.bytes)} of them alive: its outputs replace inputs of the same size",
+            gain=f"up to -{fmt_bytes(out_b)} at peak per call in flight: the outputs are written into the donated "
+                 f"inputs' buffers",
+            fix=f"jax.jit({name}, donate_argnums=(0,)){defined}  # the argument whose new value it returns; do not "
+                f"read it after the call",
+            basis=INFERRED, window_s=w.span_s, score=_score_bytes(w, out_b)))
+    return out
+
+
+def _score_bytes(w: Window, nbytes: float) -> float:
+    """Bytes as a share of the device memory in use (of 1 GiB where unknown)."""
+    in_use = 0.0
+    for readings in w.ev.devices.values():
+        if readings and readings[-1].in_use:
+            in_use = max(in_use, float(readings[-1].in_use))
+    base = in_use if in_use > 0 else float(1 << 30)
+    return min(1.0, nbytes / (nbytes + base))
+
+
+def in_place(w: Window) -> Found:
+    ledger = w.ev.ledger()
+    if ledger is None:
+        return [NotJudged("in_place", "no jit ledger in the records: compiles per shape are unknown")]
+    out: Found = []
+    storm = ledger.storm
+    if storm is not None and storm.site and (storm.t or 0) >= w.start and storm.kind in ("types", "eager", "unknown"):
+        name = storm.name or (storm.function or "?").removeprefix("jit_")
+        sizes = sorted((e.first_t or 0.0, float(e.argument_bytes)) for e in ledger.executables
+                       if e.name == storm.function and e.argument_bytes is not None)
+        grows = len(sizes) >= 2 and sizes[-1][1] > sizes[0][1]
+        if storm.kind != "eager" or name in GROWING_OPS or grows:
+            file, line = site_of(storm.site)
+            rate = storm.rate_per_s
+            shapes = (f", its arguments {fmt_bytes(sizes[0][1])} -> {fmt_bytes(sizes[-1][1])}" if grows else "")
+            out.append(Advice(
+                strategy="in_place", file=file, line=line, function=None, jitted=name,
+                title="write into a preallocated buffer instead of rebuilding it",
+                evidence=f"{storm.compiles or '?'} compiles of `{name}` in {storm.window_s or 60:.0f} s at "
+                         f"{short(file, line)}, one per new shape{shapes}"
+                         + (f" ({per_s(rate)})" if rate else ""),
+                gain=(f"-{per_s(rate)} compiles" if rate else "one compile per shape less")
+                     + ", and no copy of the whole array each step",
+                fix="buf = jnp.zeros((max_rows, width)) once; then in a jax.jit(..., donate_argnums=(0,)) function "
+                    "buf = lax.dynamic_update_slice(buf, row, (i, 0))",
+                basis=MEASURED, window_s=w.span_s, score=min(1.0, 0.3 + _rate_share(rate))))
+    return out
+
+
+def _rate_share(rate: float | None) -> float:
+    return 0.0 if not rate else rate / (rate + 20.0)
+
+
+def checkpointing(w: Window) -> Found:
+    functions, why = _live_functions(w)
+    if why:
+        return [NotJudged("checkpointing", why)]
+    limit = None
+    for readings in w.ev.devices.values():
+        if readings and readings[-1].limit:
+            limit = max(limit or 0.0, float(readings[-1].limit))
+    out: Found = []
+    for fn in functions:
+        temp, arg_b, out_b = fn.temp_bytes, fn.argument_bytes or 0, fn.output_bytes or 0
+        if temp is None or temp < MIN_TEMP_BYTES:
+            continue
+        big_share = limit is not None and temp >= TEMP_LIMIT_SHARE * limit
+        if temp < TEMP_RATIO * (arg_b + out_b) and not big_share:
+            continue
+        name = fn.name.removeprefix("jit_")
+        file, line = site_of(fn.call_site)
+        share = f", {100 * temp / limit:.0f} % of the device's {fmt_bytes(limit)}" if limit else ""
+        out.append(Advice(
+            strategy="checkpointing", file=file, line=line, function=None, jitted=name,
+            title=f"recompute `{name}`'s activations instead of storing them",
+            evidence=f"XLA's temporaries of `{name}` are {fmt_bytes(temp)}, {temp / max(1, arg_b + out_b):.1f}x its "
+                     f"arguments and outputs ({fmt_bytes(arg_b + out_b)}){share}",
+            gain=f"part of {fmt_bytes(temp)} at peak where they are activations kept for the backward pass "
+                 f"(paid in recompute time)",
+            fix="wrap each block (the scan body, each layer) in jax.checkpoint: "
+                "lax.scan(jax.checkpoint(body), x, ws)",
+            basis=INFERRED, window_s=w.span_s, score=_score_bytes(w, temp) * 0.8))
+    return out

@@ -1,0 +1,347 @@
+"""Lines that move data or dispatch work every step: placement (host values
+fed to jitted calls), batching (one call or array per item), jit (jax ops run
+one by one), host syncs (device values read on the host), and the transfer
+guard that would have caught the implicit copies.
+
+Their evidence is the agent's ``transfer_sites`` (every implicit transfer
+tied to its line, with what the call passed) and ``host_syncs`` (every host
+read tied to its line), as running totals over the window: a line counts
+when its total rose in most slices of the window, the last ones included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxtop.advice.detectors.base import Found, Window, bytes_per_s, comprehension, per_s, short
+from jaxtop.advice.evidence import TransferLine
+from jaxtop.advice.series import Steady
+from jaxtop.advice.types import INFERRED, MEASURED, Advice, NotJudged
+from jaxtop.wire.units import fmt_bytes
+
+__all__ = ["Flow", "batching", "flows", "guard", "host_sync", "jit_ops", "placement"]
+
+#: The least rate a steady line must keep to be advised on (a step a second
+#: still makes its copy every step).
+MIN_RATE = 0.2
+#: A line called this many times for each call of another steady line (the
+#: step) makes one call per item: batching.
+ITEMS_PER_STEP = 4
+#: jax ops that make an array from a host value (jnp.asarray, jnp.zeros):
+#: set-up, not per-step work that jit would fuse.
+CREATION_OPS = ("convert_element_type", "broadcast_in_dim", "iota")
+#: Memory profiles a site of small arrays must be listed in, with as many.
+PROFILES_SEEN = 2
+#: A comprehension's site of at least this many arrays of at most
+#: SMALL_ARRAY bytes each: arrays made one by one that could be one.
+MANY_ARRAYS = 8
+SMALL_ARRAY = 4096
+#: Lines from a line of eager op calls within which the ops jax compiled for
+#: eager dispatch are counted as the same code's.
+OPS_NEAR = 6
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A steady line of implicit host-to-device copies into a jitted call."""
+
+    line: TransferLine
+    count: Steady  # transfers
+    calls: Steady  # the calls that made them
+    bytes: Steady | None  # None: some size unknown
+    per_item: float | None  # calls per call of the step line (batching), if one
+    step: TransferLine | None  # that step line
+
+    @property
+    def batching(self) -> bool:
+        return comprehension(self.line.function) or (self.per_item is not None and self.per_item >= ITEMS_PER_STEP)
+
+
+def _steady(w: Window, line: TransferLine) -> tuple[Steady, Steady, Steady | None] | None:
+    count = line.count.over(w.start, w.end)
+    if not count.steady or count.per_s < MIN_RATE:
+        return None
+    calls = line.calls.over(w.start, w.end) if line.calls.points else count
+    size = line.bytes.over(w.start, w.end) if line.bytes.points else None
+    return count, calls, size
+
+
+def flows(w: Window) -> list[Flow]:
+    """The steady lines of implicit h2d copies into jitted functions (not
+    jax ops run eagerly), busiest first, each with its calls per step where
+    another steady line sets the step."""
+    found = []
+    for line in w.ev.transfers.values():
+        if line.direction != "h2d" or line.op:
+            continue
+        steady = _steady(w, line)
+        if steady is not None:
+            found.append((line, *steady))
+    # The step: the least busy steady line of another callee, or a line of
+    # host reads (a loss read each step); a line called k times for each of
+    # its calls runs once per item.
+    steps: list[tuple[float, TransferLine | None]] = [(calls.per_s, line) for line, _, calls, _ in found
+                                                      if not comprehension(line.function)]
+    for sync in w.ev.syncs.values():
+        s = sync.count.over(w.start, w.end)
+        if s.steady and s.per_s >= MIN_RATE:
+            steps.append((s.per_s, None))
+    out = []
+    for line, count, calls, size in found:
+        others = [(rate, other) for rate, other in steps if other is not line and (other is None or other.callee != line.callee)]
+        per_item, step = None, None
+        if others:
+            rate, step = min(others, key=lambda x: x[0])
+            per_item = calls.per_s / rate if rate > 0 else None
+        out.append(Flow(line, count, calls, size, per_item, step))
+    out.sort(key=lambda f: -f.count.per_s)
+    return out
+
+
+def _args(line: TransferLine) -> tuple[str, list[str], list[str]]:
+    """What the line's calls copy (``NumPy float32[64,256] batch``), and the
+    names of its array and of its Python scalar arguments."""
+    site = line.latest
+    args = (site.args if site is not None else None) or []
+    parts, arrays, scalars = [], [], []
+    for a in args:
+        kind = a.kind or "value"
+        name = a.name or "(unnamed)"
+        parts.append(f"{kind} {a.shape or '?'} `{name}`")
+        (scalars if "scalar" in kind else arrays).append(name)
+    return ", ".join(parts) or "values the agent did not describe", arrays, scalars
+
+
+def _score_rate(rate: float, weight: float = 1.0) -> float:
+    """A rate's expected gain as a share: 100/s reads 0.5."""
+    return weight * rate / (rate + 100.0)
+
+
+def placement(w: Window) -> Found:
+    if w.too_short:
+        return [NotJudged("placement", w.too_short)]
+    out: Found = []
+    for flow in flows(w):
+        if flow.batching:
+            continue
+        line = flow.line
+        what, arrays, scalars = _args(line)
+        rate = flow.count.per_s
+        moved = f" ({bytes_per_s(flow.bytes.per_s)})" if flow.bytes is not None and flow.bytes.rise > 0 else ""
+        fixes = []
+        if arrays:
+            name = arrays[0]
+            fixes.append(f"{name} = jax.device_put({name}) one step ahead of the call (prefetch the next batch while "
+                         f"this step runs); if `{name}` is the same array every call, jax.device_put it once before "
+                         f"the loop")
+        if scalars:
+            names = ", ".join(f"`{n}`" for n in scalars)
+            fixes.append(f"keep {names} on the device: a jnp array carried in the step's state and updated inside "
+                         f"`{line.callee}` (static_argnums would recompile for each new value)")
+        out.append(Advice(
+            strategy="placement", file=line.file, line=line.line, function=line.function, jitted=line.callee,
+            title=f"put what `{line.callee}` is fed on the device ahead of the call",
+            evidence=f"{per_s(rate)} implicit host-to-device copies{moved} of {what} at {short(line.file, line.line)} "
+                     f"into `{line.callee}` {w.over()}",
+            gain=f"-{per_s(rate)} implicit transfers on the call path{moved}",
+            fix="; ".join(fixes) or f"jax.device_put the arguments of `{line.callee}` before the call",
+            basis=MEASURED, window_s=w.span_s, score=_score_rate(rate)))
+    return out
+
+
+def batching(w: Window) -> Found:
+    if w.too_short:
+        return [NotJudged("batching", w.too_short)]
+    out: Found = []
+    seen: set[tuple[str, int]] = set()
+    for flow in flows(w):
+        if not flow.batching:
+            continue
+        line = flow.line
+        what, arrays, _ = _args(line)
+        calls = flow.calls.per_s
+        each = fmt_bytes(flow.bytes.rise / flow.count.rise) if flow.bytes is not None and flow.count.rise else "?"
+        if flow.per_item is not None and flow.per_item >= ITEMS_PER_STEP and flow.step is not None:
+            per = f", {flow.per_item:.0f} for each call of `{flow.step.callee}` at {short(flow.step.file, flow.step.line)}"
+            gain = f"-{per_s(calls * (1 - 1 / flow.per_item))} dispatches and copies (one call per step, not {flow.per_item:.0f})"
+        elif flow.per_item is not None and flow.per_item >= ITEMS_PER_STEP:
+            per = f", {flow.per_item:.0f} for each host read of the step"
+            gain = f"-{per_s(calls * (1 - 1 / flow.per_item))} dispatches and copies (one call per step, not {flow.per_item:.0f})"
+        else:
+            per = " from a comprehension (one call per item)"
+            gain = f"up to -{per_s(calls)} dispatches and copies: one call per batch instead of one per item"
+        seen.add((line.file, line.line))
+        name = arrays[0] if arrays else "items"
+        out.append(Advice(
+            strategy="batching", file=line.file, line=line.line, function=line.function, jitted=line.callee,
+            title=f"call `{line.callee}` once on the stacked items, not once per item",
+            evidence=f"{per_s(calls)} calls of `{line.callee}` at {short(line.file, line.line)}, each copying {what} "
+                     f"({each} a copy){per} {w.over()}",
+            gain=gain,
+            fix=f"xs = jax.device_put(np.stack({name}s)); {line.callee}(xs) with `{line.callee}` written for a batch "
+                f"(or jax.vmap of it)",
+            basis=MEASURED, window_s=w.span_s, score=_score_rate(calls)))
+    out += _many_small_arrays(w, seen)
+    return out
+
+
+def _many_small_arrays(w: Window, seen: set[tuple[str, int]]) -> Found:
+    """Arrays made one by one in a comprehension (a ``device_put`` per item):
+    the memory profiles list many small buffers at its line, profile after
+    profile. Explicit transfers are not logged by jax's guard, so this is
+    the one trace they leave: inferred."""
+    profiles = list(w.ev.profiles)[-4:]
+    if len(profiles) < PROFILES_SEEN:
+        return []
+    counts: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+    for p in profiles:
+        for site in p.sites or ():
+            if site.file is None or site.line is None or site.library or not comprehension(site.function):
+                continue
+            n, b = site.count or 0, site.bytes or 0
+            if n >= MANY_ARRAYS and b / n <= SMALL_ARRAY:
+                counts.setdefault((site.file, int(site.line)), []).append((int(n), int(b), site.function or ""))
+    out: Found = []
+    for (file, line), rows in counts.items():
+        if len(rows) < PROFILES_SEEN or (file, line) in seen:
+            continue
+        n, b, function = rows[-1]
+        out.append(Advice(
+            strategy="batching", file=file, line=line, function=function, jitted=None,
+            title="make the items one array: one device_put, one buffer",
+            evidence=f"{n} arrays of {fmt_bytes(b / n)} each live from {short(file, line)} (made one by one in a "
+                     f"comprehension) in {len(rows)} of the last {len(profiles)} memory profiles",
+            gain=f"{n - 1} fewer buffers and transfers each time the line runs ({n} -> 1)",
+            fix="xs = jax.device_put(np.stack(items)) once, and index xs[i] where the items were used",
+            basis=INFERRED, window_s=w.span_s, score=0.05 + 0.1 * min(1.0, n / 64)))
+    return out
+
+
+def jit_ops(w: Window) -> Found:
+    """jax ops run one by one outside jit, every step: seen where they take
+    a host value (a Python scalar), as each such op's implicit transfer is
+    tied to its line; ops on device arrays alone leave no per-call trace."""
+    if w.too_short:
+        return [NotJudged("jit", w.too_short)]
+    groups: dict[tuple[str, str], list[tuple[TransferLine, Steady]]] = {}
+    for line in w.ev.transfers.values():
+        if line.direction != "h2d" or not line.op or line.callee.startswith(CREATION_OPS):
+            continue
+        steady = _steady(w, line)
+        if steady is None:
+            continue
+        groups.setdefault((line.file, line.function), []).append((line, steady[1]))
+    ledger = w.ev.ledger()
+    # The ops jax compiled for eager dispatch, by the line and function that
+    # first ran each (the ledger's executables): ops on device arrays alone
+    # show there, once per shape.
+    # The listed executables name the function; the functions' rows (every
+    # op, the largest executables only are listed) name only the line.
+    eager_at: dict[tuple[str, int, str | None], set[str]] = {}
+    for ex in (ledger.executables if ledger is not None else ()):
+        if ex.eager and ex.call_site and ex.name:
+            path, _, num = ex.call_site.rpartition(":")
+            if num.isdigit():
+                eager_at.setdefault((path, int(num), ex.call_fn or ""), set()).add(ex.name.removeprefix("jit_"))
+    for fn in (ledger.functions if ledger is not None else ()):
+        if fn.eager and fn.call_site:
+            path, _, num = fn.call_site.rpartition(":")
+            op = fn.name.removeprefix("jit_")
+            if num.isdigit() and not op.startswith(CREATION_OPS):
+                eager_at.setdefault((path, int(num), None), set()).add(op)
+    out: Found = []
+    for (file, function), lines in groups.items():
+        lines.sort(key=lambda x: x[0].line)
+        rate = sum(calls.per_s for _, calls in lines)
+        # Ops compiled near the group's lines, in the same function where the
+        # ledger names it: the ops of device arrays alone, which no transfer shows.
+        near = [ln.line for ln, _ in lines]
+        here: dict[int, set[str]] = {}
+        for (f, n, fn), names in eager_at.items():
+            if f == file and (fn is None or fn == function) and min(abs(n - m) for m in near) <= OPS_NEAR:
+                here.setdefault(n, set()).update(names)
+        numbers = sorted({ln.line for ln, _ in lines} | set(here))
+        ops = sorted({ln.callee.removesuffix(" (op)") for ln, _ in lines} | {op for names in here.values() for op in names})
+        first = lines[0][0]
+        where = f"{short(file)}:{numbers[0]}" + (f"-{numbers[-1]}" if len(numbers) > 1 else "")
+        if function == "<module>":
+            fix = "move these per-step ops into the jitted step (or one jitted helper), so they run as one XLA program"
+            title = "run the loop's per-step ops inside jit"
+        else:
+            base = function.rsplit(".", 1)[-1]
+            fix = f"{base} = jax.jit({base})  # one XLA program: one dispatch a call instead of one per op"
+            title = f"jax.jit `{base}`: its ops run one by one"
+        out.append(Advice(
+            strategy="jit", file=file, line=first.line, function=function, jitted=None, title=title,
+            evidence=f"{per_s(rate)} eager op calls taking a host value at {where} in `{function}` {w.over()} "
+                     f"(ops run eagerly there: {', '.join(ops[:8])}{', …' if len(ops) > 8 else ''})",
+            gain=f"-{per_s(rate)} dispatches at least (only ops given a host value are counted), and one output "
+                 f"buffer per op",
+            fix=fix, basis=MEASURED, window_s=w.span_s, score=_score_rate(rate, 0.9)))
+    return out
+
+
+def host_sync(w: Window) -> Found:
+    syncs = w.ev.syncs_field
+    out: Found = []
+    if w.too_short:
+        return [NotJudged("host_sync", w.too_short)]
+    if syncs is None:
+        out.append(NotJudged("host_sync", "the agent sent no host_syncs field (an older agent): host reads are "
+                             "judged from jax's guard lines alone"))
+    elif syncs.available is False:
+        out.append(NotJudged("host_sync", f"host reads are not counted: {syncs.reason or 'the agent gave no reason'}"))
+    covered: set[tuple[str, int]] = set()
+    for sync in w.ev.syncs.values():
+        s = sync.count.over(w.start, w.end)
+        if not s.steady or s.per_s < MIN_RATE:
+            continue
+        covered.add((sync.file, sync.line))
+        kinds = sync.latest.kinds if sync.latest is not None else None
+        how = ", ".join(f"{k}" for k in sorted(kinds or {}, key=lambda k: -(kinds or {}).get(k, 0))) or "read"
+        out.append(_sync_advice(w, sync.file, sync.line, sync.function, s.per_s, how))
+    for line in w.ev.transfers.values():
+        if line.direction != "d2h" or (line.file, line.line) in covered:
+            continue
+        steady = _steady(w, line)
+        if steady is None:
+            continue
+        how = line.callee.removeprefix("host read (").removesuffix(")") if line.callee.startswith("host read") \
+            else line.callee
+        out.append(_sync_advice(w, line.file, line.line, line.function, steady[1].per_s, how))
+    return out
+
+
+def _sync_advice(w: Window, file: str, line: int, function: str, rate: float, how: str) -> Advice:
+    return Advice(
+        strategy="host_sync", file=file, line=line, function=function, jitted=None,
+        title="read device values on the host every N steps, not every step",
+        evidence=f"{per_s(rate)} host reads ({how}) at {short(file, line)} {w.over()}: each waits for every step "
+                 f"queued before it",
+        gain=f"-{per_s(rate)} host syncs: between reads the loop dispatches ahead of the device",
+        fix="if step % 100 == 0: print(float(loss))  # or keep a running sum on the device and jax.device_get it "
+            "every N steps",
+        basis=MEASURED, window_s=w.span_s, score=_score_rate(rate, 0.8))
+
+
+def guard(w: Window) -> Found:
+    """One piece of advice for the program: the implicit copies made every
+    step, and the budget (or guard) that fails a run that makes them."""
+    if w.too_short:
+        return [NotJudged("guard", w.too_short)]
+    lines = flows(w)
+    if not lines:
+        return []
+    total = sum(f.count.per_s for f in lines)
+    busiest = lines[0].line
+    spec = ",".join(f"h2d@{short(f.line.file, f.line.line)}=0" for f in lines[:6])
+    where = ", ".join(short(f.line.file, f.line.line) for f in lines[:4]) + (", …" if len(lines) > 4 else "")
+    return [Advice(
+        strategy="guard", file=busiest.file, line=busiest.line, function=busiest.function, jitted=busiest.callee,
+        title="make an implicit copy fail the test, not slow the run",
+        evidence=f"{len(lines)} line(s) copy host values to the device implicitly every step ({where}; "
+                 f"{per_s(total)} together) {w.over()}, and nothing refused them",
+        gain="the next implicit copy is caught where it starts, in CI, before it costs a step",
+        fix=f"once fixed: jaxtop run --budget {spec} …  (or `with jax.transfer_guard_host_to_device('disallow'):` "
+            f"around the loop in a test)",
+        basis=MEASURED, window_s=w.span_s, score=0.02)]
