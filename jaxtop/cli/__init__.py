@@ -94,6 +94,10 @@ def _main(argv: list[str]) -> int:
         from jaxtop.cli.serve import cmd_serve
 
         return cmd_serve(args)
+    if args.command == "advise":
+        from jaxtop.cli.advise import cmd_advise
+
+        return cmd_advise(args)
     if args.command == "snapshot":
         from jaxtop.cli.snapshot import cmd_snapshot
 

@@ -220,6 +220,20 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
                           help="how long to wait for the agent (default 10)")
 
+    advise = sub.add_parser(
+        "advise", help="the memory strategies a program misses, line by line (evidence, gain, fix)",
+        description="Read a running program's agent (its history, then live samples) or a recording, and say "
+                    "which line misses which strategy (placement, donation, in-place updates, batching, jit, "
+                    "host syncs, run-ahead, checkpointing, the transfer guard, leaks, fragmentation): the "
+                    "evidence measured over the window, the gain to expect and the change as code; highest "
+                    "expected gain first (docs/advice.md).")
+    advise.add_argument("target", metavar="PID|RECORDING", help="a process (jaxtop ls lists them) or a recording")
+    advise.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    advise.add_argument("--window", type=_positive_float, default=60.0, metavar="S",
+                        help="the evidence window: the last S seconds of samples (default 60)")
+    advise.add_argument("--timeout", type=_positive_float, default=15.0, metavar="S",
+                        help="PID: how long to read the agent at most (default 15)")
+
     serve = sub.add_parser(
         "serve", help="the dashboard in a browser (textual-serve): replay FILE or attach PID",
         description="Serve the dashboard over HTTP on 127.0.0.1 (by default) with a token in its URL: one "

@@ -1,0 +1,145 @@
+"""``jaxtop advise PID|RECORDING [--json]``: the strategies a program misses,
+line by line.
+
+A PID: the agent's greeting and its history (up to ten minutes of samples),
+then live samples until the evidence window is covered or ``--timeout``
+passes; nothing is sent to the agent, the program is not paused. A
+recording (``jaxtop run --log``, plain or gzip): every record, one advisor
+per process (a ``hello`` starts one), evaluated at its last sample.
+
+Text: the advice, highest expected gain first, each with its evidence,
+gain and fix, then what could not be judged and why. ``--json``: one
+document, ``{"processes": [{"pid", "argv", "advice": [...], "not_judged":
+[...]}], "read": {...}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from jaxtop.cli.exits import EXIT_USAGE
+
+__all__ = ["advise_recording", "cmd_advise"]
+
+
+def advise_recording(path: str, window_s: float) -> tuple[list[tuple[Any, Any]], Any]:
+    """The advisors of a recording's processes, fed: ``([(hello, advisor)],
+    read stats)``. Lines that are not records are skipped and counted."""
+    from jaxtop.advice import Advisor
+    from jaxtop.export.convert import guarded, open_recording
+    from jaxtop.wire import protocol
+    from jaxtop.wire.records import Hello, decode
+
+    stats = protocol.ReadStats()
+    processes: list[tuple[Any, Any]] = []
+    advisor = None
+    with open_recording(path) as raw:
+        for record in protocol.iter_records(guarded(raw, stats), stats, decode_line=decode):
+            if isinstance(record, Hello) or advisor is None:
+                advisor = Advisor(window_s=window_s)
+                processes.append((record if isinstance(record, Hello) else None, advisor))
+            advisor.feed(record)
+    return processes, stats
+
+
+def _advise_pid(pid: int, window_s: float, timeout_s: float) -> tuple[Any, Any]:
+    """Read the agent's greeting and history, then live samples while the
+    window is not covered (at most ``timeout_s``)."""
+    from jaxtop.advice import Advisor
+    from jaxtop.advice.detectors.base import MIN_SPAN_S
+    from jaxtop.wire import client, protocol
+    from jaxtop.wire.records import Hello, HistoryEnd, Sample, decode
+
+    advisor = Advisor(window_s=window_s)
+    hello = None
+    history_done = False
+    # The agent sends its present (the newest sample) first, then its
+    # history, oldest first: the present goes in after the history.
+    present: list[Sample] = []
+    deadline = time.monotonic() + timeout_s
+    with client.AgentConnection.open(pid, timeout_s=min(timeout_s, 5.0)) as conn:
+        for line in conn.lines(should_stop=lambda: time.monotonic() > deadline):
+            try:
+                record = decode(line)
+            except protocol.ProtocolError:
+                continue
+            if isinstance(record, Hello):
+                hello = record
+            if not history_done and isinstance(record, Sample) and record.present:
+                present.append(record)
+                continue
+            advisor.feed(record)
+            if isinstance(record, HistoryEnd):
+                history_done = True
+                for sample in present:
+                    advisor.feed(sample)
+            if history_done and isinstance(record, Sample) and advisor.evidence.span_s >= MIN_SPAN_S + 1:
+                break
+    if not history_done:  # an agent without a history: what came is all there is
+        for sample in present:
+            advisor.feed(sample)
+    if advisor.evidence.last_t is None:
+        raise TimeoutError(f"no sample from pid {pid} within {timeout_s:g} s")
+    return hello, advisor
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    """``jaxtop advise PID|RECORDING``; returns the exit status."""
+    from jaxtop.advice import advice_json, report_lines
+    from jaxtop.wire import client
+
+    target = args.target
+    if target.isdigit() and not os.path.exists(target):
+        try:
+            processes = [_advise_pid(int(target), args.window, args.timeout)]
+        except client.AgentNotFound:
+            print(f"jaxtop advise: {client.no_agent_message(int(target))}", file=sys.stderr)
+            return EXIT_USAGE
+        except (TimeoutError, OSError) as exc:
+            print(f"jaxtop advise: {exc}", file=sys.stderr)
+            return 1
+        stats = None
+    else:
+        if not os.path.isfile(target):
+            print(f"jaxtop advise: no such file (and not a process id): {target}", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            processes, stats = advise_recording(target, args.window)
+        except OSError as exc:
+            print(f"jaxtop advise: {target}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+    reports = [(hello, advisor.evaluate()) for hello, advisor in processes]
+    if args.json:
+        doc: dict[str, Any] = {"processes": [
+            {"pid": hello.pid if hello is not None else None, "argv": hello.argv if hello is not None else None,
+             **advice_json(report)} for hello, report in reports]}
+        if stats is not None:
+            doc["read"] = {"records": stats.records, "malformed": stats.malformed, "truncated": stats.truncated,
+                           "stopped": stats.stopped, "first_error": stats.first_error}
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        return 0
+    out: list[str] = []
+    if not reports:
+        out.append("advice: n/a (the recording holds no record)")
+    for hello, report in reports:
+        if len(reports) > 1 or hello is not None:
+            who = f"pid {hello.pid}" if hello is not None and hello.pid is not None else "a process"
+            argv = " ".join(hello.argv or ()) if hello is not None else ""
+            out.append(f"== {who}" + (f": {argv[:120]}" if argv else ""))
+        out += report_lines(report)
+    if stats is not None and (stats.malformed or stats.truncated or stats.stopped):
+        parts = []
+        if stats.malformed:
+            parts.append(f"{stats.malformed} line(s) skipped (first: {stats.first_error})")
+        if stats.truncated:
+            parts.append("the last line was cut short")
+        if stats.stopped:
+            parts.append(stats.stopped)
+        out.append("read: " + "; ".join(parts))
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
