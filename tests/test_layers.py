@@ -34,8 +34,8 @@ WIRE = {"jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.paths", "jaxtop.wire.clie
 # The wire's record types and their decoder: msgspec, on the dashboard's side only.
 RECORDS = {"msgspec", "jaxtop.wire.records"}
 MODEL = {"numpy", "jaxtop", "jaxtop.wire.protocol", "jaxtop.wire.timeline", "jaxtop.wire", "jaxtop.dashboard.history",
-         "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger"} | RECORDS | {f"jaxtop.dashboard.{m}" for m in (
-    "model", "views", "readings", "oom_views", "ledger_views", "snapshot", "backlog", "batch", "events", "state",
+         "jaxtop.dashboard.holders", "jaxtop.dashboard.ledger", "jaxtop.advice"} | RECORDS | {f"jaxtop.dashboard.{m}" for m in (
+    "model", "views", "readings", "oom_views", "ledger_views", "snapshot", "backlog", "batch", "events", "state", "advising",
     "accelerator", "transfer_sites", "counter_window", "rows")}
 ALLOWED = {
     # `forksafe`: probes/forksafe.py under the top-level name the stderr relay
@@ -68,6 +68,7 @@ ALLOWED = {
     "jaxtop/dashboard/batch.py": MODEL,
     "jaxtop/dashboard/events.py": MODEL,
     "jaxtop/dashboard/state.py": MODEL,
+    "jaxtop/dashboard/advising.py": MODEL,
     "jaxtop/dashboard/accelerator.py": MODEL,
     "jaxtop/dashboard/holders.py": RECORDS,
     "jaxtop/dashboard/rows.py": RECORDS | {"jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.wire.timeline"},

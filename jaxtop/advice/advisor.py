@@ -19,7 +19,7 @@ from __future__ import annotations
 from jaxtop.advice.detectors import DETECTORS, Window
 from jaxtop.advice.evidence import Evidence
 from jaxtop.advice.types import STRATEGIES, Advice, NotJudged, Report
-from jaxtop.dashboard.ledger import LedgerStore
+from jaxtop.dashboard.ledger import LedgerView
 from jaxtop.wire.records import Record, Unknown
 
 __all__ = ["Advisor", "WINDOW_S"]
@@ -32,23 +32,24 @@ class Advisor:
     """One process's advisor.
 
     Args:
-        ledger: a jit ledger already fed with the same records (the
-            dashboard's model keeps one); None: the advisor folds its own.
-        pid: the process in ``ledger``.
         window_s: the evidence window.
+        fold_jit: fold the samples' jit ledger itself; False where the
+            caller keeps one fed with the same records and passes its view
+            to :meth:`evaluate` (the dashboard's model).
     """
 
-    def __init__(self, ledger: LedgerStore | None = None, pid: int = 0, window_s: float = WINDOW_S) -> None:
-        self.evidence = Evidence(ledger, pid)
+    def __init__(self, window_s: float = WINDOW_S, fold_jit: bool = True) -> None:
+        self.evidence = Evidence(fold_jit)
         self.window_s = window_s
 
     def feed(self, record: Record | Unknown) -> None:
         """Take one record, in the order the process sent them."""
         self.evidence.feed(record)
 
-    def evaluate(self, end: float | None = None) -> Report:
+    def evaluate(self, end: float | None = None, ledger: LedgerView | None = None) -> Report:
         """The advice over the window ending at ``end`` (default: the newest
-        sample). A detector that fails on odd records is reported as not
+        sample), with ``ledger`` the jit ledger (default: the one folded
+        here). A detector that fails on odd records is reported as not
         judged, with the error: one detector never takes the others down."""
         ev = self.evidence
         end = ev.last_t if end is None else end
@@ -56,7 +57,7 @@ class Advisor:
             return Report(t=None, window_s=self.window_s, span_s=0.0,
                           not_judged=tuple(NotJudged(s, "no sample yet") for s in STRATEGIES))
         start = max(ev.first_t, end - self.window_s)
-        window = Window(ev, start, end, self.window_s)
+        window = Window(ev, start, end, self.window_s, ledger if ledger is not None else ev.ledger())
         advice: dict[tuple, Advice] = {}
         not_judged: list[NotJudged] = []
         for strategy, detect in DETECTORS:

@@ -80,15 +80,13 @@ class Evidence:
     """The records of one process, as the detectors read them.
 
     Args:
-        ledger: the jit ledger to read (the dashboard's, already fed by its
-            model); None: this one folds the samples' ``jit`` fields itself.
-        pid: the process in ``ledger``.
+        fold_jit: fold the samples' ``jit`` fields into a ledger of its own;
+            False where whoever evaluates passes the ledger it keeps (the
+            dashboard's model folds them already).
     """
 
-    def __init__(self, ledger: LedgerStore | None = None, pid: int = 0) -> None:
-        self.own_ledger = ledger is None
-        self.ledgers = ledger if ledger is not None else LedgerStore()
-        self.pid = pid
+    def __init__(self, fold_jit: bool = True) -> None:
+        self.ledgers = LedgerStore() if fold_jit else None
         self.first_t: float | None = None
         self.last_t: float | None = None
         self.transfers: dict[tuple[str, str, int, str, str], TransferLine] = {}
@@ -131,8 +129,8 @@ class Evidence:
                 self.holders_error = None
             elif rec.holders.error:
                 self.holders_error = rec.holders.error
-        if rec.jit is not None and self.own_ledger:
-            self.ledgers.feed_sample(self.pid, rec)
+        if rec.jit is not None and self.ledgers is not None:
+            self.ledgers.feed_sample(0, rec)
         donation = rec.donation
         if donation is not None and donation.failed_total is not None:
             self.donation_failed.add(t, donation.failed_total)
@@ -189,7 +187,8 @@ class Evidence:
 
     # -- reading ----------------------------------------------------------------------
     def ledger(self) -> LedgerView | None:
-        return self.ledgers.view(self.pid)
+        """The ledger it folded itself (None: it folds none, or no sample had one)."""
+        return self.ledgers.view(0) if self.ledgers is not None else None
 
     @property
     def span_s(self) -> float:

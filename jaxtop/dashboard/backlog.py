@@ -134,10 +134,11 @@ class HistoryFeed:
             proc.coarse_done = True
             self.milestone += 1
         t = rec.t
-        if proc.history.log is not None or t is None:
-            return
-        if proc.present_t is not None and t >= proc.present_t:
+        if t is None or (proc.present_t is not None and t >= proc.present_t):
             return  # the present itself (it is in already), or newer
+        proc.advisor.feed(rec)  # in time order: the present and later samples wait for history_end
+        if proc.history.log is not None:
+            return
         cursor = proc.past_cursor
         if cursor is None:
             cursor = proc.past_cursor = Cursor(proc.interval_s, proc.jax_to_nvml)
@@ -210,6 +211,9 @@ class HistoryFeed:
                 sites.feed(part)
             proc.transfer_sites = sites
         proc.past_holders, proc.present_holders = [], []
+        for held in proc.advice_held:
+            proc.advisor.feed(held)
+        proc.advice_held = []
         proc.history_loading = False
         proc.coarse_done = True
         self.milestone += 1

@@ -27,6 +27,7 @@ from jaxtop.wire.records import History as HistoryRecord
 from jaxtop.wire.records import from_dict as records_from_dict
 from jaxtop.wire.safe_text import terminal_safe
 from jaxtop.dashboard.accelerator import nvml_worth_saying
+from jaxtop.dashboard.advising import AdviceFeed
 from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, has_sparse, sparse_part
 from jaxtop.dashboard.batch import UNMAPPED_KINDS, Batch
 from jaxtop.dashboard.events import MAX_EVENTS, Event, merged_events, sample_events
@@ -68,7 +69,7 @@ LOADING_LAG_S = 2.0
 COMPILE_FOLD_S = 10.0
 
 
-class Model(HistoryFeed):
+class Model(HistoryFeed, AdviceFeed):
     """All processes being watched. Thread-safe: a reader thread feeds it,
     the UI thread takes snapshots.
 
@@ -384,6 +385,7 @@ class Model(HistoryFeed):
             proc.present_holders.append(sparse_part(rec))
         proc.last_t = t
         proc.latest = rec
+        self._advise(proc, rec)
         proc.holders.feed(rec)  # every sample: its time is what the Holders screen's ages are measured to
         if rec.transfer_sites is not None:
             proc.transfer_sites.feed(rec)

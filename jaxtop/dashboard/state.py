@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxtop.advice import Advisor, Report
 from jaxtop.dashboard.counter_window import CounterWindow
 from jaxtop.dashboard.history import History
 from jaxtop.dashboard.holders import HoldersFold
@@ -103,6 +104,13 @@ class ProcessModel:
         self.coarse_first_t: float | None = None  # …from where it starts
         self.coarse_merged_at = 0.0  # model clock
         self.present_holders: list[Sample] = []  # the same of the present and later samples
+        # The advisor (jaxtop.advice), fed every sample in time order: the
+        # present and live samples that come while the history loads are
+        # held and fed after it. Its ledger is the model's.
+        self.advisor = Advisor(fold_jit=False)
+        self.advice_held: list[Sample] = []
+        self.advice: Report | None = None  # the last evaluation
+        self.advice_clock = float("-inf")  # model clock at it
 
     @property
     def tick_s(self) -> float:

@@ -8,6 +8,7 @@ from typing import Union
 
 from jaxtop.advice.evidence import Evidence
 from jaxtop.advice.types import Advice, NotJudged
+from jaxtop.dashboard.ledger import LedgerView
 from jaxtop.wire.units import fmt_bytes
 
 __all__ = ["Found", "MIN_SPAN_S", "Window", "comprehension", "per_s", "short", "site_of"]
@@ -29,6 +30,7 @@ class Window:
     start: float
     end: float
     asked_s: float  # the window asked for (``span_s`` is what the samples cover)
+    ledger: LedgerView | None = None  # the jit ledger at ``end`` (None: none in the records)
 
     @property
     def span_s(self) -> float:

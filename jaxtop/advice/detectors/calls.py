@@ -42,7 +42,7 @@ GROWING_OPS = ("concatenate", "pad", "append", "stack", "hstack", "vstack", "dyn
 
 
 def _live_functions(w: Window) -> tuple[list[JitFunction], str | None]:
-    ledger = w.ev.ledger()
+    ledger = w.ledger
     if ledger is None:
         return [], "no jit ledger in the records (an older agent, or jax's executables could not be read)"
     if not ledger.available:
@@ -52,7 +52,7 @@ def _live_functions(w: Window) -> tuple[list[JitFunction], str | None]:
 
 def _growing(w: Window) -> set[str]:
     """Functions compiling again and again in the window (in-place's case)."""
-    ledger = w.ev.ledger()
+    ledger = w.ledger
     names: set[str] = set()
     if ledger is None:
         return names
@@ -127,7 +127,7 @@ def _score_bytes(w: Window, nbytes: float) -> float:
 
 
 def in_place(w: Window) -> Found:
-    ledger = w.ev.ledger()
+    ledger = w.ledger
     if ledger is None:
         return [NotJudged("in_place", "no jit ledger in the records: compiles per shape are unknown")]
     out: Found = []

@@ -29,7 +29,7 @@ MIN_READINGS = 3
 def runahead(w: Window) -> Found:
     if not w.ev.devices:
         return [NotJudged("runahead", "no device readings in the records")]
-    ledger = w.ev.ledger()
+    ledger = w.ledger
     call = ledger.largest_call() if ledger is not None else None
     out: Found = []
     judged = False

@@ -231,7 +231,7 @@ def jit_ops(w: Window) -> Found:
         if steady is None:
             continue
         groups.setdefault((line.file, line.function), []).append((line, steady[1]))
-    ledger = w.ev.ledger()
+    ledger = w.ledger
     # The ops jax compiled for eager dispatch, by the line and function that
     # first ran each (the ledger's executables): ops on device arrays alone
     # show there, once per shape.

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtop import advice
 from jaxtop.wire import paths, protocol, records
 from jaxtop.dashboard import model as model_module
 from jaxtop.dashboard.sources import replay_index
@@ -131,7 +132,7 @@ def code_fingerprint() -> str:
     # split over views, readings, backlog, batch, events...: a change to any
     # of them may change what a checkpoint holds), and the indexer itself.
     files: list[str] = []
-    for module in (model_module, protocol, records):
+    for module in (model_module, protocol, records, advice):
         folder = os.path.dirname(module.__file__ or "")
         try:
             files += sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".py"))

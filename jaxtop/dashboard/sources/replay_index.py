@@ -38,6 +38,10 @@ import msgspec
 import numpy as np
 
 from jaxtop.wire import paths, protocol
+from jaxtop.advice import advisor as advisor_module
+from jaxtop.advice import evidence as evidence_module
+from jaxtop.advice import series as series_module
+from jaxtop.advice import types as advice_types_module
 from jaxtop.dashboard import counter_window as counter_window_module
 from jaxtop.dashboard import history as history_module
 from jaxtop.dashboard import holders as holders_module
@@ -203,7 +207,8 @@ _ALLOWED = {
 }
 _MODEL_MODULES = {m.__name__: m for m in (model_module, state_module, events_module, holders_module, ledger_module,
                                           history_module, transfer_sites_module, counter_window_module,
-                                          readings_module, rows_module)}
+                                          readings_module, rows_module, advisor_module, evidence_module,
+                                          series_module, advice_types_module)}
 #: The package of the wire's record types (jaxtop.wire.records.core, .holders, …).
 _RECORDS_PACKAGE = records_package.__name__ + "."
 

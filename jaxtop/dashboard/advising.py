@@ -1,0 +1,61 @@
+"""The advisor's part of :class:`~jaxtop.dashboard.model.Model`: each
+process's :class:`~jaxtop.advice.Advisor` is fed its samples in time order
+(the present and the live samples that come while the agent's history
+loads are held until it is in: :meth:`HistoryFeed._history_end
+<jaxtop.dashboard.backlog.HistoryFeed._history_end>` feeds them), and
+evaluated on demand, at most once a second, with the model's jit ledger.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Callable
+
+from jaxtop.advice import Report
+from jaxtop.wire.records import Sample
+
+if TYPE_CHECKING:
+    from jaxtop.dashboard.ledger import LedgerStore
+    from jaxtop.dashboard.state import ProcessModel
+
+__all__ = ["ADVICE_EVERY_S", "ADVICE_HELD_MAX", "AdviceFeed"]
+
+#: The advisor is evaluated at most this often (model clock), when asked.
+ADVICE_EVERY_S = 1.0
+#: Samples held for the advisor while a history loads (the present, and the
+#: live ones that come meanwhile: a few seconds' worth).
+ADVICE_HELD_MAX = 2_000
+
+
+class AdviceFeed:
+    """Feeds and asks each process's advisor (a part of the model)."""
+
+    processes: dict[int, ProcessModel]
+    ledgers: LedgerStore
+    _lock: threading.Lock
+    _clock: Callable[[], float]
+
+    def _advise(self, proc: ProcessModel, rec: Sample) -> None:
+        """A present or live sample, to the advisor (held while the history loads)."""
+        if proc.history_loading:
+            if len(proc.advice_held) < ADVICE_HELD_MAX:
+                proc.advice_held.append(rec)
+        else:
+            proc.advisor.feed(rec)
+
+    def advice(self, pid: int) -> Report | None:
+        """The advisor's report on ``pid`` (None: no such process),
+        evaluated at most once per :data:`ADVICE_EVERY_S` of the model's
+        clock, and again only when a sample came since."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None:
+                return None
+            now = self._clock()
+            last = proc.advice
+            if last is not None and (now - proc.advice_clock < ADVICE_EVERY_S
+                                     or last.t == proc.advisor.evidence.last_t):
+                return last
+            proc.advice = proc.advisor.evaluate(ledger=self.ledgers.view(pid))
+            proc.advice_clock = now
+            return proc.advice
