@@ -149,7 +149,7 @@ class DemoApp(JaxtopApp):
                 tooltip="Restart the workload with XLA_PYTHON_CLIENT_PREALLOCATE switched"),
         Binding("F", "restart('fraction')", "mem fraction", show=False,
                 tooltip="Restart the workload with the next XLA_PYTHON_CLIENT_MEM_FRACTION (0.75, 0.5, 0.25)"),
-        Binding("A", "restart('allocator')", "allocator", show=False,
+        Binding("L", "restart('allocator')", "allocator", show=False,
                 tooltip="Restart the workload with the next XLA_PYTHON_CLIENT_ALLOCATOR (default, platform, cuda_async)"),
     ]
 

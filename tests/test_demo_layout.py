@@ -171,7 +171,7 @@ async def test_help_lists_the_demo_keys_and_scrolls_at_80x24(close):
         lines = [line.strip() for line in console.export_text().splitlines()]
         for keys, words in [("⏎ t", "measure"), ("↑ k", "above"), ("↓ j", "below"), ("v", "memory panels"),
                             ("P", "XLA_PYTHON_CLIENT_PREALLOCATE"), ("F", "XLA_PYTHON_CLIENT_MEM_FRACTION"),
-                            ("A", "XLA_PYTHON_CLIENT_ALLOCATOR")]:
+                            ("L", "XLA_PYTHON_CLIENT_ALLOCATOR")]:
             assert any(line.startswith(keys + " ") and words in line for line in lines), (keys, lines)
         # It does not fit at 80×24: the keys scroll it.
         scroll = app.screen.query_one(VerticalScroll)

@@ -55,7 +55,7 @@ ALLOWED = {
     "jaxtop/export": {"orjson", "msgspec", "jaxtop", "jaxtop.wire", "jaxtop.wire.protocol", "jaxtop.export",
                       "jaxtop.probes.pprof"},
     # Widgets draw typed views: never a wire record, a probe or the agent.
-    "widgets": {"numpy", "rich", "textual", "jaxtop", "jaxtop.widgets", "jaxtop.wire.units"}
+    "widgets": {"numpy", "rich", "textual", "jaxtop", "jaxtop.widgets", "jaxtop.wire.units", "jaxtop.advice"}
     | {f"jaxtop.dashboard.{m}" for m in ("model", "views", "readings", "oom_views", "ledger_views", "oom_report",
                                           "history", "holders", "ledger", "accelerator", "transfer_sites")},
     "jaxtop/dashboard/model.py": MODEL,

@@ -49,13 +49,19 @@ class AdviceFeed:
         clock, and again only when a sample came since."""
         with self._lock:
             proc = self.processes.get(pid)
-            if proc is None:
-                return None
-            now = self._clock()
-            last = proc.advice
-            if last is not None and (now - proc.advice_clock < ADVICE_EVERY_S
-                                     or last.t == proc.advisor.evidence.last_t):
-                return last
-            proc.advice = proc.advisor.evaluate(ledger=self.ledgers.view(pid))
-            proc.advice_clock = now
-            return proc.advice
+            return self._advice_of(proc) if proc is not None else None
+
+    def _advice_of(self, proc: ProcessModel) -> Report | None:
+        """:meth:`advice` of a process, the model's lock held. A process
+        whose history is still loading has none yet: its evidence waits for
+        the history (see :meth:`_advise`)."""
+        if proc.history_loading and proc.advice is None:
+            return None
+        now = self._clock()
+        last = proc.advice
+        if last is not None and (now - proc.advice_clock < ADVICE_EVERY_S
+                                 or last.t == proc.advisor.evidence.last_t):
+            return last
+        proc.advice = proc.advisor.evaluate(ledger=self.ledgers.view(proc.pid))
+        proc.advice_clock = now
+        return proc.advice

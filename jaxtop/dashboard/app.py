@@ -18,6 +18,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from jaxtop.dashboard.advice_screen import AdviceScreen
 from jaxtop.dashboard.collector import tune_gc
 from jaxtop.dashboard.holders_screen import HoldersScreen
 from jaxtop.dashboard.jit_screen import JitScreen
@@ -28,6 +29,7 @@ from jaxtop.dashboard.oom_screen import OomScreen
 from jaxtop.dashboard.sources import LiveSource, ReplaySource, Source
 from jaxtop.dashboard.transfer_sites_screen import TransferSitesScreen
 from jaxtop.dashboard.web import WebDeliveries
+from jaxtop.widgets.advice import AdviceLine, line_of
 from jaxtop.widgets.panels import (
     EventsPanel, FragmentationPanel, HeaderBar, HostPanel, LoadingLine, MemoryMapPanel, MemoryPanel,
     OverviewPanel, Panel, TimelinePanel, TransfersPanel,
@@ -123,6 +125,8 @@ class JaxtopApp(App[None]):
                 tooltip="Out-of-memory census: what held the memory when the program ran out"),
         Binding("T", "transfer_sites", "transfer sites", show=False,
                 tooltip="Transfer sites: which line makes each implicit transfer, with what, and its history"),
+        Binding("A", "advice", "advice", show=False,
+                tooltip="Advice: which line misses which memory strategy, with the evidence, the gain and the fix"),
         Binding("left", "seek(-10)", "-10s", group=SEEK_KEYS, tooltip="Replay: seek back 10 s"),
         Binding("right", "seek(10)", "+10s", group=SEEK_KEYS, tooltip="Replay: seek forward 10 s"),
         Binding("left_square_bracket", "seek_fraction(-0.1)", "-10%", show=False, tooltip="Replay: seek back a tenth of the recording"),
@@ -166,6 +170,9 @@ class JaxtopApp(App[None]):
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
+        advice = AdviceLine(id="advice-line")
+        advice.display = False  # shown while there is advice
+        yield advice
         yield from self.compose_extra()
         with Horizontal(id="main"):
             with Vertical(id="left"):
@@ -318,6 +325,10 @@ class JaxtopApp(App[None]):
         indicator.display = loading is not None
         if loading is not None:
             indicator.text = f" loading backlog: {loading[0]:,} samples in, {loading[1]:,.0f} s behind"
+        shown = snap.process_of(snap.device)
+        advice_line = self.query_one("#advice-line", AdviceLine)
+        advice_line.text = line_of(shown.advice if shown is not None else None)
+        advice_line.display = bool(advice_line.text)
         overview = snap.selected < 0 and bool(snap.devices)
         self.query_one("#main").display = not overview
         self.query_one("#overview").display = overview
@@ -481,6 +492,9 @@ class JaxtopApp(App[None]):
     def action_oom(self) -> None:
         proc = self._target_process()
         self.push_screen(OomScreen(proc.oom_censuses if proc else None))
+
+    def action_advice(self) -> None:
+        self.push_screen(AdviceScreen.for_app(self))
 
     def action_transfer_sites(self) -> None:
         self.push_screen(TransferSitesScreen.for_app(self))

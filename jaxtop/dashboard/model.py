@@ -541,7 +541,7 @@ class Model(HistoryFeed, AdviceFeed):
                 for did in sorted(p.devices, key=device_order):
                     devices.append(device_view(p, p.devices[did], window_s, p.last_t))
                 procs.append(process_view(p, window_s, wall, mono, bool(replay), self._census_views,
-                                          self.ledgers.largest_call(p.pid)))
+                                          self.ledgers.largest_call(p.pid), self._advice_of(p)))
             n = len(devices)
             sel = -1 if selected < 0 or n == 0 else selected % n
             return Snapshot(

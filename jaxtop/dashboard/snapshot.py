@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from jaxtop.advice import Report
 from jaxtop.wire import protocol
 from jaxtop.dashboard.accelerator import AcceleratorView
 from jaxtop.dashboard.history import Window
@@ -41,7 +42,8 @@ CensusViews = dict[int, tuple[CensusRecord, OomCensus]]
 
 
 def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: float, replaying: bool,
-                 census_views: CensusViews, largest_call: JitFunction | None = None) -> ProcessView:
+                 census_views: CensusViews, largest_call: JitFunction | None = None,
+                 advice: Report | None = None) -> ProcessView:
     """The view of one process.
 
     Args:
@@ -52,6 +54,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         replaying: A recording plays: uptime is measured to the last sample.
         census_views: The model's census views built so far (added to).
         largest_call: The ledger's :meth:`LedgerView.largest_call`, if any.
+        advice: The advisor's report, if the model evaluated one.
     """
     end_t = p.last_t
     age = (mono - p.last_recv) if (p.last_recv is not None and p.state in (LIVE, STALE)) else None
@@ -98,6 +101,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         accelerator=AcceleratorView.from_wire(p.accelerator),
         largest_call=largest_call,
         agent=AgentView.from_wire(p.agent),
+        advice=advice,
     )
 
 

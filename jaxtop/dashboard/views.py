@@ -12,6 +12,7 @@ import platform
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jaxtop.advice import Report
 from jaxtop.wire import protocol
 from jaxtop.dashboard.accelerator import AcceleratorView
 from jaxtop.dashboard.history import Window
@@ -221,6 +222,9 @@ class ProcessView:
     #: ``transfer_sites`` field, sent when it changes); None where the
     #: stream carried none (an older agent, transfer capture off).
     transfer_sites: TransferSitesView | None = None
+    #: The advisor's report (jaxtop.advice): the strategies the program
+    #: misses, line by line; None before the model evaluated it.
+    advice: Report | None = None
 
     @property
     def who(self) -> str:
