@@ -79,7 +79,8 @@ ALLOWED = {
     "jaxtop/dashboard/history.py": {"numpy"},
     # The advisor: records in, advice out; the ledger's fold is the one the
     # dashboard keeps (it imports only the record types).
-    "jaxtop/advice": RECORDS | {"jaxtop", "jaxtop.advice", "jaxtop.dashboard.ledger", "jaxtop.wire.units"},
+    "jaxtop/advice": RECORDS | {"jaxtop", "jaxtop.advice", "jaxtop.dashboard.ledger", "jaxtop.wire.units",
+                                "jaxtop.wire.protocol"},
 }
 
 

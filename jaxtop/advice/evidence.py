@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from jaxtop.advice.series import MAX_POINTS, Total
 from jaxtop.dashboard.ledger import LedgerStore, LedgerView
+from jaxtop.wire.protocol import fragmentation_na
 from jaxtop.wire.records import Hello, Holders, HostSyncs, Record, Sample, SyncSite, TransferSite, Unknown
 
 __all__ = ["DeviceReading", "Evidence", "HOLDER_PROFILES_KEPT", "SiteKey"]
@@ -73,7 +74,7 @@ class DeviceReading:
     live: float | None  # the live arrays' bytes (the agent's last scan)
     limit: float | None
     holes: float | None  # 0-1, among the live buffers of the last map
-    fragmentation: float | None  # the allocator's, where it has one
+    fragmentation: float | None  # the allocator's, where it has one and it means one (never a TPU's)
 
 
 class Evidence:
@@ -98,6 +99,9 @@ class Evidence:
         self.donation_failed = Total()
         self.donation_message: str | None = None
         self.hello: Hello | None = None
+        self.sites_seen = False  # a sample carried transfer_sites (an agent that ties transfers to lines)
+        self.transfers_seen = False  # the agent counted an implicit transfer
+        self.capture_reason: str | None = None  # why transfers are not captured, where the agent said so
         self._device_t: float | None = None
 
     # -- feeding ----------------------------------------------------------------------
@@ -107,6 +111,9 @@ class Evidence:
             self.feed_sample(record)
         elif isinstance(record, Hello):
             self.hello = record
+            capture = record.transfer_capture
+            if capture is not None and capture.available is False:
+                self.capture_reason = capture.reason or "the agent gave no reason"
 
     def feed_sample(self, rec: Sample) -> None:
         t = rec.t
@@ -118,7 +125,16 @@ class Evidence:
             self.first_t = t
         self.last_t = t
         if rec.transfer_sites is not None and rec.transfer_sites.sites is not None:
+            self.sites_seen = True
             self._transfer_sites(t, rec.transfer_sites.sites)
+        transfers = rec.transfers
+        if transfers is not None:
+            for direction in (transfers.h2d, transfers.d2h):
+                if direction is not None and direction.count_total:
+                    self.transfers_seen = True
+        capture = rec.transfer_capture
+        if capture is not None and capture.available is not None:
+            self.capture_reason = None if capture.available else (capture.reason or "the agent gave no reason")
         if rec.host_syncs is not None and rec.host_syncs.sites is not None:
             self._host_syncs(t, rec.host_syncs)
         elif rec.host_syncs is not None:
@@ -150,7 +166,8 @@ class Evidence:
                 readings.append(DeviceReading(
                     t=t, platform=dev.platform, allocator=dev.source == "memory_stats", in_use=dev.bytes_in_use,
                     live=live.bytes if live is not None else None, limit=dev.bytes_limit,
-                    holes=live.holes if live is not None else None, fragmentation=dev.fragmentation))
+                    holes=live.holes if live is not None else None,
+                    fragmentation=None if fragmentation_na(dev.platform) else dev.fragmentation))
 
     def _transfer_sites(self, t: float, sites: list[TransferSite]) -> None:
         for site in sites:

@@ -43,6 +43,18 @@ class Window:
             return f"{self.span_s:.1f} s of samples; a rate is judged over at least {MIN_SPAN_S:g} s"
         return None
 
+    @property
+    def no_sites(self) -> str | None:
+        """Why per-line transfers cannot be judged (None: they can)."""
+        if self.too_short:
+            return self.too_short
+        if self.ev.capture_reason is not None and not self.ev.sites_seen:
+            return f"implicit transfers are not captured: {self.ev.capture_reason}"
+        if not self.ev.sites_seen and self.ev.transfers_seen:
+            return ("implicit transfers were counted but never tied to lines (no transfer_sites in the records: "
+                    "an agent from before that)")
+        return None
+
     def over(self) -> str:
         """``over the last 60 s`` (the samples' span when shorter)."""
         return f"over the last {self.span_s:.0f} s"

@@ -24,6 +24,19 @@ HOLES = 0.25
 ALLOCATOR_FRAGMENTATION = 0.3
 #: Readings a median needs.
 MIN_READINGS = 3
+#: A level (memory held, holes) is judged over the newest part of the
+#: window: its last third, at least this many seconds. A level is the
+#: program's state now; the start of a window may hold its set-up.
+LEVEL_MIN_S = 10.0
+
+
+def _level_start(w: Window) -> float:
+    """Where the part of the window a level is judged over starts."""
+    return max(w.start, w.end - max(LEVEL_MIN_S, w.span_s / 3))
+
+
+def _over(w: Window, start: float) -> str:
+    return f"over the last {w.end - start:.0f} s"
 
 
 def runahead(w: Window) -> Found:
@@ -33,8 +46,9 @@ def runahead(w: Window) -> Found:
     call = ledger.largest_call() if ledger is not None else None
     out: Found = []
     judged = False
+    start = _level_start(w)
     for did, readings in w.ev.devices.items():
-        rows = [r for r in readings if r.t >= w.start]
+        rows = [r for r in readings if r.t >= start]
         if not rows:
             continue
         if not rows[-1].allocator:
@@ -61,7 +75,7 @@ def runahead(w: Window) -> Found:
             strategy="runahead", file=file, line=line, function=None, jitted=name,
             title="bound how far the loop runs ahead of the device",
             evidence=f"device {did}: {fmt_bytes(median)} in use beyond the live arrays (median of {len(beyond)} "
-                     f"readings {w.over()}, up to {fmt_bytes(max(beyond))}){calls}: steps queued and not yet run",
+                     f"readings {_over(w, start)}, up to {fmt_bytes(max(beyond))}){calls}: steps queued and not yet run",
             gain=f"up to -{fmt_bytes(median - (per_call or 0))} at peak (what the queued steps hold, less one step's)",
             fix="if step % k == 0: jax.block_until_ready(loss)  # k = 1-2 bounds the queue to a step or two",
             basis=MEASURED, window_s=w.span_s, score=min(1.0, median / (median + max(float(rows[-1].in_use or 0), 1.0)))))
@@ -103,8 +117,9 @@ def fragmentation(w: Window) -> Found:
         return [NotJudged("fragmentation", "no device readings in the records")]
     out: Found = []
     judged = False
+    start = _level_start(w)
     for did, readings in w.ev.devices.items():
-        rows = [r for r in readings if r.t >= w.start]
+        rows = [r for r in readings if r.t >= start]
         frag = [r.fragmentation for r in rows if r.fragmentation is not None]
         holes = [r.holes for r in rows if r.holes is not None]
         if len(frag) >= MIN_READINGS:
@@ -112,14 +127,14 @@ def fragmentation(w: Window) -> Found:
             median = statistics.median(frag)
             if median >= ALLOCATOR_FRAGMENTATION:
                 out.append(_frag_advice(w, did, f"the allocator's fragmentation {100 * median:.0f} % (median of "
-                                        f"{len(frag)} readings {w.over()})", median, MEASURED))
+                                        f"{len(frag)} readings {_over(w, start)})", median, MEASURED))
                 continue
         if len(holes) >= MIN_READINGS:
             judged = True
             median = statistics.median(holes)
             if median >= HOLES:
                 out.append(_frag_advice(w, did, f"holes are {100 * median:.0f} % of the span of the live buffers "
-                                        f"(median of {len(holes)} buffer maps {w.over()})", median, INFERRED))
+                                        f"(median of {len(holes)} buffer maps {_over(w, start)})", median, INFERRED))
     if not judged:
         return [NotJudged("fragmentation", "neither the allocator's fragmentation nor a buffer map's holes were "
                           "measured in the window (the agent maps buffers when its share allows)")]

@@ -30,6 +30,9 @@ ITEMS_PER_STEP = 4
 #: jax ops that make an array from a host value (jnp.asarray, jnp.zeros):
 #: set-up, not per-step work that jit would fuse.
 CREATION_OPS = ("convert_element_type", "broadcast_in_dim", "iota")
+#: Host reads at least this share of the step's calls are read every step
+#: (or so); fewer are the loss read every few steps: advice already taken.
+EVERY_STEP = 0.5
 #: Memory profiles a site of small arrays must be listed in, with as many.
 PROFILES_SEEN = 2
 #: A comprehension's site of at least this many arrays of at most
@@ -118,8 +121,8 @@ def _score_rate(rate: float, weight: float = 1.0) -> float:
 
 
 def placement(w: Window) -> Found:
-    if w.too_short:
-        return [NotJudged("placement", w.too_short)]
+    if w.no_sites:
+        return [NotJudged("placement", w.no_sites)]
     out: Found = []
     for flow in flows(w):
         if flow.batching:
@@ -150,8 +153,8 @@ def placement(w: Window) -> Found:
 
 
 def batching(w: Window) -> Found:
-    if w.too_short:
-        return [NotJudged("batching", w.too_short)]
+    if w.no_sites:
+        return [NotJudged("batching", w.no_sites)]
     out: Found = []
     seen: set[tuple[str, int]] = set()
     for flow in flows(w):
@@ -221,8 +224,8 @@ def jit_ops(w: Window) -> Found:
     """jax ops run one by one outside jit, every step: seen where they take
     a host value (a Python scalar), as each such op's implicit transfer is
     tied to its line; ops on device arrays alone leave no per-call trace."""
-    if w.too_short:
-        return [NotJudged("jit", w.too_short)]
+    if w.no_sites:
+        return [NotJudged("jit", w.no_sites)]
     groups: dict[tuple[str, str], list[tuple[TransferLine, Steady]]] = {}
     for line in w.ev.transfers.values():
         if line.direction != "h2d" or not line.op or line.callee.startswith(CREATION_OPS):
@@ -291,33 +294,47 @@ def host_sync(w: Window) -> Found:
                              "judged from jax's guard lines alone"))
     elif syncs.available is False:
         out.append(NotJudged("host_sync", f"host reads are not counted: {syncs.reason or 'the agent gave no reason'}"))
+    # The step: the busiest steady line feeding a jitted function (not one
+    # item of a batch). A read once every few of its calls is the fix
+    # already made (the loss read every N steps), not a read per step.
+    steps = [f.calls.per_s for f in flows(w) if not f.batching]
+    step_rate = max(steps) if steps else None
     covered: set[tuple[str, int]] = set()
     for sync in w.ev.syncs.values():
         s = sync.count.over(w.start, w.end)
         if not s.steady or s.per_s < MIN_RATE:
             continue
         covered.add((sync.file, sync.line))
+        if step_rate is not None and s.per_s < EVERY_STEP * step_rate:
+            continue
         kinds = sync.latest.kinds if sync.latest is not None else None
         how = ", ".join(f"{k}" for k in sorted(kinds or {}, key=lambda k: -(kinds or {}).get(k, 0))) or "read"
-        out.append(_sync_advice(w, sync.file, sync.line, sync.function, s.per_s, how))
+        out.append(_sync_advice(w, sync.file, sync.line, sync.function, s.per_s, how, step_rate))
     for line in w.ev.transfers.values():
         if line.direction != "d2h" or (line.file, line.line) in covered:
             continue
         steady = _steady(w, line)
-        if steady is None:
+        if steady is None or (step_rate is not None and steady[1].per_s < EVERY_STEP * step_rate):
             continue
         how = line.callee.removeprefix("host read (").removesuffix(")") if line.callee.startswith("host read") \
             else line.callee
-        out.append(_sync_advice(w, line.file, line.line, line.function, steady[1].per_s, how))
+        out.append(_sync_advice(w, line.file, line.line, line.function, steady[1].per_s, how, step_rate))
     return out
 
 
-def _sync_advice(w: Window, file: str, line: int, function: str, rate: float, how: str) -> Advice:
+def _sync_advice(w: Window, file: str, line: int, function: str, rate: float, how: str,
+                 step_rate: float | None) -> Advice:
+    if step_rate is not None:
+        title = "read device values on the host every N steps, not every step"
+        per = f", {rate / step_rate:.1f} per call of the step"
+    else:
+        title = "read device values on the host less often"
+        per = " (the step's rate is not known: no steady line feeds it host values)"
     return Advice(
         strategy="host_sync", file=file, line=line, function=function, jitted=None,
-        title="read device values on the host every N steps, not every step",
-        evidence=f"{per_s(rate)} host reads ({how}) at {short(file, line)} {w.over()}: each waits for every step "
-                 f"queued before it",
+        title=title,
+        evidence=f"{per_s(rate)} host reads ({how}) at {short(file, line)}{per} {w.over()}: each waits for every "
+                 f"step queued before it",
         gain=f"-{per_s(rate)} host syncs: between reads the loop dispatches ahead of the device",
         fix="if step % 100 == 0: print(float(loss))  # or keep a running sum on the device and jax.device_get it "
             "every N steps",
@@ -327,8 +344,8 @@ def _sync_advice(w: Window, file: str, line: int, function: str, rate: float, ho
 def guard(w: Window) -> Found:
     """One piece of advice for the program: the implicit copies made every
     step, and the budget (or guard) that fails a run that makes them."""
-    if w.too_short:
-        return [NotJudged("guard", w.too_short)]
+    if w.no_sites:
+        return [NotJudged("guard", w.no_sites)]
     lines = flows(w)
     if not lines:
         return []
