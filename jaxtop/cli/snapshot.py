@@ -28,9 +28,17 @@ __all__ = ["cmd_snapshot", "snapshot_of", "to_json"]
 SKIP = {"history", "timeline", "buffer_map", "span"}
 
 
+#: Seconds the history after the present is read for at most: its fine
+#: samples are what the advice section is judged on (an agent sends its
+#: ten minutes in well under a second); the panels' figures are the
+#: present's, whether or not it all came.
+HISTORY_WAIT_S = 3.0
+
+
 def snapshot_of(pid: int, timeout_s: float = 10.0) -> tuple[Any, dict[int, Any]]:
-    """The dashboard's snapshot of ``pid`` once its present is in, and its
-    jit ledger (``{pid: LedgerView}``; empty without one).
+    """The dashboard's snapshot of ``pid`` once its present and history are
+    in (the history for at most :data:`HISTORY_WAIT_S`), and its jit ledger
+    (``{pid: LedgerView}``; empty without one).
 
     Raises:
         jaxtop.wire.client.AgentNotFound: no agent.
@@ -50,11 +58,13 @@ def snapshot_of(pid: int, timeout_s: float = 10.0) -> tuple[Any, dict[int, Any]]
             except protocol.ProtocolError:
                 continue
             model.feed(pid, record)
-            # The present comes first after hello (present_first); an older
-            # agent sends its history first: then the first live sample.
-            if isinstance(record, Sample) and (record.present or record.__class__ is Sample):
+            # The present comes first after hello (present_first), then the
+            # history, then live samples; an older agent sends its history
+            # first, then live samples.
+            if isinstance(record, Sample) and not seen_sample and (record.present or record.__class__ is Sample):
                 seen_sample = True
-            if seen_sample or isinstance(record, HistoryEnd):
+                deadline = min(deadline, time.monotonic() + HISTORY_WAIT_S)
+            if isinstance(record, HistoryEnd) or (seen_sample and record.__class__ is Sample and not record.present):
                 break
     if not seen_sample:
         raise TimeoutError(f"no sample from pid {pid} within {timeout_s:g} s")

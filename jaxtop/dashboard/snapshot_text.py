@@ -9,6 +9,7 @@ safe.
 
 from __future__ import annotations
 
+from jaxtop.advice import report_lines
 from jaxtop.dashboard.ledger import LedgerView, describe_reason
 from jaxtop.dashboard.ledger_views import LedgerNotes
 from jaxtop.dashboard.transfer_sites import SCALAR_ADVICE, TransferSiteView
@@ -41,7 +42,15 @@ def snapshot_text(snap: Snapshot, ledgers: dict[int, LedgerView] | None = None) 
         ledger = (ledgers or {}).get(p.pid)
         if ledger is not None:
             out.extend(_ledger_lines(ledger))
+        out.extend(_advice_lines(p))
     return "\n".join(out) + "\n"
+
+
+def _advice_lines(p: ProcessView) -> list[str]:
+    """The advisor's report, indented under the process (jaxtop advise's text)."""
+    if p.advice is None:
+        return ["  advice: n/a (the agent's history did not come in time)"]
+    return ["  " + line for line in report_lines(p.advice)]
 
 
 def _process_lines(p: ProcessView) -> list[str]:
