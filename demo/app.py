@@ -35,6 +35,10 @@ BOTH_FIT_ROWS = 40
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+#: The advisor's evidence window in the demo (seconds).
+DEMO_ADVICE_WINDOW_S = 12.0
+
+
 class Worker:
     """The demo workload child process (``python -m jaxtop.demo.worker``).
 
@@ -156,6 +160,10 @@ class DemoApp(JaxtopApp):
     def __init__(self, worker: Worker, pid: int, source: Source | None = None) -> None:
         # One device and effects to watch as they happen: redraw every second.
         super().__init__(source or LiveSource([pid]), refresh_s=1.0)
+        # A variant's advice leaves within a third of this after the switch
+        # to the next (the evidence must stop rising in the window's last
+        # slices): a few seconds, not the 20 s of the default minute.
+        self.model.advice_window_s = DEMO_ADVICE_WINDOW_S
         self.worker = worker
         self.page = "strategies"  # what a terminal too short for both shows
         self.loop: asyncio.AbstractEventLoop | None = None

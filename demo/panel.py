@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
 
+from jaxtop.advice import STRATEGIES, Report
 from jaxtop.dashboard.model import Snapshot
 from jaxtop.demo.metrics import (NO, NOTHING, WITHIN, YES, fmt_metric, fmt_spread, nothing_text, outcome, spread_of,
                                  why_not, within_text)
@@ -91,7 +92,7 @@ class StrategiesPanel(Panel):
         parts: list[RenderableType] = [title, table]
         if 0 <= self.cursor < len(strategies):
             room = height - 1 - len(strategies)
-            parts.extend(self._details(strategies[self.cursor], demo, width, room))
+            parts.extend(self._details(strategies[self.cursor], demo, width, room, demo_advice(snap)))
         return Group(*parts)
 
     # -- one row -------------------------------------------------------------------
@@ -127,17 +128,21 @@ class StrategiesPanel(Panel):
         return text
 
     # -- the selected strategy -----------------------------------------------------------
-    def _details(self, s: dict[str, Any], demo: dict[str, Any], width: int, room: int) -> list[Text]:
-        """What it does, each metric, and what enter does: in ``room`` lines.
+    def _details(self, s: dict[str, Any], demo: dict[str, Any], width: int, room: int,
+                 report: Report | None = None) -> list[Text]:
+        """What it does, each metric, what the advisor says of it, and what
+        enter does: in ``room`` lines.
 
-        The hint and the metrics come first when lines are short; the
-        description gives way (cut with an ellipsis).
+        The hint, the advisor's line and the metrics come first when lines
+        are short; the description gives way (cut with an ellipsis).
         """
         if room <= 0:
             return []
         hint = self._hint(s, demo)
+        advised = advice_line(s, demo, report) if room >= 2 else None
+        tail = [advised, hint] if advised is not None else [hint]
         metrics = []
-        used = 1  # the hint
+        used = len(tail)  # the hint, the advisor's line
         for line in self._metric_lines(s):
             # A ✗ line wraps to keep its reason whole: it may take two.
             need = -(-line.cell_len // max(1, width)) if not line.no_wrap else 1
@@ -153,7 +158,7 @@ class StrategiesPanel(Panel):
                 lines = lines[:about_room]
                 lines[-1] = lines[-1][: max(0, width - 4)] + "…"
             about = [Text(" " + line, style="dim", no_wrap=True, overflow="ellipsis") for line in lines]
-        return about + metrics + [hint]
+        return about + metrics + tail
 
     def _metric_lines(self, s: dict[str, Any]) -> list[Text]:
         results = s.get("results") or {}
@@ -227,6 +232,55 @@ class StrategiesPanel(Panel):
             nxt = variants[(variants.index(s["variant"]) + 1) % len(variants)]
             text = f"enter: measure {s['variant'].upper()} ({steps} steps); enter again: switch to {nxt.upper()}, measure it"
         return Text(" " + text, style="italic", no_wrap=True, overflow="ellipsis")
+
+
+#: Strategies the advisor judges from compiled functions (the jit ledger:
+#: XLA's memory analysis), not from calls.
+COMPILED_EVIDENCE = ("donation", "checkpointing")
+#: The advisor's name of a demo strategy, where it differs (the advisor
+#: judges the demo's strategies found in any program: jaxtop.advice).
+ADVISED = {"inplace": "in_place"}
+
+
+def demo_advice(snap: Snapshot) -> Report | None:
+    """The advisor's report on the demo's workload process."""
+    for p in snap.processes:
+        if p.demo:
+            return p.advice
+    return None
+
+
+def advice_line(s: dict[str, Any], demo: dict[str, Any], report: Report | None) -> Text | None:
+    """What the advisor says of the selected strategy while it runs: its
+    advice at the demo's own line (the OFF variant should draw it, ON clear
+    it), n/a with the reason, or nothing of it. None while the strategy
+    does not run, or for one the advisor does not judge (profiling)."""
+    name = ADVISED.get(s["name"], s["name"])
+    if demo.get("active") != s["name"] or name not in STRATEGIES:
+        return None
+    line = Text("   advisor ", style="dim", no_wrap=True, overflow="ellipsis")
+    if report is None or report.t is None:
+        line.append("n/a: no evaluation yet", style="dim")
+        return line
+    found = [a for a in report.advice if a.strategy == name]
+    if found:
+        a = found[0]
+        if name in COMPILED_EVIDENCE and s["variant"] != s["variants"][0]:
+            # Judged from the compiled functions, which the demo compiles for
+            # every variant up front: the OFF variant's is still loaded.
+            line.append(f"{a.where}: {a.title}", style="dim")
+            line.append("  (from the OFF variant's compiled function, loaded since start: XLA's analysis of a "
+                        "function says nothing of whether it still runs)", style="dim")
+            return line
+        line.append(f"{a.where}: {a.title}", style="bold yellow")
+        line.append(f"  ({a.evidence})", style="yellow")
+        return line
+    why = next((n.why for n in report.not_judged if n.strategy == name), None)
+    if why is not None:
+        line.append(f"n/a: {why}", style="dim")
+    else:
+        line.append(f"no {name} advice over the last {report.span_s:.0f} s", style="green")
+    return line
 
 
 def demo_state(snap: Snapshot) -> dict[str, Any] | None:

@@ -1,17 +1,15 @@
 """The advisor's report drawn: the Advice screen's body (:func:`advice_text`)
-and the main screen's one line (:class:`AdviceLine`)."""
+and the main screen's one line (:func:`line_of`, atop the Events panel)."""
 
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
-from textual.reactive import reactive
-from textual.widget import Widget
 
 from jaxtop.advice import Advice, Report
 
-__all__ = ["AdviceLine", "advice_text", "line_of"]
+__all__ = ["advice_text", "line_of"]
 
 #: Colour of each strategy's tag.
 STYLE = {"placement": "cyan", "donation": "magenta", "in_place": "magenta", "batching": "cyan", "jit": "yellow",
@@ -75,17 +73,4 @@ def line_of(report: Report | None) -> str:
     top = report.advice[0]
     n = len(report.advice)
     count = f"1 of {n}" if n > 1 else "1"
-    return f" advice ({count}, A): {top.strategy} {top.where}: {top.title}"
-
-
-class AdviceLine(Widget):
-    """One line under the header: the top piece of advice (hidden when
-    there is none). Its height is fixed, so a new text is a repaint of one
-    line, not a layout of the screen."""
-
-    DEFAULT_CSS = "AdviceLine { height: 1; color: $warning; }"
-
-    text: reactive[str] = reactive("", layout=False)
-
-    def render(self) -> RenderableType:
-        return Text(self.text, no_wrap=True, overflow="ellipsis")
+    return f" ★ advice ({count}, A): {top.strategy} {top.where}: {top.title}"

@@ -20,6 +20,7 @@ from jaxtop.dashboard.model import DEVICE_SERIES, DISCONNECTED, EXITED, PROCESS_
 from jaxtop.dashboard.readings import TransferView
 from jaxtop.dashboard.views import D2D, D2H, DIRECTIONS, H2D
 from jaxtop.widgets.accelerator_lines import host_accelerator_line, host_title, pcie_shown
+from jaxtop.widgets.advice import line_of
 from jaxtop.widgets.memory_panels import FragmentationPanel, MemoryMapPanel, MemoryPanel, queued_matters, queued_notes
 from jaxtop.widgets.panel_base import (
     STALE_DETAIL_S, STATE_STYLE, WINDOW_LABEL, LoadingLine, Panel, _na, _or_na, fitted_title, fitting, panel_title,
@@ -417,12 +418,18 @@ class EventsPanel(Panel):
     """Compiles, failed donations, drops, disconnects, errors: newest last."""
 
     TITLE = "Events"
+    #: Compiles, failed donations, drops, disconnects, errors: newest last;
+    #: above them, the advisor's top advice on the shown process (A: all).
     STYLE = {"error": "red", "donation": "yellow", "dropped": "yellow", "disconnect": "red", "exit": "magenta", "compile": "cyan", "profile": "green"}
 
     def draw(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         lines: list[RenderableType] = [panel_title(self.TITLE, f"{len(snap.events)} shown of the last 500")]
         for note in snap.notices:
             lines.append(Text(f" ! {note}", style="bold yellow", no_wrap=True, overflow="ellipsis"))
+        shown = snap.process_of(snap.device)
+        advice = line_of(shown.advice if shown is not None else None)
+        if advice:  # the top advice, first: what to do before what happened
+            lines.append(Text(advice, style="bold yellow", no_wrap=True, overflow="ellipsis"))
         room = max(0, height - len(lines))
         multi = len(snap.processes) > 1
         names = {p.pid: p.who for p in snap.processes}

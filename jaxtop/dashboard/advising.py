@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Callable
 
-from jaxtop.advice import Report
+from jaxtop.advice import WINDOW_S, Report
 from jaxtop.wire.records import Sample
 
 if TYPE_CHECKING:
@@ -30,6 +30,9 @@ ADVICE_HELD_MAX = 2_000
 class AdviceFeed:
     """Feeds and asks each process's advisor (a part of the model)."""
 
+    #: The advisor's evidence window (the demo's is shorter: a variant's
+    #: advice leaves within seconds of switching to the next).
+    advice_window_s: float = WINDOW_S
     processes: dict[int, ProcessModel]
     ledgers: LedgerStore
     _lock: threading.Lock
@@ -62,6 +65,7 @@ class AdviceFeed:
         if last is not None and (now - proc.advice_clock < ADVICE_EVERY_S
                                  or last.t == proc.advisor.evidence.last_t):
             return last
+        proc.advisor.window_s = self.advice_window_s
         proc.advice = proc.advisor.evaluate(ledger=self.ledgers.view(proc.pid))
         proc.advice_clock = now
         return proc.advice

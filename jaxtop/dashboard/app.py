@@ -29,7 +29,6 @@ from jaxtop.dashboard.oom_screen import OomScreen
 from jaxtop.dashboard.sources import LiveSource, ReplaySource, Source
 from jaxtop.dashboard.transfer_sites_screen import TransferSitesScreen
 from jaxtop.dashboard.web import WebDeliveries
-from jaxtop.widgets.advice import AdviceLine, line_of
 from jaxtop.widgets.panels import (
     EventsPanel, FragmentationPanel, HeaderBar, HostPanel, LoadingLine, MemoryMapPanel, MemoryPanel,
     OverviewPanel, Panel, TimelinePanel, TransfersPanel,
@@ -170,9 +169,6 @@ class JaxtopApp(App[None]):
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
-        advice = AdviceLine(id="advice-line")
-        advice.display = False  # shown while there is advice
-        yield advice
         yield from self.compose_extra()
         with Horizontal(id="main"):
             with Vertical(id="left"):
@@ -325,10 +321,6 @@ class JaxtopApp(App[None]):
         indicator.display = loading is not None
         if loading is not None:
             indicator.text = f" loading backlog: {loading[0]:,} samples in, {loading[1]:,.0f} s behind"
-        shown = snap.process_of(snap.device)
-        advice_line = self.query_one("#advice-line", AdviceLine)
-        advice_line.text = line_of(shown.advice if shown is not None else None)
-        advice_line.display = bool(advice_line.text)
         overview = snap.selected < 0 and bool(snap.devices)
         self.query_one("#main").display = not overview
         self.query_one("#overview").display = overview
