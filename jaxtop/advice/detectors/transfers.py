@@ -33,6 +33,9 @@ CREATION_OPS = ("convert_element_type", "broadcast_in_dim", "iota")
 #: Host reads at least this share of the step's calls are read every step
 #: (or so); fewer are the loss read every few steps: advice already taken.
 EVERY_STEP = 0.5
+#: A copy at most this large, made several times per step, is one item of
+#: a batch.
+SMALL_ITEM = 16 << 10
 #: Memory profiles a site of small arrays must be listed in, with as many.
 PROFILES_SEEN = 2
 #: A comprehension's site of at least this many arrays of at most
@@ -57,7 +60,16 @@ class Flow:
 
     @property
     def batching(self) -> bool:
-        return comprehension(self.line.function) or (self.per_item is not None and self.per_item >= ITEMS_PER_STEP)
+        """One call per item: made from a comprehension, or small copies
+        made several times per call of the step. (A large copy made more
+        often than another line is the step itself, the other line being
+        run every few steps: an evaluation, a loss read.)"""
+        if comprehension(self.line.function):
+            return True
+        if self.per_item is None or self.per_item < ITEMS_PER_STEP:
+            return False
+        each = self.bytes.rise / self.count.rise if self.bytes is not None and self.count.rise else None
+        return each is not None and each <= SMALL_ITEM
 
 
 def _steady(w: Window, line: TransferLine) -> tuple[Steady, Steady, Steady | None] | None:
@@ -80,18 +92,15 @@ def flows(w: Window) -> list[Flow]:
         steady = _steady(w, line)
         if steady is not None:
             found.append((line, *steady))
-    # The step: the least busy steady line of another callee, or a line of
-    # host reads (a loss read each step); a line called k times for each of
-    # its calls runs once per item.
-    steps: list[tuple[float, TransferLine | None]] = [(calls.per_s, line) for line, _, calls, _ in found
-                                                      if not comprehension(line.function)]
-    for sync in w.ev.syncs.values():
-        s = sync.count.over(w.start, w.end)
-        if s.steady and s.per_s >= MIN_RATE:
-            steps.append((s.per_s, None))
+    # The step: the least busy steady line feeding another jitted
+    # function; a line called k times for each of its calls runs once per
+    # item. (Host reads are no measure of the step: a loss read every tenth
+    # step is the advice already taken.)
+    steps: list[tuple[float, TransferLine]] = [(calls.per_s, line) for line, _, calls, _ in found
+                                               if not comprehension(line.function)]
     out = []
     for line, count, calls, size in found:
-        others = [(rate, other) for rate, other in steps if other is not line and (other is None or other.callee != line.callee)]
+        others = [(rate, other) for rate, other in steps if other is not line and other.callee != line.callee]
         per_item, step = None, None
         if others:
             rate, step = min(others, key=lambda x: x[0])
@@ -166,9 +175,6 @@ def batching(w: Window) -> Found:
         each = fmt_bytes(flow.bytes.rise / flow.count.rise) if flow.bytes is not None and flow.count.rise else "?"
         if flow.per_item is not None and flow.per_item >= ITEMS_PER_STEP and flow.step is not None:
             per = f", {flow.per_item:.0f} for each call of `{flow.step.callee}` at {short(flow.step.file, flow.step.line)}"
-            gain = f"-{per_s(calls * (1 - 1 / flow.per_item))} dispatches and copies (one call per step, not {flow.per_item:.0f})"
-        elif flow.per_item is not None and flow.per_item >= ITEMS_PER_STEP:
-            per = f", {flow.per_item:.0f} for each host read of the step"
             gain = f"-{per_s(calls * (1 - 1 / flow.per_item))} dispatches and copies (one call per step, not {flow.per_item:.0f})"
         else:
             per = " from a comprehension (one call per item)"
