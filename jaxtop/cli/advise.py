@@ -7,6 +7,11 @@ passes; nothing is sent to the agent, the program is not paused. A
 recording (``jaxtop run --log``, plain or gzip): every record, one advisor
 per process (a ``hello`` starts one), evaluated at its last sample.
 
+A big plain recording is read from its last window on (found by
+bisection on the lines' times), and before it only the lines that carry
+what the advisor keeps of a whole run; ``JAXTOP_ADVISE_WHOLE=1`` decodes
+every line instead (benchmarks/advice.py compares the two).
+
 Text: the advice, highest expected gain first, each with its evidence,
 gain and fix, then what could not be judged and why. ``--json``: one
 document, ``{"processes": [{"pid", "argv", "advice": [...], "not_judged":
@@ -16,30 +21,123 @@ document, ``{"processes": [{"pid", "argv", "advice": [...], "not_judged":
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import math
 import os
 import sys
 import time
 from typing import Any
 
+import msgspec
+
 from jaxtop.cli.exits import EXIT_USAGE
+from jaxtop.wire import protocol
 
 __all__ = ["advise_recording", "cmd_advise"]
 
 
+#: A plain recording larger than this is read from where its last window
+#: starts (found by bisection on its times); before that, only the lines
+#: that carry what the advisor keeps from the whole run are decoded.
+BISECT_BYTES = 8 << 20
+#: Seconds before the window's start read in full as well: the base of
+#: each running total is the last value before the window.
+WINDOW_MARGIN_S = 5.0
+#: What a line before the window is decoded for: a process starting, its
+#: backend, and the sparse fields whose latest state counts (the jit
+#: ledger's tables, memory profiles, host reads, transfer lines).
+KEPT_KEYS = (b'"type":"hello"', b'"type":"backend"', b'"jit":', b'"holders":', b'"host_syncs":',
+             b'"transfer_sites":')
+
+
+class _Time(msgspec.Struct):
+    t: float | None = None
+
+
+_time_of = msgspec.json.Decoder(_Time).decode
+
+
+def _line_t(line: bytes) -> float | None:
+    """A line's time, read cheaply; None when it has none or is not JSON."""
+    try:
+        t = _time_of(line).t
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return t if t is not None and math.isfinite(t) else None
+
+
+def _window_offset(f: Any, size: int, window_s: float) -> int:
+    """Where in a plain recording the line of its last window's start is
+    (at most that offset; 0 when its times do not tell). Lines are in time
+    order as one agent wrote them; a file whose times are not gets a later
+    or earlier start, never a wrong advice: the advisor only ever sees the
+    lines in the order they are."""
+    f.seek(max(0, size - (4 << 20)))
+    tail = f.read()
+    end = None
+    for line in reversed(tail.split(b"\n")[1:] if size > len(tail) else tail.split(b"\n")):
+        end = _line_t(line)
+        if end is not None:
+            break
+    if end is None:
+        return 0
+    start = end - window_s - WINDOW_MARGIN_S
+    lo, hi = 0, size
+    for _ in range(64):
+        if hi - lo < (1 << 20):
+            break
+        mid = (lo + hi) // 2
+        f.seek(mid)
+        f.readline(protocol.MAX_RECORD_LINE_BYTES + 1)  # to the next whole line
+        t = None
+        for _ in range(32):  # lines without a time (replies) are stepped over
+            line = f.readline(protocol.MAX_RECORD_LINE_BYTES + 1)
+            if not line:
+                break
+            t = _line_t(line)
+            if t is not None:
+                break
+        if t is None or t >= start:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
 def advise_recording(path: str, window_s: float) -> tuple[list[tuple[Any, Any]], Any]:
     """The advisors of a recording's processes, fed: ``([(hello, advisor)],
-    read stats)``. Lines that are not records are skipped and counted."""
+    read stats)``. Lines that are not records are skipped and counted.
+
+    A big plain recording is read in two parts: up to its last window's
+    start, only the lines that carry what the advisor keeps of the whole
+    run (:data:`KEPT_KEYS`) are decoded; from there on, every line. A
+    compressed one is read whole.
+    """
     from jaxtop.advice import Advisor
     from jaxtop.export.convert import guarded, open_recording
-    from jaxtop.wire import protocol
     from jaxtop.wire.records import Hello, decode
 
     stats = protocol.ReadStats()
     processes: list[tuple[Any, Any]] = []
     advisor = None
     with open_recording(path) as raw:
-        for record in protocol.iter_records(guarded(raw, stats), stats, decode_line=decode):
+        offset = 0
+        if not isinstance(raw, gzip.GzipFile) and not os.environ.get("JAXTOP_ADVISE_WHOLE"):
+            size = os.fstat(raw.fileno()).st_size
+            if size > BISECT_BYTES:
+                offset = _window_offset(raw, size, window_s)
+            raw.seek(0)
+        stream = guarded(raw, stats)
+        for lineno, line in protocol.iter_lines(stream, stats):
+            if offset and raw.tell() <= offset and not any(key in line for key in KEPT_KEYS):
+                continue  # before the window: nothing the advisor keeps
+            try:
+                record = decode(line)
+            except protocol.ProtocolError as exc:
+                stats.note(lineno, str(exc))
+                continue
+            stats.records += 1
             if isinstance(record, Hello) or advisor is None:
                 advisor = Advisor(window_s=window_s)
                 processes.append((record if isinstance(record, Hello) else None, advisor))
