@@ -37,18 +37,22 @@ from jaxtop.wire import protocol
 __all__ = ["advise_recording", "cmd_advise"]
 
 
-#: A plain recording larger than this is read from where its last window
-#: starts (found by bisection on its times); before that, only the lines
-#: that carry what the advisor keeps from the whole run are decoded.
+#: Seconds of samples `jaxtop advise PID` reads at least (the agent's
+#: history, then live samples, within --timeout): a younger program is
+#: watched until it has run this long. Rates need 4 s of samples, and the
+#: agent ties its first transfers to lines a few seconds in.
+PID_SPAN_S = 10.0
+#: A plain recording larger than this is read from shortly before its last
+#: window (found by bisection on the lines' times), after its greeting.
 BISECT_BYTES = 8 << 20
-#: Seconds before the window's start read in full as well: the base of
-#: each running total is the last value before the window.
-WINDOW_MARGIN_S = 5.0
-#: What a line before the window is decoded for: a process starting, its
-#: backend, and the sparse fields whose latest state counts (the jit
-#: ledger's tables, memory profiles, host reads, transfer lines).
-KEPT_KEYS = (b'"type":"hello"', b'"type":"backend"', b'"jit":', b'"holders":', b'"host_syncs":',
-             b'"transfer_sites":')
+#: Seconds before the window's start read as well: the base of each running
+#: total is its last value before the window, and the agent writes the jit
+#: ledger's whole table at least every 10 s (changes in between): the
+#: newest whole table before the window is in what is read.
+WINDOW_MARGIN_S = 15.0
+#: The greeting at a recording's start is read up to its first sample, at
+#: most this much of it.
+HEAD_BYTES = 1 << 20
 
 
 class _Time(msgspec.Struct):
@@ -68,15 +72,16 @@ def _line_t(line: bytes) -> float | None:
 
 
 def _window_offset(f: Any, size: int, window_s: float) -> int:
-    """Where in a plain recording the line of its last window's start is
-    (at most that offset; 0 when its times do not tell). Lines are in time
-    order as one agent wrote them; a file whose times are not gets a later
-    or earlier start, never a wrong advice: the advisor only ever sees the
-    lines in the order they are."""
+    """Where in a plain recording its last window (less the margin) starts:
+    the start of a line at or before it; 0 when its times do not tell.
+    Lines are in time order as one agent wrote them; where they are not,
+    the start found is another line's, and the advisor sees the lines from
+    there in the order they are."""
     f.seek(max(0, size - (4 << 20)))
     tail = f.read()
     end = None
-    for line in reversed(tail.split(b"\n")[1:] if size > len(tail) else tail.split(b"\n")):
+    lines = tail.split(b"\n")
+    for line in reversed(lines[1:] if size > len(tail) else lines):
         end = _line_t(line)
         if end is not None:
             break
@@ -105,43 +110,60 @@ def _window_offset(f: Any, size: int, window_s: float) -> int:
     return lo
 
 
+def _read(stream: Any, stats: Any, processes: list[tuple[Any, Any]], window_s: float, head: bool = False) -> None:
+    """Feed the records of ``stream`` to the advisors (a ``hello`` starts a
+    new one); ``head``: only the greeting, up to the first sample."""
+    from jaxtop.advice import Advisor
+    from jaxtop.wire.records import Hello, Sample, decode
+
+    for lineno, line in protocol.iter_lines(stream, stats):
+        try:
+            record = decode(line)
+        except protocol.ProtocolError as exc:
+            stats.note(lineno, str(exc))
+            continue
+        if head and isinstance(record, Sample):
+            return
+        stats.records += 1
+        if isinstance(record, Hello) or not processes:
+            processes.append((record if isinstance(record, Hello) else None, Advisor(window_s=window_s)))
+        processes[-1][1].feed(record)
+        if head and stream.tell() > HEAD_BYTES:
+            return
+
+
 def advise_recording(path: str, window_s: float) -> tuple[list[tuple[Any, Any]], Any]:
     """The advisors of a recording's processes, fed: ``([(hello, advisor)],
     read stats)``. Lines that are not records are skipped and counted.
 
-    A big plain recording is read in two parts: up to its last window's
-    start, only the lines that carry what the advisor keeps of the whole
-    run (:data:`KEPT_KEYS`) are decoded; from there on, every line. A
-    compressed one is read whole.
+    A big plain recording is read in two parts: its greeting, then from
+    shortly before its last window on (:data:`WINDOW_MARGIN_S`); where that
+    part holds a jit ledger but none of its whole tables (an agent that did
+    not repeat them), the recording is read again, whole. A compressed one
+    is read whole.
     """
-    from jaxtop.advice import Advisor
     from jaxtop.export.convert import guarded, open_recording
-    from jaxtop.wire.records import Hello, decode
 
-    stats = protocol.ReadStats()
-    processes: list[tuple[Any, Any]] = []
-    advisor = None
     with open_recording(path) as raw:
-        offset = 0
         if not isinstance(raw, gzip.GzipFile) and not os.environ.get("JAXTOP_ADVISE_WHOLE"):
             size = os.fstat(raw.fileno()).st_size
-            if size > BISECT_BYTES:
-                offset = _window_offset(raw, size, window_s)
+            offset = _window_offset(raw, size, window_s) if size > BISECT_BYTES else 0
+            if offset:
+                stats = protocol.ReadStats()
+                processes: list[tuple[Any, Any]] = []
+                raw.seek(0)
+                _read(raw, stats, processes, window_s, head=True)
+                raw.seek(offset)
+                if offset:
+                    raw.readline(protocol.MAX_RECORD_LINE_BYTES + 1)  # the line cut by the offset
+                _read(raw, stats, processes, window_s)
+                ledgers = [advisor.evidence.ledger() for _, advisor in processes]
+                if all(ledger is None or ledger.complete for ledger in ledgers):
+                    return processes, stats
             raw.seek(0)
-        stream = guarded(raw, stats)
-        for lineno, line in protocol.iter_lines(stream, stats):
-            if offset and raw.tell() <= offset and not any(key in line for key in KEPT_KEYS):
-                continue  # before the window: nothing the advisor keeps
-            try:
-                record = decode(line)
-            except protocol.ProtocolError as exc:
-                stats.note(lineno, str(exc))
-                continue
-            stats.records += 1
-            if isinstance(record, Hello) or advisor is None:
-                advisor = Advisor(window_s=window_s)
-                processes.append((record if isinstance(record, Hello) else None, advisor))
-            advisor.feed(record)
+        stats = protocol.ReadStats()
+        processes = []
+        _read(guarded(raw, stats), stats, processes, window_s)
     return processes, stats
 
 
@@ -149,8 +171,7 @@ def _advise_pid(pid: int, window_s: float, timeout_s: float) -> tuple[Any, Any]:
     """Read the agent's greeting and history, then live samples while the
     window is not covered (at most ``timeout_s``)."""
     from jaxtop.advice import Advisor
-    from jaxtop.advice.detectors.base import MIN_SPAN_S
-    from jaxtop.wire import client, protocol
+    from jaxtop.wire import client
     from jaxtop.wire.records import Hello, HistoryEnd, Sample, decode
 
     advisor = Advisor(window_s=window_s)
@@ -176,7 +197,7 @@ def _advise_pid(pid: int, window_s: float, timeout_s: float) -> tuple[Any, Any]:
                 history_done = True
                 for sample in present:
                     advisor.feed(sample)
-            if history_done and isinstance(record, Sample) and advisor.evidence.span_s >= MIN_SPAN_S + 1:
+            if history_done and isinstance(record, Sample) and advisor.evidence.span_s >= PID_SPAN_S:
                 break
     if not history_done:  # an agent without a history: what came is all there is
         for sample in present:
