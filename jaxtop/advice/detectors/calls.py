@@ -144,7 +144,7 @@ def in_place(w: Window) -> Found:
             out.append(Advice(
                 strategy="in_place", file=file, line=line, function=None, jitted=name,
                 title="write into a preallocated buffer instead of rebuilding it",
-                evidence=f"{storm.compiles or '?'} compiles of `{name}` in {storm.window_s or 60:.0f} s at "
+                evidence=f"{storm.compiles or '?'} compiles of `{name}` within the last {storm.window_s or 60:.0f} s at "
                          f"{short(file, line)}, one per new shape{shapes}"
                          + (f" ({per_s(rate)})" if rate else ""),
                 gain=(f"-{per_s(rate)} compiles" if rate else "one compile per shape less")
