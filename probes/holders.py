@@ -68,6 +68,8 @@ from jaxtop.probes.holders_growth import (  # noqa: F401  (importable from here)
 )
 from jaxtop.probes.jaxstate import backend_ready as _backend_ready
 from jaxtop.probes.jaxstate import jax_imported
+from jaxtop.probes.holders_scan import MIN_ARRAYS, totals_from_arrays
+from jaxtop.probes.live_arrays import LiveArrays
 from jaxtop.probes.pprof import ProfileTotals, SiteStats, aggregate_profile
 from jaxtop.probes.forksafe import ForkLock
 
@@ -181,6 +183,11 @@ class HoldersProbe:
         on_watch: called with a one-line description (``watching: ...``)
             when a site starts being watched (``install`` posts it as a
             ``leak_watch`` event).
+        arrays: the memory probe's live arrays and the devices' labels
+            (None before a backend): from :data:`jaxtop.probes.holders_scan.
+            MIN_ARRAYS` arrays on, a profile reads them in chunks
+            (:func:`~jaxtop.probes.holders_scan.totals_from_arrays`) instead
+            of asking jaxlib for one, which holds the interpreter throughout.
     """
 
     def __init__(
@@ -196,6 +203,7 @@ class HoldersProbe:
         timer: Callable[[], float] = time.perf_counter,
         on_suspect: Callable[[str], None] | None = None,
         on_watch: Callable[[str], None] | None = None,
+        arrays: Callable[[], tuple[LiveArrays, dict[int, str]] | None] | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError("interval_s must be positive")
@@ -212,6 +220,8 @@ class HoldersProbe:
         self._timer = timer
         self._on_suspect = on_suspect
         self._on_watch = on_watch
+        self._arrays = arrays
+        self.method = "profile"  # how the last profile was read: profile, or arrays (holders_scan)
         self._lock = ForkLock()
         self._take_lock = ForkLock()
         self.interval_s = self.base_interval_s  # current, after back-off
@@ -317,7 +327,11 @@ class HoldersProbe:
         started_cpu = time.thread_time()
         t = self._clock()
         try:
-            totals = aggregate_profile(self._capture())
+            source = self._arrays() if self._arrays is not None and self._capture is _capture_profile else None
+            if source is not None and len(source[0]) >= MIN_ARRAYS:
+                totals, self.method = totals_from_arrays(*source), "arrays"
+            else:
+                totals, self.method = aggregate_profile(self._capture()), "profile"
         except Exception as exc:
             # Backed off like a costly profile: a failing capture is not retried every tick.
             self._error = f"{type(exc).__name__}: {exc}"
@@ -461,7 +475,10 @@ class HoldersProbe:
             "count": totals.count,
             "in_use_bytes": in_use,
             "by_device": {d: list(v) for d, v in sorted(totals.by_device.items())},
-            "executables": {"bytes": totals.executable_bytes, "count": totals.executable_count},
+            # Read from the arrays, a profile has no executables: n/a, not 0.
+            "executables": ({"bytes": totals.executable_bytes, "count": totals.executable_count}
+                            if self.method == "profile" else None),
+            "method": self.method,
             "sites_total": len(totals.sites),
             "sites": sites,
             "other": {"bytes": totals.bytes - listed_bytes, "count": totals.count - listed_count,

@@ -319,6 +319,17 @@ class JaxMemoryProbe:
         # between scans): the agent's encoder then reuses its bytes too.
         self._last_rec: dict[int, tuple[int, Any, dict[str, Any]]] = {}
 
+    def device_labels(self) -> dict[int, str]:
+        """Device id -> ``platform:id``: how jaxlib's memory profile labels a
+        device (jax 0.10; ``TFRT_CPU_0`` before it)."""
+        labels = {}
+        for d in self.devices:
+            try:
+                labels[d.id] = f"{d.platform}:{d.id}"
+            except Exception:
+                continue
+        return labels
+
     def close(self) -> None:
         """Give ``jax.Array.delete`` back as it was and drop the references
         kept to live arrays; addresses are no longer asked for (the OOM census

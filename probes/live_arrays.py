@@ -301,6 +301,11 @@ class LiveArrays:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def refs(self) -> dict[int, Any]:
+        """key -> weak reference to the array counted under it (read only)."""
+        return self._refs
+
     def device(self, dev_id: int) -> _Device | None:
         return self.devices.get(dev_id)
 

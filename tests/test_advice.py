@@ -164,17 +164,29 @@ def syncs(t: float, n: int, line: int = 56) -> Any:
          "kinds": {"item": n}}]})
 
 
+def step_and_read(t: float, n: int, every: int = 1) -> Any:
+    rec = sites(t, n)  # the step, fed a batch each call
+    return from_dict({**msg(rec), "host_syncs": msg(syncs(t, n // every)).get("host_syncs")})
+
+
 def test_a_host_read_every_step_is_advised_on():
-    (a,) = advise(steady(20, 30, syncs)).of("host_sync")
-    assert a.line == 56 and "30/s host reads (item)" in a.evidence
+    (a,) = advise(steady(20, 30, step_and_read)).of("host_sync")
+    assert a.line == 56 and "30/s host reads (item) at train.py:56, 1.0 per call of the step" in a.evidence
     assert "step % 100" in a.fix
 
 
+def test_a_host_read_without_a_known_step_is_not_judged():
+    # Every batch put on the device ahead: no line tells the step's rate, and
+    # 30 reads/s may be every step or every hundredth.
+    report = advise(steady(20, 30, syncs))
+    assert not report.of("host_sync")
+    why = {n.strategy: n.why for n in report.not_judged}["host_sync"]
+    assert "30/s at train.py:56" in why and "the step's rate is unknown" in why
+
+
 def test_a_read_every_tenth_step_is_the_fix_already_made():
-    def make(t: float, n: int) -> Any:
-        rec = sites(t, n)  # the step, 100 calls/s
-        return from_dict({**msg(rec), "host_syncs": msg(syncs(t, n // 10)).get("host_syncs")})
-    assert not advise(steady(20, 100, make)).of("host_sync")
+    report = advise(steady(20, 100, lambda t, n: step_and_read(t, n, every=10)))
+    assert not report.of("host_sync") and "host_sync" not in {n.strategy for n in report.not_judged}
 
 
 def msg(rec: Any) -> dict[str, Any]:
@@ -335,8 +347,8 @@ def test_one_failing_detector_takes_no_other_down(monkeypatch):
     table = list(detectors_module.DETECTORS)
     table[0] = ("placement", broken)
     monkeypatch.setattr("jaxtop.advice.advisor.DETECTORS", tuple(table))
-    report = advise(steady(20, 30, syncs))
-    assert report.of("host_sync")
+    report = advise(steady(20, 30, step_and_read))
+    assert report.of("guard")
     assert {n.strategy: n.why for n in report.not_judged}["placement"] == "the detector failed: ZeroDivisionError: boom"
 
 

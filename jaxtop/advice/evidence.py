@@ -90,7 +90,8 @@ class Evidence:
         self.ledgers = LedgerStore() if fold_jit else None
         self.first_t: float | None = None
         self.last_t: float | None = None
-        self.transfers: dict[tuple[str, str, int, str, str], TransferLine] = {}
+        self.transfers: dict[tuple[str, str, int, str], TransferLine] = {}
+        self._sites_t: float | None = None  # the last transfer_sites field's time
         self.syncs: dict[SiteKey, SyncLine] = {}
         self.syncs_field: HostSyncs | None = None  # the newest host_syncs field
         self.profiles: collections.deque[Holders] = collections.deque(maxlen=HOLDER_PROFILES_KEPT)
@@ -170,16 +171,28 @@ class Evidence:
                     fragmentation=None if fragmentation_na(dev.platform) else dev.fragmentation))
 
     def _transfer_sites(self, t: float, sites: list[TransferSite]) -> None:
+        prev_t, self._sites_t = self._sites_t, t
         for site in sites:
             if site.file is None or site.line is None or site.direction is None or site.count_total is None:
                 continue
-            key = (site.direction, site.file, site.line, site.function or "", site.callee or "")
+            # A line is the agent's site: its callee is named anew as calls
+            # are tied to it (a line of two ops reads `add (op)`, then
+            # `multiply (op)`): the latest name is kept, the totals go on.
+            key = (site.direction, site.file, site.line, site.function or "")
             line = self.transfers.get(key)
             if line is None:
                 if len(self.transfers) >= MAX_SITES:
                     continue
                 line = self.transfers[key] = TransferLine(site.direction, site.file, site.line, site.function or "",
                                                           site.callee or "")
+                if prev_t is not None:
+                    # Listed for the first time: its transfers so far were
+                    # made since the field before (a line is listed as soon
+                    # as it transfers, among the busiest), from zero.
+                    line.count.add(prev_t, 0)
+                    line.calls.add(prev_t, 0)
+                    line.bytes.add(prev_t, 0)
+            line.callee = site.callee or line.callee
             line.count.add(t, site.count_total)
             if site.calls_total is not None:
                 line.calls.add(t, site.calls_total)

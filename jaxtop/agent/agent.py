@@ -186,7 +186,7 @@ class Agent(AgentLoop):
         # Who holds memory (`holders`, commands holders_mark and
         # holders_profile), which lines read arrays on the host
         # (`host_syncs`), named pytrees (`labels`).
-        self.holders = HoldersProbe().install(self)
+        self.holders = HoldersProbe(arrays=self._holders_arrays).install(self)
         self.host_sync = HostSyncProbe().install(self)
         # Which line made each implicit transfer (`transfer_sites`): the
         # guard lines' stamps from the capture, matched with the calls and
@@ -309,6 +309,15 @@ class Agent(AgentLoop):
     def memory(self) -> JaxMemoryProbe | None:
         """The devices' memory probe, once the program has a JAX backend."""
         return self.devices.memory
+
+    def _holders_arrays(self) -> tuple[Any, dict[int, str]] | None:
+        """The memory probe's live arrays and the devices' profile labels
+        (``platform:id``, as jaxlib's profile names them), for a holders
+        profile read from the arrays; None before a backend."""
+        memory = self.devices.memory
+        if memory is None:
+            return None
+        return memory.arrays, memory.device_labels()
 
     @property
     def capture(self) -> Any:

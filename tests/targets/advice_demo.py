@@ -5,8 +5,9 @@ demo/strategies.py the tests find by reading it.
 
     python advice_demo.py STRATEGY VARIANT SECONDS
 
-Prints ``ready`` once the variant is compiled and the loop starts, and
-``steps=N`` when it ends.
+Prints ``ready t=T`` once the variant is compiled and the loop starts (T:
+``time.time()``, the clock of the agent's samples, so that the loop can be
+told from the start-up in the recording), and ``steps=N`` when it ends.
 """
 import sys
 import time
@@ -26,7 +27,7 @@ strategy = cls(scale, device, on_error=errors.append) if cls is strategies.Guard
 assert variant in strategy.variants, f"{name} has no variant {variant!r}: {strategy.variants}"
 strategy.prepare(variant)
 strategy.reset(variant)
-print("ready", flush=True)
+print(f"ready t={time.time():.3f}", flush=True)
 steps = 0
 stop = time.monotonic() + seconds
 while time.monotonic() < stop:

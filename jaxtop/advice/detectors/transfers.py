@@ -303,39 +303,45 @@ def host_sync(w: Window) -> Found:
     # The step: the busiest steady line feeding a jitted function (not one
     # item of a batch). A read once every few of its calls is the fix
     # already made (the loss read every N steps), not a read per step.
+    # Without such a line the step's rate is unknown (a program that puts
+    # every batch on the device ahead has none): a steady read is then not
+    # judged, for it may be the loss read every hundred steps.
     steps = [f.calls.per_s for f in flows(w) if not f.batching]
     step_rate = max(steps) if steps else None
+    reads: list[tuple[str, int, str, float, str]] = []
     covered: set[tuple[str, int]] = set()
     for sync in w.ev.syncs.values():
         s = sync.count.over(w.start, w.end)
         if not s.steady or s.per_s < MIN_RATE:
             continue
         covered.add((sync.file, sync.line))
-        if step_rate is not None and s.per_s < EVERY_STEP * step_rate:
-            continue
         kinds = sync.latest.kinds if sync.latest is not None else None
         how = ", ".join(f"{k}" for k in sorted(kinds or {}, key=lambda k: -(kinds or {}).get(k, 0))) or "read"
-        out.append(_sync_advice(w, sync.file, sync.line, sync.function, s.per_s, how, step_rate))
+        reads.append((sync.file, sync.line, sync.function, s.per_s, how))
     for line in w.ev.transfers.values():
         if line.direction != "d2h" or (line.file, line.line) in covered:
             continue
         steady = _steady(w, line)
-        if steady is None or (step_rate is not None and steady[1].per_s < EVERY_STEP * step_rate):
+        if steady is None:
             continue
         how = line.callee.removeprefix("host read (").removesuffix(")") if line.callee.startswith("host read") \
             else line.callee
-        out.append(_sync_advice(w, line.file, line.line, line.function, steady[1].per_s, how, step_rate))
+        reads.append((line.file, line.line, line.function, steady[1].per_s, how))
+    if reads and step_rate is None:
+        file, line_no, _, rate, _ = max(reads, key=lambda r: r[3])
+        out.append(NotJudged("host_sync", f"{len(reads)} line(s) read device values steadily ({per_s(rate)} at "
+                             f"{short(file, line_no)}), but whether that is every step cannot be told: no steady line "
+                             f"feeds the step host values, so the step's rate is unknown"))
+        return out
+    for file, line_no, function, rate, how in reads:
+        if step_rate is not None and rate >= EVERY_STEP * step_rate:
+            out.append(_sync_advice(w, file, line_no, function, rate, how, step_rate))
     return out
 
 
-def _sync_advice(w: Window, file: str, line: int, function: str, rate: float, how: str,
-                 step_rate: float | None) -> Advice:
-    if step_rate is not None:
-        title = "read device values on the host every N steps, not every step"
-        per = f", {rate / step_rate:.1f} per call of the step"
-    else:
-        title = "read device values on the host less often"
-        per = " (the step's rate is not known: no steady line feeds it host values)"
+def _sync_advice(w: Window, file: str, line: int, function: str, rate: float, how: str, step_rate: float) -> Advice:
+    title = "read device values on the host every N steps, not every step"
+    per = f", {rate / step_rate:.1f} per call of the step"
     return Advice(
         strategy="host_sync", file=file, line=line, function=function, jitted=None,
         title=title,

@@ -89,7 +89,11 @@ class Holders(Rec):
     count: Num = None  # live buffers
     in_use_bytes: Num = None  # the allocator's, over the local devices (None on CPU: shares are of bytes)
     by_device: dict[str, BytesCountPair] | None = None  # the profile's device label -> [bytes, count]
-    executables: BytesCount | None = None  # loaded executables, totalled apart
+    executables: BytesCount | None = None  # loaded executables, totalled apart; None: n/a (method "arrays")
+    # How the sites were read: "profile" (jaxlib's device memory profile) or
+    # "arrays" (the live arrays' own tracebacks, a few hundred at a time:
+    # from 1,000 arrays on); None from an older agent (a profile).
+    method: str | None = None
     sites_total: Num = None  # sites in the profile
     sites: list[HolderSite] | None = None  # the largest, every suspect and watched one, the mark's changes
     other: OtherSites | None = None

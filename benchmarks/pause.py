@@ -1,0 +1,107 @@
+"""The longest pause jaxtop puts on a program: a thread of the program that
+sleeps 200 us in a loop reads how late each wake-up is (how long something
+else held the interpreter), beside a jitted step loop holding ``--arrays``
+live arrays. Plain and under `jaxtop run`, alternating, ``--runs`` each:
+``--settle`` seconds first (the agent's first scans, the compiles), then
+``--seconds`` timed.
+
+    .venv/bin/python benchmarks/pause.py                    # 50,000 arrays, 3 runs each
+    .venv/bin/python benchmarks/pause.py --arrays 10000 --runs 2
+
+Target (the fifth trust sweep): the longest pause under jaxtop at most
+1 ms at 50,000 arrays, beside plain's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r'''
+import json, sys, threading, time
+import numpy as np
+import jax, jax.numpy as jnp
+
+arrays, settle, seconds, out = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+kept = [jax.device_put(np.full((4,), i, np.float32)) for i in range(arrays)]
+jax.block_until_ready(kept)
+step = jax.jit(lambda w: w * 0.999 + 0.001)
+w = jnp.ones((64, 64))
+late = []
+stop = threading.Event()
+timing = threading.Event()
+
+def watcher():
+    while not stop.is_set():
+        t = time.perf_counter()
+        time.sleep(0.0002)
+        lateness = time.perf_counter() - t - 0.0002
+        if timing.is_set():
+            late.append(lateness)
+
+thread = threading.Thread(target=watcher, daemon=True)
+thread.start()
+t0 = time.monotonic()
+steps = 0
+while time.monotonic() - t0 < settle + seconds:
+    if not timing.is_set() and time.monotonic() - t0 >= settle:
+        timing.set()
+        steps = 0
+    w = step(w)
+    w.block_until_ready()
+    steps += 1
+stop.set()
+thread.join()
+late.sort()
+with open(out, "w") as f:
+    json.dump({"max_ms": late[-1] * 1e3, "p999_us": late[int(0.999 * (len(late) - 1))] * 1e6,
+               "p99_us": late[int(0.99 * (len(late) - 1))] * 1e6, "wakeups": len(late),
+               "over_1ms": sum(x > 1e-3 for x in late), "steps_per_s": steps / seconds}, f)
+'''
+
+
+def run(mode: str, args: argparse.Namespace, work: str) -> dict:
+    script = os.path.join(work, "child.py")
+    with open(script, "w") as f:
+        f.write(CHILD)
+    out = os.path.join(work, f"{mode}.json")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXTOP_SOCKET_DIR=work)
+    child = [script, str(args.arrays), str(args.settle), str(args.seconds), out]
+    cmd = [sys.executable, *child] if mode == "plain" else [sys.executable, "-m", "jaxtop", "run", *child]
+    subprocess.run(cmd, env=env, check=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(out) as f:
+        return json.load(f)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arrays", type=int, default=50_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--settle", type=float, default=12.0)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    args = ap.parse_args()
+    results: dict[str, list[dict]] = {"plain": [], "jaxtop": []}
+    with tempfile.TemporaryDirectory(prefix="jaxtop-pause-") as work:
+        for r in range(args.runs):
+            for mode in (("plain", "jaxtop") if r % 2 == 0 else ("jaxtop", "plain")):
+                results[mode].append(run(mode, args, work))
+    for mode, runs in results.items():
+        print(f"{mode:>7}: longest pause " + ", ".join(f"{x['max_ms']:.2f}" for x in runs) + " ms;  p99.9 "
+              + ", ".join(f"{x['p999_us']:.0f}" for x in runs) + " us;  p99 "
+              + ", ".join(f"{x['p99_us']:.0f}" for x in runs) + " us;  wake-ups over 1 ms "
+              + ", ".join(str(x["over_1ms"]) for x in runs) + ";  steps/s "
+              + ", ".join(f"{x['steps_per_s']:,.0f}" for x in runs))
+    worst = max(x["max_ms"] for x in results["jaxtop"])
+    plain = max(x["max_ms"] for x in results["plain"])
+    print("targets:")
+    print(f"  longest pause under jaxtop <= 1 ms at {args.arrays:,} arrays: {'met' if worst <= 1.0 else 'MISSED'} "
+          f"({worst:.2f} ms; plain {plain:.2f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
