@@ -7,6 +7,7 @@ live arrays. Plain and under `jaxtop run`, alternating, ``--runs`` each:
 
     .venv/bin/python benchmarks/pause.py                    # 50,000 arrays, 3 runs each
     .venv/bin/python benchmarks/pause.py --arrays 10000 --runs 2
+    .venv/bin/python benchmarks/pause.py --baseline fc94bbf   # also jaxtop before the chunked scans
 
 Target (the fifth trust sweep): the longest pause under jaxtop at most
 1 ms at 50,000 arrays, beside plain's.
@@ -20,6 +21,9 @@ import os
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tui import tree_at  # noqa: E402  (a sibling benchmark's: jaxtop as it was at a revision)
 
 CHILD = r'''
 import json, sys, threading, time
@@ -64,12 +68,14 @@ with open(out, "w") as f:
 '''
 
 
-def run(mode: str, args: argparse.Namespace, work: str) -> dict:
+def run(mode: str, args: argparse.Namespace, work: str, tree: str | None = None) -> dict:
     script = os.path.join(work, "child.py")
     with open(script, "w") as f:
         f.write(CHILD)
     out = os.path.join(work, f"{mode}.json")
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAXTOP_SOCKET_DIR=work)
+    if mode == "before" and tree is not None:
+        env["PYTHONPATH"] = tree  # the baseline's jaxtop first on the path
     child = [script, str(args.arrays), str(args.settle), str(args.seconds), out]
     cmd = [sys.executable, *child] if mode == "plain" else [sys.executable, "-m", "jaxtop", "run", *child]
     subprocess.run(cmd, env=env, check=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -83,12 +89,15 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--settle", type=float, default=12.0)
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--baseline", default="", help="also time jaxtop as it was at this git revision ('before')")
     args = ap.parse_args()
-    results: dict[str, list[dict]] = {"plain": [], "jaxtop": []}
+    modes = ("plain", "before", "jaxtop") if args.baseline else ("plain", "jaxtop")
+    results: dict[str, list[dict]] = {m: [] for m in modes}
+    tree = tree_at(args.baseline) if args.baseline else None
     with tempfile.TemporaryDirectory(prefix="jaxtop-pause-") as work:
         for r in range(args.runs):
-            for mode in (("plain", "jaxtop") if r % 2 == 0 else ("jaxtop", "plain")):
-                results[mode].append(run(mode, args, work))
+            for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
+                results[mode].append(run(mode, args, work, tree))
     for mode, runs in results.items():
         print(f"{mode:>7}: longest pause " + ", ".join(f"{x['max_ms']:.2f}" for x in runs) + " ms;  p99.9 "
               + ", ".join(f"{x['p999_us']:.0f}" for x in runs) + " us;  p99 "

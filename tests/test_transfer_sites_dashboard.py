@@ -203,8 +203,10 @@ def test_scalars_apart_and_the_summary_names_the_busiest():
     assert [s.callee for s in view.arrays] == ["step", "sin (op)", "host read (float)"]
     assert {s.callee for s in view.scalars} == {"scale", "add (op)"}
     summary = view.scalar_summary()
-    assert summary.lines == 2 and summary.busiest.callee == "scale" and summary.names == "factor"
-    assert summary.count_per_s == pytest.approx(16.0 + 8.0)
+    # The step line's `lr` beside its NumPy batch is a scalar too: a third
+    # of that line's 24 transfers a second.
+    assert summary.lines == 3 and summary.busiest.callee == "scale" and summary.names == "factor"
+    assert summary.count_per_s == pytest.approx(16.0 + 8.0 + 24.0 / 3)
 
 
 def test_an_older_agent_sends_no_field_and_the_panel_keeps_its_top_shape():
@@ -331,11 +333,11 @@ def test_the_panel_lists_lines_calls_arguments_and_rates(width, height):
     assert "24/s" in text
     # Python scalars: on one line of their own, never among the array lines.
     scalar = [line for line in lines if "scalars" in line]
-    assert len(scalar) == 1 and "factor" in scalar[0] and "24/s" in scalar[0], text
+    assert len(scalar) == 1 and "factor" in scalar[0] and "32/s" in scalar[0], text
     assert not any("scale " in line and "/s" in line and "scalars" not in line for line in lines)
     if width >= 59:
-        assert "~inferred" in text.replace("~ ", "~") and "pass jnp.asarray(x) once or mark static_argnums" in text
-        assert "2 lines" in scalar[0]
+        assert "~inferred" in text.replace("~ ", "~") and "keep them on the device" in text
+        assert "3 lines" in scalar[0]
         assert "bytes/s≥" in text
     if width >= 99:
         assert "float32[512,4096]" in text and " main " in text
@@ -394,7 +396,8 @@ def test_snapshot_text_lists_the_top_sites_and_the_unattributed_count():
     text = snapshot_text(model_of(stream()).snapshot(now=0.0))
     assert "transfer sites: 5 lines, 39 unattributed" in text
     assert "train.py:27 in main: step  ~batch['x'] NumPy array float32[512,4096]" in text
-    assert "Python scalars 24/s at 2 lines (factor in scale, train.py:29): pass jnp.asarray(x) once" in text
+    assert ("Python scalars 32/s at 3 lines (factor in scale, train.py:29): keep them on the device (a jnp array "
+            "in the step's state)") in text
     assert "unattributed 39 (h2d 39), never guessed:" in text
 
 
@@ -553,7 +556,8 @@ def test_a_real_program_under_jaxtop_run_names_its_lines(tmp_path, child_env):
     assert {"batch['x']", "batch['y']"} <= {a.name for a in step.args}
     assert scale.scalar and scale.callee == "scale"
     text = drawn(snap, 59, 12)
-    assert f"prog.py:{lines['step']}" in text and "Python scalars" in text and f"prog.py:{lines['scale']}" in text
+    # The scalars of both lines together: `lr` beside the step's batch too.
+    assert f"prog.py:{lines['step']}" in text and "Python scalars" in text and "at 2 lines" in text
     assert "exited: totals only" in text
     rows = list(csv.DictReader(io.StringIO(_csv_text(log))))
     assert any(r["line"] == str(lines["step"]) and r["callee"] == "step" for r in rows)

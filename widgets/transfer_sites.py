@@ -169,7 +169,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def scalar_lines(summary: ScalarSummary, width: int, ended: bool = False) -> list[Text]:
-    """``Python scalars 100/s at 2 lines (lr in step, train.py:27): pass jnp.asarray(x) once or mark static_argnums``,
+    """``Python scalars 100/s at 2 lines (lr in step, train.py:27): keep them on the device …``,
     in one line where it fits, else the facts and the advice on a second line."""
     rate = f"×{summary.count_total:,}" if ended or summary.count_per_s is None else fmt_rate(summary.count_per_s, "")
     site = summary.busiest
@@ -189,8 +189,8 @@ def scalar_lines(summary: ScalarSummary, width: int, ended: bool = False) -> lis
         f" Py scalars {rate}, {lines}",
     ]
     facts = next((c for c in choices if cell_len(c) <= width), choices[-1])
-    advice = next((c for c in (f"   {SCALAR_ADVICE}", "   jnp.asarray(x) once, or static_argnums",
-                               "   asarray once/static_argnums") if cell_len(c) <= width), "   static_argnums?")
+    advice = next((c for c in (f"   {SCALAR_ADVICE}", "   keep them on the device (in the step's state)",
+                               "   keep them on the device") if cell_len(c) <= width), "   on the device")
     return [Text(facts, style=SCALAR_STYLE, no_wrap=True, overflow="ellipsis"),
             Text(advice, style="dim " + SCALAR_STYLE, no_wrap=True, overflow="ellipsis")]
 

@@ -47,8 +47,10 @@ HISTORY_TICKS = 120
 
 SiteKey = tuple[str, str, int, str]  # (direction, file, line, function)
 
-#: What to do about Python scalars passed to a jitted function on every call.
-SCALAR_ADVICE = "pass jnp.asarray(x) once or mark static_argnums"
+#: What to do about Python scalars passed to a jitted function on every
+#: call. Not static_argnums: a value that changes every call (a step
+#: counter) would compile anew for each one.
+SCALAR_ADVICE = "keep them on the device (a jnp array in the step's state), or jnp.asarray once if constant"
 
 #: ``args_seen`` values: the values were seen passing to the device; or read
 #: from a call's arguments at that line after the call (inferred).
@@ -157,7 +159,7 @@ class ScalarSummary:
         site = self.busiest
         if site is None:
             return ""
-        names = [a.name for a in site.args if a.name]
+        names = [a.name for a in site.args if a.name and (site.scalar or ("scalar" in a.kind and "NumPy" not in a.kind))]
         return ", ".join(dict.fromkeys(names))
 
 
@@ -193,13 +195,28 @@ class TransferSitesView:
         return _by_rate(s for s in self.sites if s.scalar)
 
     def scalar_summary(self) -> ScalarSummary | None:
-        """The Python-scalar sites together; None when there is none."""
-        scalars = self.scalars
-        if not scalars:
+        """Every Python scalar the lines copy, together: the lines that copy
+        scalars alone, and the scalars among a line's other arguments (a
+        step counter passed beside a NumPy batch is a scalar too); None when
+        no line copies one. A line's transfers are one per value passed, so
+        a mixed line's scalars are its share of them."""
+        shares = [(s, share) for s in self.sites if s.direction == "h2d" for share in (_scalar_share(s),) if share]
+        if not shares:
             return None
-        rates = [s.count_per_s for s in scalars if s.count_per_s is not None]
-        return ScalarSummary(lines=len(scalars), count_per_s=sum(rates) if rates else None,
-                             count_total=sum(s.count_total for s in scalars), busiest=scalars[0])
+        rates = [s.count_per_s * share for s, share in shares if s.count_per_s is not None]
+        busiest = max(shares, key=lambda x: ((x[0].count_per_s or 0.0) * x[1], x[0].count_total * x[1]))[0]
+        return ScalarSummary(lines=len(shares), count_per_s=sum(rates) if rates else None,
+                             count_total=round(sum(s.count_total * share for s, share in shares)), busiest=busiest)
+
+
+def _scalar_share(site: TransferSiteView) -> float:
+    """The share of a line's transfers that are Python scalars: all of a
+    line of scalars alone, its scalar arguments' share of a mixed one."""
+    if site.scalar:
+        return 1.0
+    if not site.args:
+        return 0.0
+    return sum(1 for a in site.args if "scalar" in a.kind and "NumPy" not in a.kind) / len(site.args)
 
 
 def _by_rate(sites: Iterable[TransferSiteView]) -> tuple[TransferSiteView, ...]:
