@@ -222,3 +222,15 @@ def test_the_recording_names_the_program_not_jaxtops_options(child_env, script, 
     assert res.returncode == 0, res.stderr
     hello = json.loads(log.read_text().splitlines()[0])
     assert hello["type"] == "hello" and hello["argv"] == [str(script), "a"]
+
+
+@pytest.mark.parametrize("command", [("oom",), ("advise",), ("export", "--format", "csv"), ("replay",)])
+def test_a_missing_file_is_said_in_one_line_as_every_command_says_it(command, tmp_path):
+    """`no such file: X` and exit 2, never Python's `[Errno 2] …` or a traceback."""
+    missing = tmp_path / "nope.jsonl"
+    done = subprocess.run([PY, "-m", "jaxtop", command[0], str(missing), *command[1:]],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip()
+    assert "no such file" in err and str(missing) in err and "Errno" not in err and "Traceback" not in err, err
+    assert len(err.splitlines()) == 1, err

@@ -469,6 +469,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         found = load_censuses(args.file)
+    except FileNotFoundError:
+        print(f"jaxtop oom: no such file: {args.file}", file=sys.stderr)
+        return EXIT_USAGE
+    except IsADirectoryError:
+        print(f"jaxtop oom: a directory, not a census or recording: {args.file}", file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, ValueError, EOFError) as exc:
         print(f"jaxtop oom: {exc}", file=sys.stderr)
         return EXIT_USAGE
