@@ -266,6 +266,12 @@ def test_the_command_line_budget_covers_every_test_and_the_summary_ranks_them(in
                      h2d.split("\n", 1)[1], re.M), h2d
     assert "test_cli.py::test_recompiles" in summary.split("recompiles:", 1)[1].split("peak:", 1)[0]
     assert "peak: the worst" in summary
+    # A metric no budget checks is not measured, which the summary says
+    # instead of "none" (that read as zero where JAX logged transfers).
+    only_peak = run_inner(inner, "--jaxtop-budget", "peak=8GiB").stdout.str().split("jaxtop budget summary", 1)[1]
+    assert "recompiles: not measured (no budget checks it" in only_peak
+    assert "h2d: the worst 1 of 1 tests that measured it" in only_peak  # the one test whose own marker checks it
+    assert "none in" not in only_peak
     quiet = run_inner(inner, "--jaxtop-budget", "h2d=100", "--jaxtop-summary", "0")
     assert "jaxtop budget summary" not in quiet.stdout.str()
 

@@ -541,13 +541,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
     terminalreporter.write_sep("=", "jaxtop budget summary")
     for metric in SUMMARY_METRICS:
-        ranked = sorted(((values[metric], nodeid) for nodeid, values in state.measured.items() if metric in values),
-                        key=lambda vn: (-vn[0], vn[1]))
+        measured = [(values[metric], nodeid) for nodeid, values in state.measured.items() if metric in values]
+        ranked = sorted(measured, key=lambda vn: (-vn[0], vn[1]))
         ranked = [(v, n) for v, n in ranked if v > 0][:rows]
-        if not ranked:
-            terminalreporter.write_line(f"{metric}: none in {len(state.measured)} measured tests")
+        if not measured:
+            # No budget checked it: not measured, which is not zero.
+            terminalreporter.write_line(f"{metric}: not measured (no budget checks it: add {metric}=… to "
+                                        f"--jaxtop-budget to measure it)")
             continue
-        terminalreporter.write_line(f"{metric}: the worst {len(ranked)} of {len(state.measured)} measured tests")
+        if not ranked:
+            terminalreporter.write_line(f"{metric}: 0 in each of the {len(measured)} tests that measured it")
+            continue
+        terminalreporter.write_line(f"{metric}: the worst {len(ranked)} of {len(measured)} tests that measured it")
         for value, nodeid in ranked:
             shown = fmt_bytes(value) if metric == "peak" else f"{value:,.0f}"
             site = state.worst_site.get((nodeid, metric))
