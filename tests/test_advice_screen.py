@@ -51,10 +51,11 @@ async def test_the_top_advice_heads_the_events_and_a_opens_every_one():
     async with app.run_test(size=(120, 40)) as pilot:
         await run_before(pilot)
         events = widget_text(app.query_one("#events"), 120)
-        assert events.splitlines()[1].startswith(" ★ advice (1 of 3, A): runahead train.py:27: bound how far the loop")
+        assert events.splitlines()[1].startswith(" ★ advice (1 of 2, A): runahead train.py:27: bound how far the loop")
         proc = app.snapshot.processes[0]
-        strategies = [a.strategy for a in proc.advice.advice]
-        assert strategies[:2] == ["runahead", "donation"] and "host_sync" in strategies
+        assert [a.strategy for a in proc.advice.advice] == ["runahead", "donation"]
+        # The loss read every 10 steps, the step's rate unknown (no line feeds it host values): not judged.
+        assert "the step's rate is unknown" in {n.strategy: n.why for n in proc.advice.not_judged}["host_sync"]
         await pilot.press("A")
         await pilot.pause(0.3)
         screen = app.screen
