@@ -139,7 +139,9 @@ def placement(w: Window) -> Found:
         line = flow.line
         what, arrays, scalars = _args(line)
         rate = flow.count.per_s
-        moved = f" ({bytes_per_s(flow.bytes.per_s)})" if flow.bytes is not None and flow.bytes.rise > 0 else ""
+        # The agent sizes a line's bytes from the arguments a call passed
+        # (inferred: a call of other shapes moves other bytes), hence "~".
+        moved = f" (~{bytes_per_s(flow.bytes.per_s)})" if flow.bytes is not None and flow.bytes.rise > 0 else ""
         fixes = []
         if arrays:
             name = arrays[0]
@@ -180,15 +182,14 @@ def batching(w: Window) -> Found:
             per = " from a comprehension (one call per item)"
             gain = f"up to -{per_s(calls)} dispatches and copies: one call per batch instead of one per item"
         seen.add((line.file, line.line))
-        name = arrays[0] if arrays else "items"
         out.append(Advice(
             strategy="batching", file=line.file, line=line.line, function=line.function, jitted=line.callee,
             title=f"call `{line.callee}` once on the stacked items, not once per item",
             evidence=f"{per_s(calls)} calls of `{line.callee}` at {short(line.file, line.line)}, each copying {what} "
                      f"({each} a copy){per} {w.over()}",
             gain=gain,
-            fix=f"xs = jax.device_put(np.stack({name}s)); {line.callee}(xs) with `{line.callee}` written for a batch "
-                f"(or jax.vmap of it)",
+            fix=f"xs = jax.device_put(np.stack(items)); {line.callee}(xs) with `{line.callee}` written for a batch "
+                f"(or jax.vmap of it), one call where there were one per item",
             basis=MEASURED, window_s=w.span_s, score=_score_rate(calls)))
     out += _many_small_arrays(w, seen)
     return out
