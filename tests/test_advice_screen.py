@@ -62,7 +62,7 @@ async def test_the_top_advice_heads_the_events_and_a_opens_every_one():
         assert isinstance(screen, AdviceScreen)
         body = widget_text(screen.query_one("#advice-body"), 118)
         assert "bound how far the loop runs ahead of the device" in body
-        assert "train.py:27" in body and "donate_argnums=(0,)" in body
+        assert "train.py:27" in body and "donate_argnums=..." in body
         await pilot.press("A")
         await pilot.pause(0.2)
         assert not isinstance(app.screen, AdviceScreen)
