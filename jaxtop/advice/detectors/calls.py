@@ -117,9 +117,10 @@ def donation(w: Window) -> Found:
                      f"{fmt_bytes(site.bytes)} of them alive: its outputs replace inputs of the same size",
             gain=f"up to -{fmt_bytes(new_b)} of new outputs a call in flight, written into the donated inputs' "
                  f"buffers instead (less what XLA adds to its temporaries to alias them: the ledger shows it after)",
-            fix=f"jax.jit({name}, donate_argnums=...){defined}: every argument whose new value it returns (the "
-                f"parameters and the optimizer state, not only the first), none read after the call; with Flax "
-                f"NNX, nnx.jit(..., donate_argnames=(\"model\", \"optimizer\"))",
+            fix=f"donate every argument whose new value `{name}`{defined} returns (the parameters and the "
+                f"optimizer state, not only the first), none read after the call: jax.jit({name}, "
+                f"donate_argnums=...); a Flax NNX function: nnx.jit({name}, donate_argnames=(\"model\", "
+                f"\"optimizer\")), not jax.jit (the modules' updates would be lost)",
             basis=INFERRED, window_s=w.span_s, score=_score_bytes(w, new_b)))
     return out
 
