@@ -372,6 +372,6 @@ def guard(w: Window) -> Found:
         evidence=f"{len(lines)} line(s) copy host values to the device implicitly every step ({where}; "
                  f"{per_s(total)} together) {w.over()}, and nothing refused them",
         gain="the next implicit copy is caught where it starts, in CI, before it costs a step",
-        fix=f"once fixed: jaxtop run --budget {spec} …  (or `with jax.transfer_guard_host_to_device('disallow'):` "
-            f"around the loop in a test)",
+        fix=f"once fixed: jaxtop run --budget {spec} …  (the lines as they are now: renumber them after the fix "
+            f"moves them), or `with jax.transfer_guard_host_to_device('disallow'):` around the loop in a test",
         basis=MEASURED, window_s=w.span_s, score=0.02)]
