@@ -50,6 +50,7 @@ pytestmark = pytest.mark.slow
 DEMO = TARGETS / "advice_demo.py"
 MISS = TARGETS / "advice_miss.py"
 CLEAN = TARGETS / "advice_clean.py"
+PUTS = TARGETS / "advice_puts.py"
 
 #: Seconds of loop where the evidence is a rate. The advisor judges a rate
 #: over at least 4 s of samples and wants it risen in two thirds of the
@@ -60,6 +61,9 @@ CLEAN = TARGETS / "advice_clean.py"
 #: moment the agent names another callee at the line (a line of two ops
 #: given Python constants, ``h * 0.5 + 0.1``: 1.0 to 1.9 s after the start).
 RATE_S = 7.0
+#: Where the evidence is two memory profiles (5 s apart at the young
+#: program's cadence, the first maybe before the loop): 12 s of loop.
+PUTS_S = 12.0
 #: Where the evidence is the jit ledger and XLA's sizes, known once the
 #: function compiled: the loop only has to run.
 LEDGER_S = 2.0
@@ -375,6 +379,8 @@ RUNS["guard-allow"] = _demo("guard", "allow", RATE_S)
 RUNS["runahead-off"] = _demo("runahead", "off", RUNAHEAD_S)
 RUNS["fragmentation-off"] = _demo("fragmentation", "off", FRAGMENTATION_S)
 RUNS["miss"] = Run(MISS, (f"{RATE_S:g}",))
+RUNS["puts"] = Run(PUTS, (f"{PUTS_S:g}",))
+RUNS["puts-stacked"] = Run(PUTS, (f"{PUTS_S:g}", "stacked"))
 RUNS["clean"] = Run(CLEAN, (f"{RATE_S:g}",))
 
 #: The recordings of each test not parametrized by a DemoCase.
@@ -384,6 +390,7 @@ NEEDS = {
     "test_runahead_is_not_judged_on_cpu": ("runahead-off",),
     "test_fragmentation_is_not_judged_on_cpu": ("fragmentation-off",),
     "test_loop_misses_six_strategies_at_their_lines": ("miss",),
+    "test_items_put_one_by_one_are_batching_and_stacked_are_not": ("puts", "puts-stacked"),
     "test_clean_twin_misses_none_of_the_six": ("clean",),
 }
 
@@ -505,3 +512,19 @@ def test_clean_twin_misses_none_of_the_six(strategy, recorder):
     else:
         assert not not_judged(report, strategy), brief(report)
     assert not of(report, strategy), brief(report)
+
+
+def test_items_put_one_by_one_are_batching_and_stacked_are_not(recorder):
+    """32 small ``jax.device_put``s a step (explicit: jax's guard logs none)
+    are seen as 32 small arrays alive from the comprehension's line in the
+    memory profiles: batching advice there, inferred; the same items as one
+    stacked array get none."""
+    (line,) = marked_lines(PUTS, "MISS")["batching"]
+    report = recorder.report("puts", "api")
+    found = [a for a in of(report, "batching") if same_file(a["file"], PUTS) and a["line"] == line]
+    assert found and found[0]["basis"] == "inferred", brief(report)
+    # 32 a step, or up to 64 where a profile caught the last step's list and the new one both alive.
+    many = re.search(r"(\d+) arrays of 4 B each live from advice_puts.py", found[0]["evidence"])
+    assert many and 32 <= int(many.group(1)) <= 64, brief(report)
+    clean = recorder.report("puts-stacked", "api")
+    assert not of(clean, "batching"), brief(clean)
