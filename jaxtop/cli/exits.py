@@ -46,7 +46,9 @@ environment:
                              (~120 ns on every numpy call); default: not wrapped unless a host_syncs budget
                              asks (those reads go uncounted, and the screen says so); 0: never wrap
   JAXTOP_TRANSFER_SITES      0: do not tie implicit transfers to the program's lines (no hook on jitted
-                             calls; transfers are still counted)"""
+                             calls; transfers are still counted)
+  JAXTOP_ADVISE_WHOLE        1: `jaxtop advise FILE` decodes every line of a big recording instead of its
+                             last window (benchmarks/advice.py compares the two)"""
 
 # Shown by `jaxtop --help`.
 EXAMPLES_HELP = """\
@@ -54,6 +56,7 @@ examples:
   jaxtop demo                                   the built-in workload and the dashboard
   jaxtop run train.py --lr 3e-4                 run a program with the agent (also: jaxtop run python train.py)
   jaxtop run --budget h2d=0,recompiles=0 -m pytest tests/   fail (exit 3) on implicit transfers or recompiles
+  jaxtop advise train.jsonl                     which line misses which memory strategy, with the fix
   jaxtop attach 4101                            the dashboard on a running process (--inject if it has no agent)
   jaxtop snapshot 4101 --json > state.json      every panel's figures once, for scripts and bug reports
   jaxtop log 4101 -o run.jsonl.gz               record it; jaxtop replay run.jsonl.gz to watch it again

@@ -8,6 +8,7 @@ evaluated on demand, at most once a second, with the model's jit ledger.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import TYPE_CHECKING, Callable
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ADVICE_EVERY_S", "ADVICE_HELD_MAX", "AdviceFeed"]
 
-#: The advisor is evaluated at most this often (model clock), when asked.
+#: The advisor is evaluated at most once per this many seconds of samples.
 ADVICE_EVERY_S = 1.0
 #: Samples held for the advisor while a history loads (the present, and the
 #: live ones that come meanwhile: a few seconds' worth).
@@ -47,9 +48,8 @@ class AdviceFeed:
             proc.advisor.feed(rec)
 
     def advice(self, pid: int) -> Report | None:
-        """The advisor's report on ``pid`` (None: no such process),
-        evaluated at most once per :data:`ADVICE_EVERY_S` of the model's
-        clock, and again only when a sample came since."""
+        """The advisor's report on ``pid`` (None: no such process), as of
+        the newest sample's second (:meth:`_advice_of`)."""
         with self._lock:
             proc = self.processes.get(pid)
             return self._advice_of(proc) if proc is not None else None
@@ -57,15 +57,19 @@ class AdviceFeed:
     def _advice_of(self, proc: ProcessModel) -> Report | None:
         """:meth:`advice` of a process, the model's lock held. A process
         whose history is still loading has none yet: its evidence waits for
-        the history (see :meth:`_advise`)."""
+        the history (see :meth:`_advise`).
+
+        The report is evaluated at the newest sample's time rounded down to
+        the second, and kept until the samples reach the next second: a
+        pure function of the records (a replay sought to a moment shows what
+        playing up to it shows), at most once per second of samples."""
         if proc.history_loading and proc.advice is None:
             return None
-        now = self._clock()
+        last_t = proc.advisor.evidence.last_t
+        end = math.floor(last_t / ADVICE_EVERY_S) * ADVICE_EVERY_S if last_t is not None else None
         last = proc.advice
-        if last is not None and (now - proc.advice_clock < ADVICE_EVERY_S
-                                 or last.t == proc.advisor.evidence.last_t):
+        if last is not None and last.t == end and last.window_s == self.advice_window_s:
             return last
         proc.advisor.window_s = self.advice_window_s
-        proc.advice = proc.advisor.evaluate(ledger=self.ledgers.view(proc.pid))
-        proc.advice_clock = now
+        proc.advice = proc.advisor.evaluate(end=end, ledger=self.ledgers.view(proc.pid))
         return proc.advice

@@ -110,7 +110,6 @@ class ProcessModel:
         self.advisor = Advisor(fold_jit=False)
         self.advice_held: list[Sample] = []
         self.advice: Report | None = None  # the last evaluation
-        self.advice_clock = float("-inf")  # model clock at it
 
     @property
     def tick_s(self) -> float:

@@ -48,7 +48,7 @@ def runahead(w: Window) -> Found:
     judged = False
     start = _level_start(w)
     for did, readings in w.ev.devices.items():
-        rows = [r for r in readings if r.t >= start]
+        rows = [r for r in readings if start <= r.t <= w.end]
         if not rows:
             continue
         if not rows[-1].allocator:
@@ -119,7 +119,7 @@ def fragmentation(w: Window) -> Found:
     judged = False
     start = _level_start(w)
     for did, readings in w.ev.devices.items():
-        rows = [r for r in readings if r.t >= start]
+        rows = [r for r in readings if start <= r.t <= w.end]
         frag = [r.fragmentation for r in rows if r.fragmentation is not None]
         holes = [r.holes for r in rows if r.holes is not None]
         if len(frag) >= MIN_READINGS:
