@@ -3,7 +3,8 @@ sleeps 200 us in a loop reads how late each wake-up is (how long something
 else held the interpreter), beside a jitted step loop holding ``--arrays``
 live arrays. Plain and under `jaxtop run`, alternating, ``--runs`` each:
 ``--settle`` seconds first (the agent's first scans, the compiles), then
-``--seconds`` timed.
+``--seconds`` timed (by default 12 s, long enough to hold a memory profile
+of the holders' cadence).
 
     .venv/bin/python benchmarks/pause.py                    # 50,000 arrays, 3 runs each
     .venv/bin/python benchmarks/pause.py --arrays 10000 --runs 2
@@ -33,8 +34,12 @@ import jax, jax.numpy as jnp
 arrays, settle, seconds, out = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 kept = [jax.device_put(np.full((4,), i, np.float32)) for i in range(arrays)]
 jax.block_until_ready(kept)
-step = jax.jit(lambda w: w * 0.999 + 0.001)
-w = jnp.ones((64, 64))
+# A step of real work (~1 ms on a 2-core VM): the loop waits for it with the
+# interpreter free, as a training loop does, so that a pause is what some
+# other thread held, not the loop's own Python (a tiny step keeps the
+# interpreter busy and every thread waits out the 5 ms switch interval).
+step = jax.jit(lambda w: jnp.tanh(w @ w) * 0.5)
+w = jnp.ones((384, 384)) / 384
 late = []
 stop = threading.Event()
 timing = threading.Event()
@@ -88,7 +93,7 @@ def main() -> int:
     ap.add_argument("--arrays", type=int, default=50_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--settle", type=float, default=12.0)
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--baseline", default="", help="also time jaxtop as it was at this git revision ('before')")
     args = ap.parse_args()
     modes = ("plain", "before", "jaxtop") if args.baseline else ("plain", "jaxtop")

@@ -5,7 +5,7 @@ spike."""
 
 from __future__ import annotations
 
-import collections
+import bisect
 import math
 
 __all__ = ["MAX_POINTS", "Total", "Steady", "slices_of"]
@@ -53,50 +53,59 @@ class Steady:
 
 
 class Total:
-    """A running total as fields reported it: ``(t, total)``, oldest first."""
+    """A running total as fields reported it: times and values in time
+    order, at most :data:`MAX_POINTS` of them (the oldest go first)."""
 
-    __slots__ = ("points",)
+    __slots__ = ("times", "values")
 
     def __init__(self) -> None:
-        self.points: collections.deque[tuple[float, float]] = collections.deque(maxlen=MAX_POINTS)
+        self.times: list[float] = []
+        self.values: list[float] = []
+
+    @property
+    def points(self) -> list[tuple[float, float]]:
+        """``(t, total)``, oldest first."""
+        return list(zip(self.times, self.values))
 
     def add(self, t: float, total: float) -> None:
-        points = self.points
-        if points and t <= points[-1][0]:
-            if t == points[-1][0]:
-                points[-1] = (t, total)
+        times = self.times
+        if times and t <= times[-1]:
+            if t == times[-1]:
+                self.values[-1] = total
             return  # older than what is in: a history folded in order never sends it
-        points.append((t, total))
+        times.append(t)
+        self.values.append(total)
+        if len(times) > 2 * MAX_POINTS:  # trimmed now and then, not at every point
+            del times[:-MAX_POINTS]
+            del self.values[:-MAX_POINTS]
 
     @property
     def last(self) -> float | None:
-        return self.points[-1][1] if self.points else None
+        return self.values[-1] if self.values else None
 
     def over(self, start: float, end: float) -> Steady:
         """The rise from the last value at or before ``start`` (else the
         first one) to the newest at or before ``end``, and the slices of
-        ``[start, end]`` in which it rose."""
-        points = [p for p in self.points if p[0] <= end]
+        ``[start, end]`` in which it rose. The window's bounds are found by
+        bisection, and a total with no point in the window is answered at
+        once (most lines, most of the time)."""
         n = slices_of(end - start)
-        if not points:
-            return Steady(0.0, end - start, 0, n, False)
-        base = points[0]
-        for p in points:
-            if p[0] <= start:
-                base = p
-            else:
-                break
-        last = points[-1]
-        rise = max(0.0, last[1] - base[1])
-        span = max(end - start, 0.0) if base[0] <= start else max(end - base[0], 0.0)
+        times, values = self.times, self.values
+        if not times or times[0] > end or times[-1] <= start:
+            return Steady(0.0, end - start, 0, n, False)  # no point in the window: no rise
+        stop = bisect.bisect_right(times, end)
+        first = max(0, bisect.bisect_right(times, start) - 1)
+        base_t, base_v = times[first], values[first]
+        rise = max(0.0, values[stop - 1] - base_v)
+        span = max(end - start, 0.0) if base_t <= start else max(end - base_t, 0.0)
         width = (end - start) / n if end > start else 0.0
         active: set[int] = set()
-        prev = base[1]
-        for t, total in points:
-            if t <= base[0]:
-                continue
+        prev = base_v
+        for i in range(first + 1, stop):
+            total = values[i]
             if total > prev and width > 0:
-                active.add(min(n - 1, int((t - start) // width)))
-            prev = max(prev, total)
+                active.add(min(n - 1, int((times[i] - start) // width)))
+            if total > prev:
+                prev = total
         recent = bool(active) and max(active) >= n - 2
         return Steady(rise, span, len(active), n, recent)

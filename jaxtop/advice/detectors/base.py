@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Union
+from dataclasses import dataclass, field
+from typing import Any, Union
 
 from jaxtop.advice.evidence import Evidence
 from jaxtop.advice.types import Advice, NotJudged
@@ -31,6 +31,9 @@ class Window:
     end: float
     asked_s: float  # the window asked for (``span_s`` is what the samples cover)
     ledger: LedgerView | None = None  # the jit ledger at ``end`` (None: none in the records)
+    #: What several detectors read, worked out once per evaluation (the
+    #: steady transfer lines: placement, batching, host syncs, guard).
+    memo: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def span_s(self) -> float:
@@ -95,4 +98,4 @@ COMPREHENSIONS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
 def comprehension(function: str | None) -> bool:
     """Whether the frame is a comprehension's or a generator expression's
     (``<listcomp>``, ``step.<listcomp>``): a call made once per item."""
-    return function is not None and any(function.endswith(c) for c in COMPREHENSIONS)
+    return function is not None and function.endswith(COMPREHENSIONS)

@@ -83,7 +83,8 @@ def donation(w: Window) -> Found:
     if not profiles:
         why = w.ev.holders_error or "no memory profile in the records yet: which line keeps a function's outputs is unknown"
         return out + [NotJudged("donation", why)]
-    sites = [s for s in (profiles[-1].sites or ()) if not s.library and s.bytes and s.file and s.line is not None]
+    sites = {(s.file, int(s.line)): s for s in (profiles[-1].sites or ())
+             if not s.library and s.bytes and s.file and s.line is not None}
     growing = _growing(w)
     for fn in functions:
         out_b, arg_b, alias = fn.output_bytes, fn.argument_bytes, fn.alias_bytes
@@ -102,9 +103,8 @@ def donation(w: Window) -> Found:
         # replaces them, a state carried from call to call. A line holding
         # as much elsewhere may be an input's (parameters a gradient
         # function reads every step and never replaces): not evidence.
-        site = next((s for s in sites if s.file == call_file and s.line == call_line
-                     and lo * new_b <= (s.bytes or 0) <= hi * out_b), None)
-        if site is None:
+        site = sites.get((call_file, call_line)) if call_file is not None and call_line is not None else None
+        if site is None or not lo * new_b <= (site.bytes or 0) <= hi * out_b:
             continue
         name = fn.name.removeprefix("jit_")
         defined = f" (defined at {short(*site_of(fn.defined_at))})" if fn.defined_at else ""

@@ -76,15 +76,22 @@ def _steady(w: Window, line: TransferLine) -> tuple[Steady, Steady, Steady | Non
     count = line.count.over(w.start, w.end)
     if not count.steady or count.per_s < MIN_RATE:
         return None
-    calls = line.calls.over(w.start, w.end) if line.calls.points else count
-    size = line.bytes.over(w.start, w.end) if line.bytes.points else None
+    calls = line.calls.over(w.start, w.end) if line.calls.times else count
+    size = line.bytes.over(w.start, w.end) if line.bytes.times else None
     return count, calls, size
 
 
 def flows(w: Window) -> list[Flow]:
     """The steady lines of implicit h2d copies into jitted functions (not
     jax ops run eagerly), busiest first, each with its calls per step where
-    another steady line sets the step."""
+    another steady line sets the step. Worked out once per evaluation."""
+    cached = w.memo.get("flows")
+    if cached is None:
+        cached = w.memo["flows"] = _flows(w)
+    return cached
+
+
+def _flows(w: Window) -> list[Flow]:
     found = []
     for line in w.ev.transfers.values():
         if line.direction != "h2d" or line.op:
@@ -96,14 +103,17 @@ def flows(w: Window) -> list[Flow]:
     # function; a line called k times for each of its calls runs once per
     # item. (Host reads are no measure of the step: a loss read every tenth
     # step is the advice already taken.)
-    steps: list[tuple[float, TransferLine]] = [(calls.per_s, line) for line, _, calls, _ in found
-                                               if not comprehension(line.function)]
+    steps = sorted(((calls.per_s, id(line), line) for line, _, calls, _ in found if not comprehension(line.function)),
+                   key=lambda x: x[0])
     out = []
     for line, count, calls, size in found:
-        others = [(rate, other) for rate, other in steps if other is not line and other.callee != line.callee]
+        # The least busy steady line of another callee: the first of them
+        # in rate order (a line or two of the same callee may come first).
+        found_step = next(((rate, other) for rate, _, other in steps if other is not line and other.callee != line.callee),
+                          None)
         per_item, step = None, None
-        if others:
-            rate, step = min(others, key=lambda x: x[0])
+        if found_step is not None:
+            rate, step = found_step
             per_item = calls.per_s / rate if rate > 0 else None
         out.append(Flow(line, count, calls, size, per_item, step))
     out.sort(key=lambda f: -f.count.per_s)
