@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import RenderableType
 from textual.binding import Binding
 
 from jaxtop.advice import Report
@@ -38,7 +37,4 @@ class AdviceScreen(ReportScreen):
                 return None, False, ""
             return app.model.advice(proc.pid), proc.state in (EXITED, DISCONNECTED), proc.who
 
-        return cls(fetch)
-
-    def body(self, view: Report | None, ended: bool) -> RenderableType:
-        return advice_text(view, ended=ended)
+        return cls(fetch, lambda view, ended: advice_text(view, ended=ended))

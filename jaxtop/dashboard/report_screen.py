@@ -16,25 +16,28 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-__all__ = ["REFRESH_S", "Fetch", "ReportScreen"]
+__all__ = ["REFRESH_S", "Draw", "Fetch", "ReportScreen"]
 
 #: Seconds between two polls.
 REFRESH_S = 0.5
 
 #: Returns (the view, whether the process ended, the process's name).
 Fetch = Callable[[], "tuple[Any, bool, str]"]
+#: The report of a view: ``draw(view, ended)``.
+Draw = Callable[[Any, bool], RenderableType]
 
 
 class ReportScreen(Screen[None]):
-    """Polls ``fetch`` and draws :meth:`body` of what it returns.
+    """Polls ``fetch`` and draws what ``draw`` makes of it.
 
     Subclasses name the screen (:attr:`NAME`, :attr:`ABOUT`), the ids of its
-    parts (:attr:`PREFIX`: ``{PREFIX}-title``, ``-scroll``, ``-body``), its
-    bindings, and draw the view (:meth:`body`).
+    parts (:attr:`PREFIX`: ``{PREFIX}-title``, ``-scroll``, ``-body``) and
+    its bindings.
 
     Args:
         fetch: returns the view to draw (None: nothing yet), whether the
             process ended and its name for the title.
+        draw: the report of a view (``draw(view, ended)``).
         refresh_s: seconds between polls; 0 never (tests).
     """
 
@@ -48,9 +51,10 @@ class ReportScreen(Screen[None]):
     ReportScreen .report-body { padding: 0 1; }
     """
 
-    def __init__(self, fetch: Fetch, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, fetch: Fetch, draw: Draw, refresh_s: float = REFRESH_S) -> None:
         super().__init__()
         self.fetch = fetch
+        self.draw = draw
         self.refresh_s = refresh_s
         self.view: Any = None
         self._drawn: tuple[Any, ...] | None = None
@@ -65,10 +69,6 @@ class ReportScreen(Screen[None]):
         self.refresh_view()
         if self.refresh_s > 0:
             self.set_interval(self.refresh_s, self.refresh_view)
-
-    def body(self, view: Any, ended: bool) -> RenderableType:
-        """The report of ``view`` (None: nothing yet)."""
-        raise NotImplementedError
 
     def refresh_view(self) -> None:
         """Polls the view and redraws when it changed (not while the dashboard is paused)."""
@@ -91,7 +91,7 @@ class ReportScreen(Screen[None]):
         if notice:
             title.append(f"  {notice}", style="yellow")
         self.query_one(f"#{self.PREFIX}-title", Static).update(title)
-        self.query_one(f"#{self.PREFIX}-body", Static).update(self.body(view, ended))
+        self.query_one(f"#{self.PREFIX}-body", Static).update(self.draw(view, ended))
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import RenderableType
 from textual.binding import Binding
 
 from jaxtop.dashboard.report_screen import ReportScreen
@@ -42,7 +41,4 @@ class TransferSitesScreen(ReportScreen):
                 return None, False, ""
             return proc.transfer_sites, proc.state in (EXITED, DISCONNECTED), proc.who
 
-        return cls(fetch)
-
-    def body(self, view: TransferSitesView | None, ended: bool) -> RenderableType:
-        return TransferSitesReport(view, ended=ended)
+        return cls(fetch, lambda view, ended: TransferSitesReport(view, ended=ended))
