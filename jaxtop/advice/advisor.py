@@ -57,7 +57,7 @@ class Advisor:
             return Report(t=None, window_s=self.window_s, span_s=0.0,
                           not_judged=tuple(NotJudged(s, "no sample yet") for s in STRATEGIES))
         start = max(ev.first_t, end - self.window_s)
-        window = Window(ev, start, end, self.window_s, ledger if ledger is not None else ev.ledger())
+        window = Window(ev, start, end, ledger if ledger is not None else ev.ledger())
         advice: dict[tuple, Advice] = {}
         not_judged: list[NotJudged] = []
         for strategy, detect in DETECTORS:

@@ -99,7 +99,6 @@ class Evidence:
         self.devices: dict[object, collections.deque[DeviceReading]] = {}
         self.donation_failed = Total()
         self.donation_message: str | None = None
-        self.hello: Hello | None = None
         self.sites_seen = False  # a sample carried transfer_sites (an agent that ties transfers to lines)
         self.transfers_seen = False  # the agent counted an implicit transfer
         self.capture_reason: str | None = None  # why transfers are not captured, where the agent said so
@@ -111,7 +110,6 @@ class Evidence:
         if isinstance(record, Sample):  # a backfill is a sample of the agent's history
             self.feed_sample(record)
         elif isinstance(record, Hello):
-            self.hello = record
             capture = record.transfer_capture
             if capture is not None and capture.available is False:
                 self.capture_reason = capture.reason or "the agent gave no reason"

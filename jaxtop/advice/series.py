@@ -62,11 +62,6 @@ class Total:
         self.times: list[float] = []
         self.values: list[float] = []
 
-    @property
-    def points(self) -> list[tuple[float, float]]:
-        """``(t, total)``, oldest first."""
-        return list(zip(self.times, self.values))
-
     def add(self, t: float, total: float) -> None:
         times = self.times
         if times and t <= times[-1]:

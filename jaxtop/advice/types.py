@@ -18,8 +18,6 @@ __all__ = ["INFERRED", "MEASURED", "STRATEGIES", "Advice", "NotJudged", "Report"
 #: Every strategy the advisor judges, in the order the demo presents them.
 STRATEGIES = ("placement", "donation", "in_place", "batching", "jit", "host_sync", "runahead", "checkpointing",
               "guard", "leak", "fragmentation")
-#: The demo's name of each strategy, where it differs (its ``name``).
-DEMO_NAMES = {"in_place": "inplace"}
 
 #: The evidence and the gain are figures jaxtop measured over the window.
 MEASURED = "measured"

@@ -29,7 +29,6 @@ class Window:
     ev: Evidence
     start: float
     end: float
-    asked_s: float  # the window asked for (``span_s`` is what the samples cover)
     ledger: LedgerView | None = None  # the jit ledger at ``end`` (None: none in the records)
     #: What several detectors read, worked out once per evaluation (the
     #: steady transfer lines: placement, batching, host syncs, guard).
