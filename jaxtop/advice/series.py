@@ -14,6 +14,11 @@ __all__ = ["MAX_POINTS", "Total", "Steady", "slices_of"]
 #: sends sparse fields at most once a second); a recording whose clock creeps
 #: by nanoseconds must not grow it without end.
 MAX_POINTS = 512
+#: Seconds of points a total keeps (the evidence window is a minute, at
+#: most a few with ``jaxtop advise --window``), and the points it keeps
+#: before it trims by time.
+KEEP_S = 300.0
+KEEP_MIN = 64
 #: The shortest slice a window is cut into: the agent's sparse fields come
 #: about once a second, so a slice of 2 s holds at least one.
 MIN_SLICE_S = 2.0
@@ -73,6 +78,14 @@ class Total:
         if len(times) > 2 * MAX_POINTS:  # trimmed now and then, not at every point
             del times[:-MAX_POINTS]
             del self.values[:-MAX_POINTS]
+        elif len(times) > KEEP_MIN and times[0] < t - KEEP_S:
+            # What no window reaches: the last point before it is kept (a
+            # window's base). A replay index keeps the advisor at each of
+            # its checkpoints: the less it holds, the smaller the index.
+            cut = bisect.bisect_left(times, t - KEEP_S) - 1
+            if cut > 0:
+                del times[:cut]
+                del self.values[:cut]
 
     @property
     def last(self) -> float | None:

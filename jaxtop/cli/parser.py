@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     advise.add_argument("target", metavar="PID|RECORDING", help="a process (jaxtop ls lists them) or a recording")
     advise.add_argument("--json", action="store_true", help="one JSON document instead of text")
     advise.add_argument("--window", type=_positive_float, default=60.0, metavar="S",
-                        help="the evidence window: the last S seconds of samples (default 60)")
+                        help="the evidence window: the last S seconds of samples (default 60; the advisor keeps 300 s of each line)")
     advise.add_argument("--timeout", type=_positive_float, default=15.0, metavar="S",
                         help="PID: how long to read the agent at most (default 15)")
 
