@@ -21,6 +21,7 @@ document, ``{"processes": [{"pid", "argv", "advice": [...], "not_judged":
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import math
@@ -171,8 +172,8 @@ def _advise_pid(pid: int, window_s: float, timeout_s: float) -> tuple[Any, Any]:
     """Read the agent's greeting and history, then live samples while the
     window is not covered (at most ``timeout_s``)."""
     from jaxtop.advice import Advisor
-    from jaxtop.wire import client
-    from jaxtop.wire.records import Hello, HistoryEnd, Sample, decode
+    from jaxtop.cli.agent_records import agent_records
+    from jaxtop.wire.records import Hello, HistoryEnd, Sample
 
     advisor = Advisor(window_s=window_s)
     hello = None
@@ -181,12 +182,8 @@ def _advise_pid(pid: int, window_s: float, timeout_s: float) -> tuple[Any, Any]:
     # history, oldest first: the present goes in after the history.
     present: list[Sample] = []
     deadline = time.monotonic() + timeout_s
-    with client.AgentConnection.open(pid, timeout_s=min(timeout_s, 5.0)) as conn:
-        for line in conn.lines(should_stop=lambda: time.monotonic() > deadline):
-            try:
-                record = decode(line)
-            except protocol.ProtocolError:
-                continue
+    with contextlib.closing(agent_records(pid, timeout_s, lambda: time.monotonic() > deadline)) as records:
+        for record in records:
             if isinstance(record, Hello):
                 hello = record
             if not history_done and isinstance(record, Sample) and record.present:

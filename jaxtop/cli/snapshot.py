@@ -11,6 +11,7 @@ the agent; the program is not paused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -44,26 +45,22 @@ def snapshot_of(pid: int, timeout_s: float = 10.0) -> tuple[Any, dict[int, Any]]
         jaxtop.wire.client.AgentNotFound: no agent.
         TimeoutError: no sample within ``timeout_s``.
     """
+    from jaxtop.cli.agent_records import agent_records
     from jaxtop.dashboard.model import Model
-    from jaxtop.wire import client, protocol
-    from jaxtop.wire.records import HistoryEnd, Sample, decode
+    from jaxtop.wire.records import HistoryEnd, Sample
 
     model = Model()
-    deadline = time.monotonic() + timeout_s
+    deadline = [time.monotonic() + timeout_s]  # shortened once the present is in
     seen_sample = False
-    with client.AgentConnection.open(pid, timeout_s=min(timeout_s, 5.0)) as conn:
-        for line in conn.lines(should_stop=lambda: time.monotonic() > deadline):
-            try:
-                record = decode(line)
-            except protocol.ProtocolError:
-                continue
+    with contextlib.closing(agent_records(pid, timeout_s, lambda: time.monotonic() > deadline[0])) as records:
+        for record in records:
             model.feed(pid, record)
             # The present comes first after hello (present_first), then the
             # history, then live samples; an older agent sends its history
             # first, then live samples.
             if isinstance(record, Sample) and not seen_sample and (record.present or record.__class__ is Sample):
                 seen_sample = True
-                deadline = min(deadline, time.monotonic() + HISTORY_WAIT_S)
+                deadline[0] = min(deadline[0], time.monotonic() + HISTORY_WAIT_S)
             if isinstance(record, HistoryEnd) or (seen_sample and record.__class__ is Sample and not record.present):
                 break
     if not seen_sample:
