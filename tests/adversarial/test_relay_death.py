@@ -32,6 +32,15 @@ def _relay_of(pid: int) -> "psutil.Process":
     return wait_for(find, timeout=20, what="the relay process")
 
 
+def _dead(relay: psutil.Process) -> bool:
+    """Gone or a zombie. The process can be reaped between the two reads, so
+    a vanished one is dead too."""
+    try:
+        return not relay.is_running() or relay.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _run(cmd, env, kill: bool):
     proc = subprocess.Popen(cmd, cwd=TARGETS, env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -41,8 +50,7 @@ def _run(cmd, env, kill: bool):
             relay = _relay_of(proc.pid)
             relay.kill()
             # Not our child: it stays a zombie until the program reaps it.
-            wait_for(lambda: not relay.is_running() or relay.status() == psutil.STATUS_ZOMBIE,
-                     timeout=10, what="the relay's death")
+            wait_for(lambda: _dead(relay), timeout=10, what="the relay's death")
         out, err = proc.communicate(b"go\n", timeout=60)
     finally:
         if proc.poll() is None:
