@@ -3,7 +3,10 @@ what the advisor is judged against (tests/test_advice_programs.py). The
 demo's "off" variant is the miss, its "on" variant the fix, at lines of
 demo/strategies.py the tests find by reading it.
 
-    python advice_demo.py STRATEGY VARIANT SECONDS
+    python advice_demo.py STRATEGY VARIANT SECONDS [full]
+
+The demo's small sizes unless ``full`` (its sizes for an accelerator, as
+``jaxtop demo`` runs them there).
 
 Prints ``ready t=T`` once the variant is compiled and the loop starts (T:
 ``time.time()``, the clock of the agent's samples, so that the loop can be
@@ -17,8 +20,9 @@ import jax
 from jaxtop.demo import strategies
 
 name, variant, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+full = sys.argv[4:] == ["full"]
 cls = {c.name: c for c in strategies.STRATEGIES}[name]
-scale = strategies.Scale.for_backend(jax.default_backend(), small=True)
+scale = strategies.Scale.for_backend(jax.default_backend(), small=not full)
 device = jax.local_devices()[0]
 # Only this strategy is built: the others' arrays and compiles would be
 # evidence of misses this run is not about.

@@ -25,6 +25,12 @@
 #                 attached to the training loop (screens.txt)
 #         sites   implicit transfers per line of the training loop, jaxtop's
 #                 against JAX's own guard (tools/tpu/compare_sites.py; sites.txt)
+#         advice  each demo strategy in the variant that misses it and the one
+#                 that applies it (tests/targets/advice_demo.py at the demo's
+#                 chip sizes), and the loop that misses six strategies with its
+#                 clean twin, each recorded under `jaxtop run --log` and judged
+#                 by `jaxtop advise --json` (advice/NAME.jsonl.gz, NAME.json);
+#                 ADVICE_RUNS picks some (e.g. "runahead-off runahead-on miss")
 #         sitescost  benchmarks/transfer_sites.py on the chip: what tying each
 #                 transfer to its line costs, beside JAX's own logging
 #                 (sitescost.txt, sitescost.json)
@@ -45,13 +51,20 @@ DEPS=(textual rich markdown-it-py mdurl mdit-py-plugins linkify-it-py uc-micro-p
       psutil nvidia-ml-py orjson msgspec typing-extensions pyte wcwidth
       pytest pluggy iniconfig packaging pytest-timeout pytest-asyncio)
 CHIP_PYTHON_VERSION=3.11
-ALL_STEPS=cost,tests,demo,freeblock,record,screens,sites,sitescost
+ALL_STEPS=cost,tests,demo,freeblock,record,screens,sites,sitescost,advice
 
 # Seconds each step may take before it is stopped (its partial output kept).
 : "${COST_TIMEOUT:=2400}"
 : "${TESTS_TIMEOUT:=2400}"
 : "${DEMO_TIMEOUT:=900}"
 : "${RECORD_TIMEOUT:=600}"
+# Seconds of loop each advice run records, and the window it is judged over
+# (its newest part: the start-up and the first compiles stay out of it).
+: "${ADVICE_LOOP_S:=15}"
+: "${ADVICE_WINDOW_S:=12}"
+: "${ADVICE_RUNS:=placement-off placement-on donation-off donation-on inplace-off inplace-on batching-off batching-on
+  jit-off jit-on guard-log guard-disallow checkpointing-off checkpointing-on fragmentation-off fragmentation-on
+  runahead-off runahead-on miss clean}"
 # What the cost step measures (tests/tpu/cost.py's options).
 : "${COST_ARGS:=--sizes 10000,50000 --rounds 2}"
 
@@ -291,6 +304,24 @@ chip() {
   if wants sitescost; then
     run_step sitescost "$COST_TIMEOUT" "$RESULTS/sitescost.txt" \
       "$py" -P "$REPO/benchmarks/transfer_sites.py" --platform tpu ${SITESCOST_ARGS:-} --json-out "$RESULTS/sitescost.json"
+  fi
+  if wants advice; then
+    mkdir -p "$RESULTS/advice"
+    local run target
+    for run in $ADVICE_RUNS; do
+      case $run in
+        miss|clean) target=("$REPO/tests/targets/advice_$run.py" "$ADVICE_LOOP_S") ;;
+        *-*) target=("$REPO/tests/targets/advice_demo.py" "${run%%-*}" "${run#*-}" "$ADVICE_LOOP_S" full) ;;
+        *) die "chip: advice run $run is neither miss, clean nor STRATEGY-VARIANT" ;;
+      esac
+      run_step "advice-$run" "$RECORD_TIMEOUT" "$RESULTS/advice/$run.txt" \
+        env JAX_PLATFORMS=tpu "$py" -P -m jaxtop run --log "$RESULTS/advice/$run.jsonl.gz" "${target[@]}"
+      # Judged on CPU (the chip is the next run's), while the next run records.
+      [ "$DRY_RUN" = 1 ] || (cd "$WORK" && JAX_PLATFORMS=cpu "$py" -P -m jaxtop advise --json \
+        --window "$ADVICE_WINDOW_S" "$RESULTS/advice/$run.jsonl.gz" >"$RESULTS/advice/$run.json" \
+        2>"$RESULTS/advice/$run.advise.err") &
+    done
+    wait
   fi
   if wants screens; then
     run_step screens "$RECORD_TIMEOUT" "$RESULTS/screens.txt" bash "$REPO/tools/tpu/run.sh" screens-step "$py" "$RESULTS"
