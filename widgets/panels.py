@@ -286,6 +286,8 @@ class TransfersPanel(Panel):
         table = Table.grid(padding=(0, 1))
         table.add_column(no_wrap=True, min_width=3)
         headers = ["/s" if width < 44 else "count/s"] + (["bytes/s≥"] if show_rate_bytes else []) + ["total (bytes≥)"]
+        # "~": the lines' sum of their calls' argument sizes, above what
+        # JAX's log gave (a cached call logs no shape).
         for _ in headers:
             table.add_column(no_wrap=True, overflow="ellipsis")
         table.add_row(Text("dir", style="dim"), *(Text(h, style="dim") for h in headers))
@@ -293,8 +295,8 @@ class TransfersPanel(Panel):
             r = proc.transfers.get(d) or TransferView()
             cells: list[RenderableType] = [Text(d, style="bold"), Text("–" if ended else fmt_rate(r.count_per_s, ""))]
             if show_rate_bytes:
-                cells.append(Text("–" if ended else fmt_bytes(r.bytes_known_per_s)))
-            cells.append(Text(f"{_or_na(r.count_total)} ({fmt_bytes(r.bytes_known_total)})"))
+                cells.append(Text("–" if ended else _approx(r.bytes_per_s_inferred) + fmt_bytes(r.bytes_per_s)))
+            cells.append(Text(f"{_or_na(r.count_total)} ({_approx(r.bytes_total_inferred)}{fmt_bytes(r.bytes_total)})"))
             table.add_row(*cells)
         return table
 
@@ -307,7 +309,7 @@ class TransfersPanel(Panel):
                 r = proc.transfers.get(d) or TransferView()
                 rate = "–" if ended else fmt_rate(r.count_per_s, "")
                 if detail == 2:
-                    nbytes = "–" if ended else fmt_bytes(r.bytes_known_per_s)
+                    nbytes = "–" if ended else _approx(r.bytes_per_s_inferred) + fmt_bytes(r.bytes_per_s)
                     parts.append(f"{d} {rate} ≥{nbytes}/s ×{_or_na(r.count_total)}")
                 elif detail == 1 or (detail == 0 and r.count_total):
                     parts.append(f"{d} {rate} ×{_or_na(r.count_total)}")
@@ -471,3 +473,8 @@ class OverviewPanel(Panel):
         if not snap.devices:
             return Group(panel_title(self.TITLE), Text("no devices yet", style="dim"))
         return Group(panel_title(self.TITLE, "tab: next device"), table)
+
+
+def _approx(inferred: bool) -> str:
+    """``~`` before a figure inferred from the lines' argument sizes."""
+    return "~" if inferred else ""

@@ -14,6 +14,7 @@ decoder, so nothing here checks one again.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,18 +244,54 @@ class TransferView:
     """Implicit transfers of one direction: rates over the last seconds of
     samples (``jaxtop.dashboard.counter_window``; the first sample's own
     interval until there are two), and totals since the agent started.
-    Bytes are a lower bound (a cached jit call logs no shapes)."""
+
+    Two sources give bytes, both lower bounds: JAX's guard log
+    (``bytes_known_*``: a cached jit call's log line gives no shape, so
+    most of a training loop's copies have no size there) and the lines the
+    transfers were tied to (each call's arguments' sizes, inferred). The
+    shown figures (``bytes_total``, ``bytes_per_s``) are the larger of the
+    two, so a direction's total is never below the sum of its own lines;
+    ``*_inferred`` says the lines' sum won (shown with ``~``).
+    """
 
     count_per_s: float | None = None
     bytes_known_per_s: float | None = None
     count_total: int | None = None
     bytes_known_total: int | None = None
     count_bytes_unknown_total: int | None = None
+    bytes_total: int | None = None
+    bytes_total_inferred: bool = False
+    bytes_per_s: float | None = None
+    bytes_per_s_inferred: bool = False
+
+    def __post_init__(self) -> None:
+        # Without lines, the shown figures are the log's.
+        if self.bytes_total is None and not self.bytes_total_inferred:
+            object.__setattr__(self, "bytes_total", self.bytes_known_total)
+        if self.bytes_per_s is None and not self.bytes_per_s_inferred:
+            object.__setattr__(self, "bytes_per_s", self.bytes_known_per_s)
 
     def ended(self) -> TransferView:
         """The same totals, without rates (the process is gone)."""
         return TransferView(count_total=self.count_total, bytes_known_total=self.bytes_known_total,
-                            count_bytes_unknown_total=self.count_bytes_unknown_total)
+                            count_bytes_unknown_total=self.count_bytes_unknown_total,
+                            bytes_total=self.bytes_total, bytes_total_inferred=self.bytes_total_inferred)
+
+    def with_lines(self, lines_bytes_total: int | None, lines_bytes_per_s: float | None) -> TransferView:
+        """This direction with its lines' sums of bytes (since start, and
+        per second) taken where they exceed what the guard log gave."""
+        total, total_inferred = _larger(self.bytes_known_total, lines_bytes_total)
+        rate, rate_inferred = _larger(self.bytes_known_per_s, lines_bytes_per_s)
+        return dataclasses.replace(self, bytes_total=None if total is None else int(total),
+                                   bytes_total_inferred=total_inferred, bytes_per_s=rate,
+                                   bytes_per_s_inferred=rate_inferred)
+
+
+def _larger(logged: float | None, lines: float | None) -> tuple[float | None, bool]:
+    """The larger of two lower bounds, and whether it is the lines'."""
+    if lines is not None and (logged is None or lines > logged):
+        return lines, True
+    return logged, False
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from jaxtop.dashboard.oom_views import OomCensus
 from jaxtop.wire.records import OomCensus as CensusRecord
 from jaxtop.dashboard.readings import (
     AgentView, BufferView, CaptureView, CompileView, DonationView, GpuView, HostView, NvmlStatusView, NvmlView, ProfileView,
-    TopShapeView,
+    TopShapeView, TransferView,
 )
 from jaxtop.dashboard.rows import gpus_by_index
 from jaxtop.wire.records import LiveArrays
@@ -27,6 +27,7 @@ from jaxtop.dashboard.views import DISCONNECTED, EXITED, LIVE, REPLAY, STALE, De
 
 if TYPE_CHECKING:
     from jaxtop.dashboard.state import ProcessModel, _DeviceState
+    from jaxtop.dashboard.transfer_sites import TransferSitesView
 
 #: A device's live arrays before a scan said anything.
 NO_LIVE = LiveArrays()
@@ -64,6 +65,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
     history = p.history.window(window_s, end_t)
     shapes = latest.transfers.top_shapes if latest.transfers is not None else None
     seq, own_pid = latest.seq, hello.pid
+    sites = p.transfer_sites.view(p.last_t, p.tick_s)
     return ProcessView(
         pid=p.pid,
         argv=tuple(a for a in hello.argv or () if isinstance(a, str)),
@@ -76,7 +78,8 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         seq=seq if isinstance(seq, int) else None,
         # A process that exited (or whose agent left) transfers nothing now:
         # its last interval's rates are not a current rate. Totals stay.
-        transfers={d: r.ended() if p.state in (EXITED, DISCONNECTED) else r for d, r in p.rates.items()},
+        transfers=_with_lines({d: r.ended() if p.state in (EXITED, DISCONNECTED) else r for d, r in p.rates.items()},
+                              sites),
         top_shapes=tuple(TopShapeView.from_wire(s) for s in shapes or ()),
         # The newest status wins: a sample's, else the hello's.
         capture=CaptureView.from_wire(latest.transfer_capture or hello.transfer_capture),
@@ -95,7 +98,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         external=hello.external.note or None if hello.external is not None else None,
         nvml=NvmlView.from_wire(latest.nvml),
         holders=p.holders.view(),
-        transfer_sites=p.transfer_sites.view(p.last_t, p.tick_s),
+        transfer_sites=sites,
         oom_censuses=tuple(census_view(c, census_views) for c in p.oom_censuses),
         jax_version=protocol.text_of(p.versions.get("jax")),
         accelerator=AcceleratorView.from_wire(p.accelerator),
@@ -103,6 +106,15 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         agent=AgentView.from_wire(p.agent),
         advice=advice,
     )
+
+
+def _with_lines(rates: dict[str, TransferView], sites: TransferSitesView | None) -> dict[str, TransferView]:
+    """Each direction's bytes never below the sum of its lines' (the guard
+    log gives no size for a cached call's copies; the lines do, from the
+    arguments)."""
+    if sites is None or not sites.sites:
+        return rates
+    return {d: r.with_lines(*sites.bytes_of(d)) for d, r in rates.items()}
 
 
 def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t: float | None) -> DeviceView:

@@ -62,7 +62,10 @@ def _process_lines(p: ProcessView) -> list[str]:
     out.append(f"  host RSS {fmt_bytes(host.rss_bytes)}  CPU {na() if host.cpu_percent is None else f'{host.cpu_percent:.1f}%'}"
                f"  threads {na() if host.threads is None else host.threads}")
     for d, t in p.transfers.items():
-        out.append(f"  {d} transfers {t.count_total}  bytes >= {fmt_bytes(t.bytes_known_total)}")
+        # The larger of the guard log's sizes and the lines' (a cached call
+        # logs no shape); "~" where the lines' argument sizes won.
+        how = "~" if t.bytes_total_inferred else ""
+        out.append(f"  {d} transfers {t.count_total}  bytes >= {how}{fmt_bytes(t.bytes_total)}")
     if p.capture.available is False:
         out.append(f"  transfers: {na(p.capture.na_reason)}")
     out.append(f"  compiles {p.compile.count_total}  failed donations {p.donation.failed_total}")

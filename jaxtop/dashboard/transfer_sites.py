@@ -184,6 +184,21 @@ class TransferSitesView:
     def unattributed_total(self) -> int:
         return sum(self.unattributed.values())
 
+    def bytes_of(self, direction: str) -> tuple[int | None, float | None]:
+        """The bytes the lines sent carry in ``direction``: since start, and
+        per second now; each a lower bound (a line of unknown size, and the
+        lines beyond the ones sent, add nothing); None where no line has one."""
+        total: int | None = None
+        rate: float | None = None
+        for s in self.sites:
+            if s.direction != direction:
+                continue
+            if s.bytes_total is not None:
+                total = (total or 0) + s.bytes_total
+            if s.bytes_per_s is not None:
+                rate = (rate or 0.0) + s.bytes_per_s
+        return total, rate
+
     @property
     def arrays(self) -> tuple[TransferSiteView, ...]:
         """The sites that moved anything but Python scalars alone, busiest now first."""
