@@ -286,6 +286,20 @@ class StderrCapture:
         if self.active:
             self._write_marker("show", ",".join(sorted(shown)) + "|" + silenced)
 
+    def wait_report(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` until the relay has a report to read
+        (not read here: the agent's next tick reads it). False when the
+        relay is gone or nothing came."""
+        fd = self._report_r
+        if fd is None:
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        try:
+            return bool(poller.poll(max(0, int(timeout_s * 1000))))
+        except OSError:
+            return False
+
     def read_reports(self) -> None:
         """Consume whatever the relay reported so far (non-blocking)."""
         with self._read_lock:

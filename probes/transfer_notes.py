@@ -39,6 +39,9 @@ __all__ = ["CallNotes", "MAX_WALK", "RING"]
 #: while the agent, at its CPU ceiling, ticks 200 ms apart (the most it
 #: stretches). A loss is counted, never guessed (transfer_sites).
 RING = 1 << 16
+#: How often the thread that waits for a transfer while the hook is out
+#: looks whether its spell ended otherwise (seconds).
+WAKE_POLL_S = 1.0
 #: Frames walked from the hook to the user's code at most.
 MAX_WALK = 48
 
@@ -91,6 +94,14 @@ class CallNotes:
         self._reads_in: deque = deque(maxlen=RING)  # after a host read: (ident, t, site, kind)
         self._hook_in_t: float | None = None
         self._out_since: float | None = None
+        # While the hook is out, a thread of jaxtop's waits on the relay's
+        # reports and puts the hook back the moment one comes (a transfer
+        # was logged), not at the agent's next tick: a program back from a
+        # quiet spell (training, then evaluation) has its calls after the
+        # first noted. ``_back_at``: when it did (read by the next tick).
+        self.wait_report: Callable[[float], bool] | None = None
+        self._back_at: float | None = None
+        self._hook_lock = threading.Lock()
         self._user: dict[str, bool] = {}  # file name -> is it the user's
         # id(function) -> calls of it still to describe. Keyed by id: a jitted
         # function may be unhashable (flax's nnx.jit wraps objects that define __eq__).
@@ -401,6 +412,10 @@ class CallNotes:
         return None
 
     def _install_hook(self) -> None:
+        with self._hook_lock:
+            self._install_hook_locked()
+
+    def _install_hook_locked(self) -> None:
         state, ours = self._hook_state, self._our_hook
         if state is None or ours is None:
             return
@@ -417,15 +432,40 @@ class CallNotes:
     def _take_hook_out(self, now: float) -> None:
         """No implicit transfer for :data:`QUIET_S`: the program's jitted
         calls run nothing of jaxtop's until the next one."""
-        state, ours = self._hook_state, self._our_hook
+        with self._hook_lock:
+            state, ours = self._hook_state, self._our_hook
+            try:
+                if state is not None and state.get_global() is ours:
+                    state.set_global(self._prev_hook)
+            except Exception:
+                return
+            self._out_since = now
+            self._back_at = None
+            self._hook_in_t = None
+            self._active = False
+        wait = self.wait_report
+        if wait is not None:
+            try:
+                threading.Thread(target=self._wake_on_report, args=(wait, now), name="jaxtop-hook-waker",
+                                 daemon=True).start()
+            except Exception:
+                pass  # no thread: the next tick that sees a transfer puts the hook back
+
+    def _wake_on_report(self, wait: Callable[[float], bool], since: float) -> None:
+        """Wait for the relay's next report while the hook is out (the spell
+        that began at ``since``), then put the hook back at once. Ends when
+        the spell does, or the probe stops."""
         try:
-            if state is not None and state.get_global() is ours:
-                state.set_global(self._prev_hook)
+            while self._running and self._out_since == since:
+                if not wait(WAKE_POLL_S):
+                    continue
+                with self._hook_lock:
+                    if self._running and self._out_since == since and self._back_at is None:
+                        self._install_hook_locked()
+                        self._back_at = time.time()
+                return
         except Exception:
-            return
-        self._out_since = now
-        self._hook_in_t = None
-        self._active = False
+            return  # never into the program: the tick's own path still brings the hook back
 
     def _name_of(self, fun: Any) -> tuple[str, bool, tuple[str, ...]]:
         """(name, is it one of jax's own ops, parameter names) of a jitted function."""

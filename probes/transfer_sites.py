@@ -221,11 +221,16 @@ class TransferSitesProbe(CallNotes):
             stamps, self._stamps = self._stamps, []
         if stamps:
             self._last_stamp_t = tick.now
-            if self._out_since is not None:  # transfers again: the hook back in
-                self._hook_out.append((self._out_since, tick.now))
-                del self._hook_out[:-16]  # only the last spans are looked at (_while_out)
-                self._out_since = None
-                self._install_hook()
+        back = self._back_at
+        if self._out_since is not None and (stamps or back is not None):
+            # Transfers again: the hook back in, from the moment the waker
+            # put it back (a report came), else from now. Lines before that
+            # moment had no call to be tied to.
+            self._hook_out.append((self._out_since, back if back is not None else tick.now))
+            del self._hook_out[:-16]  # only the last spans are looked at (_while_out)
+            self._out_since = None
+            self._back_at = None
+            self._install_hook()
         if tick.slow and self._out_since is None:
             self._install_hook()  # jax_debug_nans switched on or off sets the hook anew
             rate = self._call_rate(tick.now)

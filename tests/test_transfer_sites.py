@@ -515,3 +515,38 @@ def test_code_objects_no_note_needs_are_let_go(monkeypatch):
     assert len(probe._codes) <= 2 * transfer_sites.MAX_CODES
     listed = sum(s["count_total"] for s in field["sites"]) + (field["other"] or {}).get("count_total", 0)
     assert field["sites_total"] == 60 and listed == 60 and field["unattributed"] == {}
+
+
+def test_a_report_while_the_hook_is_out_puts_it_back_before_the_next_tick(installed, monkeypatch):
+    """The waker: the relay has something to report (a transfer was logged),
+    and the hook goes back at once, from that moment; the next tick closes
+    the spell there, and a report that carried no transfer closes it too
+    (the hook then leaves again by the quiet rule)."""
+    import jax
+
+    from jaxtop.probes import transfer_sites
+    from jaxtop.probes.transfer_notes import _hook_slot
+    from jax._src import api
+
+    monkeypatch.setattr(transfer_sites, "QUIET_S", 0.0)
+    reported = threading.Event()
+    installed.wait_report = lambda timeout_s: reported.wait(timeout_s)
+    f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
+    slot = _hook_slot(api)
+    installed.on_tick(Tick(now=time.time(), slow=True))
+    for _ in range(2000):
+        f(x)
+    time.sleep(0.05)
+    installed.on_tick(Tick(now=time.time(), slow=True))
+    assert not installed._active and installed._out_since is not None
+    before = time.time()
+    reported.set()
+    wait_for = time.monotonic() + 5
+    while not installed._active and time.monotonic() < wait_for:
+        time.sleep(0.01)
+    assert installed._active and slot.get_global() is installed._our_hook  # back, no tick needed
+    back = installed._back_at
+    assert back is not None and back >= before
+    installed.on_tick(Tick(now=time.time() + 5))  # no stamps came: the spell still ends where the hook came back
+    assert installed._out_since is None and installed._back_at is None
+    assert installed._hook_out[-1][1] == back

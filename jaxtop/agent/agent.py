@@ -193,6 +193,7 @@ class Agent(AgentLoop):
         # host reads the program's threads note.
         self.transfer_sites = TransferSitesProbe(enabled=capture_stderr)
         self.capture_probe.on_stamps = self.transfer_sites.take_stamps
+        self.transfer_sites.wait_report = self.capture_probe.wait_report
         self.host_sync.on_read = self.transfer_sites.on_read
         self.add_probe(self.transfer_sites)
         labels.install(self)

@@ -109,6 +109,12 @@ class CaptureProbe:
         if capture is not None:
             capture.stop()
 
+    def wait_report(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` until the relay has something to report
+        (a guard line, most likely); False without a relay."""
+        capture = self.capture
+        return capture.wait_report(timeout_s) if capture is not None else False
+
     def sync(self, timeout_s: float) -> bool:
         """Wait until every guard line written so far is counted (False: not in time)."""
         return self.capture.sync(timeout_s=timeout_s) if self.capture is not None else True
