@@ -29,6 +29,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
+from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import HOOK_CODES, LIBRARY, LibraryFilter, jitted_name
 from jaxtop.probes.transfer_values import MAX_ARGS, ArgInfo, describe_value, literal_kind
 
@@ -101,7 +102,7 @@ class CallNotes:
         # first noted. ``_back_at``: when it did (read by the next tick).
         self.wait_report: Callable[[float], bool] | None = None
         self._back_at: float | None = None
-        self._hook_lock = threading.Lock()
+        self._hook_lock = ForkLock()
         self._user: dict[str, bool] = {}  # file name -> is it the user's
         # id(function) -> calls of it still to describe. Keyed by id: a jitted
         # function may be unhashable (flax's nnx.jit wraps objects that define __eq__).
