@@ -109,6 +109,10 @@ class _Site:
     sizes: tuple[int, ...] = ()  # the arguments' sizes, where every one is known
     _named: bool = False  # some argument has a name
     callee: str = ""
+    # The callee whose call ``args`` describe: a line that calls two things
+    # (``jax.random.uniform(k, minval=a)`` then an op on its result) shows
+    # the latest callee, and arguments that may be the other's.
+    args_callee: str = ""
     history: deque = field(default_factory=lambda: deque(maxlen=60))  # counts per TIE_EVERY_TICKS ticks, a sparkline
 
     def add(self, n: int, calls: int) -> None:
@@ -132,7 +136,7 @@ class _Site:
         return self._named
 
 
-    def merge(self, described: tuple[ArgInfo, ...], observed: bool, t: float) -> None:
+    def merge(self, described: tuple[ArgInfo, ...], observed: bool, t: float, callee: str) -> None:
         """Take what a call's arguments were. A call's own arguments, named
         (the hook's), replace what the slow path saw (unnamed, one record
         per kind of value); the slow path's records of one call add up."""
@@ -146,9 +150,16 @@ class _Site:
                 self.args = tuple(dict.fromkeys(self.args + described))[:MAX_ARGS]
             self.observed = observed
             self.described_t = t
+            self.args_callee = callee
             self._named = any(a.name for a in self.args)
             sizes = tuple(a.nbytes for a in self.args)
             self.sizes = sizes if sizes and all(isinstance(n, int) for n in sizes) else ()
+
+
+def _same_callee(a: str, b: str) -> bool:
+    """One callee, though the slow path names an op without the fast
+    path's ``(op)``."""
+    return a.removesuffix(" (op)") == b.removesuffix(" (op)")
 
 
 class TransferSitesProbe(CallNotes):
@@ -530,21 +541,22 @@ class TransferSitesProbe(CallNotes):
             site = self._sites[key] = _Site()
         if fast and len(self._known) < 4 * MAX_SITES:
             self._known[(direction, note)] = (self._codes.get(note[1]), site)
+        callee = name if direction == "d2h" else name + (" (op)" if op else "")
         if direction == "d2h":
             site.callee = name
         elif not site.callee or not observed:
             # The fast path knows an op from a function of the user's; the
             # slow path only the name.
-            site.callee = name + (" (op)" if op else "")
+            site.callee = callee
         if described is not None:
-            site.merge(described, observed, t)
+            site.merge(described, observed, t, callee)
             if direction != "d2h" and any(a.name for a in described):
                 if name in self._fun_args or len(self._fun_args) < 10_000:
                     self._fun_args[name] = described
         elif direction != "d2h" and not site.args and name in self._fun_args:
             # This line's calls were not read yet: what the same function
             # was passed elsewhere, marked as read from a call.
-            site.merge(self._fun_args[name], False, t)
+            site.merge(self._fun_args[name], False, t, callee)
         if direction != "d2h" and (not site.named or t - site.asked_t > DESCRIBE_EVERY_S) and t > site.asked_t:
             if fun is not None:
                 # The next calls' arguments, named, read by the hook; again
@@ -575,6 +587,8 @@ class TransferSitesProbe(CallNotes):
                 # "transfer": the values seen passing to the device (slow path);
                 # "call": a call's arguments at this line, read by the hook.
                 "args_seen": "transfer" if s.observed else ("call" if s.args else None),
+                # The callee whose call the args are, where it is not ``callee``.
+                "args_of": s.args_callee if s.args and not _same_callee(s.args_callee, s.callee) else None,
                 "scalar": bool(kinds) and all(k.endswith(PY_SCALAR) for k in kinds),
                 "history": list(s.history)[-30:],
             })

@@ -182,6 +182,27 @@ def test_the_field_names_only_what_the_wire_types_name_and_decodes_clean(monkeyp
     assert rec.transfer_sites.other.count_total == 1
 
 
+def test_a_lines_arguments_say_whose_call_they_are_when_another_callee_is_shown():
+    """A line that calls two things: ``uniform(k, minval=a, maxval=b)``
+    described, then an op at the same line whose call was not read. The
+    line shows the latest callee; its arguments are the other's, and say so."""
+    from jaxtop.probes.transfer_values import ArgInfo
+
+    probe = _probe()
+    where = ("/w/train.py", 10, "main")
+    scalars = (ArgInfo("minval", PY_SCALAR, "float[]", 4), ArgInfo("maxval", PY_SCALAR, "float[]", 4))
+    resolved = {"a": (where, "uniform", False, scalars, False, None), "b": (where, "dynamic_slice", True, None, False, None)}
+    probe._resolve = lambda note: resolved[note[0]]
+    t = time.time()
+    probe._credit("h2d", ("a",), t, 2, 1)
+    (site,) = probe.field()["sites"]
+    assert (site["callee"], site["args_of"]) == ("uniform", None)
+    probe._credit("h2d", ("b",), t + 0.01, 1, 1)
+    (site,) = probe.field()["sites"]
+    assert site["callee"] == "dynamic_slice (op)" and [a["name"] for a in site["args"]] == ["minval", "maxval"]
+    assert site["args_of"] == "uniform"
+
+
 def test_a_line_waits_for_its_call_to_return():
     probe, me = _probe(), threading.get_native_id()
     t0 = time.time()

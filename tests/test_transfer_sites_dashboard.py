@@ -647,3 +647,16 @@ def test_on_the_chips_recording_no_direction_is_below_its_lines():
         assert t.bytes_total is not None and t.bytes_total >= lines, (d, t, lines)
         assert t.bytes_total >= (t.bytes_known_total or 0)
     assert proc.transfers["h2d"].bytes_total_inferred
+
+
+def test_arguments_of_another_callee_at_the_line_say_whose_they_are():
+    records = stream()
+    for rec in records[1:]:
+        for site in (rec.get("transfer_sites") or {}).get("sites", ()):
+            if site["line"] == 27:
+                site["callee"], site["args_of"] = "dynamic_slice (op)", "step"
+    (proc,) = model_of(records).snapshot(now=0.0).processes
+    (site,) = [s for s in proc.transfer_sites.sites if s.line == 27]
+    assert site.args_of == "step"
+    assert "args of step: batch['x']" in " ".join(render_transfer_sites(proc.transfer_sites, 160).split())
+    assert "(of step)" in drawn(model_of(records).snapshot(now=0.0), 99, 19)

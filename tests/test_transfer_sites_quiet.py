@@ -48,3 +48,28 @@ def test_after_a_quiet_spell_only_the_first_calls_transfers_go_unnamed(child_env
     # The hook did go out (else this tests nothing), and came back after one call.
     assert any("hook was out" in r for r in reasons), sites
     assert lost <= 1 and at_eval >= EVALS - 1, (at_eval, lost, reasons)
+
+
+def test_a_line_that_calls_two_things_says_whose_arguments_it_shows(child_env, tmp_path):
+    """A jitted function given scalars by keyword, then jnp's add given a
+    NumPy array, on one line: whatever callee the line shows, the arguments
+    shown are that callee's, or say whose they are."""
+    script = TARGETS / "two_callees.py"
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if text.endswith("# TWO"))
+    log = tmp_path / "run.jsonl"
+    proc = subprocess.run([PY, "-m", "jaxtop", "run", "--log", str(log), str(script), "300", "0.01"],
+                          cwd=TARGETS, env=child_env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
+    own = {"<lambda>": {"minval", "maxval"}, "add": {"y", "ones", ""}}
+    seen = 0
+    with open(log, "rb") as f:
+        for raw in f:
+            record = json.loads(raw)
+            for site in (record.get("transfer_sites") or {}).get("sites") or ():
+                if site["line"] != line or site["direction"] != "h2d" or not site["args"]:
+                    continue
+                seen += 1
+                whose = (site.get("args_of") or site["callee"]).removesuffix(" (op)")
+                names = {a["name"] for a in site["args"]}
+                assert whose in own and names <= own[whose], site
+    assert seen, "the line's arguments were never described"

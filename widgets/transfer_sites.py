@@ -79,6 +79,8 @@ def _arg_text(site: TransferSiteView, width: int, callee: bool = False) -> Text:
     mark = INFERRED_MARK if site.inferred else ""
     name = arg.name or arg.shape or "(unnamed)"  # unnamed (jax's slow path saw it): its shape says more
     choices = [arg.text(kind=True) + extra, arg.text(kind=False) + extra, name + extra, name]
+    if site.args_of:  # another callee's call at this line: say whose, where it fits
+        choices = [f"{c} (of {site.args_of})" for c in choices[:3]] + choices
     room = max(1, width - len(mark) - cell_len(head))
     body = next((c for c in choices if cell_len(c) <= room), None)
     if body is None and head:  # the argument before the call's name: it is what to change
@@ -331,6 +333,8 @@ class TransferSitesReport:
                 args.append(f"{site.file}:{site.line}  ", style="dim")
             if site.inferred:
                 args.append(INFERRED_MARK, style="bold yellow")
+            if site.args and site.args_of:
+                args.append(f"args of {site.args_of}: ", style="dim")
             if site.args:
                 args.append("; ".join(a.text() + (f" {fmt_bytes(a.bytes)}" if a.bytes is not None else "")
                                       for a in site.args))

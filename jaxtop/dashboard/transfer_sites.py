@@ -108,6 +108,9 @@ class TransferSiteView:
     args: tuple[TransferArgView, ...]
     args_seen: str | None  # "transfer", "call" (inferred) or None (not described)
     scalar: bool  # every transferred value is a Python scalar
+    #: The callee whose call ``args`` are, where another than ``callee`` (a
+    #: line that calls two things); None: ``callee``'s.
+    args_of: str | None = None
     #: Transfers per agent tick, oldest first, up to the latest sample
     #: (ticks after the field's sample, in which nothing changed, are 0).
     history: tuple[int, ...] = ()
@@ -441,6 +444,7 @@ def _site_view(rec: TransferSite) -> TransferSiteView:
         args=tuple(_arg(a) for a in rec.args or ()),
         args_seen=args_seen if args_seen in (SEEN_TRANSFER, SEEN_CALL) else None,
         scalar=rec.scalar is True,
+        args_of=rec.args_of or None,
         # A null entry (not counted) is left out, as the decoder leaves out one of the wrong type.
         history=tuple(int(v) for v in rec.history or () if v is not None),
     )

@@ -51,6 +51,10 @@ class TransferSite(Rec):
     # "transfer": seen passing to the device (jax's slow path); "call": read
     # from a call's arguments at that line (inferred); None: not described.
     args_seen: str | None = None
+    # The callee whose call ``args`` describe, where it is another than
+    # ``callee`` (a line that calls two things); None: ``callee``'s, or an
+    # older agent that did not say.
+    args_of: str | None = None
     scalar: bool | None = None  # every value it copies is a Python scalar
     # Transfers per batch of ``history_ticks`` agent ticks (``history_s``
     # seconds), oldest first: the last 30 batches.
