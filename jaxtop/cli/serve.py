@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import errno
 import logging
+import os
 import shlex
 import signal
 import socket
@@ -38,6 +39,15 @@ __all__ = ["cmd_serve", "make_server", "listen", "netloc_of"]
 INSTALL_HINT = "textual-serve is not installed: pip install 'jaxtop[serve]' (or textual-serve)"
 #: Exit status when the address cannot be bound (EXIT_STATUS_HELP: the action failed).
 EXIT_LISTEN = 1
+#: Seconds a dashboard whose tab went has to quit before it is terminated,
+#: then again before it is killed.
+QUIT_S = 2.0
+KILL_S = 2.0
+#: Seconds the server waits for its connections once told to stop (each
+#: dashboard is ended first, so none needs longer).
+SHUTDOWN_S = 3.0
+#: prctl's option: the signal a child gets when its parent dies (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
 
 
 def netloc_of(host: str, port: int) -> str:
@@ -74,6 +84,7 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
         ImportError: textual-serve is not installed.
     """
     from aiohttp import web
+    from textual_serve.app_service import AppService
     from textual_serve.server import Server
 
     from jaxtop.dashboard.web_guard import Guard, RedactingFormatter
@@ -81,8 +92,62 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
     netloc = netloc_of(host, port)
     guard = Guard(token, netloc)
 
+    class Dashboard(AppService):
+        """textual-serve's service for one tab, whose dashboard always ends.
+
+        The dashboard runs in a session of its own (so that its shell and
+        everything under it are signalled together), with the kernel told
+        to kill it if the server dies first (``PR_SET_PDEATHSIG``). When
+        the tab goes, it is asked to quit as textual-serve asks; one that
+        has not ended within :data:`QUIT_S` is terminated, then killed: a
+        dashboard whose client left must not keep a core busy.
+        """
+
+        async def _open_app_process(self, width: int = 80, height: int = 24) -> Any:
+            environment = self._build_environment(width=width, height=height)
+            self._process = process = await asyncio.create_subprocess_shell(
+                self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=environment, start_new_session=True, preexec_fn=_die_with_parent)
+            assert process.stdin is not None
+            self._stdin = process.stdin
+            return process
+
+        async def end(self) -> None:
+            """Quit, or be made to: within QUIT_S + KILL_S whatever the dashboard does."""
+            try:
+                await asyncio.wait_for(self.stop(), QUIT_S)
+            except (asyncio.TimeoutError, Exception):
+                pass
+            await self.kill()
+            stdin = getattr(self, "_stdin", None)
+            if stdin is not None:
+                stdin.close()  # the pipe's transport, before the loop that owns it ends
+            process = getattr(self, "_process", None)
+            if process is not None and process.returncode is not None:
+                try:
+                    await asyncio.wait_for(process.communicate(), KILL_S)  # the pipes drained and closed
+                except (asyncio.TimeoutError, Exception):
+                    pass
+
+        async def kill(self) -> None:
+            process = getattr(self, "_process", None)
+            if process is None or process.returncode is not None:
+                return
+            for sig, wait_s in ((signal.SIGTERM, KILL_S), (signal.SIGKILL, KILL_S)):
+                try:
+                    os.killpg(process.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    return
+                try:
+                    await asyncio.wait_for(process.wait(), wait_s)
+                    return
+                except asyncio.TimeoutError:
+                    continue
+
     class JaxtopServer(Server):
         sessions = 0
+        live: set[tuple[Any, Any]] = set()  # (service, websocket) of the open tab
+        service_type = Dashboard
 
         async def _make_app(self) -> web.Application:
             # textual-serve offers no hook for middleware: the application it
@@ -104,10 +169,36 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
                 return web.Response(status=409, text="jaxtop serve: the dashboard is open in another tab (one at a "
                                                       "time); close it, or start another jaxtop serve")
             JaxtopServer.sessions += 1
+            websocket = web.WebSocketResponse(heartbeat=15)
+            service = self.service_type(self.command, write_bytes=websocket.send_bytes, write_str=websocket.send_str,
+                                close=websocket.close, download_manager=self.download_manager, debug=self.debug)
+            entry = (service, websocket)
+            JaxtopServer.live.add(entry)
             try:
-                return await super().handle_websocket(request)
+                await websocket.prepare(request)
+                await service.start(_size(request, "width", 80), _size(request, "height", 24))
+                await self._process_messages(websocket, service)
+            except asyncio.CancelledError:
+                pass
+            except Exception as error:  # a client's garbage, a dashboard that failed: logged, the tab ends
+                logging.getLogger("jaxtop.serve").error("the dashboard's session ended: %s: %s",
+                                                        type(error).__name__, error)
             finally:
+                # Whatever ended the session (a close, a dropped connection,
+                # a message textual-serve could not read), the dashboard ends.
+                await service.end()
+                JaxtopServer.live.discard(entry)
                 JaxtopServer.sessions -= 1
+                if not websocket.closed:
+                    await websocket.close()
+            return websocket
+
+        async def on_shutdown(self, app: web.Application) -> None:
+            """The server stops: each open tab is closed and its dashboard
+            ended now, not when the client chooses to leave."""
+            for service, websocket in list(JaxtopServer.live):
+                await service.kill()
+                await websocket.close(code=1001, message=b"jaxtop serve stopped")
 
         async def on_startup(self, app: web.Application) -> None:
             """Nothing: textual-serve's banner shows the command it runs
@@ -138,9 +229,32 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, self.request_exit)
             web.run_app(self._make_app(), sock=sock, handle_signals=False, loop=loop,
-                        print=lambda *args: None, access_log=None)
+                        print=lambda *args: None, access_log=None, shutdown_timeout=SHUTDOWN_S)
 
     return JaxtopServer(command, host=host, port=port, title=title, public_url=f"http://{netloc}")
+
+
+def _size(request: Any, key: str, default: int) -> int:
+    """The terminal size a page asks for, within what a screen can be."""
+    try:
+        return min(1000, max(10, int(request.query.get(key, default))))
+    except ValueError:
+        return default
+
+
+def _die_with_parent() -> None:
+    """In the dashboard's process before it runs: the kernel kills it when
+    the server dies, however (SIGKILL included). Linux only; elsewhere the
+    server's own shutdown ends its dashboards."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except Exception:
+        pass
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
