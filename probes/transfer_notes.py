@@ -20,11 +20,11 @@ Standard library only, and jax once it is imported.
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import threading
 import time
+import types
 import weakref
 from collections import deque
 from typing import Any, Callable
@@ -75,6 +75,43 @@ def _hook_slot(api: Any) -> Any:
     if global_state is not None and hasattr(global_state, "post_hook"):
         return _GlobalStateSlot(global_state)
     return None
+
+
+def _own_attr(obj: Any, name: str) -> Any:
+    """``obj``'s attribute from its instance ``__dict__`` or a function's
+    slots, never through a property or ``__getattr__`` of the program's:
+    None where it is not there so."""
+    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)) and name in ("__name__", "__module__"):
+        return getattr(obj, name, None)
+    try:
+        namespace = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return None
+    if type(namespace) is not dict:
+        return None
+    return dict.get(namespace, name)
+
+
+def _plain_function(obj: Any) -> types.FunctionType | None:
+    """The Python function ``obj`` is (or a bound method's), else None."""
+    if type(obj) is types.FunctionType:
+        return obj
+    if type(obj) is types.MethodType and type(obj.__func__) is types.FunctionType:
+        return obj.__func__
+    return None
+
+
+def params_of(fun: Any) -> tuple[str, ...]:
+    """The parameter names of a plain function (a bound method's without its
+    first), read from its code object; () for anything else (a callable
+    object, a partial): arguments are then named by position. Unlike
+    ``inspect.signature``, runs none of the program's code."""
+    function = _plain_function(fun)
+    if function is None:
+        return ()
+    code = function.__code__
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    return tuple(names[1:]) if type(fun) is types.MethodType else tuple(names)
 
 
 class CallNotes:
@@ -371,10 +408,7 @@ class CallNotes:
                 local = frame.f_locals
                 fun, info = local.get("fun"), local.get("jit_info")
                 args, kwargs = local.get("args") or (), local.get("kwargs") or {}
-                try:
-                    params = tuple(inspect.signature(fun).parameters) if callable(fun) else ()
-                except (TypeError, ValueError):
-                    params = ()
+                params = params_of(fun)
                 static = set(getattr(info, "static_argnums", ()) or ())
                 static_names = set(getattr(info, "static_argnames", ()) or ())
                 out: list[ArgInfo] = []
@@ -475,14 +509,21 @@ class CallNotes:
         kept = self._names.get(id(fun))
         if kept is not None and kept[0]() is fun:
             return kept[1]
-        inner = getattr(fun, "_fun", None) or getattr(fun, "__wrapped__", None)
-        name = getattr(inner, "__name__", None) or getattr(fun, "__name__", "?")
-        module = getattr(inner, "__module__", "") or ""
-        op = bool(getattr(inner, "_apply_primitive", False)) or module.startswith("jax.")
-        try:
-            params = tuple(inspect.signature(inner).parameters) if inner is not None else ()
-        except (TypeError, ValueError):
-            params = ()
+        # Read on the agent's thread: nothing here may run the program's
+        # code (a property, __getattr__, __eq__, __signature__, __repr__):
+        # the jitted wrapper's own attributes, then the wrapped function's
+        # code object where it is a plain function or method.
+        inner = _own_attr(fun, "_fun") or _own_attr(fun, "__wrapped__")
+        function = _plain_function(inner) if inner is not None else _plain_function(fun)
+        if function is not None:
+            name = function.__name__
+            module = function.__module__ if isinstance(function.__module__, str) else ""
+        else:
+            named = _own_attr(fun, "__name__")
+            name = named if isinstance(named, str) else type(inner if inner is not None else fun).__name__
+            module = ""
+        op = module.startswith("jax.") or (function is not None and _own_attr(function, "_apply_primitive") is True)
+        params = params_of(inner if inner is not None else fun)
         known = (str(name), op, params)
         try:
             ref = weakref.ref(fun)

@@ -494,7 +494,10 @@ class TransferSitesProbe(CallNotes):
                 if too_far:
                     self._give_up(direction, self._no_call(direction), too_far)
                 for note, t, n, calls in credits:
-                    self._credit(direction, note, t, n, calls)
+                    try:
+                        self._credit(direction, note, t, n, calls)
+                    except Exception as exc:  # one function's oddity stays that function's
+                        self._give_up(direction, f"its call could not be read: {type(exc).__name__}", n)
                 if after.size:
                     gone = after.size if final else int(np.searchsorted(after, now - MATCH_WINDOW_S))
                     if gone:

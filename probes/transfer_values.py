@@ -46,7 +46,9 @@ def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[Ar
     dicts), under ``name``; jax Arrays (already on a device) are skipped."""
     if len(out) >= MAX_ARGS:
         return
-    if array_type is not None and isinstance(value, array_type):
+    # By the value's type: isinstance would read a __class__ of the program's.
+    cls = type(value)
+    if array_type is not None and issubclass(cls, array_type):
         return
     kind = None
     if type(value) in _PY_SCALARS:
@@ -56,9 +58,9 @@ def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[Ar
         out.append(ArgInfo(name, prefix + PY_SCALAR, f"{dtype}[]", size))
         return
     if np is not None:
-        if isinstance(value, np.ndarray):
+        if issubclass(cls, np.ndarray):
             kind = NUMPY
-        elif isinstance(value, np.generic):
+        elif issubclass(cls, np.generic):
             kind = NUMPY_SCALAR
     if kind is not None:
         shape = ",".join(str(d) for d in value.shape)
@@ -67,14 +69,33 @@ def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[Ar
             nbytes //= 2  # jax copies 64-bit values as 32-bit ones unless jax_enable_x64 is on
         out.append(ArgInfo(name, prefix + kind, f"{value.dtype}[{shape}]", nbytes))
         return
-    if isinstance(value, (list, tuple)):
-        what = "list of " if isinstance(value, list) else prefix
-        for i, item in enumerate(value):
-            describe_value(f"{name}[{i}]", item, np, array_type, out, what)
+    # The containers' own C iteration, never a subclass's __iter__ or items():
+    # none of the program's code runs for a description.
+    if issubclass(cls, list):
+        for i, item in enumerate(list.__iter__(value)):
+            describe_value(f"{name}[{i}]", item, np, array_type, out, "list of ")
         return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            describe_value(f"{name}[{key!r}]", item, np, array_type, out, prefix)
+    if issubclass(cls, tuple):
+        for i, item in enumerate(tuple.__iter__(value)):
+            describe_value(f"{name}[{i}]", item, np, array_type, out, prefix)
+        return
+    if issubclass(cls, dict):
+        for key, item in dict.items(value):
+            describe_value(f"{name}[{key_text(key)}]", item, np, array_type, out, prefix)
+
+
+#: Keys whose repr is Python's own (a subclass's may be the program's code).
+_PLAIN_KEYS = (str, int, float, bool, bytes, type(None))
+
+
+def key_text(key: Any) -> str:
+    """A dict key as written in the program (``'x'``, ``3``); a key of any
+    other type by its type's name alone: its ``__repr__`` is the program's
+    code, which the description must not run."""
+    if type(key) in _PLAIN_KEYS:
+        text = repr(key)
+        return text if len(text) <= 40 else text[:39] + "…"
+    return f"<{type(key).__name__}>"
 
 
 def _x64() -> bool:
