@@ -102,7 +102,15 @@ def name_key(name: str) -> str:
     trailing ``_`` are dropped, so all of them meet on ``jit_step`` /
     ``jit__lambda``.
     """
-    return _NAME_CHARS.sub("_", name).rstrip("_") or name
+    key = _NAME_CHARS.sub("_", name).rstrip("_") or name
+    # Generated code can name a function with megabytes: every report of
+    # it (a table row, a storm, a leak) would carry them.
+    return key if len(key) <= MAX_KEY else key[:MAX_KEY - 1] + "…"
+
+
+#: The longest function key kept (the rest of a longer name is cut, alike
+#: whoever reports it, so the reports still meet).
+MAX_KEY = 256
 
 
 def parse_cache_miss(message: str) -> dict[str, Any] | None:

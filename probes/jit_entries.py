@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from jaxtop.probes.cache_misses import name_key
+from jaxtop.probes.cache_misses import MAX_KEY, name_key
 from jaxtop.probes.frames import eager_frames, user_frame
 
 #: Size fields of ``CompiledMemoryStats`` → the ledger's names.
@@ -141,7 +141,7 @@ def analyse(e: Any, ident: int, now: float) -> _Exe:
         name = e.hlo_modules()[0].name
     except Exception:
         name = "?"
-    row["name"] = name
+    row["name"] = name if len(name) <= MAX_KEY else name[:MAX_KEY - 1] + "…"
     fingerprint = getattr(e, "fingerprint", None)
     if isinstance(fingerprint, bytes):
         # CPU gives printable text; a TPU gives the raw digest (32 bytes,

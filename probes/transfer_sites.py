@@ -55,7 +55,7 @@ from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import LIBRARY, LibraryFilter
 from jaxtop.probes.transfer_notes import RING, CallNotes, _hook_slot
 from jaxtop.probes.transfer_timeline import KeyTable, Timeline, file_calls, parse_stamps, tie
-from jaxtop.probes.transfer_values import MAX_ARGS, NUMPY, PY_SCALAR, ArgInfo, describe_value
+from jaxtop.probes.transfer_values import MAX_ARGS, NUMPY, PY_SCALAR, ArgInfo, cut, describe_value
 
 __all__ = ["ArgInfo", "MAX_ARGS", "NUMPY", "PY_SCALAR", "RING", "TransferSitesProbe", "describe_value", "parse_stamps",
            "_hook_slot"]
@@ -68,6 +68,8 @@ RETAIN_S = 6.0
 #: The post hook is taken out after this long without an implicit transfer
 #: (seconds), and put back with the next one.
 QUIET_S = 10.0
+#: The longest file path the wire carries (a real one is far shorter).
+MAX_WIRE_PATH = 1024
 #: Ticks whose call notes are kept unread while nothing transfers (a line
 #: the relay reports up to this many ticks late is still tied).
 HELD_TICKS = 3
@@ -583,7 +585,8 @@ class TransferSitesProbe(CallNotes):
         for (direction, filename, line, function), s in ranked[:SITES_SENT]:
             kinds = {a.kind for a in s.args}
             sites.append({
-                "direction": direction, "file": filename, "line": line, "function": function, "callee": s.callee,
+                "direction": direction, "file": cut(filename, MAX_WIRE_PATH), "line": line, "function": cut(function),
+                "callee": cut(s.callee),
                 "count_total": s.count, "count": s.interval, "calls_total": s.calls,
                 "bytes_total": s.bytes if not s.bytes_unknown else None,
                 "args": [a.wire() for a in s.args],
@@ -591,7 +594,7 @@ class TransferSitesProbe(CallNotes):
                 # "call": a call's arguments at this line, read by the hook.
                 "args_seen": "transfer" if s.observed else ("call" if s.args else None),
                 # The callee whose call the args are, where it is not ``callee``.
-                "args_of": s.args_callee if s.args and not _same_callee(s.args_callee, s.callee) else None,
+                "args_of": cut(s.args_callee) if s.args and not _same_callee(s.args_callee, s.callee) else None,
                 "scalar": bool(kinds) and all(k.endswith(PY_SCALAR) for k in kinds),
                 "history": list(s.history)[-30:],
             })

@@ -37,7 +37,18 @@ class ArgInfo:
     nbytes: int | None
 
     def wire(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "shape": self.shape, "bytes": self.nbytes}
+        return {"name": cut(self.name), "kind": cut(self.kind), "shape": cut(self.shape), "bytes": self.nbytes}
+
+
+#: The longest name the wire carries of the program's (a function, a file,
+#: an argument): generated code can name things with megabytes, and a
+#: recording would grow by that much at every sample that carries them.
+MAX_WIRE_NAME = 256
+
+
+def cut(text: str, limit: int = MAX_WIRE_NAME) -> str:
+    """``text`` within ``limit`` characters, an ellipsis where cut."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[ArgInfo], prefix: str = "") -> None:

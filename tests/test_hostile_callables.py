@@ -62,3 +62,38 @@ def test_a_hostile_callable_keeps_its_lines_and_runs_nothing_on_the_agents_threa
         assert site is not None and site["count_total"] >= steps - 2, (mark, site, steps)
     hostile = lines[_marked("HOSTILE")]
     assert all("Key(" not in a["name"] for a in hostile["args"]), hostile["args"]
+
+
+def test_a_megabyte_function_name_does_not_grow_the_recording(child_env, tmp_path):
+    """Generated code names a jitted function with 1 MiB: the agent sends
+    the name cut (it used to send it whole in the transfer sites and the jit
+    ledger, 5 MB in 3 s), and the line still counts its transfers."""
+    script = TARGETS / "long_names.py"
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if text.endswith("# LONG"))
+    log = tmp_path / "run.jsonl"
+    proc = subprocess.run([PY, "-m", "jaxtop", "run", "--log", str(log), str(script), "3"], cwd=TARGETS,
+                          env=child_env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    longest, last = 0, None
+
+    def walk(value) -> None:
+        nonlocal longest
+        if isinstance(value, str):
+            longest = max(longest, len(value))
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    with open(log, "rb") as f:
+        for raw in f:
+            record = json.loads(raw)
+            walk(record)
+            if record.get("transfer_sites"):
+                last = record["transfer_sites"]
+    assert longest <= 1100, longest
+    assert log.stat().st_size < 1 << 20, log.stat().st_size
+    site = next(s for s in last["sites"] if s["line"] == line)
+    assert site["count_total"] > 0 and site["callee"].startswith("fff") and len(site["callee"]) <= 256
