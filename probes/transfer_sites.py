@@ -44,7 +44,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from itertools import repeat, starmap
 from typing import Any
 
@@ -54,6 +53,7 @@ from jaxtop.probes.base import Tick
 from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import LIBRARY, LibraryFilter
 from jaxtop.probes.transfer_notes import RING, CallNotes, _hook_slot
+from jaxtop.probes.transfer_site import Site, same_callee
 from jaxtop.probes.transfer_timeline import KeyTable, Timeline, file_calls, parse_stamps, tie
 from jaxtop.probes.transfer_values import MAX_ARGS, NUMPY, PY_SCALAR, ArgInfo, cut, describe_value
 
@@ -94,76 +94,6 @@ MAX_SITES = 2000
 #: Code objects kept for the notes' keys before those no note needs are let go.
 MAX_CODES = 50_000
 
-@dataclass
-class _Site:
-    """One (direction, line, callee): what went through it."""
-
-    count: int = 0
-    interval: int = 0
-    unlogged: int = 0  # since the last history entry
-    calls: int = 0
-    bytes: int = 0
-    bytes_unknown: int = 0
-    args: tuple[ArgInfo, ...] = ()
-    observed: bool = False  # the arguments seen passing (slow path), not read from a later call
-    described_t: float = -1e18
-    asked_t: float = -1e18  # when the hook was last asked to read this line's call's arguments
-    sizes: tuple[int, ...] = ()  # the arguments' sizes, where every one is known
-    _named: bool = False  # some argument has a name
-    callee: str = ""
-    # The callee whose call ``args`` describe: a line that calls two things
-    # (``jax.random.uniform(k, minval=a)`` then an op on its result) shows
-    # the latest callee, and arguments that may be the other's.
-    args_callee: str = ""
-    history: deque = field(default_factory=lambda: deque(maxlen=60))  # counts per TIE_EVERY_TICKS ticks, a sparkline
-
-    def add(self, n: int, calls: int) -> None:
-        """``n`` lines of ``calls`` calls (one call can log several)."""
-        before = self.count
-        self.count += n
-        self.interval += n
-        self.unlogged += n
-        self.calls += calls
-        sizes = self.sizes
-        if sizes:
-            # The values a call copies, in order (a call logs one line each).
-            size = len(sizes)
-            whole, part = divmod(n, size)
-            self.bytes += whole * sum(sizes) + sum(sizes[(before + k) % size] for k in range(part))
-        else:
-            self.bytes_unknown += n
-
-    @property
-    def named(self) -> bool:
-        return self._named
-
-
-    def merge(self, described: tuple[ArgInfo, ...], observed: bool, t: float, callee: str) -> None:
-        """Take what a call's arguments were. A call's own arguments, named
-        (the hook's), replace what the slow path saw (unnamed, one record
-        per kind of value); the slow path's records of one call add up."""
-        if not described:
-            return  # a call that passed nothing to copy says nothing of those that did
-        named = any(a.name for a in described)
-        if named or not self.args or not any(a.name for a in self.args):
-            if named or t - self.described_t > 1.0:
-                self.args = described
-            else:
-                self.args = tuple(dict.fromkeys(self.args + described))[:MAX_ARGS]
-            self.observed = observed
-            self.described_t = t
-            self.args_callee = callee
-            self._named = any(a.name for a in self.args)
-            sizes = tuple(a.nbytes for a in self.args)
-            self.sizes = sizes if sizes and all(isinstance(n, int) for n in sizes) else ()
-
-
-def _same_callee(a: str, b: str) -> bool:
-    """One callee, though the slow path names an op without the fast
-    path's ``(op)``."""
-    return a.removesuffix(" (op)") == b.removesuffix(" (op)")
-
-
 class TransferSitesProbe(CallNotes):
     """Records in the program's threads; matching and the field on the agent's.
 
@@ -201,8 +131,8 @@ class TransferSitesProbe(CallNotes):
         self._table = KeyTable()  # the notes' keys as small codes, shared by the timelines
         self._described_seen = 0  # described_notes when the notes were last filed
         self._native: dict[int, int] = {}  # native thread id -> ident
-        self._sites: dict[tuple, _Site] = {}
-        self._known: dict[tuple, tuple[Any, _Site]] = {}  # (direction, note key) -> (code, site)
+        self._sites: dict[tuple, Site] = {}
+        self._known: dict[tuple, tuple[Any, Site]] = {}  # (direction, note key) -> (code, site)
         self._unattributed: dict[str, int] = {}
         self._reasons: dict[str, int] = {}
         self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
@@ -543,7 +473,7 @@ class TransferSitesProbe(CallNotes):
             if len(self._sites) >= MAX_SITES:
                 self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart", n)
                 return
-            site = self._sites[key] = _Site()
+            site = self._sites[key] = Site()
         if fast and len(self._known) < 4 * MAX_SITES:
             self._known[(direction, note)] = (self._codes.get(note[1]), site)
         callee = name if direction == "d2h" else name + (" (op)" if op else "")
@@ -594,7 +524,7 @@ class TransferSitesProbe(CallNotes):
                 # "call": a call's arguments at this line, read by the hook.
                 "args_seen": "transfer" if s.observed else ("call" if s.args else None),
                 # The callee whose call the args are, where it is not ``callee``.
-                "args_of": cut(s.args_callee) if s.args and not _same_callee(s.args_callee, s.callee) else None,
+                "args_of": cut(s.args_callee) if s.args and not same_callee(s.args_callee, s.callee) else None,
                 "scalar": bool(kinds) and all(k.endswith(PY_SCALAR) for k in kinds),
                 "history": list(s.history)[-30:],
             })

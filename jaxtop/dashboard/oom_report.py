@@ -12,7 +12,6 @@ facts with Rich, in the same words.
 from __future__ import annotations
 
 import argparse
-import gzip
 import io
 import json
 import os
@@ -23,6 +22,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import msgspec
 
 from jaxtop.dashboard.oom_views import device_label, said
+from jaxtop.export.convert import guarded, open_recording
 from jaxtop.wire.protocol import ProtocolError, ReadStats, iter_records
 from jaxtop.wire.records import (
     CensusArrays, CensusDevice, CensusHost, CensusRequest, CensusSite, CensusTiming, CensusTrigger, OomCensus, Record,
@@ -79,26 +79,32 @@ def censuses_in(records: Iterable[Record | Unknown]) -> list[OomCensus]:
 MAX_CENSUS_FILE_BYTES = 64 << 20
 
 
-def load_censuses(path: str) -> list[OomCensus]:
+def load_censuses(path: str, stats: ReadStats | None = None) -> list[OomCensus]:
     """Every census in a census file or a recording, read in bounded memory:
     a recording line by line (no line over the protocol's limit is kept), a
     census file up to :data:`MAX_CENSUS_FILE_BYTES`.
+
+    Args:
+        stats: filled with what the reading met: ``stopped`` says why it
+            ended early (a gzip that expands past any recording's ratio).
 
     Raises:
         OSError: the file cannot be read.
         ValueError: the file is neither a census nor a recording, or a
             single JSON document larger than a census can be.
     """
-    with open(path, "rb") as raw:
-        head = raw.read(2)
-    opener = gzip.open if head == b"\x1f\x8b" else open
-    with opener(path, "rb") as f:  # type: ignore[operator]
+    stats = stats if stats is not None else ReadStats()
+    with open_recording(path) as raw:
+        # A gzip file read through the guard: a decompression bomb ends
+        # after its first 64 MiB, said in stats.stopped.
+        f = guarded(raw, stats)
         first = f.readline(MAX_CENSUS_FILE_BYTES)
         if first.lstrip().startswith(b"{") and not _whole_record(first):
             # A JSON document over several lines (a census file, indented).
-            data = first + f.read(MAX_CENSUS_FILE_BYTES + 1 - len(first))
-            if len(data) > MAX_CENSUS_FILE_BYTES:
-                raise ValueError(f"{path}: a JSON document over {MAX_CENSUS_FILE_BYTES >> 20} MiB is no OOM census")
+            data = first + _read_up_to(f, MAX_CENSUS_FILE_BYTES + 1 - len(first))
+            if len(data) > MAX_CENSUS_FILE_BYTES or stats.stopped:
+                raise ValueError(f"{path}: a JSON document over {MAX_CENSUS_FILE_BYTES >> 20} MiB is no OOM census"
+                                 + (f" ({stats.stopped})" if stats.stopped else ""))
             try:
                 found = censuses_in([decode(data)])
             except ProtocolError:
@@ -112,11 +118,24 @@ def load_censuses(path: str) -> list[OomCensus]:
                 return censuses_in([decode(first)])
             except ProtocolError:
                 return []
-        stats = ReadStats()
         found = censuses_in(_records(io.BufferedReader(_chain(first, f)), stats))
     if not found and stats.records == 0:
-        raise ValueError(f"{path}: not an OOM census nor a jaxtop recording")
+        raise ValueError(f"{path}: not an OOM census nor a jaxtop recording"
+                         + (f" ({stats.stopped})" if stats.stopped else ""))
     return found
+
+
+def _read_up_to(f: Any, n: int) -> bytes:
+    """``n`` bytes of ``f``, fewer only at its end (a guarded gzip stream
+    gives one step of decompression per read)."""
+    parts, left = [], n
+    while left > 0:
+        chunk = f.read(left)
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
 
 
 def _records(stream: Any, stats: ReadStats) -> Iterator[Record | Unknown]:
@@ -467,8 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="every census in FILE, not only the last")
     parser.add_argument("--json", action="store_true", help="print the census as JSON")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    stats = ReadStats()
     try:
-        found = load_censuses(args.file)
+        found = load_censuses(args.file, stats)
     except FileNotFoundError:
         print(f"jaxtop oom: no such file: {args.file}", file=sys.stderr)
         return EXIT_USAGE
@@ -478,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, EOFError) as exc:
         print(f"jaxtop oom: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if stats.stopped:  # what came before is shown; the line says why no more
+        print(f"jaxtop oom: {args.file}: {stats.stopped}", file=sys.stderr)
     if not found:
         print(f"jaxtop oom: no OOM census in {args.file}", file=sys.stderr)
         return EXIT_NO_CENSUS

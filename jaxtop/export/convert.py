@@ -95,6 +95,14 @@ def open_recording(path: str) -> IO[bytes]:
 _BROKEN_GZIP = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
+#: A gzip recording that expands more than this many times is no recording
+#: (jaxtop's own compress 13 to 30x; one line repeated, 1000x): reading
+#: stops, past the first EXPANSION_MIN_BYTES (a short file's header and
+#: first lines can expand more).
+EXPANSION_MAX_RATIO = 100
+EXPANSION_MIN_BYTES = 64 << 20
+
+
 class GuardedStream:
     """A gzip recording that ends where its compressed data stops making sense.
 
@@ -111,6 +119,8 @@ class GuardedStream:
         self.stats = stats
         self.ended = False
         self.newlines = 0  # in what was read: where it stopped, in lines
+        self.out_bytes = 0  # decompressed so far
+        self._mark = (0, 0)  # (decompressed, compressed) at the last look
 
     def position(self) -> int:
         """Compressed bytes read so far (read ahead a little): for progress."""
@@ -128,6 +138,7 @@ class GuardedStream:
             self._stop(exc)
             return b""
         self.newlines += data.count(b"\n")
+        self._count(len(data))
         return data
 
     def readline(self, size: int = -1) -> bytes:
@@ -139,7 +150,26 @@ class GuardedStream:
             self._stop(exc)
             return b""
         self.newlines += line.endswith(b"\n")
+        self._count(len(line))
         return line
+
+    def _count(self, n: int) -> None:
+        """The expansion of each EXPANSION_MIN_BYTES read: past
+        EXPANSION_MAX_RATIO the rest is no recording of jaxtop's (they
+        compress 13–30x) but a decompression bomb, and reading ends there,
+        with what came before kept."""
+        self.out_bytes += n
+        out_then, read_then = self._mark
+        if self.out_bytes - out_then < EXPANSION_MIN_BYTES:
+            return
+        read = self.position()
+        self._mark = (self.out_bytes, read)
+        if self.out_bytes - out_then > EXPANSION_MAX_RATIO * max(1, read - read_then):
+            self.ended = True
+            self.stats.stopped = (f"reading stopped at line {self.newlines + 1:,}: the last "
+                                  f"{(self.out_bytes - out_then) >> 20:,} MiB came out of "
+                                  f"{(read - read_then) >> 10:,} KiB of the file, over {EXPANSION_MAX_RATIO}x "
+                                  f"(a decompression bomb, not a recording: jaxtop's compress 13 to 30x)")
 
     def _stop(self, exc: BaseException) -> None:
         self.ended = True

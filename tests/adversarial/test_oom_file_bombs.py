@@ -9,6 +9,7 @@ import gzip
 import resource
 import subprocess
 import sys
+import time
 
 from conftest import PY
 
@@ -44,19 +45,28 @@ def test_a_compressed_json_document_of_a_gibibyte_is_refused_in_bounded_memory(t
     assert peak < 400 << 20, peak  # was the whole document, twice (4.25 GB for a 2 GiB line)
 
 
-def test_a_recording_with_a_line_of_a_gibibyte_keeps_its_censuses(tmp_path):
+def test_a_recording_with_a_line_of_a_gibibyte_keeps_what_came_before_and_says_why_no_more(tmp_path):
+    """A gibibyte of one repeated byte expands 1000x: no recording of
+    jaxtop's does (13 to 30x). Reading stops within its first 64 MiB, the
+    census before it is shown, one line says why the rest is not read (it
+    used to read the whole gibibyte: a 54 MB bomb held it for minutes)."""
     path = tmp_path / "rec.jsonl.gz"
     census = (b'{"type":"oom_census","t":1.0,"id":"1-1","pid":1,"verdict":"the pool is full",'
               b'"request":{"bytes":1024},"devices":[]}\n')
     with gzip.open(path, "wb", compresslevel=9) as f:
         f.write(b'{"type":"hello","t":0.5,"pid":1,"argv":["x.py"]}\n')
+        f.write(census)
         f.write(b'{"type":"sample","t":0.6,"pad":"')
         chunk = b"x" * (1 << 20)
         for _ in range(1024):
             f.write(chunk)
         f.write(b'"}\n')
-        f.write(census)
+        f.write(census.replace(b"the pool is full", b"after the bomb"))
+    t0 = time.monotonic()
     proc, peak = _peak_rss_after([PY, "-m", "jaxtop", "oom", str(path)])
+    took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-500:]
-    assert b"the pool is full" in proc.stdout
+    assert b"the pool is full" in proc.stdout and b"after the bomb" not in proc.stdout
+    assert b"decompression bomb" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert peak < 400 << 20, peak
+    assert took < 30, took

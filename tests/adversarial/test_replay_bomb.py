@@ -1,9 +1,10 @@
 """`jaxtop replay` of a compressed recording writes an uncompressed copy to
 seek in (gzip cannot seek). A small file that expands without end (valid
 lines repeated: gzip takes them down ~1000x) filled TMPDIR: 2.5 GB after
-90 s, 8 GiB in all. The copy now stops at 100x the compressed size (64 MiB
-at least) or where it would leave under 1 GiB free, and what came before
-plays, with the reason."""
+90 s, 8 GiB in all. The reading now stops once 64 MiB came out at over 100x
+the compressed bytes they came from (the copy also stops at 100x the
+compressed size, or where it would leave under 1 GiB free), and what came
+before plays, with the reason."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def test_the_copy_of_a_compressed_bomb_stops_at_its_bound(tmp_path):
     assert compressed < 2 << 20  # 300 MB in about 1 MB
     index = replay_index.build(str(src), str(tmp_path / "copy.jsonl"))
     copied = os.path.getsize(tmp_path / "copy.jsonl")
-    assert (32 << 20) <= copied <= max(64 << 20, 100 * compressed) < (300 << 20), copied
-    bound, why = replay_index.copy_room(str(tmp_path / "copy.jsonl"), compressed)
-    assert copied <= bound
-    assert index.stats.stopped and "uncompressed copy was stopped" in index.stats.stopped and why in index.stats.stopped
+    # The reading itself stops within the first 64 MiB that expand past 100x
+    # (no recording of jaxtop's does), before the copy's own bound.
+    assert (32 << 20) <= copied <= (65 << 20) < max(64 << 20, 100 * compressed), copied
+    assert index.stats.stopped and "decompression bomb" in index.stats.stopped
     assert len(index.offsets) > 100_000  # what came before plays

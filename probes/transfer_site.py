@@ -1,0 +1,87 @@
+"""One line of the program, in one direction, as the transfer-sites probe
+tallies it: its transfers, calls and bytes, the arguments its calls copy
+(named by the hook, or as jax's slow path saw them), the callee it shows,
+and its history for the sparkline. :mod:`jaxtop.probes.transfer_sites`
+ties the guard's lines to calls and credits them here.
+
+Standard library only (this runs inside the user's job).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from jaxtop.probes.transfer_values import MAX_ARGS, ArgInfo
+
+__all__ = ["Site", "same_callee"]
+
+
+@dataclass
+class Site:
+    """One (direction, line, callee): what went through it."""
+
+    count: int = 0
+    interval: int = 0
+    unlogged: int = 0  # since the last history entry
+    calls: int = 0
+    bytes: int = 0
+    bytes_unknown: int = 0
+    args: tuple[ArgInfo, ...] = ()
+    observed: bool = False  # the arguments seen passing (slow path), not read from a later call
+    described_t: float = -1e18
+    asked_t: float = -1e18  # when the hook was last asked to read this line's call's arguments
+    sizes: tuple[int, ...] = ()  # the arguments' sizes, where every one is known
+    _named: bool = False  # some argument has a name
+    callee: str = ""
+    # The callee whose call ``args`` describe: a line that calls two things
+    # (``jax.random.uniform(k, minval=a)`` then an op on its result) shows
+    # the latest callee, and arguments that may be the other's.
+    args_callee: str = ""
+    history: deque = field(default_factory=lambda: deque(maxlen=60))  # counts per TIE_EVERY_TICKS ticks, a sparkline
+
+    def add(self, n: int, calls: int) -> None:
+        """``n`` lines of ``calls`` calls (one call can log several)."""
+        before = self.count
+        self.count += n
+        self.interval += n
+        self.unlogged += n
+        self.calls += calls
+        sizes = self.sizes
+        if sizes:
+            # The values a call copies, in order (a call logs one line each).
+            size = len(sizes)
+            whole, part = divmod(n, size)
+            self.bytes += whole * sum(sizes) + sum(sizes[(before + k) % size] for k in range(part))
+        else:
+            self.bytes_unknown += n
+
+    @property
+    def named(self) -> bool:
+        return self._named
+
+
+    def merge(self, described: tuple[ArgInfo, ...], observed: bool, t: float, callee: str) -> None:
+        """Take what a call's arguments were. A call's own arguments, named
+        (the hook's), replace what the slow path saw (unnamed, one record
+        per kind of value); the slow path's records of one call add up."""
+        if not described:
+            return  # a call that passed nothing to copy says nothing of those that did
+        named = any(a.name for a in described)
+        if named or not self.args or not any(a.name for a in self.args):
+            if named or t - self.described_t > 1.0:
+                self.args = described
+            else:
+                self.args = tuple(dict.fromkeys(self.args + described))[:MAX_ARGS]
+            self.observed = observed
+            self.described_t = t
+            self.args_callee = callee
+            self._named = any(a.name for a in self.args)
+            sizes = tuple(a.nbytes for a in self.args)
+            self.sizes = sizes if sizes and all(isinstance(n, int) for n in sizes) else ()
+
+
+def same_callee(a: str, b: str) -> bool:
+    """One callee, though the slow path names an op without the fast
+    path's ``(op)``."""
+    return a.removesuffix(" (op)") == b.removesuffix(" (op)")
