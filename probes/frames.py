@@ -65,6 +65,8 @@ NO_STACK: SiteKey = ("", 0, "<no stack>")
 COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 #: Frames a walk over live Python frames looks at, innermost first.
 MAX_DEPTH = 64
+#: File names whose answers are cached (then all forgotten at once).
+MAX_FILES_CACHED = 20_000
 
 
 class LibraryFilter:
@@ -81,23 +83,37 @@ class LibraryFilter:
     def __init__(self) -> None:
         self._cache: dict[str, bool] = {}
         self._core_cache: dict[str, bool] = {}
+        self._core_kept: tuple[int, tuple[str, ...]] | None = None  # (core modules imported, their prefixes)
+        self._stdlib_kept: tuple[str, ...] | None = None
         self._lock = ForkLock()
 
     def _core_prefixes(self) -> tuple[str, ...]:
-        # Recomputed on a cache miss only: jax may be imported after the
-        # first question, and a miss is one new file name. This module lives
-        # in jaxtop.probes, which a development tree keeps outside the
-        # jaxtop package directory.
+        # Worked out again only when another core library was imported since
+        # (jax may be imported after the first question); generated code
+        # asks about a new file name at every call. This module lives in
+        # jaxtop.probes, which a development tree keeps outside the jaxtop
+        # package directory.
+        modules = sys.modules
+        present = sum(1 for name in self._CORE if name in modules)
+        kept = self._core_kept
+        if kept is not None and kept[0] == present:
+            return kept[1]
         prefixes = {os.path.dirname(os.path.abspath(__file__)) + os.sep}
         for name in self._CORE:
-            module = sys.modules.get(name)
+            module = modules.get(name)
             path = getattr(module, "__file__", None) if module is not None else None
             if path:
                 prefixes.add(os.path.dirname(os.path.abspath(path)) + os.sep)
-        return tuple(prefixes)
+        self._core_kept = (present, tuple(prefixes))
+        return self._core_kept[1]
+
+    def _stdlib_prefixes(self) -> tuple[str, ...]:
+        if self._stdlib_kept is None:
+            self._stdlib_kept = self._find_stdlib_prefixes()
+        return self._stdlib_kept
 
     @staticmethod
-    def _stdlib_prefixes() -> tuple[str, ...]:
+    def _find_stdlib_prefixes() -> tuple[str, ...]:
         out = set()
         paths = sysconfig.get_paths()
         for key in ("stdlib", "platstdlib"):
@@ -113,6 +129,8 @@ class LibraryFilter:
         if hit is None:
             hit = filename.startswith(self._core_prefixes()) or self._installed_core(filename)
             with self._lock:
+                if len(self._core_cache) >= MAX_FILES_CACHED:
+                    self._core_cache.clear()  # bounded, as the library cache below
                 self._core_cache[filename] = hit
         return hit
 
@@ -132,7 +150,7 @@ class LibraryFilter:
         if hit is None:
             hit = self._classify(filename)
             with self._lock:
-                if len(self._cache) > 100_000:
+                if len(self._cache) >= MAX_FILES_CACHED:
                     self._cache.clear()  # bounded: exec'd code can make endless names
                 self._cache[filename] = hit
         return hit

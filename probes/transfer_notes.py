@@ -40,6 +40,9 @@ __all__ = ["CallNotes", "MAX_WALK", "RING"]
 #: while the agent, at its CPU ceiling, ticks 200 ms apart (the most it
 #: stretches). A loss is counted, never guessed (transfer_sites).
 RING = 1 << 16
+#: File names the hook remembers as the user's or not (then forgotten all
+#: at once: generated code can make a file name per function).
+MAX_FILES = 20_000
 #: How often the thread that waits for a transfer while the hook is out
 #: looks whether its spell ended otherwise (seconds).
 WAKE_POLL_S = 1.0
@@ -439,6 +442,8 @@ class CallNotes:
             filename = frame.f_code.co_filename
             mine = user.get(filename)
             if mine is None:
+                if len(user) >= MAX_FILES:
+                    user.clear()  # exec'd code names files without end: bounded, asked again
                 mine = user[filename] = not self._filt.is_library(filename)
             if mine:
                 return frame

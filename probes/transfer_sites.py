@@ -92,7 +92,9 @@ SITES_SENT = 50
 #: Sites kept at most (a program with ever-new lines: the rest counted apart).
 MAX_SITES = 2000
 #: Code objects kept for the notes' keys before those no note needs are let go.
-MAX_CODES = 50_000
+MAX_CODES = 10_000
+#: Lines of code objects worked out and kept (each entry keeps its code alive).
+MAX_LINES_CACHED = 20_000
 
 class TransferSitesProbe(CallNotes):
     """Records in the program's threads; matching and the field on the agent's.
@@ -112,6 +114,7 @@ class TransferSitesProbe(CallNotes):
         self._noted = 0  # call notes taken from the hook's deque, ever (for the call rate)
         self._rate_mark: tuple[float, int] | None = None
         self._lines: dict[tuple[int, int], tuple[Any, int]] = {}  # (id(code), lasti) -> (code, line)
+        self._site_files: set[str] = set()  # the files of the kept lines
         self._wall_offset = time.time() - time.perf_counter()
         self._offset_fixed: float | None = None  # tests: record times are wall times already
         # The hook is taken out while no implicit transfer comes (then the
@@ -262,8 +265,8 @@ class TransferSitesProbe(CallNotes):
             if start <= lasti < end and number is not None:
                 line = number
                 break
-        if len(self._lines) > 200_000:
-            self._lines.clear()
+        if len(self._lines) > MAX_LINES_CACHED:
+            self._lines.clear()  # it holds the code objects: generated code must not pile them up
         self._lines[key] = (code, line)
         return line
 
@@ -466,6 +469,14 @@ class TransferSitesProbe(CallNotes):
                 site.add(n, calls)
                 self._changed = True
                 return
+            if len(self._sites) >= MAX_SITES:
+                # Full: a call from a file no kept line is in has no line
+                # to go to (generated code makes a file per function), and
+                # its line need not be worked out to know that.
+                code = self._codes.get(note[1])
+                if code is not None and code.co_filename not in self._site_files:
+                    self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart", n)
+                    return
         where, name, op, described, observed, fun = self._resolve(note)
         key = (direction, *where)
         site = self._sites.get(key)
@@ -474,6 +485,7 @@ class TransferSitesProbe(CallNotes):
                 self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart", n)
                 return
             site = self._sites[key] = Site()
+            self._site_files.add(where[0])
         if fast and len(self._known) < 4 * MAX_SITES:
             self._known[(direction, note)] = (self._codes.get(note[1]), site)
         callee = name if direction == "d2h" else name + (" (op)" if op else "")

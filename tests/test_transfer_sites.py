@@ -571,3 +571,30 @@ def test_a_report_while_the_hook_is_out_puts_it_back_before_the_next_tick(instal
     installed.on_tick(Tick(now=time.time() + 5))  # no stamps came: the spell still ends where the hook came back
     assert installed._out_since is None and installed._back_at is None
     assert installed._hook_out[-1][1] == back
+
+
+def test_generated_code_does_not_grow_what_the_probe_keeps(installed):
+    """A program that makes a function per call with exec, each with a file
+    of its own: the hook's file names, the library filter's answers and the
+    lines worked out stay within their caps (they grew without end: 400,000
+    generated functions took the program from 222 to 482 MB)."""
+    import jax
+
+    from jaxtop.probes import transfer_notes, transfer_sites
+    from jaxtop.probes.frames import LIBRARY, MAX_FILES_CACHED
+
+    step = jax.jit(lambda x: x + 1)
+    value = jax.numpy.ones(2)
+    step(value)
+    n = transfer_notes.MAX_FILES + 500
+    codes = []
+    for i in range(n):
+        namespace = {"step": step, "value": value}
+        exec(compile(f"def gen():\n    return step(value)\n", f"<generated {i}>", "exec"), namespace)
+        namespace["gen"]()
+        codes.append(namespace["gen"].__code__)
+    assert len(installed._user) <= transfer_notes.MAX_FILES
+    assert len(LIBRARY._cache) <= MAX_FILES_CACHED and len(LIBRARY._core_cache) <= MAX_FILES_CACHED
+    for code in codes:
+        installed._line_of(code, 0)
+    assert len(installed._lines) <= transfer_sites.MAX_LINES_CACHED + 1
