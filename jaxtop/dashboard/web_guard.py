@@ -104,6 +104,9 @@ class Guard:
 
     def __init__(self, token: str, netloc: str) -> None:
         self.token = token
+        #: Called with the transport of each request let through (the
+        #: server's connection bound keeps those open).
+        self.on_trusted: Callable[[Any], None] | None = None
         self.netloc = netloc.lower()
         self.origin = f"http://{self.netloc}"
         self._token_bytes = token.encode()
@@ -151,6 +154,8 @@ class Guard:
             refused = self.refusal(request, websocket)
             if refused is not None:
                 return web.Response(status=refused[0], text=refused[1])
+            if self.on_trusted is not None:
+                self.on_trusted(request.transport)  # the connection showed the token
             return await handler(request)
 
         return guard
