@@ -41,6 +41,7 @@ imported (this runs inside the user's job).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -95,6 +96,16 @@ MAX_SITES = 2000
 MAX_CODES = 10_000
 #: Lines of code objects worked out and kept (each entry keeps its code alive).
 MAX_LINES_CACHED = 20_000
+
+def _foreign_thread_reason(native: int) -> str:
+    """Why a line's thread is none of this program's Python threads: a
+    thread of this process that runs no Python, or (Linux thread ids are
+    the whole machine's) a thread of another process writing to this
+    program's stderr: a forked child, a subprocess given the same stderr."""
+    if os.path.isdir("/proc/self/task") and not os.path.exists(f"/proc/self/task/{native}"):
+        return "made by another process writing to this program's stderr (a forked child, a subprocess)"
+    return "made by a thread without Python code"
+
 
 class TransferSitesProbe(CallNotes):
     """Records in the program's threads; matching and the field on the agent's.
@@ -403,7 +414,7 @@ class TransferSitesProbe(CallNotes):
             if native:
                 ident = self._thread(native)
                 if ident is None:
-                    self._give_up(direction, "made by a thread without Python code", len(lines))
+                    self._give_up(direction, _foreign_thread_reason(native), len(lines))
                     continue
                 by_ident = [(ident, lines)]
             else:  # no thread in the header: per line, the one thread calling jax then

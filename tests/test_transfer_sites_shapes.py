@@ -1,4 +1,7 @@
-"""A program back from a quiet spell has its transfers tied to lines.
+"""Programs of shapes that once lost or mislabelled their transfers' lines,
+each a real child under ``jaxtop run --log``.
+
+A program back from a quiet spell has its transfers tied to lines.
 
 The agent takes its post-call hook out of a program that has made no
 implicit transfer for 10 s while calling jitted functions fast (the hook
@@ -73,3 +76,20 @@ def test_a_line_that_calls_two_things_says_whose_arguments_it_shows(child_env, t
                 names = {a["name"] for a in site["args"]}
                 assert whose in own and names <= own[whose], site
     assert seen, "the line's arguments were never described"
+
+
+def test_a_subprocess_writing_to_the_programs_stderr_is_named_as_such(child_env, tmp_path):
+    """A subprocess (as a forked child would) logs its own transfers to the
+    program's stderr: they are another process's, not "a thread without
+    Python code" of the program's, and the program's own line keeps its one."""
+    script = TARGETS / "child_transfers.py"
+    own = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if text.endswith("# OWN"))
+    log = tmp_path / "run.jsonl"
+    proc = subprocess.run([PY, "-m", "jaxtop", "run", "--log", str(log), str(script), "5"], cwd=TARGETS,
+                          env=child_env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
+    sites = _last_sites(log)
+    reasons = sites.get("unattributed_reasons") or {}
+    assert reasons.get("made by another process writing to this program's stderr (a forked child, a subprocess)") == 5
+    assert not any("without Python code" in r for r in reasons), reasons
+    assert any(s["line"] == own and s["count_total"] == 1 for s in sites["sites"]), sites["sites"]
