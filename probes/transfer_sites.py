@@ -436,9 +436,11 @@ class TransferSitesProbe(CallNotes):
                     lost = int(np.searchsorted(lines, self._lost_before))
                     self._give_up(direction, "calls came faster than jaxtop could note them", lost)
                     lines = lines[lost:]
+                silent = ident not in table and self._active  # no note ever came from this thread
                 credits, too_far, after = tie(self._timeline(table, ident), lines, MATCH_WINDOW_S)
                 if too_far:
-                    self._give_up(direction, self._no_call(direction), too_far)
+                    self._give_up(direction, self._silent_thread(direction) if silent else self._no_call(direction),
+                                  too_far)
                 for note, t, n, calls in credits:
                     try:
                         self._credit(direction, note, t, n, calls)
@@ -466,6 +468,15 @@ class TransferSitesProbe(CallNotes):
     def _no_call(direction: str) -> str:
         return ("no jax call returned after it on its thread" if direction != "d2h"
                 else "no host read returned after it on its thread")
+
+    @staticmethod
+    def _silent_thread(direction: str) -> str:
+        """A thread whose calls never reached jaxtop's hook: most likely it
+        set jax's post hook for itself (thread-local), which runs instead."""
+        if direction == "d2h":
+            return "no host read of its thread was ever seen"
+        return ("no call of its thread ever reached jaxtop's hook: the thread set jax's post hook of its own "
+                "(thread-local), which runs instead")
 
     def _credit(self, direction: str, note: tuple, t: float, n: int, calls: int) -> None:
         """``n`` lines of ``direction`` made by ``calls`` calls (or reads) of

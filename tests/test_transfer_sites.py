@@ -225,12 +225,44 @@ def test_a_line_no_call_follows_is_unattributed_with_the_reason_never_guessed():
 
 
 def test_a_line_of_an_unknown_thread_is_unattributed():
+    """A thread id that is none of this process's (Linux thread ids are the
+    machine's): another process wrote to the program's stderr."""
     probe = _probe()
     t0 = time.time() - 1
     _call(probe, t0 + 0.001, 10)
     probe.take_stamps(_stamp("h2d", 999_999_999, t0))
     field = probe.on_tick(Tick(now=time.time()))
-    assert field["unattributed"] == {"h2d": 1} and "thread without Python code" in next(iter(field["unattributed_reasons"]))
+    assert field["unattributed"] == {"h2d": 1} and "another process" in next(iter(field["unattributed_reasons"]))
+
+
+def test_a_line_of_a_thread_of_this_process_without_python_says_so():
+    import os
+
+    pytest.importorskip("jax")
+    import jax
+
+    jax.numpy.ones(2).block_until_ready()  # XLA's own threads exist
+    python = {t.native_id for t in threading.enumerate()}
+    native = next((int(t) for t in os.listdir("/proc/self/task") if int(t) not in python), None)
+    if native is None:
+        pytest.skip("no thread without Python in this process")
+    probe = _probe()
+    t0 = time.time() - 1
+    probe.take_stamps(_stamp("h2d", native, t0))
+    field = probe.on_tick(Tick(now=time.time()))
+    assert list(field["unattributed_reasons"]) == ["made by a thread without Python code"]
+
+
+def test_a_thread_whose_calls_never_reached_the_hook_says_why():
+    """Lines from a thread of the program that never left a note while the
+    hook was in: the thread runs jax's post hook of its own."""
+    probe, me = _probe(), threading.get_native_id()
+    probe._active = True
+    t0 = time.time() - 10
+    probe.take_stamps(_stamp("h2d", me, t0))
+    field = probe.on_tick(Tick(now=time.time()))
+    (reason,) = field["unattributed_reasons"]
+    assert "post hook of its own" in reason
 
 
 def test_a_header_without_a_thread_is_matched_only_where_one_thread_calls_jax():
