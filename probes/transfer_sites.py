@@ -437,10 +437,10 @@ class TransferSitesProbe(CallNotes):
                     self._give_up(direction, "calls came faster than jaxtop could note them", lost)
                     lines = lines[lost:]
                 silent = ident not in table and self._active  # no note ever came from this thread
+                no_call = self._silent_thread(direction) if silent else self._no_call(direction)
                 credits, too_far, after = tie(self._timeline(table, ident), lines, MATCH_WINDOW_S)
                 if too_far:
-                    self._give_up(direction, self._silent_thread(direction) if silent else self._no_call(direction),
-                                  too_far)
+                    self._give_up(direction, no_call, too_far)
                 for note, t, n, calls in credits:
                     try:
                         self._credit(direction, note, t, n, calls)
@@ -449,7 +449,7 @@ class TransferSitesProbe(CallNotes):
                 if after.size:
                     gone = after.size if final else int(np.searchsorted(after, now - MATCH_WINDOW_S))
                     if gone:
-                        self._give_up(direction, self._no_call(direction), gone)
+                        self._give_up(direction, no_call, gone)
                     if gone < after.size:
                         kept = waiting.get((direction, native))
                         waiting[(direction, native)] = (after[gone:] if kept is None
