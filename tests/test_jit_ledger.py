@@ -533,3 +533,13 @@ def test_a_raw_binary_fingerprint_goes_on_the_wire_as_hex():
     rows = {r["name"]: r for r in probe.table()["executables"]}
     assert rows["jit_tpu"]["fingerprint"] == digest.hex()
     assert rows["jit_cpu"]["fingerprint"] == "a1b2c3"
+
+
+def test_an_explanation_jaxtop_could_not_parse_keeps_what_changed_not_jaxs_preamble():
+    from jaxtop.dashboard.ledger import JitReason, describe_reason
+
+    text = ("TRACING CACHE MISS at /w/train.py:55 (main) costing 12.1 ms because:\n"
+            "  for step defined at /w/train.py:20\n"
+            "  a new kind of change jax words differently: the mesh axis 'data' grew from 4 to 8")
+    line = describe_reason(JitReason(kind="other", text=text), site=False)
+    assert line == "a new kind of change jax words differently: the mesh axis 'data' grew from 4 to 8"

@@ -136,11 +136,13 @@ class JitLedgerTable:
         line.append("  ")
         line.append(str(v.compiles_total) if v.compiles_total is not None else "n/a")
         line.append(" compiles", style="dim")
-        line.append("  reasons: ", style="dim")
+        line.append("  recompile reasons: ", style="dim")
         if notes.explain_enabled:
             # Whose option it is: the program's, or jaxtop's (then hidden from the program).
             by = notes.explain_by
-            line.append(f"{'program' if by == 'user' else by or '?'}", style="green")
+            line.append("on", style="green")
+            # jaxtop's: it set jax_explain_cache_misses, hidden from the program.
+            line.append(" (your setting)" if by == "user" else " (set by jaxtop)" if by == "jaxtop" else "", style="dim")
         else:
             line.append("off", style="yellow")
         return line

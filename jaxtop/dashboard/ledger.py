@@ -391,8 +391,24 @@ def describe_reason(reason: JitReason, site: bool = True) -> str:
     elif kind == "redefined":
         what = "a new function object on a line traced before (re-defined in a loop?)"
     else:
-        what = " ".join((reason.text or "").split()) or kind or "?"
+        what = _what_changed(reason.text or "") or kind or "?"
     return f"{what} at {where}" if where else what
+
+
+#: The lines of JAX's cache-miss explanation that say where and what was
+#: traced, not what changed (the table and the call site say those).
+_BOILERPLATE = ("TRACING CACHE MISS", "for ", "defined at ")
+
+
+def _what_changed(text: str) -> str:
+    """An explanation jaxtop could not parse, on one line, without JAX's
+    preamble (``TRACING CACHE MISS at … because:``, ``for step defined at
+    …``): what is left says what changed, and is what a narrow screen keeps."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    kept = [line for line in lines if line and not line.startswith(_BOILERPLATE)]
+    if not kept:
+        return " ".join(lines).strip()
+    return " ".join(kept)
 
 
 def short_site(site: str | None) -> str | None:
