@@ -12,7 +12,7 @@ from jaxtop.widgets.render import fmt_bytes
 YES, NO, WITHIN, NOTHING, INFO = "yes", "NO", "within", "nothing", ""
 
 
-def outcome(expect: str, off: float, on: float, spread: float | None = None) -> str:
+def outcome(expect: str, off: float, on: float, spread: float | None = None, can_be_zero: bool = True) -> str:
     """How a metric moved from ``off`` to ``on``, against what was expected.
 
     Args:
@@ -23,6 +23,10 @@ def outcome(expect: str, off: float, on: float, spread: float | None = None) -> 
             difference between repeated readings of one variant); None for
             an exact metric (a count, a size from XLA), which repeats to the
             unit.
+        can_be_zero: whether "nothing to lower" can be the verdict: a
+            fraction, a count or a size can be 0 on a backend; a time never
+            is (a step time whose spread took in a stall read "nothing to
+            lower" beside -84 %): it is then within the spread, or not.
 
     Returns:
         :data:`YES` when it moved the expected way by more than ``spread``;
@@ -36,7 +40,7 @@ def outcome(expect: str, off: float, on: float, spread: float | None = None) -> 
     """
     if expect not in ("down", "up", "zero"):
         return INFO
-    if expect == "down" and spread is not None and off <= spread:
+    if expect == "down" and can_be_zero and spread is not None and off <= spread:
         # Only a measured figure: an exact count of 0 that should fall is a
         # measurement that failed (below), not a backend with nothing to do.
         return NOTHING

@@ -26,12 +26,13 @@ from jaxtop.widgets.render import fmt_bytes
 WIDE = 110
 
 
-def judge(expect: str, before: Any, after: Any, spread: float | None = None) -> tuple[str, str]:
+def judge(expect: str, before: Any, after: Any, spread: float | None = None, unit: str = "") -> tuple[str, str]:
     """(mark, style) for a measured change: ✓, ✗, ≈ for a change no
-    larger than the metric's spread, or 0 where there was nothing to lower."""
+    larger than the metric's spread, or 0 where there was nothing to lower
+    (never for a time: ``unit`` "s")."""
     if before is None or after is None:
         return "", "dim"
-    result = outcome(expect, before, after, spread)
+    result = outcome(expect, before, after, spread, can_be_zero=unit != "s")
     if result == YES:
         return "✓", "green"
     if result == NO:
@@ -117,7 +118,8 @@ class StrategiesPanel(Panel):
                 text.append("  ")
             text.append(f"{m['short']} ", style="dim")
             text.append(f"{fmt_metric(before, m['unit'])} → {fmt_metric(after, m['unit'])}", style="bold")
-            mark, style = judge(m.get("expect", ""), before, after, metric_spread(m, results.get(a), results.get(b)))
+            mark, style = judge(m.get("expect", ""), before, after, metric_spread(m, results.get(a), results.get(b)),
+                                m["unit"])
             if mark:
                 text.append(" nothing to lower" if mark == "0" else f" {mark}", style=style)
             if not all_metrics:
@@ -191,7 +193,7 @@ class StrategiesPanel(Panel):
                 spread = metric_spread(m, ra, rb)
                 if spread is not None:
                     line.append(f" {fmt_spread(spread, m['unit'])}", style="dim")
-                mark, style = judge(m.get("expect", ""), before, after, spread)
+                mark, style = judge(m.get("expect", ""), before, after, spread, m["unit"])
                 if mark == "✗":
                     line.append(f" ✗ {why_not(m['expect'], m.get('caveat', ''))}", style=style)
                     line.no_wrap = False

@@ -475,7 +475,7 @@ def _row(name: str, strategy: Strategy, metric: Metric, measured: dict[str, dict
         return row
     row["change"] = on - off
     row["spread"] = row_spread(metric, a, b, measured, again)
-    result = outcome(metric.expect, off, on, row["spread"])
+    result = outcome(metric.expect, off, on, row["spread"], can_be_zero=metric.unit != "s")
     row["ok"] = {YES: True, NO: False}.get(result)
     row["within_spread"] = result == WITHIN
     row["nothing_to_lower"] = result == NOTHING

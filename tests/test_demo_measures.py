@@ -43,6 +43,15 @@ def test_a_metric_already_at_zero_has_nothing_to_lower():
     assert outcome("down", 0.05, 0.2, spread=0.044) == NO  # there were holes, and more after
 
 
+def test_a_time_is_never_nothing_to_lower():
+    """The chip's batching step time: 6.3 ms -> 1.0 ms (-84 %) with a spread
+    that took in a stall (over 6.3 ms) read "no change needed (nothing to
+    lower here)". A step time is never 0 on any backend: within the spread."""
+    assert outcome("down", 0.0063, 0.0010, spread=0.0070, can_be_zero=False) == WITHIN
+    assert outcome("down", 0.0063, 0.0010, spread=0.0010, can_be_zero=False) == YES
+    assert outcome("down", 0.0063, 0.0010, spread=0.0070) == NOTHING  # a fraction or a size may be 0
+
+
 def test_an_exact_metric_that_did_not_move_is_a_no():
     # A count has no spread: 0 → 0 where it should fall is a failure, not noise.
     assert outcome("down", 0, 0, spread=None) == NO
