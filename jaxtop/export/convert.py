@@ -95,12 +95,15 @@ def open_recording(path: str) -> IO[bytes]:
 _BROKEN_GZIP = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
-#: A gzip recording that expands more than this many times is no recording
-#: (jaxtop's own compress 13 to 30x; one line repeated, 1000x): reading
-#: stops, past the first EXPANSION_MIN_BYTES (a short file's header and
-#: first lines can expand more).
+#: A gzip recording whose data expands more than EXPANSION_MAX_RATIO times
+#: for EXPANSION_RUN_BYTES in a row is no recording (jaxtop's own compress 13
+#: to 30x; one byte repeated, 1000x): reading stops there. Looked at every
+#: EXPANSION_MIN_BYTES that come out. One long odd line (200 MB of padding,
+#: which a reader skips as too long) passes; a bomb that would write 8 GiB
+#: stops at half a GiB.
 EXPANSION_MAX_RATIO = 100
 EXPANSION_MIN_BYTES = 64 << 20
+EXPANSION_RUN_BYTES = 512 << 20
 
 
 class GuardedStream:
@@ -121,6 +124,7 @@ class GuardedStream:
         self.newlines = 0  # in what was read: where it stopped, in lines
         self.out_bytes = 0  # decompressed so far
         self._mark = (0, 0)  # (decompressed, compressed) at the last look
+        self._run = (0, 0)  # (decompressed, compressed) since expansion went past the ratio
 
     def position(self) -> int:
         """Compressed bytes read so far (read ahead a little): for progress."""
@@ -155,20 +159,24 @@ class GuardedStream:
 
     def _count(self, n: int) -> None:
         """The expansion of each EXPANSION_MIN_BYTES read: past
-        EXPANSION_MAX_RATIO the rest is no recording of jaxtop's (they
-        compress 13–30x) but a decompression bomb, and reading ends there,
-        with what came before kept."""
+        EXPANSION_MAX_RATIO for EXPANSION_RUN_BYTES in a row, the rest is
+        no recording of jaxtop's (they compress 13–30x) but a decompression
+        bomb, and reading ends there, with what came before kept."""
         self.out_bytes += n
         out_then, read_then = self._mark
         if self.out_bytes - out_then < EXPANSION_MIN_BYTES:
             return
         read = self.position()
         self._mark = (self.out_bytes, read)
-        if self.out_bytes - out_then > EXPANSION_MAX_RATIO * max(1, read - read_then):
+        if self.out_bytes - out_then <= EXPANSION_MAX_RATIO * max(1, read - read_then):
+            self._run = (0, 0)
+            return
+        out_run, read_run = self._run
+        self._run = (out_run + self.out_bytes - out_then, read_run + read - read_then)
+        if self._run[0] >= EXPANSION_RUN_BYTES:
             self.ended = True
-            self.stats.stopped = (f"reading stopped at line {self.newlines + 1:,}: the last "
-                                  f"{(self.out_bytes - out_then) >> 20:,} MiB came out of "
-                                  f"{(read - read_then) >> 10:,} KiB of the file, over {EXPANSION_MAX_RATIO}x "
+            self.stats.stopped = (f"reading stopped at line {self.newlines + 1:,}: the last {self._run[0] >> 20:,} MiB "
+                                  f"came out of {self._run[1] >> 10:,} KiB of the file, over {EXPANSION_MAX_RATIO}x "
                                   f"(a decompression bomb, not a recording: jaxtop's compress 13 to 30x)")
 
     def _stop(self, exc: BaseException) -> None:
