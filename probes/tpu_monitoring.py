@@ -63,6 +63,17 @@ MAX_SHARE = 0.01
 EMPTY_REASON = "the runtime reports nothing (data() is [])"
 #: Longest reason kept (an exception's message can be a whole traceback).
 MAX_REASON = 160
+#: What of one answer is read: its first MAX_VALUES values (a chip has a few
+#: cores; a distribution a few dozen rows), each up to MAX_VALUE_CHARS. A
+#: runtime answering with millions of values, or megabytes per value, costs
+#: the program that much less (one that did halved its speed and added
+#: 460 MB, most of it in quoting the answer whole).
+MAX_VALUES = 256
+MAX_VALUE_CHARS = 4096
+#: A reading that has not returned in this long is said on the wire (n/a,
+#: the metric named), and stays so until it returns: the runtime's call
+#: cannot be interrupted, and runs on jaxtop's own thread.
+STUCK_S = 10.0
 
 #: The metrics read: the name on the wire -> (the names libtpu versions give
 #: it, the shape of its values). The others libtpu lists (ICI link health,
@@ -95,8 +106,25 @@ def _short(text: str) -> str:
 
 
 def _shown(values: Any) -> str:
-    """An unreadable answer as quoted in its reason (short)."""
-    return _short(repr(values))
+    """An unreadable answer as quoted in its reason (short): its first
+    values alone, each cut, never the whole answer turned into text."""
+    if isinstance(values, (list, tuple)):
+        head = ", ".join(repr(v)[:40] if isinstance(v, (str, bytes, int, float)) else f"<{type(v).__name__}>"
+                         for v in values[:3])
+        more = f", … {len(values) - 3} more" if len(values) > 3 else ""
+        return _short(f"[{head}{more}]")
+    return _short(f"<{type(values).__name__}>")
+
+
+def _bounded(values: list[Any] | tuple[Any, ...]) -> list[Any]:
+    """The first MAX_VALUES of an answer, a value longer than
+    MAX_VALUE_CHARS left out (unreadable, as one of the wrong form)."""
+    out = []
+    for v in values[:MAX_VALUES]:
+        if isinstance(v, (str, bytes)) and len(v) > MAX_VALUE_CHARS:
+            continue
+        out.append(v)
+    return out
 
 
 def _number(text: Any) -> float | None:
@@ -190,7 +218,7 @@ def parse(shape: str, values: Any, description: str = "") -> Any:
     """
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
         raise Unreadable(f"data() gave {type(values).__name__}, not a list")
-    values = list(values)
+    values = _bounded(values)
     if shape in ("percent", "bytes"):
         return _per_chip(values, shape)
     if shape == "keyed":
@@ -245,6 +273,7 @@ class TpuMonitoringProbe:
         self._next_read = 0.0  # monotonic
         self.interval_s = READ_INTERVAL_S
         self.read_s: float | None = None  # seconds the last reading took
+        self._reading: tuple[str, float] | None = None  # (metric, monotonic start) of a call in the runtime
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -273,6 +302,12 @@ class TpuMonitoringProbe:
             return None
         if not self._use_thread and (tick.slow or tick.final) and time.monotonic() >= self._next_read:
             self._read_and_schedule()
+        reading = self._reading
+        if reading is not None and (tick.slow or tick.final) and time.monotonic() - reading[1] >= STUCK_S:
+            # The runtime's call has not returned: said, not waited for.
+            self._publish({"kind": "tpu", "available": False,
+                           "reason": f"libtpu has not answered get_metric({reading[0]!r}).data() for "
+                                     f"{time.monotonic() - reading[1]:.0f} s: the reading is stuck in the runtime"})
         with self._lock:
             if self._version == self._sent or self._latest is None:
                 return None
@@ -354,13 +389,16 @@ class TpuMonitoringProbe:
                 unavailable[wire] = "not offered by this libtpu (list_supported_metrics)"
                 continue
             try:
+                self._reading = (name, time.monotonic())
                 metric = module.get_metric(name)
                 values = metric.data()
+                self._reading = None
                 if isinstance(values, (list, tuple)) and not values:
                     unavailable[wire] = EMPTY_REASON
                     continue
                 metrics[wire] = parse(shape, values, self._description(name, metric) if shape == "distribution" else "")
             except Exception as exc:  # Unreadable, or whatever the runtime raised
+                self._reading = None
                 unavailable[wire] = _short(str(exc) if isinstance(exc, Unreadable) else f"{type(exc).__name__}: {exc}")
         value: dict[str, Any] = {"kind": "tpu", "available": True, "source": "libtpu.sdk.tpumonitoring",
                                  "metrics": metrics}

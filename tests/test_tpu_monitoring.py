@@ -303,3 +303,67 @@ def test_the_agent_lists_the_probe_after_nvml():
     finally:
         agent.probes.stop()
         agent._close_wake_pipe()
+
+
+def test_a_huge_answer_is_read_in_part_and_quoted_short(monkeypatch):
+    """A hostile runtime answers with two million values, or one of 50 MB:
+    jaxtop reads the first values only and quotes a few characters (it used
+    to turn the whole answer into text: 460 MB)."""
+    import tracemalloc
+
+    from jaxtop.probes.tpu_monitoring import MAX_REASON
+
+    huge = ["x" * 20] * 2_000_000
+    big = ["9" * (50 << 20)]
+
+    class Prebuilt(FakeMetric):
+        def data(self):  # the runtime's own lists, made before the measurement
+            return self.values
+
+    mod = install(monkeypatch, DOCUMENTED)
+    plain = mod.get_metric
+    mod.get_metric = lambda name: (Prebuilt(huge) if name == "duty_cycle_pct" else Prebuilt(big)
+                                   if name == "tensorcore_util" else plain(name))
+    probe = tpu_probe()
+    tracemalloc.start()
+    value = slow_tick(probe)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    why = value["unavailable"]
+    assert len(why["duty_cycle_pct"]) <= MAX_REASON and "more" in why["duty_cycle_pct"]
+    assert len(why["tensorcore_util"]) <= MAX_REASON
+    assert value["metrics"]["hbm_capacity_total"] == [17179869184]  # the rest still read
+
+
+def test_a_reading_stuck_in_the_runtime_is_said_as_n_a(monkeypatch):
+    """data() that never returns: the reading thread cannot be freed, but the
+    wire says which call is stuck, and for how long, within STUCK_S."""
+    import threading
+
+    from jaxtop.probes import tpu_monitoring
+
+    release = threading.Event()
+
+    class Stuck(FakeMetric):
+        def data(self):
+            release.wait(30)
+            return ["1"]
+
+    mod = install(monkeypatch, DOCUMENTED)
+    mod.get_metric = lambda name: Stuck([])
+    monkeypatch.setattr(tpu_monitoring, "STUCK_S", 0.3)
+    probe = TpuMonitoringProbe(platforms=lambda: {"tpu"})
+    probe.start()
+    try:
+        deadline = time.monotonic() + 10
+        said = None
+        while said is None and time.monotonic() < deadline:
+            value = probe.on_tick(Tick(time.time(), slow=True))
+            if value is not None and value.get("available") is False:
+                said = value["reason"]
+            time.sleep(0.05)
+        assert said is not None and "duty_cycle_pct" in said and "stuck" in said, said
+    finally:
+        release.set()
+        probe.stop()
