@@ -405,7 +405,11 @@ class HostPanel(Panel):
         base = f" compiles {compiles}  failed donations {_or_na(proc.donation.failed_total)}"
         choices3 = [base]
         agent = proc.agent
-        if agent is not None and agent.stretched(proc.interval_s):
+        if agent is not None and agent.over_ceiling():
+            # Past what sampling less often can save: said with the figure.
+            over = f"jaxtop {agent.cpu_share:.1%} of a core, over its {agent.ceiling_share:.1%} ceiling"
+            choices3 = [f"{base}  {over} (per-transfer work)", f"{base}  {over}", f" {over}"]
+        elif agent is not None and agent.stretched(proc.interval_s):
             # jaxtop's own thread hit its CPU ceiling: it samples less often
             # than asked, and the screen says so rather than look slow.
             every = f"sampled every {agent.tick_s:.2g} s"

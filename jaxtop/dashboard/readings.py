@@ -115,6 +115,14 @@ class AgentView:
         """True while the agent samples less often than asked (at its CPU ceiling)."""
         return self.tick_s is not None and self.tick_s > interval_s * 1.05
 
+    def over_ceiling(self) -> bool:
+        """True when the thread's measured share is over its ceiling by more
+        than the window-to-window spread: work that does not shrink with
+        the ticks (each implicit transfer tied to its line, client
+        requests) outgrew what sampling less often can save."""
+        return (self.cpu_share is not None and self.ceiling_share is not None
+                and self.cpu_share > self.ceiling_share * 1.2)
+
 
 @dataclass(frozen=True)
 class CompileView:

@@ -72,6 +72,10 @@ def _process_lines(p: ProcessView) -> list[str]:
     agent = p.agent
     if agent is not None and agent.cpu_share is not None:
         line = f"  jaxtop's agent thread {agent.cpu_share:.2%} of a core"
+        if agent.over_ceiling():
+            line += (f", over its {agent.ceiling_share:.1%} ceiling: work that comes with each implicit transfer or "
+                     f"client request does not shrink with sampling (JAXTOP_TRANSFER_SITES=0 stops tying transfers "
+                     f"to lines)")
         if agent.stretched(p.interval_s):
             line += f", sampling every {agent.tick_s:.2g} s (asked {p.interval_s:.2g} s): at its CPU ceiling"
             if agent.ceiling_share:
