@@ -98,7 +98,7 @@ class JitLedgerTable:
             yield Text(f"jit ledger n/a: {v.reason}", style="yellow")
             return
         notes = LedgerNotes.of(v)
-        yield self._summary(v, notes)
+        yield self._summary(v, notes, width)
         yield self._trend(v, width)
         if notes.storm_message is not None:
             yield Text(f"⚠ {notes.storm_message}", style="bold red")
@@ -122,7 +122,7 @@ class JitLedgerTable:
             yield Text("")
             yield reasons
 
-    def _summary(self, v: LedgerView, notes: LedgerNotes) -> Text:
+    def _summary(self, v: LedgerView, notes: LedgerNotes, width: int = 120) -> Text:
         line = Text()
         line.append("live executables ", style="dim")
         line.append(f"{v.live_count if v.live_count is not None else 'n/a'}", style="bold")
@@ -136,7 +136,7 @@ class JitLedgerTable:
         line.append("  ")
         line.append(str(v.compiles_total) if v.compiles_total is not None else "n/a")
         line.append(" compiles", style="dim")
-        line.append("  recompile reasons: ", style="dim")
+        line.append("  recompile reasons: " if width >= 100 else "  reasons ", style="dim")
         if notes.explain_enabled:
             # Whose option it is: the program's, or jaxtop's (then hidden from the program).
             by = notes.explain_by
