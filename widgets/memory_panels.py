@@ -156,6 +156,16 @@ class FragmentationPanel(Panel):
                 total = fmt_bytes(dev.bytes_limit - dev.bytes_in_use)
                 note = f" ({dev.free_block_note})" if dev.free_block_note else ""
                 block = fmt_bytes(free)
+                if dev.free_block_note:
+                    # Nothing can be shown (the one figure is no bound): one
+                    # line, the reason first, the runtime's figures after.
+                    why = dev.fragmentation_reason or "not reported"
+                    line = [f"n/a — {why} · {total} free · largest free block {block}{note}",
+                            f"n/a: the largest free block {block} is {dev.free_block_note} · {total} free",
+                            f"n/a: largest free block {block}{note}", f"n/a: largest free {block}{note}",
+                            f"n/a: block {block}{note}", "n/a"]
+                    return Group(panel_title(self.TITLE), Text(fitting(line, width), no_wrap=True,
+                                                               overflow="ellipsis", style="dim"))
                 facts = [f"{total} free · runtime's largest free block {block}{note}",
                          f"{total} free · largest block {block}{note}",
                          f"largest block {block}{note}", f"block {block}{note}", f"block {block}"]

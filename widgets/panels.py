@@ -186,6 +186,10 @@ def fragmentation_strips(dev: DeviceView) -> list[Strip]:
     free_label = f"largest free block ({dev.free_block_note})" if dev.free_block_note else "largest free block"
     free = _series(dev.timeline, DEVICE_SERIES, "largest_free_block_bytes", free_label, "green", "fill")
     reason = dev.fragmentation_reason or "the allocator reports no fragmentation"
+    if frag is None and dev.free_block_note:
+        # The runtime's largest free block is known to be no bound (TPU):
+        # one line says so, no chart of a figure that says nothing.
+        return [Strip("fragmentation", reason=reason)]
     if frag is None and free is None:
         holes = _series(dev.timeline, DEVICE_SERIES, "live_holes", "holes among live buffers", "yellow", "fill")
         if holes is not None:
