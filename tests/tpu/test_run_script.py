@@ -101,11 +101,16 @@ def test_chip_mode_runs_every_step_in_order_and_reports_each(fake_chip, tmp_path
     assert res.returncode == 1, res.stdout + res.stderr
     summary = (results / "summary.txt").read_text().splitlines()
     rows = [line.split() for line in summary if line.split()[1] == "exit"]
+    advice = ["advice-" + run for run in (
+        "placement-off placement-on donation-off donation-on inplace-off inplace-on batching-off batching-on "
+        "jit-off jit-on guard-log guard-disallow checkpointing-off checkpointing-on fragmentation-off "
+        "fragmentation-on runahead-off runahead-on miss clean").split()]
     assert [r[0] for r in rows] == ["cost", "tests", "demo", "freeblock", "record", "record-oom", "sites-run",
-                                    "sites-oracle", "sites", "sitescost", "screens"]
+                                    "sites-oracle", "sites", "sitescost", "screens", *advice]
     status = {r[0]: r[2] for r in rows}
     assert status == {"cost": "0", "tests": "0", "demo": "1", "freeblock": "0", "record": "0", "record-oom": "1",
-                      "sites-run": "0", "sites-oracle": "0", "sites": "0", "sitescost": "0", "screens": "0"}
+                      "sites-run": "0", "sites-oracle": "0", "sites": "0", "sitescost": "0", "screens": "0",
+                      **{name: "0" for name in advice}}
     # What tying transfers to lines costs, measured on the chip (the children open the TPU).
     assert (results / "sitescost.txt").read_text().strip() == "paced sites: 0.77 %"
     # The transfers per line: the same program and arguments under jaxtop and the oracle, on the chip.
@@ -123,6 +128,12 @@ def test_chip_mode_runs_every_step_in_order_and_reports_each(fake_chip, tmp_path
     assert "jaxtop 0.1.0 " + str(results / "prefix" / "jaxtop" / "__init__.py") in (results / "env.txt").read_text()
 
     calls = [line.split("\t") for line in log.read_text().splitlines()]
+    # The advice runs: each demo strategy at the chip's sizes, the six-miss
+    # loop, each judged by jaxtop advise over the loop's newest 12 s.
+    argv = [c[4] for c in calls]
+    assert any("advice_demo.py runahead off 15 full" in a and "--log" in a for a in argv), argv
+    assert any(a.endswith("advice_miss.py 15") for a in argv), argv
+    assert sum("-m jaxtop advise --json --window 12 " in a for a in argv) == len(advice), argv
     prefix = str(results / "prefix")
     install = [c for c in calls if c[4].startswith("-m pip install")]
     assert install and install[0][4].startswith(f"-m pip install --no-index --no-deps --upgrade --target {prefix} ")

@@ -305,6 +305,9 @@ chip() {
     run_step sitescost "$COST_TIMEOUT" "$RESULTS/sitescost.txt" \
       "$py" -P "$REPO/benchmarks/transfer_sites.py" --platform tpu ${SITESCOST_ARGS:-} --json-out "$RESULTS/sitescost.json"
   fi
+  if wants screens; then
+    run_step screens "$RECORD_TIMEOUT" "$RESULTS/screens.txt" bash "$REPO/tools/tpu/run.sh" screens-step "$py" "$RESULTS"
+  fi
   if wants advice; then
     mkdir -p "$RESULTS/advice"
     local run target
@@ -322,9 +325,6 @@ chip() {
         2>"$RESULTS/advice/$run.advise.err") &
     done
     wait
-  fi
-  if wants screens; then
-    run_step screens "$RECORD_TIMEOUT" "$RESULTS/screens.txt" bash "$REPO/tools/tpu/run.sh" screens-step "$py" "$RESULTS"
   fi
   if [ "$DRY_RUN" = 1 ]; then
     return 0
