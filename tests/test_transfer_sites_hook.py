@@ -1,0 +1,282 @@
+"""The transfer-sites probe with jax's own hooks in this process: the post
+hook on real jitted calls, the slow path's handlers, jax_debug_nans still
+raising through the chain, thread-local hooks; the hook's life in a program
+that stops transferring (out, back at the relay's first report), and what it
+keeps bounded (code objects, file names, worked-out lines) against generated
+code. The pure matching is in tests/test_transfer_sites.py."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from jaxtop.probes.base import Tick
+from jaxtop.probes.transfer_sites import NUMPY, PY_SCALAR
+from test_transfer_sites import NEW_JAX, _probe, _stamp
+
+# -- the probe in this process ------------------------------------------------------------------
+
+@pytest.fixture
+def installed():
+    pytest.importorskip("jax")
+    probe = _probe()
+    probe.start()
+    assert probe.reason is None, probe.reason
+    yield probe
+    probe.stop()
+
+
+def test_the_hook_notes_each_fast_path_call_with_the_users_line(installed):
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(lambda x, y: x * y)
+    x = jnp.ones(3)
+    f(x, 2.0)  # compiles: the slow path
+    installed._calls.clear()
+    for _ in range(5):
+        f(x, 2.0)
+    line = sys._getframe().f_lineno - 1
+    calls = list(installed._calls)
+    assert len(calls) == 5
+    assert {(r[3].co_filename, installed._line_of(r[3], r[4])) for r in calls} == {(__file__, line)}
+
+
+def test_the_slow_path_notes_what_it_copied(installed):
+    import jax
+
+    g = jax.jit(lambda x, n: x + n)
+    installed._slow.clear()
+    g(np.ones((2, 3), np.float32), 1.5)  # first call: arguments sharded in Python
+    described = {(a.name, a.kind, a.shape) for r in installed._slow for a in r[4]}
+    if not NEW_JAX:  # jax before 0.5: cache_miss holds no function to name the parameters by
+        described = {(("x", "n")[int(name[3:])], kind, shape) for name, kind, shape in described}
+    assert described == {("x", NUMPY, "float32[2,3]"), ("n", PY_SCALAR, "float[]")}
+
+
+def _in_a_fresh_thread(fn):
+    """``fn()`` on a new thread: one with no thread-local jax settings (jax
+    leaves a thread's own post hook None after any debug_nans(False) block,
+    and earlier tests in this process ran some on the main thread)."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def test_debug_nans_still_raises_through_the_chained_hook(installed):
+    """jax_debug_nans uses the same hook: switched on after jaxtop's, jaxtop
+    puts its own back in front and calls jax's after it, whose error is the
+    program's."""
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_debug_nans", True)
+    try:
+        installed.on_tick(Tick(now=time.time(), slow=True))
+        h = jax.jit(lambda x: jnp.sqrt(x) + 0.0)
+
+        def body():
+            h(jnp.ones(2))
+            before = len(installed._calls)
+            with pytest.raises(FloatingPointError):
+                h(-jnp.ones(2)).block_until_ready()
+            return len(installed._calls) > before
+
+        assert _in_a_fresh_thread(body)  # raised, and jaxtop noted the call
+    finally:
+        jax.config.update("jax_debug_nans", False)
+    installed.on_tick(Tick(now=time.time(), slow=True))
+    f, x = jax.jit(lambda x: jnp.log(x)), jnp.ones(2)
+    f(x)
+    before = len(installed._calls)
+    f(x)
+    assert len(installed._calls) == before + 1  # still noting calls with debug_nans off again
+
+
+def test_calls_are_noted_after_jax_sets_a_threads_own_hook(installed):
+    """jax evaluates some ops under ``debug_nans(False)`` (core.jaxpr_as_fun),
+    which leaves the thread's own post hook None: the global one was then
+    never called on that thread again (flax's nnx.jit train steps on the main
+    thread went unnoticed)."""
+    import jax
+    from jax._src import config
+
+    f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
+    f(x)
+    with config.debug_nans(False):
+        pass
+    before = len(installed._calls)
+    f(x)
+    assert len(installed._calls) == before + 1
+    if not NEW_JAX:
+        return  # jax before 0.5: a thread's own hook (debug_nans) replaces the global one: no note there
+    with jax.debug_nans(True):  # the user's own setting for the thread: jax's check still runs, after jaxtop's note
+        g = jax.jit(lambda x: jax.numpy.log(x) + 0.0)
+        g(x)
+        before = len(installed._calls)
+        with pytest.raises(FloatingPointError):
+            g(-x).block_until_ready()
+        assert len(installed._calls) > before
+
+
+def test_stop_gives_jax_its_hook_and_handlers_back():
+    pytest.importorskip("jax")
+    from jax._src import api
+    from jax._src.interpreters import pxla
+
+    from jaxtop.probes.transfer_sites import _hook_slot
+
+    handlers = dict(pxla.shard_arg_handlers)
+    probe = _probe()
+    probe.start()
+    slot = _hook_slot(api)
+    assert slot.get_global() is probe._our_hook
+    probe.stop()
+    assert slot.get_global() is None
+    assert pxla.shard_arg_handlers == handlers
+
+
+
+def test_notes_set_aside_while_nothing_transfers_still_tie_a_late_line():
+    """A quiet tick reads no note (a program that transfers nothing costs the
+    agent nothing per call), but keeps them a few ticks for a line the relay
+    reports late; one reported later than that is unattributed, never tied
+    to a later call."""
+    from jaxtop.probes.transfer_sites import HELD_TICKS
+
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time() - 5
+    probe._calls.append((threading.get_ident(), t0 + 0.001, "step", None, -1))
+    probe.on_tick(Tick(now=time.time()))  # quiet: set aside, unread
+    assert not probe._by_thread and len(probe._held) == 1
+    probe.take_stamps(_stamp("h2d", me, t0))
+    field = probe.on_tick(Tick(now=time.time()))
+    assert field["unattributed"] == {} and sum(s["count_total"] for s in field["sites"]) == 1
+    # Too late: the note went with the quiet ticks, and a later call must not take its line.
+    probe._calls.append((threading.get_ident(), t0 + 1.001, "step", None, -1))
+    for _ in range(HELD_TICKS + 1):
+        probe.on_tick(Tick(now=time.time()))
+    probe._calls.append((threading.get_ident(), t0 + 2.0, "step", None, -1))  # a later call
+    probe.take_stamps(_stamp("h2d", me, t0 + 1.0))
+    field = probe.on_tick(Tick(now=time.time()))
+    assert field["unattributed"] == {"h2d": 1} and "relay was more than" in " ".join(field["unattributed_reasons"])
+
+
+def test_the_hook_leaves_a_program_that_stopped_transferring_and_comes_back(installed, monkeypatch):
+    import jax
+
+    from jaxtop.probes import transfer_sites
+    from jaxtop.probes.transfer_notes import _hook_slot
+    from jax._src import api
+
+    monkeypatch.setattr(transfer_sites, "QUIET_S", 0.0)
+    f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
+    slot = _hook_slot(api)
+    installed.on_tick(Tick(now=time.time(), slow=True))  # the rate's first mark
+    for _ in range(2000):
+        f(x)
+    time.sleep(0.05)
+    installed.on_tick(Tick(now=time.time(), slow=True))
+    assert slot.get_global() is not installed._our_hook and not installed._active  # out: calls run nothing of ours
+    before = len(installed._calls)
+    f(x)
+    assert len(installed._calls) == before
+    installed.take_stamps(_stamp("h2d", threading.get_native_id(), time.time()))
+    field = installed.on_tick(Tick(now=time.time()))
+    assert slot.get_global() is installed._our_hook and installed._active  # a transfer: back in
+    assert "hook was out" in " ".join(field["unattributed_reasons"])
+
+
+def test_code_objects_no_note_needs_are_let_go(monkeypatch):
+    """A program that makes code at run time (exec in a loop) must not grow
+    the table of code objects the notes' keys name without end."""
+    from jaxtop.probes import transfer_sites
+
+    monkeypatch.setattr(transfer_sites, "MAX_CODES", 20)
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time() - 60
+    for k in range(60):  # each call from a code object of its own, half a second apart, the line tied
+        code = compile("pass", f"/w/gen{k}.py", "exec")
+        probe._calls.append((threading.get_ident(), t0 + k * 0.5 + 0.01, "step", code, 0))
+        probe.take_stamps(_stamp("h2d", me, t0 + k * 0.5))
+        field = probe.on_tick(Tick(now=t0 + k * 0.5 + 0.05))
+    assert len(probe._codes) <= 2 * transfer_sites.MAX_CODES
+    listed = sum(s["count_total"] for s in field["sites"]) + (field["other"] or {}).get("count_total", 0)
+    assert field["sites_total"] == 60 and listed == 60 and field["unattributed"] == {}
+
+
+def test_a_report_while_the_hook_is_out_puts_it_back_before_the_next_tick(installed, monkeypatch):
+    """The waker: the relay has something to report (a transfer was logged),
+    and the hook goes back at once, from that moment; the next tick closes
+    the spell there, and a report that carried no transfer closes it too
+    (the hook then leaves again by the quiet rule)."""
+    import jax
+
+    from jaxtop.probes import transfer_sites
+    from jaxtop.probes.transfer_notes import _hook_slot
+    from jax._src import api
+
+    monkeypatch.setattr(transfer_sites, "QUIET_S", 0.0)
+    reported = threading.Event()
+    installed.wait_report = lambda timeout_s: reported.wait(timeout_s)
+    f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
+    slot = _hook_slot(api)
+    installed.on_tick(Tick(now=time.time(), slow=True))
+    for _ in range(2000):
+        f(x)
+    time.sleep(0.05)
+    installed.on_tick(Tick(now=time.time(), slow=True))
+    assert not installed._active and installed._out_since is not None
+    before = time.time()
+    reported.set()
+    wait_for = time.monotonic() + 5
+    while not installed._active and time.monotonic() < wait_for:
+        time.sleep(0.01)
+    assert installed._active and slot.get_global() is installed._our_hook  # back, no tick needed
+    back = installed._back_at
+    assert back is not None and back >= before
+    installed.on_tick(Tick(now=time.time() + 5))  # no stamps came: the spell still ends where the hook came back
+    assert installed._out_since is None and installed._back_at is None
+    assert installed._hook_out[-1][1] == back
+
+
+def test_generated_code_does_not_grow_what_the_probe_keeps(installed):
+    """A program that makes a function per call with exec, each with a file
+    of its own: the hook's file names, the library filter's answers and the
+    lines worked out stay within their caps (they grew without end: 400,000
+    generated functions took the program from 222 to 482 MB)."""
+    import jax
+
+    from jaxtop.probes import transfer_notes, transfer_sites
+    from jaxtop.probes.frames import LIBRARY, MAX_FILES_CACHED
+
+    step = jax.jit(lambda x: x + 1)
+    value = jax.numpy.ones(2)
+    step(value)
+    n = transfer_notes.MAX_FILES + 500
+    codes = []
+    for i in range(n):
+        namespace = {"step": step, "value": value}
+        exec(compile("def gen():\n    return step(value)\n", f"<generated {i}>", "exec"), namespace)
+        namespace["gen"]()
+        codes.append(namespace["gen"].__code__)
+    assert len(installed._user) <= transfer_notes.MAX_FILES
+    assert len(LIBRARY._cache) <= MAX_FILES_CACHED and len(LIBRARY._core_cache) <= MAX_FILES_CACHED
+    for code in codes:
+        installed._line_of(code, 0)
+    assert len(installed._lines) <= transfer_sites.MAX_LINES_CACHED + 1
