@@ -24,11 +24,13 @@ def test_a_directions_bytes_are_never_below_the_sum_of_its_lines():
     (proc,) = snap.processes
     view = proc.transfer_sites
     lines_total = sum(s.bytes_total for s in view.sites if s.direction == "h2d" and s.bytes_total is not None)
-    lines_rate = sum(s.bytes_per_s for s in view.sites if s.direction == "h2d" and s.bytes_per_s is not None)
+    counted = sum(s.count_total for s in view.sites if s.direction == "h2d" and s.bytes_total is not None)
     h2d = proc.transfers["h2d"]
     assert h2d.bytes_known_total == 4096 < lines_total
     assert (h2d.bytes_total, h2d.bytes_total_inferred) == (lines_total, True)
-    assert h2d.bytes_per_s == pytest.approx(lines_rate) and h2d.bytes_per_s_inferred
+    # The direction's own count rate at the lines' bytes per transfer: count/s
+    # and bytes/s of one window.
+    assert h2d.bytes_per_s == pytest.approx(h2d.count_per_s * lines_total / counted) and h2d.bytes_per_s_inferred
     d2h = proc.transfers["d2h"]
     assert (d2h.bytes_total, d2h.bytes_total_inferred) == (0, False)
     # Where the log knows more than the lines, the log's figure stays.

@@ -114,7 +114,15 @@ def _with_lines(rates: dict[str, TransferView], sites: TransferSitesView | None)
     arguments)."""
     if sites is None or not sites.sites:
         return rates
-    return {d: r.with_lines(*sites.bytes_of(d)) for d, r in rates.items()}
+    out = {}
+    for d, r in rates.items():
+        total, counted = sites.bytes_of(d)
+        # The rate: the direction's own count rate times the lines' bytes
+        # per transfer, so that count/s and bytes/s speak of the same window.
+        per = total / counted if total and counted else None
+        rate = r.count_per_s * per if per is not None and r.count_per_s is not None else None
+        out[d] = r.with_lines(total, rate)
+    return out
 
 
 def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t: float | None) -> DeviceView:

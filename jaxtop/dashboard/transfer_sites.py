@@ -187,20 +187,18 @@ class TransferSitesView:
     def unattributed_total(self) -> int:
         return sum(self.unattributed.values())
 
-    def bytes_of(self, direction: str) -> tuple[int | None, float | None]:
-        """The bytes the lines sent carry in ``direction``: since start, and
-        per second now; each a lower bound (a line of unknown size, and the
-        lines beyond the ones sent, add nothing); None where no line has one."""
+    def bytes_of(self, direction: str) -> tuple[int | None, int]:
+        """The bytes the lines sent carry in ``direction`` since start (a
+        lower bound: a line of unknown size, and the lines beyond the ones
+        sent, add nothing; None where no line has a size), and how many
+        transfers those bytes are of."""
         total: int | None = None
-        rate: float | None = None
+        counted = 0
         for s in self.sites:
-            if s.direction != direction:
-                continue
-            if s.bytes_total is not None:
+            if s.direction == direction and s.bytes_total is not None:
                 total = (total or 0) + s.bytes_total
-            if s.bytes_per_s is not None:
-                rate = (rate or 0.0) + s.bytes_per_s
-        return total, rate
+                counted += s.count_total
+        return total, counted
 
     @property
     def arrays(self) -> tuple[TransferSiteView, ...]:
