@@ -140,7 +140,13 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
                 try:
                     os.killpg(process.pid, sig)
                 except (ProcessLookupError, PermissionError):
-                    return
+                    # Not a session of its own (a textual-serve that no longer
+                    # opens the process through _open_app_process): the shell
+                    # alone, which runs the dashboard in its place (exec).
+                    try:
+                        process.send_signal(sig)
+                    except ProcessLookupError:
+                        return
                 try:
                     await asyncio.wait_for(process.wait(), wait_s)
                     return
