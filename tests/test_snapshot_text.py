@@ -1,6 +1,6 @@
-"""What a process's view says beside its figures: the time axis of the
-timelines, and jaxtop's own cost where it outgrows its ceiling (model →
-snapshot text and the Host panel)."""
+"""What a process's view says beside its figures: the timelines' title
+against the header's uptime, and jaxtop's own cost where it outgrows its
+ceiling (model → snapshot text and the panels)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,6 @@ import io
 from rich.console import Console
 
 from test_transfer_sites_dashboard import model_of, stream
-
-
-def test_the_time_axis_starts_at_the_first_sample_not_its_bucket():
-    """A coarse level stamps its rows with the bucket's start, up to 10 s
-    before the first sample: the axis (and its "so far") starts at the
-    sample (the chip's screens read "24s so far" beside "up 20s")."""
-    import numpy as np
-
-    from jaxtop.dashboard.history import Window
-    from jaxtop.dashboard.snapshot import _span
-
-    rows = np.zeros((3, 1))
-    coarse = Window(np.array([1000.0, 1010.0, 1020.0]), rows, rows, 10.0)
-    assert _span(coarse, 600.0, 1024.3, first_t=1004.3) == (1004.3, 1024.3)
-    assert _span(coarse, 600.0, 1024.3) == (1000.0, 1024.3)  # no first sample known: the bucket's
-    assert _span(coarse, 10.0, 1024.3, first_t=1004.3) == (1014.3, 1024.3)  # the window still bounds it
 
 
 def test_an_agent_over_its_ceiling_says_so_with_the_figure():

@@ -93,7 +93,7 @@ def process_view(p: ProcessModel, window_s: float | None, wall: float, mono: flo
         job=hello.job,
         detail_na=hello.detail_na,
         last_profile=ProfileView.from_wire(p.last_profile),
-        span=_span(history, window_s, end_t, p.history.first_t),
+        span=_span(history, window_s, end_t),
         demo=p.demo,
         external=hello.external.note or None if hello.external is not None else None,
         nvml=NvmlView.from_wire(latest.nvml),
@@ -206,8 +206,7 @@ def _started_t(p: ProcessModel) -> float | None:
     return p.hello.started_t
 
 
-def _span(history: Window, window_s: float | None, end_t: float | None,
-          first_t: float | None = None) -> tuple[float, float] | None:
+def _span(history: Window, window_s: float | None, end_t: float | None) -> tuple[float, float] | None:
     """The time axis all timelines of a process share.
 
     It ends at the last sample and reaches back ``window_s`` (the whole run
@@ -216,16 +215,9 @@ def _span(history: Window, window_s: float | None, end_t: float | None,
     appear after the process's first samples (when the program creates its
     backend), so their strips start blank at the left: that is when there
     was no device memory yet.
-
-    A coarse level's rows are stamped with their bucket's start, up to a
-    bucket before the first sample: ``first_t`` (the oldest sample's own
-    time) keeps the axis, and the "so far" of its title, from reaching
-    before the run (it read 24 s beside a header's "up 20s").
     """
     if end_t is None:
         return None
     first = float(history.t[0]) if len(history.t) else end_t
-    if first_t is not None:
-        first = max(first, min(first_t, end_t))
     start = max(end_t - window_s, first) if window_s else first
     return (min(start, end_t - MIN_SPAN_S), float(end_t))
