@@ -27,3 +27,23 @@ def test_an_agent_over_its_ceiling_says_so_with_the_figure():
     assert "jaxtop 3.1% of a core, over its 0.5% ceiling" in console.export_text()
     records[-1]["agent"]["cpu_share"] = 0.0045  # under it: nothing said
     assert "over its" not in snapshot_text(model_of(records).snapshot(now=0.0))
+
+
+def test_the_timelines_never_say_the_run_is_longer_than_its_uptime():
+    """A coarse level's first row is stamped with its bucket's start, before
+    the run began: the title said "24s so far" beside the header's "up 20s"."""
+    import dataclasses
+
+    from jaxtop.widgets.panels import TimelinePanel
+
+    snap = model_of(stream()).snapshot(now=0.0)
+    (proc,) = snap.processes
+    start, end = proc.span
+    early = dataclasses.replace(proc, span=(start - 4.0, end), uptime_s=end - start)
+    snap = dataclasses.replace(snap, processes=(early,))
+    console = Console(width=120, record=True, file=io.StringIO(), color_system=None)
+    console.print(TimelinePanel().draw(snap, 120, 12))
+    title = console.export_text().splitlines()[0]
+    from jaxtop.widgets.fmt import fmt_duration
+
+    assert f"{fmt_duration(end - start)} so far" in title, title

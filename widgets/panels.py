@@ -128,7 +128,12 @@ class TimelinePanel(Panel):
         if snap.window_s is not None and end - start < snap.window_s - 1:
             # The run is shorter than the window: the axis spans the run, and
             # the title says so rather than a window the chart does not show.
-            window = f"{fmt_duration(end - start)} so far"
+            # A coarse level's first row is stamped with its bucket's start,
+            # up to a bucket before the run began: the run's length is never
+            # said longer than the header's uptime (it read "24s so far"
+            # beside "up 20s").
+            so_far = end - start if proc.uptime_s is None else min(end - start, proc.uptime_s)
+            window = f"{fmt_duration(so_far)} so far"
         bucket = max(dev.timeline.bucket_s, proc.history.bucket_s)
         buckets = f"{bucket:g}s buckets (min/max)" if bucket else "raw samples"
         rate = fmt_rate(dev.allocs_per_s, "allocs") if dev.allocs_per_s is not None else f"allocs/s n/a ({dev.allocs_reason})"
