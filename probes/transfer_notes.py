@@ -30,7 +30,7 @@ from collections import deque
 from typing import Any, Callable
 
 from jaxtop.probes.forksafe import ForkLock
-from jaxtop.probes.frames import HOOK_CODES, LIBRARY, LibraryFilter, jitted_name
+from jaxtop.probes.frames import HOOK_CODES, LIBRARY, MAX_FILES_CACHED, LibraryFilter, jitted_name
 from jaxtop.probes.transfer_values import MAX_ARGS, ArgInfo, describe_value, literal_kind
 
 __all__ = ["CallNotes", "MAX_WALK", "RING"]
@@ -41,8 +41,9 @@ __all__ = ["CallNotes", "MAX_WALK", "RING"]
 #: stretches). A loss is counted, never guessed (transfer_sites).
 RING = 1 << 16
 #: File names the hook remembers as the user's or not (then forgotten all
-#: at once: generated code can make a file name per function).
-MAX_FILES = 20_000
+#: at once: generated code can make a file name per function); the library
+#: filter's own cache has the same bound.
+MAX_FILES = MAX_FILES_CACHED
 #: How often the thread that waits for a transfer while the hook is out
 #: looks whether its spell ended otherwise (seconds).
 WAKE_POLL_S = 1.0
