@@ -97,6 +97,23 @@ def test_a_dashboard_ends_when_its_client_goes(tmp_path, child_env, how):
         asyncio.run(_talk(ws_url, "close"))
 
 
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_reloaded_page_gets_its_dashboard(tmp_path, child_env, how):
+    """A page reloaded: the new websocket arrives while the last tab's
+    dashboard is still ending. It waits for it, and is not refused as a
+    second tab (409)."""
+    pytest.importorskip("aiohttp", reason="textual-serve (and aiohttp) not installed")
+    recording = tmp_path / "run.jsonl"
+    write_recording(recording, samples=100)
+    with serving(recording, free_port(), child_env, tmp_path) as served:
+        ws_url, _ = ws_url_of(served.url())
+        for _ in range(3):
+            asyncio.run(_talk(ws_url, how))  # raises WSServerHandshakeError on a 409
+        alive = _all_gone(_dashboards(served.proc.pid), GONE_WITHIN_S)
+        _kill_all(alive)
+        assert not alive, f"still running {GONE_WITHIN_S:g} s after the last tab left: {alive}"
+
+
 def test_sigterm_stops_the_server_and_its_dashboard_while_a_client_is_connected(tmp_path, child_env):
     pytest.importorskip("aiohttp", reason="textual-serve (and aiohttp) not installed")
     import aiohttp

@@ -46,6 +46,10 @@ KILL_S = 2.0
 #: Seconds the server waits for its connections once told to stop (each
 #: dashboard is ended first, so none needs longer).
 SHUTDOWN_S = 3.0
+#: Seconds a new tab waits for the dashboard of a tab that has just gone (a
+#: page reloaded: the old websocket closes as the new one opens) before it is
+#: refused as a second tab: that dashboard's whole ending, and a margin.
+REOPEN_S = QUIT_S + 2 * KILL_S + 1.0
 #: prctl's option: the signal a child gets when its parent dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
 
@@ -156,6 +160,7 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
     class JaxtopServer(Server):
         connections = doors
         sessions = 0
+        leaving = 0  # of those sessions, the ones whose tab has gone and whose dashboard is ending
         live: set[tuple[Any, Any]] = set()  # (service, websocket) of the open tab
         service_type = Dashboard
 
@@ -175,6 +180,12 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
             return app
 
         async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
+            if JaxtopServer.sessions and JaxtopServer.sessions == JaxtopServer.leaving:
+                # A reloaded page, or a tab reopened: the last one's dashboard
+                # is ending (within REOPEN_S, whatever it does); wait for it.
+                deadline = asyncio.get_running_loop().time() + REOPEN_S
+                while JaxtopServer.sessions and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.05)
             if JaxtopServer.sessions:
                 return web.Response(status=409, text="jaxtop serve: the dashboard is open in another tab (one at a "
                                                       "time); close it, or start another jaxtop serve")
@@ -196,9 +207,13 @@ def make_server(command: str, host: str, port: int, token: str, title: str) -> A
             finally:
                 # Whatever ended the session (a close, a dropped connection,
                 # a message textual-serve could not read), the dashboard ends.
-                await service.end()
-                JaxtopServer.live.discard(entry)
-                JaxtopServer.sessions -= 1
+                JaxtopServer.leaving += 1
+                try:
+                    await service.end()
+                finally:
+                    JaxtopServer.live.discard(entry)
+                    JaxtopServer.sessions -= 1
+                    JaxtopServer.leaving -= 1
                 if not websocket.closed:
                     await websocket.close()
             return websocket
