@@ -33,7 +33,7 @@ from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import HOOK_CODES, LIBRARY, MAX_FILES_CACHED, LibraryFilter, jitted_name
 from jaxtop.probes.transfer_values import MAX_ARGS, ArgInfo, describe_value, literal_kind
 
-__all__ = ["CallNotes", "MAX_WALK", "RING"]
+__all__ = ["CallNotes", "MAX_WALK", "RING", "SEALED"]
 
 #: Notes the program's threads can leave between two of the agent's ticks
 #: (100 ms apart): 650,000 jitted calls a second before any is lost; 325,000
@@ -49,6 +49,9 @@ MAX_FILES = MAX_FILES_CACHED
 WAKE_POLL_S = 1.0
 #: Frames walked from the hook to the user's code at most.
 MAX_WALK = 48
+#: The instruction offset of a note made once no more lines are kept apart
+#: (no function, no code object: its line can only be one of "the rest").
+SEALED = -2
 
 
 class _GlobalStateSlot:
@@ -145,6 +148,12 @@ class CallNotes:
         self._back_at: float | None = None
         self._hook_lock = ForkLock()
         self._user: dict[str, bool] = {}  # file name -> is it the user's
+        # The files of the kept lines once no more lines are kept apart (the
+        # agent sets it when its table of lines is full; None before). A call
+        # from a user file outside it is then noted as SEALED: it can only be
+        # counted as one of "the rest", and nothing of it (its code object)
+        # is held for the agent to work out.
+        self.kept_files: frozenset[str] | None = None
         # id(function) -> calls of it still to describe. Keyed by id: a jitted
         # function may be unhashable (flax's nnx.jit wraps objects that define __eq__).
         self._want: dict[int, int] = {}
@@ -328,6 +337,10 @@ class CallNotes:
         user's, or the function's arguments were asked for: the user's frame
         is walked to (innermost outside library code), the arguments read."""
         frame = self._user_frame(frame)
+        kept = self.kept_files
+        if kept is not None and frame is not None and frame.f_code.co_filename not in kept:
+            self._calls.append((threading.get_ident(), time.perf_counter(), None, None, SEALED))
+            return
         site = (frame.f_code, frame.f_lasti) if frame is not None else (None, -1)
         if self._want and id(fun) in self._want:
             described = self._describe_call(fun, args, kwargs)

@@ -53,7 +53,7 @@ import numpy as np
 from jaxtop.probes.base import Tick
 from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import LIBRARY, LibraryFilter
-from jaxtop.probes.transfer_notes import RING, CallNotes, _hook_slot
+from jaxtop.probes.transfer_notes import RING, SEALED, CallNotes, _hook_slot
 from jaxtop.probes.transfer_site import Site, same_callee
 from jaxtop.probes.transfer_timeline import KeyTable, Timeline, file_calls, parse_stamps, tie
 from jaxtop.probes.transfer_values import MAX_ARGS, NUMPY, PY_SCALAR, ArgInfo, cut, describe_value
@@ -93,9 +93,23 @@ SITES_SENT = 50
 #: Sites kept at most (a program with ever-new lines: the rest counted apart).
 MAX_SITES = 2000
 #: Code objects kept for the notes' keys before those no note needs are let go.
+#: Where the notes of the last seconds alone name more (generated code: a
+#: function made, called once and dropped, thousands a second), their lines
+#: are worked out then and the code objects let go: a code object is ~1 KB,
+#: and holding each for the notes' RETAIN_S grew the program by ~110 MB at
+#: 19,000 new functions a second.
 MAX_CODES = 10_000
 #: Lines of code objects worked out and kept (each entry keeps its code alive).
-MAX_LINES_CACHED = 20_000
+MAX_LINES_CACHED = 4_000
+
+def line_at(code: Any, lasti: int) -> int:
+    """The line of instruction offset ``lasti`` in ``code``: what a frame's
+    f_lineno would have said."""
+    for start, end, number in code.co_lines():
+        if start <= lasti < end and number is not None:
+            return number
+    return code.co_firstlineno
+
 
 def _foreign_thread_reason(native: int) -> str:
     """Why a line's thread is none of this program's Python threads: a
@@ -143,6 +157,7 @@ class TransferSitesProbe(CallNotes):
         self._codes: dict[int, Any] = {}  # id(code) -> code, for the notes' keys (kept: no other code has its id)
         self._pending: dict[tuple[str, int], np.ndarray] = {}  # (direction, native thread) -> lines waiting
         self._table = KeyTable()  # the notes' keys as small codes, shared by the timelines
+        self._compact_at = MAX_CODES  # the table's size at which it is next compacted
         self._described_seen = 0  # described_notes when the notes were last filed
         self._native: dict[int, int] = {}  # native thread id -> ident
         self._sites: dict[tuple, Site] = {}
@@ -271,11 +286,7 @@ class TransferSitesProbe(CallNotes):
         kept = self._lines.get(key)
         if kept is not None and kept[0] is code:  # the code itself is kept: its id is not another's
             return kept[1]
-        line = code.co_firstlineno
-        for start, end, number in code.co_lines():
-            if start <= lasti < end and number is not None:
-                line = number
-                break
+        line = line_at(code, lasti)
         if len(self._lines) > MAX_LINES_CACHED:
             self._lines.clear()  # it holds the code objects: generated code must not pile them up
         self._lines[key] = (code, line)
@@ -301,7 +312,7 @@ class TransferSitesProbe(CallNotes):
         for batch in batches:
             if len(batch) >= RING:  # the ring overflowed: lines before its oldest note may have lost theirs
                 lost = max(lost, batch[0][1] + offset)
-            if len(self._codes) > MAX_CODES or len(self._table) > MAX_CODES:
+            if len(self._codes) > MAX_CODES or len(self._table) > self._compact_at:
                 self._forget_codes()
             for ident, times, codes, extras, funs, code_objects in file_calls(batch, offset, self._table, look):
                 for fun in funs.values():
@@ -339,8 +350,31 @@ class TransferSitesProbe(CallNotes):
         line of each site works its note out again, once."""
         self._table.compact([*self._by_thread.values(), *self._reads.values()])
         needed = {key[1] for key in self._table.keys if type(key[0]) is int}
-        self._codes = {cid: code for cid, code in self._codes.items() if cid in needed}
+        if len(needed) > MAX_CODES // 2:
+            # The notes of the last seconds alone name this many: each
+            # fast-path key becomes its settled place, worked out now while
+            # its code is still held, and no code object is kept for them.
+            # A later code object given a freed one's id gets a key of its
+            # own: the old key is no longer in the table.
+            self._table.rewrite(self._settled)
+            self._codes = {}
+            self._lines.clear()
+        else:
+            self._codes = {cid: code for cid, code in self._codes.items() if cid in needed}
+        # Compacted again once the table has doubled: a window of notes
+        # larger than MAX_CODES is not compacted on every drain.
+        self._compact_at = max(MAX_CODES, 2 * len(self._table))
         self._known.clear()
+
+    def _settled(self, key: Any) -> Any:
+        """A fast-path note's key ``(id(function), id(code), offset)`` as
+        ``("w", id(function), (file, line, function name))``; others as they are."""
+        if type(key) is not tuple or type(key[0]) is not int or key[2] == SEALED:
+            return key
+        fun_id, code_id, lasti = key
+        code = self._codes.get(code_id)
+        where = (code.co_filename, line_at(code, lasti), code.co_name) if code is not None else ("", 0, "<no user frame>")
+        return ("w", fun_id, where)
 
     def _resolve(self, note: tuple) -> tuple[tuple, str, bool, Any, bool, Any]:
         """(site key without direction, callee name, op, arguments, observed, function) of a note."""
@@ -353,6 +387,11 @@ class TransferSitesProbe(CallNotes):
             code, line = site if site is not None else (None, 0)
             where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
             return where, (callee or "?"), False, described, True, None
+        if tag == "w":  # a fast-path call settled (its code let go): ("w", id(fun), (file, line, function))
+            _, fun_id, where = note
+            kept = self._names.get(fun_id)
+            name, op, _ = kept[1] if kept is not None else ("?", False, ())
+            return where, name, op, None, False, (kept[0]() if kept is not None else None)
         if tag == "d":  # a fast-path call whose arguments were read: ("d", id(fun), code, offset, arguments)
             _, fun_id, code, lasti, described = note
         else:  # a fast-path call: (id(fun), id(code), offset)
@@ -482,6 +521,9 @@ class TransferSitesProbe(CallNotes):
         """``n`` lines of ``direction`` made by ``calls`` calls (or reads) of
         the note's site, the latest at ``t``."""
         fast = type(note[0]) is int  # a fast-path call: (id(function), id(code), offset)
+        if fast and note[2] == SEALED:  # noted once no more lines were kept apart, from a file of none of them
+            self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart", n)
+            return
         if fast:
             # The common case, a fast-path call at a line already described: counts only.
             # The code is kept beside the site, so the id is no other code's.
@@ -508,6 +550,9 @@ class TransferSitesProbe(CallNotes):
                 return
             site = self._sites[key] = Site()
             self._site_files.add(where[0])
+            if len(self._sites) >= MAX_SITES:
+                # Full: the hook notes calls from other files as SEALED from now on.
+                self.kept_files = frozenset(self._site_files)
         if fast and len(self._known) < 4 * MAX_SITES:
             self._known[(direction, note)] = (self._codes.get(note[1]), site)
         callee = name if direction == "d2h" else name + (" (op)" if op else "")

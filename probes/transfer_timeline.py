@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from binascii import unhexlify
 from operator import itemgetter
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -106,6 +106,12 @@ class KeyTable:
         self._codes = _Codes(self.keys)
         for tl in timelines:
             tl.codes = renumber[tl.codes]
+
+    def rewrite(self, new_key: Callable[[Any], Any]) -> None:
+        """Each key replaced by ``new_key(key)``, its code unchanged (keys
+        that become equal share the code the later one had for new notes)."""
+        self.keys[:] = [new_key(key) for key in self.keys]
+        self._codes = _Codes(self.keys)
 
 
 class _Codes(dict):

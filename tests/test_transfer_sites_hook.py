@@ -220,6 +220,44 @@ def test_code_objects_no_note_needs_are_let_go(monkeypatch):
     assert field["sites_total"] == 60 and listed == 60 and field["unattributed"] == {}
 
 
+def test_notes_of_more_code_objects_than_kept_settle_their_lines_and_let_go(monkeypatch):
+    """Within the notes' seconds alone, more code objects than MAX_CODES
+    (generated code at thousands of functions a second): their lines are
+    worked out while the code is held, the code objects let go, and each
+    line still goes to its own file and line when its transfer comes later."""
+    import gc
+    import weakref
+
+    from jaxtop.probes import transfer_sites
+
+    monkeypatch.setattr(transfer_sites, "MAX_CODES", 20)
+    probe, me = _probe(), threading.get_native_id()
+    t0 = time.time() - 10
+    refs = []
+
+    def note(k: int) -> None:  # the call of line k, from a code object of its own (line 3 at offset 4)
+        code = compile("\n\nx = 1\n", f"/w/gen{k}.py", "exec")
+        refs.append(weakref.ref(code))
+        probe._calls.append((threading.get_ident(), t0 + k * 0.01 + 0.001, "step", code, 4))
+
+    for k in range(30):
+        note(k)
+    probe.take_stamps(_stamp("h2d", me, t0))  # line 0 now: the 30 notes are filed
+    probe.on_tick(Tick(now=t0 + 0.35))
+    for k in range(30, 40):
+        note(k)
+    probe.take_stamps(_stamp("h2d", me, t0 + 0.01))  # line 1: 30 code objects > 20, the notes settle
+    probe.on_tick(Tick(now=t0 + 0.45))
+    assert probe._table.keys and all(key[0] == "w" for key in probe._table.keys[:30] if key is not None)
+    probe.take_stamps(_stamp("h2d", me, *(t0 + k * 0.01 for k in range(2, 40))))  # the rest, late
+    field = probe.on_tick(Tick(now=t0 + 0.5))
+    got = {(s["file"], s["line"], s["count_total"]) for s in field["sites"]}
+    assert field["sites_total"] == 40 and field["unattributed"] == {}, field
+    assert len(field["sites"]) < 40 or got == {(f"/w/gen{k}.py", 3, 1) for k in range(40)}, got
+    gc.collect()
+    assert all(ref() is None for ref in refs[:30]), "settled notes still hold their code objects"
+
+
 def test_a_report_while_the_hook_is_out_puts_it_back_before_the_next_tick(installed, monkeypatch):
     """The waker: the relay has something to report (a transfer was logged),
     and the hook goes back at once, from that moment; the next tick closes

@@ -93,3 +93,22 @@ def test_a_subprocess_writing_to_the_programs_stderr_is_named_as_such(child_env,
     assert reasons.get("made by another process writing to this program's stderr (a forked child, a subprocess)") == 5
     assert not any("without Python code" in r for r in reasons), reasons
     assert any(s["line"] == own and s["count_total"] == 1 for s in sites["sites"]), sites["sites"]
+
+
+def test_generated_code_past_the_lines_kept_is_not_held(child_env, tmp_path):
+    """30,000 functions made with exec, each transferring once from a file of
+    its own: past the lines kept apart, nothing of the program is held for
+    the agent (each call's code object was held for the notes' seconds: all
+    30,000 alive at the end, 110 MB at 200,000), and their transfers are
+    counted as the rest, with the reason."""
+    from jaxtop.probes.transfer_sites import MAX_CODES, MAX_SITES
+
+    log = tmp_path / "run.jsonl"
+    proc = subprocess.run([PY, "-m", "jaxtop", "run", "--log", str(log), str(TARGETS / "generated_code.py"), "30000"],
+                          cwd=TARGETS, env=child_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alive = int(proc.stdout.rsplit("alive=", 1)[1])
+    assert alive <= MAX_CODES // 2, proc.stdout
+    sites = _last_sites(log)
+    reasons = sites.get("unattributed_reasons") or {}
+    assert any(f"more than {MAX_SITES} lines" in r for r in reasons), reasons
