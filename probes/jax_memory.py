@@ -314,6 +314,8 @@ class JaxMemoryProbe:
         self._detail_t: float | None = None  # when the detail was derived
         self._detail_new: set[int] = set()  # devices whose detail no sample carried yet
         self._scans = 0
+        #: Why the live-array scans stopped ($JAXTOP_MAX_PAUSE_MS), sent with each device's live_arrays.
+        self.scan_held: str | None = None
         # Per device: (scan number, allocator stats, record) of the last
         # sample, reused while neither changed (most ticks, on CPU always
         # between scans): the agent's encoder then reuses its bytes too.
@@ -463,6 +465,8 @@ class JaxMemoryProbe:
             }
             if detail.get("holes") is not None:
                 live_summary["holes"] = detail["holes"]
+            if self.scan_held is not None:
+                live_summary["held"] = self.scan_held
             if d.id in self._in_use_at_scan:
                 live_summary["in_use_bytes"] = self._in_use_at_scan[d.id]
             if dev is not None and dev.unmapped.get(NOT_READY):

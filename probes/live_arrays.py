@@ -300,6 +300,10 @@ class LiveArrays:
         #: the CPU seconds reading them took (listing and comparing not counted).
         self.read_last = 0
         self.read_cpu_s = 0.0
+        #: How long the last ``jax.live_arrays()`` call took (seconds, wall:
+        #: the program's threads waited that long), over how many arrays.
+        self.call_s: float | None = None
+        self.call_count = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -314,7 +318,11 @@ class LiveArrays:
 
     def scan(self) -> bool:
         """One pass over ``jax.live_arrays()``; True when anything changed."""
+        called = time.perf_counter()
         live = self._live_arrays()
+        # The call holds the interpreter throughout (one call into jaxlib):
+        # its wall time is the pause it put on the program's threads.
+        self.call_s, self.call_count = time.perf_counter() - called, len(live)
         self.read_last = 0
         self.read_cpu_s = 0.0
         # Each C call over every array holds the interpreter throughout: at

@@ -274,6 +274,8 @@ class Agent(AgentLoop):
         undo.append(lambda: atexit.unregister(self._atexit))
         _agents.add(self)
         undo.append(lambda: _agents.discard(self))
+        if self.devices.max_pause_error:
+            self._notice(f"jaxtop: {self.devices.max_pause_error}")
         when_imported("jax", self._on_jax_imported)  # a no-op once stopped
         self._thread = threading.Thread(target=self._run, name="jaxtop-agent", daemon=True)
         self._thread.start()

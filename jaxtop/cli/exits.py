@@ -47,6 +47,9 @@ environment:
                              asks (those reads go uncounted, and the screen says so); 0: never wrap
   JAXTOP_TRANSFER_SITES      0: do not tie implicit transfers to the program's lines (no hook on jitted
                              calls; transfers are still counted)
+  JAXTOP_MAX_PAUSE_MS        stop scanning live arrays once a scan paused the program longer than this
+                             (jax.live_arrays() holds the interpreter ~0.2 us an array: 9.6 ms at 50,000);
+                             the screen then shows the last scan's totals and says why
   JAXTOP_ADVISE_WHOLE        1: `jaxtop advise FILE` decodes every line of a big recording instead of its
                              last window (benchmarks/advice.py compares the two)"""
 

@@ -167,6 +167,7 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
         unmapped=dict(s.unmapped),
         live_holes=live.holes,
         live_age_s=live_age_s,
+        live_held=live.held,
         map_age_s=_age(end_t, s.map_t),
         in_use_at_scan_bytes=live.in_use_bytes,
         # Older agents said it only in the map's samples (``unmapped``).

@@ -113,6 +113,9 @@ class DeviceView:
     #: where the stream does not say (older agents).
     live_age_s: float | None = None
     map_age_s: float | None = None
+    #: Why the agent scans no more ($JAXTOP_MAX_PAUSE_MS), with the figure;
+    #: None while it scans.
+    live_held: str | None = None
     #: The allocator's bytes in use read right after that scan (newer
     #: agents; None without allocator statistics): compared with
     #: ``live_bytes`` it gives the memory that belonged to no live array.
