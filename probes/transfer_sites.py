@@ -67,8 +67,17 @@ MATCH_WINDOW_S = 3.0
 #: Records are kept this long after they are read from the program's threads.
 RETAIN_S = 6.0
 #: The post hook is taken out after this long without an implicit transfer
-#: (seconds), and put back with the next one.
-QUIET_S = 10.0
+#: (seconds), and put back with the next one (by a thread of jaxtop's that
+#: waits on the relay: only the calls before the first report go without a
+#: line, the first call's as a rule). While in, the hook costs each jitted
+#: call ~1-1.4 us (jax calls it with the call's arguments): 2 % of a 70 us
+#: step, so it leaves soon. A program whose transfers come back soon after
+#: each spell (an evaluation every few seconds) would lose its first call's
+#: lines every time: each spell shorter than QUIET_BACKOFF_SPELL_S doubles
+#: the wait, up to QUIET_MAX_S.
+QUIET_S = 2.0
+QUIET_MAX_S = 32.0
+QUIET_BACKOFF_SPELL_S = 60.0
 #: The longest file path the wire carries (a real one is far shorter).
 MAX_WIRE_PATH = 1024
 #: Ticks whose call notes are kept unread while nothing transfers (a line
@@ -147,6 +156,7 @@ class TransferSitesProbe(CallNotes):
         # spans it was out, whose lines cannot be tied to a call.
         self._last_stamp_t = -1e18
         self._hook_out: list[tuple[float, float]] = []  # (out since, back at)
+        self.quiet_s = QUIET_S  # seconds without a transfer before the hook leaves (grows: QUIET_BACKOFF_SPELL_S)
         self._fun_args: dict[str, tuple[ArgInfo, ...]] = {}  # a function's arguments as last seen named, by name
         self._stamps: list[bytes] = []
         self._unparsed: list[bytes] = []  # reports taken, read at the next tie
@@ -199,6 +209,8 @@ class TransferSitesProbe(CallNotes):
             # put it back (a report came), else from now. Lines before that
             # moment had no call to be tied to.
             self._hook_out.append((self._out_since, back if back is not None else tick.now))
+            if self._hook_out[-1][1] - self._out_since < QUIET_BACKOFF_SPELL_S:
+                self.quiet_s = min(QUIET_MAX_S, 2 * self.quiet_s)  # transfers come back soon: wait longer
             del self._hook_out[:-16]  # only the last spans are looked at (_while_out)
             self._out_since = None
             self._back_at = None
@@ -206,7 +218,7 @@ class TransferSitesProbe(CallNotes):
         if tick.slow and self._out_since is None:
             self._install_hook()  # jax_debug_nans switched on or off sets the hook anew
             rate = self._call_rate(tick.now)
-            if (self._hook_in_t is not None and tick.now - max(self._last_stamp_t, self._hook_in_t) > QUIET_S
+            if (self._hook_in_t is not None and tick.now - max(self._last_stamp_t, self._hook_in_t) > self.quiet_s
                     and rate is not None and rate > QUIET_CALLS_PER_S):
                 self._take_hook_out(tick.now)
         if tick.slow:
@@ -420,8 +432,8 @@ class TransferSitesProbe(CallNotes):
         for since, back in spans:
             lo, hi = np.searchsorted(lines, (since - 1.0, back)).tolist()
             if hi > lo:
-                self._give_up(direction, f"made while jaxtop's hook was out (no implicit transfer for "
-                              f"{QUIET_S:.0f} s before it); the next ones are tied to lines again", hi - lo)
+                self._give_up(direction, "made while jaxtop's hook was out (no implicit transfer for a few "
+                              "seconds before it); the next ones are tied to lines again", hi - lo)
                 lines = np.concatenate((lines[:lo], lines[hi:]))
         return lines
 

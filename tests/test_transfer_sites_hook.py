@@ -177,14 +177,13 @@ def test_notes_set_aside_while_nothing_transfers_still_tie_a_late_line():
     assert field["unattributed"] == {"h2d": 1} and "relay was more than" in " ".join(field["unattributed_reasons"])
 
 
-def test_the_hook_leaves_a_program_that_stopped_transferring_and_comes_back(installed, monkeypatch):
+def test_the_hook_leaves_a_program_that_stopped_transferring_and_comes_back(installed):
     import jax
 
-    from jaxtop.probes import transfer_sites
     from jaxtop.probes.transfer_notes import _hook_slot
     from jax._src import api
 
-    monkeypatch.setattr(transfer_sites, "QUIET_S", 0.0)
+    installed.quiet_s = 0.0  # leaves at the first slow tick
     f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
     slot = _hook_slot(api)
     installed.on_tick(Tick(now=time.time(), slow=True))  # the rate's first mark
@@ -258,18 +257,17 @@ def test_notes_of_more_code_objects_than_kept_settle_their_lines_and_let_go(monk
     assert all(ref() is None for ref in refs[:30]), "settled notes still hold their code objects"
 
 
-def test_a_report_while_the_hook_is_out_puts_it_back_before_the_next_tick(installed, monkeypatch):
+def test_a_report_while_the_hook_is_out_puts_it_back_before_the_next_tick(installed):
     """The waker: the relay has something to report (a transfer was logged),
     and the hook goes back at once, from that moment; the next tick closes
     the spell there, and a report that carried no transfer closes it too
     (the hook then leaves again by the quiet rule)."""
     import jax
 
-    from jaxtop.probes import transfer_sites
     from jaxtop.probes.transfer_notes import _hook_slot
     from jax._src import api
 
-    monkeypatch.setattr(transfer_sites, "QUIET_S", 0.0)
+    installed.quiet_s = 0.0  # leaves at the first slow tick
     reported = threading.Event()
     installed.wait_report = lambda timeout_s: reported.wait(timeout_s)
     f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
@@ -291,6 +289,36 @@ def test_a_report_while_the_hook_is_out_puts_it_back_before_the_next_tick(instal
     installed.on_tick(Tick(now=time.time() + 5))  # no stamps came: the spell still ends where the hook came back
     assert installed._out_since is None and installed._back_at is None
     assert installed._hook_out[-1][1] == back
+
+
+def test_transfers_that_come_back_soon_keep_the_hook_in_longer(installed):
+    """The hook leaves after a short quiet spell (it costs every jitted call
+    ~1 us while in); a program whose transfers come back soon after it left
+    (an evaluation every few seconds) doubles the wait each time, and one
+    whose spell was long (training, then evaluation) does not."""
+    import jax
+
+    f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
+
+    def leave_and_return(spell_s: float) -> None:
+        installed.on_tick(Tick(now=time.time(), slow=True))
+        for _ in range(2000):
+            f(x)
+        time.sleep(0.05)
+        installed.on_tick(Tick(now=time.time(), slow=True))
+        assert not installed._active and installed._out_since is not None
+        installed._out_since -= spell_s - 0.05  # as if it had been out that long
+        installed.take_stamps(_stamp("h2d", threading.get_native_id(), time.time()))
+        installed.on_tick(Tick(now=time.time()))
+        assert installed._active
+
+    installed.quiet_s = 0.01
+    leave_and_return(0.05)
+    assert installed.quiet_s == 0.02
+    leave_and_return(0.05)
+    assert installed.quiet_s == 0.04
+    leave_and_return(120.0)
+    assert installed.quiet_s == 0.04
 
 
 def test_generated_code_does_not_grow_what_the_probe_keeps(installed):
