@@ -74,6 +74,7 @@ from jaxtop.probes.pprof import ProfileTotals, SiteStats, aggregate_profile
 from jaxtop.probes.forksafe import ForkLock
 
 __all__ = [
+    "NotNow",
     "LibraryFilter",
     "SiteKey",
     "SiteStats",
@@ -156,6 +157,11 @@ def _site_record(key: SiteKey, stats: SiteStats | None) -> dict[str, Any]:
     if stats is not None and stats.labels:
         rec["labels"] = stats.labels
     return rec
+
+
+class NotNow(Exception):
+    """No profile can be taken now without costing what the program does not
+    allow (its message says why, and is the record's ``error``)."""
 
 
 class HoldersProbe:
@@ -334,7 +340,7 @@ class HoldersProbe:
                 totals, self.method = aggregate_profile(self._capture()), "profile"
         except Exception as exc:
             # Backed off like a costly profile: a failing capture is not retried every tick.
-            self._error = f"{type(exc).__name__}: {exc}"
+            self._error = str(exc) if isinstance(exc, NotNow) else f"{type(exc).__name__}: {exc}"
             self.errors += 1
             self._next_t = self._mono() + self.interval_s
             record = {"t": t, "error": self._error, "interval_s": self.interval_s}

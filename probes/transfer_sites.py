@@ -55,7 +55,8 @@ from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import LIBRARY, LibraryFilter
 from jaxtop.probes.transfer_notes import RING, SEALED, CallNotes, _hook_slot
 from jaxtop.probes.transfer_site import Site, same_callee
-from jaxtop.probes.transfer_timeline import KeyTable, Timeline, file_calls, parse_stamps, tie
+from jaxtop.probes.transfer_keys import NoteKeys
+from jaxtop.probes.transfer_timeline import Timeline, file_calls, parse_stamps, tie
 from jaxtop.probes.transfer_values import MAX_ARGS, NUMPY, PY_SCALAR, ArgInfo, cut, describe_value
 
 __all__ = ["ArgInfo", "MAX_ARGS", "NUMPY", "PY_SCALAR", "RING", "TransferSitesProbe", "describe_value", "parse_stamps",
@@ -101,24 +102,6 @@ DESCRIBE_EVERY_S = 30.0
 SITES_SENT = 50
 #: Sites kept at most (a program with ever-new lines: the rest counted apart).
 MAX_SITES = 2000
-#: Code objects kept for the notes' keys before those no note needs are let go.
-#: Where the notes of the last seconds alone name more (generated code: a
-#: function made, called once and dropped, thousands a second), their lines
-#: are worked out then and the code objects let go: a code object is ~1 KB,
-#: and holding each for the notes' RETAIN_S grew the program by ~110 MB at
-#: 19,000 new functions a second.
-MAX_CODES = 10_000
-#: Lines of code objects worked out and kept (each entry keeps its code alive).
-MAX_LINES_CACHED = 4_000
-
-def line_at(code: Any, lasti: int) -> int:
-    """The line of instruction offset ``lasti`` in ``code``: what a frame's
-    f_lineno would have said."""
-    for start, end, number in code.co_lines():
-        if start <= lasti < end and number is not None:
-            return number
-    return code.co_firstlineno
-
 
 def _foreign_thread_reason(native: int) -> str:
     """Why a line's thread is none of this program's Python threads: a
@@ -147,7 +130,6 @@ class TransferSitesProbe(CallNotes):
         self._dropped_until = -1e18  # call notes up to this moment were dropped unread
         self._noted = 0  # call notes taken from the hook's deque, ever (for the call rate)
         self._rate_mark: tuple[float, int] | None = None
-        self._lines: dict[tuple[int, int], tuple[Any, int]] = {}  # (id(code), lasti) -> (code, line)
         self._site_files: set[str] = set()  # the files of the kept lines
         self._wall_offset = time.time() - time.perf_counter()
         self._offset_fixed: float | None = None  # tests: record times are wall times already
@@ -164,10 +146,8 @@ class TransferSitesProbe(CallNotes):
         # Agent thread only, from here on.
         self._by_thread: dict[int, Timeline] = {}  # ident -> its calls' notes
         self._reads: dict[int, Timeline] = {}  # ident -> its host reads' notes
-        self._codes: dict[int, Any] = {}  # id(code) -> code, for the notes' keys (kept: no other code has its id)
         self._pending: dict[tuple[str, int], np.ndarray] = {}  # (direction, native thread) -> lines waiting
-        self._table = KeyTable()  # the notes' keys as small codes, shared by the timelines
-        self._compact_at = MAX_CODES  # the table's size at which it is next compacted
+        self._keys = NoteKeys()  # the notes' keys, shared by the timelines, and the code objects they name
         self._described_seen = 0  # described_notes when the notes were last filed
         self._native: dict[int, int] = {}  # native thread id -> ident
         self._sites: dict[tuple, Site] = {}
@@ -291,19 +271,6 @@ class TransferSitesProbe(CallNotes):
             return None
         return (total - last[1]) / (now - last[0])
 
-    def _line_of(self, code: Any, lasti: int) -> int:
-        """The line of instruction offset ``lasti`` in ``code`` (what a
-        frame's f_lineno would have said), cached."""
-        key = (id(code), lasti)
-        kept = self._lines.get(key)
-        if kept is not None and kept[0] is code:  # the code itself is kept: its id is not another's
-            return kept[1]
-        line = line_at(code, lasti)
-        if len(self._lines) > MAX_LINES_CACHED:
-            self._lines.clear()  # it holds the code objects: generated code must not pile them up
-        self._lines[key] = (code, line)
-        return line
-
     def _drain(self) -> None:
         """File the program threads' notes into per-thread timelines (in C,
         see :mod:`jaxtop.probes.transfer_timeline`). Most calls transfer
@@ -324,12 +291,12 @@ class TransferSitesProbe(CallNotes):
         for batch in batches:
             if len(batch) >= RING:  # the ring overflowed: lines before its oldest note may have lost theirs
                 lost = max(lost, batch[0][1] + offset)
-            if len(self._codes) > MAX_CODES or len(self._table) > self._compact_at:
+            if self._keys.due():
                 self._forget_codes()
-            for ident, times, codes, extras, funs, code_objects in file_calls(batch, offset, self._table, look):
+            for ident, times, codes, extras, funs, code_objects in file_calls(batch, offset, self._keys.table, look):
                 for fun in funs.values():
                     self._name_of(fun)  # the name kept by a weak reference, once per function
-                self._codes.update(code_objects)
+                self._keys.add(code_objects)
                 self._timeline(self._by_thread, ident).add(times, codes, extras)
         # The slow path's notes and host reads: rarer, filed one by one.
         for queue, table in ((self._slow, self._by_thread), (self._reads_in, self._reads)):
@@ -352,41 +319,15 @@ class TransferSitesProbe(CallNotes):
     def _timeline(self, table: dict[int, Timeline], ident: int) -> Timeline:
         timeline = table.get(ident)
         if timeline is None:
-            timeline = table[ident] = Timeline(self._table)
+            timeline = table[ident] = Timeline(self._keys.table)
         return timeline
 
     def _forget_codes(self) -> None:
-        """Keep only the code objects a filed note still names (a program
-        that makes code at run time, exec in a loop, would grow the table
-        without end). The sites' fast-path cache goes with the rest: the next
+        """Let go of the code objects no filed note names (:mod:`jaxtop.probes.
+        transfer_keys`). The sites' fast-path cache goes with them: the next
         line of each site works its note out again, once."""
-        self._table.compact([*self._by_thread.values(), *self._reads.values()])
-        needed = {key[1] for key in self._table.keys if type(key[0]) is int}
-        if len(needed) > MAX_CODES // 2:
-            # The notes of the last seconds alone name this many: each
-            # fast-path key becomes its settled place, worked out now while
-            # its code is still held, and no code object is kept for them.
-            # A later code object given a freed one's id gets a key of its
-            # own: the old key is no longer in the table.
-            self._table.rewrite(self._settled)
-            self._codes = {}
-            self._lines.clear()
-        else:
-            self._codes = {cid: code for cid, code in self._codes.items() if cid in needed}
-        # Compacted again once the table has doubled: a window of notes
-        # larger than MAX_CODES is not compacted on every drain.
-        self._compact_at = max(MAX_CODES, 2 * len(self._table))
+        self._keys.forget([*self._by_thread.values(), *self._reads.values()])
         self._known.clear()
-
-    def _settled(self, key: Any) -> Any:
-        """A fast-path note's key ``(id(function), id(code), offset)`` as
-        ``("w", id(function), (file, line, function name))``; others as they are."""
-        if type(key) is not tuple or type(key[0]) is not int or key[2] == SEALED:
-            return key
-        fun_id, code_id, lasti = key
-        code = self._codes.get(code_id)
-        where = (code.co_filename, line_at(code, lasti), code.co_name) if code is not None else ("", 0, "<no user frame>")
-        return ("w", fun_id, where)
 
     def _resolve(self, note: tuple) -> tuple[tuple, str, bool, Any, bool, Any]:
         """(site key without direction, callee name, op, arguments, observed, function) of a note."""
@@ -408,11 +349,11 @@ class TransferSitesProbe(CallNotes):
             _, fun_id, code, lasti, described = note
         else:  # a fast-path call: (id(fun), id(code), offset)
             fun_id, code_id, lasti = note
-            code, described = self._codes.get(code_id), None
+            code, described = self._keys.codes.get(code_id), None
         kept = self._names.get(fun_id)
         name, op, _ = kept[1] if kept is not None else ("?", False, ())
         fun = kept[0]() if kept is not None else None
-        line = self._line_of(code, lasti) if code is not None else 0
+        line = self._keys.line_of(code, lasti) if code is not None else 0
         where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
         return where, name, op, described, False, fun
 
@@ -540,7 +481,7 @@ class TransferSitesProbe(CallNotes):
             # The common case, a fast-path call at a line already described: counts only.
             # The code is kept beside the site, so the id is no other code's.
             kept = self._known.get((direction, note))
-            site = kept[1] if kept is not None and kept[0] is self._codes.get(note[1]) else None
+            site = kept[1] if kept is not None and kept[0] is self._keys.codes.get(note[1]) else None
             if site is not None and site.named and t - site.asked_t <= DESCRIBE_EVERY_S:
                 site.add(n, calls)
                 self._changed = True
@@ -549,7 +490,7 @@ class TransferSitesProbe(CallNotes):
                 # Full: a call from a file no kept line is in has no line
                 # to go to (generated code makes a file per function), and
                 # its line need not be worked out to know that.
-                code = self._codes.get(note[1])
+                code = self._keys.codes.get(note[1])
                 if code is not None and code.co_filename not in self._site_files:
                     self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart", n)
                     return
@@ -566,7 +507,7 @@ class TransferSitesProbe(CallNotes):
                 # Full: the hook notes calls from other files as SEALED from now on.
                 self.kept_files = frozenset(self._site_files)
         if fast and len(self._known) < 4 * MAX_SITES:
-            self._known[(direction, note)] = (self._codes.get(note[1]), site)
+            self._known[(direction, note)] = (self._keys.codes.get(note[1]), site)
         callee = name if direction == "d2h" else name + (" (op)" if op else "")
         if direction == "d2h":
             site.callee = name

@@ -43,7 +43,7 @@ def test_the_hook_notes_each_fast_path_call_with_the_users_line(installed):
     line = sys._getframe().f_lineno - 1
     calls = list(installed._calls)
     assert len(calls) == 5
-    assert {(r[3].co_filename, installed._line_of(r[3], r[4])) for r in calls} == {(__file__, line)}
+    assert {(r[3].co_filename, installed._keys.line_of(r[3], r[4])) for r in calls} == {(__file__, line)}
 
 
 def test_the_slow_path_notes_what_it_copied(installed):
@@ -204,9 +204,9 @@ def test_the_hook_leaves_a_program_that_stopped_transferring_and_comes_back(inst
 def test_code_objects_no_note_needs_are_let_go(monkeypatch):
     """A program that makes code at run time (exec in a loop) must not grow
     the table of code objects the notes' keys name without end."""
-    from jaxtop.probes import transfer_sites
+    from jaxtop.probes import transfer_keys
 
-    monkeypatch.setattr(transfer_sites, "MAX_CODES", 20)
+    monkeypatch.setattr(transfer_keys, "MAX_CODES", 20)
     probe, me = _probe(), threading.get_native_id()
     t0 = time.time() - 60
     for k in range(60):  # each call from a code object of its own, half a second apart, the line tied
@@ -214,7 +214,7 @@ def test_code_objects_no_note_needs_are_let_go(monkeypatch):
         probe._calls.append((threading.get_ident(), t0 + k * 0.5 + 0.01, "step", code, 0))
         probe.take_stamps(_stamp("h2d", me, t0 + k * 0.5))
         field = probe.on_tick(Tick(now=t0 + k * 0.5 + 0.05))
-    assert len(probe._codes) <= 2 * transfer_sites.MAX_CODES
+    assert len(probe._keys.codes) <= 2 * transfer_keys.MAX_CODES
     listed = sum(s["count_total"] for s in field["sites"]) + (field["other"] or {}).get("count_total", 0)
     assert field["sites_total"] == 60 and listed == 60 and field["unattributed"] == {}
 
@@ -227,9 +227,9 @@ def test_notes_of_more_code_objects_than_kept_settle_their_lines_and_let_go(monk
     import gc
     import weakref
 
-    from jaxtop.probes import transfer_sites
+    from jaxtop.probes import transfer_keys
 
-    monkeypatch.setattr(transfer_sites, "MAX_CODES", 20)
+    monkeypatch.setattr(transfer_keys, "MAX_CODES", 20)
     probe, me = _probe(), threading.get_native_id()
     t0 = time.time() - 10
     refs = []
@@ -247,7 +247,8 @@ def test_notes_of_more_code_objects_than_kept_settle_their_lines_and_let_go(monk
         note(k)
     probe.take_stamps(_stamp("h2d", me, t0 + 0.01))  # line 1: 30 code objects > 20, the notes settle
     probe.on_tick(Tick(now=t0 + 0.45))
-    assert probe._table.keys and all(key[0] == "w" for key in probe._table.keys[:30] if key is not None)
+    keys = probe._keys.table.keys
+    assert keys and all(key[0] == "w" for key in keys[:30] if key is not None)
     probe.take_stamps(_stamp("h2d", me, *(t0 + k * 0.01 for k in range(2, 40))))  # the rest, late
     field = probe.on_tick(Tick(now=t0 + 0.5))
     got = {(s["file"], s["line"], s["count_total"]) for s in field["sites"]}
@@ -328,7 +329,7 @@ def test_generated_code_does_not_grow_what_the_probe_keeps(installed):
     generated functions took the program from 222 to 482 MB)."""
     import jax
 
-    from jaxtop.probes import transfer_notes, transfer_sites
+    from jaxtop.probes import transfer_keys, transfer_notes
     from jaxtop.probes.frames import LIBRARY, MAX_FILES_CACHED
 
     step = jax.jit(lambda x: x + 1)
@@ -344,5 +345,5 @@ def test_generated_code_does_not_grow_what_the_probe_keeps(installed):
     assert len(installed._user) <= transfer_notes.MAX_FILES
     assert len(LIBRARY._cache) <= MAX_FILES_CACHED and len(LIBRARY._core_cache) <= MAX_FILES_CACHED
     for code in codes:
-        installed._line_of(code, 0)
-    assert len(installed._lines) <= transfer_sites.MAX_LINES_CACHED + 1
+        installed._keys.line_of(code, 0)
+    assert len(installed._keys._lines) <= transfer_keys.MAX_LINES_CACHED + 1

@@ -101,7 +101,8 @@ def test_generated_code_past_the_lines_kept_is_not_held(child_env, tmp_path):
     the agent (each call's code object was held for the notes' seconds: all
     30,000 alive at the end, 110 MB at 200,000), and their transfers are
     counted as the rest, with the reason."""
-    from jaxtop.probes.transfer_sites import MAX_CODES, MAX_SITES
+    from jaxtop.probes.transfer_keys import MAX_CODES
+    from jaxtop.probes.transfer_sites import MAX_SITES
 
     log = tmp_path / "run.jsonl"
     proc = subprocess.run([PY, "-m", "jaxtop", "run", "--log", str(log), str(TARGETS / "generated_code.py"), "30000"],
