@@ -43,12 +43,13 @@ class MemoryPanel(Panel):
             layers.append(("not in arrays", unheld[0], "yellow", None))
         limit = dev.bytes_limit or (dev.nvml.memory_total_bytes if dev.nvml else None)
         extra = []
-        if dev.live_held and dev.live_age_s is not None:
+        if dev.live_held and dev.live_age_s is not None and dev.live_age_s >= STALE_DETAIL_S:
             # The scans stopped: each would pause the program longer than
             # it allows. The bars' live arrays are the last scan's.
             ago = f"live arrays as of {fmt_duration(dev.live_age_s)} ago"
             extra.append(fitting([f"{ago}: {dev.live_held}", f"{ago}: scans stopped ($JAXTOP_MAX_PAUSE_MS)",
-                                  f"{ago} (scans stopped)"], width - 4))
+                                  f"{ago} (scans stopped)",
+                                  f"live arrays {fmt_duration(dev.live_age_s)} old (no scans)"], width - 4))
         elif dev.live_age_s is not None and dev.live_age_s >= STALE_DETAIL_S:
             # Many arrays: the agent scans them less often to stay cheap. It
             # qualifies the bars above, so it goes first.

@@ -89,7 +89,7 @@ def _device_lines(dev: DeviceView, proc: ProcessView) -> list[str]:
     this moment's, and the memory no live array holds."""
     frag = na(dev.fragmentation_reason) if dev.fragmentation is None else f"{dev.fragmentation:.1%}"
     live = f"live arrays {fmt_bytes(dev.live_bytes)}"
-    if dev.live_held and dev.live_age_s is not None:
+    if dev.live_held and dev.live_age_s is not None and dev.live_age_s >= STALE_S:
         live += f" (scanned {dev.live_age_s:.1f} s ago; {dev.live_held})"
     elif dev.live_age_s is not None and dev.live_age_s >= STALE_S:
         live += f" (scanned {dev.live_age_s:.1f} s ago)"
