@@ -10,11 +10,23 @@ Standard library only (this runs inside the user's job).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jaxtop.probes.transfer_values import MAX_ARGS, ArgInfo
 
 __all__ = ["Site", "same_callee"]
+
+
+def _compared(now: tuple[ArgInfo, ...], before: tuple[ArgInfo, ...]) -> tuple[ArgInfo, ...]:
+    """``now``'s arguments, each saying whether it was the same value as the
+    argument of its name, kind and shape in ``before`` (the call read
+    before): None where either has no token or there was none."""
+    tokens = {(a.name, a.kind, a.shape): a.token for a in before if a.name and a.token is not None}
+    out = []
+    for a in now:
+        then = tokens.get((a.name, a.kind, a.shape)) if a.name and a.token is not None else None
+        out.append(a if then is None else replace(a, same=then == a.token))
+    return tuple(out)
 
 
 @dataclass
@@ -70,7 +82,7 @@ class Site:
         named = any(a.name for a in described)
         if named or not self.args or not any(a.name for a in self.args):
             if named or t - self.described_t > 1.0:
-                self.args = described
+                self.args = _compared(described, self.args)
             else:
                 self.args = tuple(dict.fromkeys(self.args + described))[:MAX_ARGS]
             self.observed = observed

@@ -13,11 +13,11 @@ Standard library only (numpy and jax are passed in or looked up once imported).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["ArgInfo", "MAX_ARGS", "NUMPY", "NUMPY_SCALAR", "OTHER_DEVICE", "PY_SCALAR", "describe_value",
-           "literal_kind"]
+           "literal_kind", "token_of"]
 
 #: Arguments described per call at most.
 MAX_ARGS = 32
@@ -29,15 +29,25 @@ _PY_SCALARS = (bool, int, float, complex)
 
 @dataclass(frozen=True)
 class ArgInfo:
-    """One transferred value of a call: its name in the call, kind, shape, dtype and size."""
+    """One transferred value of a call: its name in the call, kind, shape, dtype and size.
+
+    ``token`` tells this value from another of the same name at the next
+    call read (:func:`token_of`); ``same``: whether it was the same value as
+    at the call read before (None: unknown). Neither takes part in equality:
+    two reads of one argument are one argument."""
 
     name: str
     kind: str
     shape: str
     nbytes: int | None
+    token: Any = field(default=None, compare=False)
+    same: bool | None = field(default=None, compare=False)
 
     def wire(self) -> dict[str, Any]:
-        return {"name": cut(self.name), "kind": cut(self.kind), "shape": cut(self.shape), "bytes": self.nbytes}
+        out = {"name": cut(self.name), "kind": cut(self.kind), "shape": cut(self.shape), "bytes": self.nbytes}
+        if self.same is not None:
+            out["same"] = self.same
+        return out
 
 
 #: The longest name the wire carries of the program's (a function, a file,
@@ -66,7 +76,7 @@ def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[Ar
         dtype = {bool: "bool", int: "int", float: "float", complex: "complex"}[type(value)]
         # What jax makes of it: a weakly typed 32-bit value (64-bit with jax_enable_x64).
         size = 1 if dtype == "bool" else (8 if _x64() else 4) * (2 if dtype == "complex" else 1)
-        out.append(ArgInfo(name, prefix + PY_SCALAR, f"{dtype}[]", size))
+        out.append(ArgInfo(name, prefix + PY_SCALAR, f"{dtype}[]", size, ("v", type(value), value)))
         return
     if np is not None:
         if issubclass(cls, np.ndarray):
@@ -78,7 +88,7 @@ def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[Ar
         nbytes = int(value.nbytes)
         if value.dtype.itemsize == 8 and value.dtype.kind in "fiuc" and not _x64():
             nbytes //= 2  # jax copies 64-bit values as 32-bit ones unless jax_enable_x64 is on
-        out.append(ArgInfo(name, prefix + kind, f"{value.dtype}[{shape}]", nbytes))
+        out.append(ArgInfo(name, prefix + kind, f"{value.dtype}[{shape}]", nbytes, token_of(value, np)))
         return
     # The containers' own C iteration, never a subclass's __iter__ or items():
     # none of the program's code runs for a description.
@@ -93,6 +103,34 @@ def describe_value(name: str, value: Any, np: Any, array_type: Any, out: list[Ar
     if issubclass(cls, dict):
         for key, item in dict.items(value):
             describe_value(f"{name}[{key_text(key)}]", item, np, array_type, out, prefix)
+
+
+#: Elements of a NumPy array read for its token (a strided sample beyond).
+TOKEN_ELEMENTS = 4096
+
+
+def token_of(value: Any, np: Any) -> Any:
+    """What tells a NumPy value from another: for an array, the object
+    (its id) and a hash of up to :data:`TOKEN_ELEMENTS` of its elements,
+    evenly spread (an array the program refills in place is the same object
+    with other contents); None where reading it could run the program's
+    code (a subclass) or means nothing (object arrays). Read on the
+    program's thread, for the few calls whose arguments are described."""
+    try:
+        if type(value) is np.ndarray:
+            if value.dtype.hasobject:
+                return None
+            size = value.size
+            if size > TOKEN_ELEMENTS:
+                picked = value.flat[np.linspace(0, size - 1, TOKEN_ELEMENTS).astype(np.intp)]
+            else:
+                picked = value
+            return ("a", id(value), value.dtype.str, value.shape, hash(picked.tobytes()))
+        if isinstance(value, np.generic) and type(value).__module__ == "numpy":
+            return ("s", value.dtype.str, value.tobytes())
+    except Exception:
+        return None
+    return None
 
 
 #: Keys whose repr is Python's own (a subclass's may be the program's code).

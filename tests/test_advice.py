@@ -105,6 +105,32 @@ def test_no_sample_no_advice():
 
 # -- placement, batching, jit, host syncs -------------------------------------------------------
 
+@pytest.mark.parametrize("same, fix, title", [
+    (True, "jax.device_put(batch) once, before the loop: it is the same value every call", "once, before the loop"),
+    (False, "jax.device_put(batch) one step ahead of the call", "ahead of the call"),
+    (None, "if `batch` is the same array every call, jax.device_put it once", "ahead of the call")])
+def test_placement_tells_the_same_array_from_new_data(same, fix, title):
+    """The agent compares two calls' arguments it read: the same array (put
+    it once) or new data each call (put it ahead); unknown: both said."""
+    arg = {"name": "batch", "kind": "NumPy array", "shape": "float32[64,256]", "bytes": 65536}
+    if same is not None:
+        arg["same"] = same
+    (a,) = advise(steady(30, 50, lambda t, n: sites(t, n, args=[arg]))).of("placement")
+    assert fix in a.fix and title in a.title, (a.title, a.fix)
+    assert ("the same array (object and contents)" in a.evidence) == (same is True)
+    assert ("new data at each call read" in a.evidence) == (same is False)
+    if same is False:
+        assert "once, before the loop" not in a.fix
+
+
+def test_a_python_scalar_that_never_changes_is_put_once_and_one_that_does_is_carried():
+    const = {"name": "lr", "kind": "Python scalar", "shape": "float[]", "bytes": 4, "same": True}
+    moving = {"name": "step", "kind": "Python scalar", "shape": "int[]", "bytes": 4, "same": False}
+    (a,) = advise(steady(30, 50, lambda t, n: sites(t, n, args=[const, moving]))).of("placement")
+    assert "`lr` is the same value at each call read: jnp.asarray it once" in a.fix
+    assert "keep `step` on the device (it changes every call)" in a.fix
+
+
 def test_many_calls_per_step_are_batching_not_placement():
     def make(t: float, n: int) -> Any:
         return sample(t, transfer_sites={"sites": [

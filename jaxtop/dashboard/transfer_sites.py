@@ -74,14 +74,19 @@ class TransferArgView:
     kind: str  # "NumPy array", "Python scalar", "list of Python scalar", "another device's array", …
     shape: str  # "float32[512,4096]"
     bytes: int | None  # None: unknown
+    #: The same value as at the call read before (True), another (False), unknown (None).
+    same: bool | None = None
 
     def text(self, kind: bool = True) -> str:
-        """``batch['x'] NumPy array float32[8,4]`` (``kind=False``: without the kind)."""
+        """``batch['x'] NumPy array float32[8,4]`` (``kind=False``: without the kind),
+        ``(same value at the calls read)`` or ``(new value at each call read)`` where two calls were compared."""
         parts = [self.name or "(unnamed)"]
         if kind and self.kind:
             parts.append(self.kind)
         if self.shape:
             parts.append(self.shape)
+        if self.same is not None:
+            parts.append("(same value at the calls read)" if self.same else "(new value at each call read)")
         return " ".join(parts)
 
 
@@ -449,7 +454,8 @@ def _site_view(rec: TransferSite) -> TransferSiteView:
 
 
 def _arg(rec: TransferArg) -> TransferArgView:
-    return TransferArgView(name=rec.name or "", kind=rec.kind or "", shape=rec.shape or "", bytes=_opt_int(rec.bytes))
+    return TransferArgView(name=rec.name or "", kind=rec.kind or "", shape=rec.shape or "", bytes=_opt_int(rec.bytes),
+                           same=rec.same)
 
 
 def fold_transfer_sites(records: Iterable[Record | Unknown], interval_s: float = 0.1) -> TransferSitesView | None:

@@ -134,6 +134,15 @@ def _args(line: TransferLine) -> tuple[str, list[str], list[str]]:
     return ", ".join(parts) or "values the agent did not describe", arrays, scalars
 
 
+def _same(line: TransferLine, names: list[str]) -> dict[str, bool]:
+    """Of ``names``, those the agent compared between two calls it read:
+    True where the value was the same at both (the same array object with
+    the same contents, the same scalar), False where it was another."""
+    site = line.latest
+    return {a.name: a.same for a in (site.args if site is not None else None) or ()
+            if a.name in names and a.same is not None}
+
+
 def _score_rate(rate: float, weight: float = 1.0) -> float:
     """A rate's expected gain as a share: 100/s reads 0.5."""
     return weight * rate / (rate + 100.0)
@@ -152,21 +161,40 @@ def placement(w: Window) -> Found:
         # The agent sizes a line's bytes from the arguments a call passed
         # (inferred: a call of other shapes moves other bytes), hence "~".
         moved = f" (~{bytes_per_s(flow.bytes.per_s)})" if flow.bytes is not None and flow.bytes.rise > 0 else ""
-        fixes = []
-        if arrays:
-            name = arrays[0]
+        fixes, seen = [], []
+        same = _same(line, arrays + scalars)
+        constant = [n for n in arrays if same.get(n) is True]
+        fresh = [n for n in arrays if same.get(n) is False]
+        if constant:
+            names = ", ".join(f"`{n}`" for n in constant)
+            fixes.append(f"{constant[0]} = jax.device_put({constant[0]}) once, before the loop: it is the same value "
+                         f"every call")
+            seen.append(f"{names}: the same array (object and contents) at two calls read")
+        if fresh:
+            seen.append(", ".join(f"`{n}`" for n in fresh) + ": new data at each call read")
+        rest = [n for n in arrays if n not in constant]
+        if rest:
+            name = rest[0]
             fixes.append(f"{name} = jax.device_put({name}) one step ahead of the call (prefetch the next batch while "
-                         f"this step runs); if `{name}` is the same array every call, jax.device_put it once before "
-                         f"the loop")
-        if scalars:
-            names = ", ".join(f"`{n}`" for n in scalars)
-            fixes.append(f"keep {names} on the device: a jnp array carried in the step's state and updated inside "
-                         f"`{line.callee}` (static_argnums would recompile for each new value)")
+                         f"this step runs)" + ("" if name in fresh else f"; if `{name}` is the same array every call, "
+                                                                        f"jax.device_put it once before the loop"))
+        fixed = [n for n in scalars if same.get(n) is True]
+        moving = [n for n in scalars if n not in fixed]
+        if fixed:
+            fixes.append(", ".join(f"`{n}`" for n in fixed) + " is the same value at each call read: "
+                         "jnp.asarray it once before the loop")
+        if moving:
+            names = ", ".join(f"`{n}`" for n in moving)
+            changes = " (it changes every call)" if any(same.get(n) is False for n in moving) else ""
+            fixes.append(f"keep {names} on the device{changes}: a jnp array carried in the step's state and updated "
+                         f"inside `{line.callee}` (static_argnums would recompile for each new value)")
+        compared = f"; {'; '.join(seen)}" if seen else ""
         out.append(Advice(
             strategy="placement", file=line.file, line=line.line, function=line.function, jitted=line.callee,
-            title=f"put what `{line.callee}` is fed on the device ahead of the call",
+            title=(f"put what `{line.callee}` is fed on the device once, before the loop" if constant and not rest
+                   and not moving else f"put what `{line.callee}` is fed on the device ahead of the call"),
             evidence=f"{per_s(rate)} implicit host-to-device copies{moved} of {what} at {short(line.file, line.line)} "
-                     f"into `{line.callee}` {w.over()}",
+                     f"into `{line.callee}` {w.over()}{compared}",
             gain=f"-{per_s(rate)} implicit transfers on the call path{moved}",
             fix="; ".join(fixes) or f"jax.device_put the arguments of `{line.callee}` before the call",
             basis=MEASURED, window_s=w.span_s, score=_score_rate(rate)))

@@ -31,6 +31,10 @@ class TransferArg(Rec):
     kind: str | None = None
     shape: str | None = None  # dtype and dimensions: "float32[512,4096]", "float[]"
     bytes: Num = None  # what jax copies (64-bit values as 32-bit without jax_enable_x64); None: unknown
+    # Whether it was the same value as at the call read before it (a NumPy
+    # array: the same object with the same contents; a scalar: the same
+    # value); None: unknown (one call read, or an older agent).
+    same: bool | None = None
 
 
 class TransferSite(Rec):
