@@ -258,6 +258,17 @@ def test_notes_of_more_code_objects_than_kept_settle_their_lines_and_let_go(monk
     assert all(ref() is None for ref in refs[:30]), "settled notes still hold their code objects"
 
 
+def _make_it_leave(probe, f, x) -> None:
+    """2,000 jitted calls without a transfer between two slow ticks, its
+    quiet spell already over: the hook leaves at the second."""
+    probe.on_tick(Tick(now=time.time(), slow=True))
+    for _ in range(2000):
+        f(x)
+    time.sleep(0.05)
+    probe.on_tick(Tick(now=time.time(), slow=True))
+    assert not probe._active and probe._out_since is not None
+
+
 def test_a_report_while_the_hook_is_out_puts_it_back_before_the_next_tick(installed):
     """The waker: the relay has something to report (a transfer was logged),
     and the hook goes back at once, from that moment; the next tick closes
@@ -273,12 +284,7 @@ def test_a_report_while_the_hook_is_out_puts_it_back_before_the_next_tick(instal
     installed.wait_report = lambda timeout_s: reported.wait(timeout_s)
     f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
     slot = _hook_slot(api)
-    installed.on_tick(Tick(now=time.time(), slow=True))
-    for _ in range(2000):
-        f(x)
-    time.sleep(0.05)
-    installed.on_tick(Tick(now=time.time(), slow=True))
-    assert not installed._active and installed._out_since is not None
+    _make_it_leave(installed, f, x)
     before = time.time()
     reported.set()
     wait_for = time.monotonic() + 5
@@ -302,12 +308,7 @@ def test_transfers_that_come_back_soon_keep_the_hook_in_longer(installed):
     f, x = jax.jit(lambda x: x + 1), jax.numpy.ones(2)
 
     def leave_and_return(spell_s: float) -> None:
-        installed.on_tick(Tick(now=time.time(), slow=True))
-        for _ in range(2000):
-            f(x)
-        time.sleep(0.05)
-        installed.on_tick(Tick(now=time.time(), slow=True))
-        assert not installed._active and installed._out_since is not None
+        _make_it_leave(installed, f, x)
         installed._out_since -= spell_s - 0.05  # as if it had been out that long
         installed.take_stamps(_stamp("h2d", threading.get_native_id(), time.time()))
         installed.on_tick(Tick(now=time.time()))
