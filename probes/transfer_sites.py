@@ -102,6 +102,8 @@ DESCRIBE_EVERY_S = 30.0
 SITES_SENT = 50
 #: Sites kept at most (a program with ever-new lines: the rest counted apart).
 MAX_SITES = 2000
+#: The reason the lines past MAX_SITES are counted under.
+TOO_MANY_LINES = f"more than {MAX_SITES} lines transferred: the rest are not kept apart"
 
 def _foreign_thread_reason(native: int) -> str:
     """Why a line's thread is none of this program's Python threads: a
@@ -342,19 +344,18 @@ class TransferSitesProbe(CallNotes):
             return where, (callee or "?"), False, described, True, None
         if tag == "w":  # a fast-path call settled (its code let go): ("w", id(fun), (file, line, function))
             _, fun_id, where = note
-            kept = self._names.get(fun_id)
-            name, op, _ = kept[1] if kept is not None else ("?", False, ())
-            return where, name, op, None, False, (kept[0]() if kept is not None else None)
-        if tag == "d":  # a fast-path call whose arguments were read: ("d", id(fun), code, offset, arguments)
-            _, fun_id, code, lasti, described = note
-        else:  # a fast-path call: (id(fun), id(code), offset)
-            fun_id, code_id, lasti = note
-            code, described = self._keys.codes.get(code_id), None
+            described = None
+        else:
+            if tag == "d":  # a fast-path call whose arguments were read: ("d", id(fun), code, offset, arguments)
+                _, fun_id, code, lasti, described = note
+            else:  # a fast-path call: (id(fun), id(code), offset)
+                fun_id, code_id, lasti = note
+                code, described = self._keys.codes.get(code_id), None
+            line = self._keys.line_of(code, lasti) if code is not None else 0
+            where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
         kept = self._names.get(fun_id)
         name, op, _ = kept[1] if kept is not None else ("?", False, ())
         fun = kept[0]() if kept is not None else None
-        line = self._keys.line_of(code, lasti) if code is not None else 0
-        where = (code.co_filename, line, code.co_name) if code is not None else ("", 0, "<no user frame>")
         return where, name, op, described, False, fun
 
     def _thread(self, native: int) -> int | None:
@@ -475,7 +476,7 @@ class TransferSitesProbe(CallNotes):
         the note's site, the latest at ``t``."""
         fast = type(note[0]) is int  # a fast-path call: (id(function), id(code), offset)
         if fast and note[2] == SEALED:  # noted once no more lines were kept apart, from a file of none of them
-            self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart", n)
+            self._give_up(direction, TOO_MANY_LINES, n)
             return
         if fast:
             # The common case, a fast-path call at a line already described: counts only.
@@ -492,14 +493,14 @@ class TransferSitesProbe(CallNotes):
                 # its line need not be worked out to know that.
                 code = self._keys.codes.get(note[1])
                 if code is not None and code.co_filename not in self._site_files:
-                    self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart", n)
+                    self._give_up(direction, TOO_MANY_LINES, n)
                     return
         where, name, op, described, observed, fun = self._resolve(note)
         key = (direction, *where)
         site = self._sites.get(key)
         if site is None:
             if len(self._sites) >= MAX_SITES:
-                self._give_up(direction, f"more than {MAX_SITES} lines transferred: the rest are not kept apart", n)
+                self._give_up(direction, TOO_MANY_LINES, n)
                 return
             site = self._sites[key] = Site()
             self._site_files.add(where[0])
