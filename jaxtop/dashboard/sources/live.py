@@ -12,7 +12,7 @@ import stat
 import tempfile
 import threading
 import time
-from typing import IO, Any, Iterable
+from typing import Any, Iterable
 
 from jaxtop.wire import client, paths, protocol
 from jaxtop.dashboard.model import DISCONNECTED, EXITED, Model
@@ -197,7 +197,7 @@ class _Connection:
         self.agent: client.AgentConnection | None = None  # while connected
         self.spool_path = os.path.join(spool_dir, f"{pid}.jsonl.gz")
         self.prev_path = os.path.join(spool_dir, f"{pid}.prev.jsonl.gz")
-        self.spool: IO[bytes] = Spool(self.spool_path)
+        self.spool = Spool(self.spool_path)
         self.spool_lock = threading.Lock()
         self.spool_cap = _spool_cap()
         self.header: list[bytes] = []
@@ -233,10 +233,10 @@ class _Connection:
         if self._lines_since_check >= 256:
             self._lines_since_check = 0
             try:
-                size = self.spool.fileobj.tell()  # type: ignore[attr-defined]
-            except (AttributeError, OSError, ValueError):
+                full = self.spool.size_over(self.spool_cap // 2)
+            except (OSError, ValueError):
                 return
-            if size > self.spool_cap // 2:
+            if full:
                 self._rotate()
 
     def _rotate(self) -> None:
@@ -327,7 +327,7 @@ class LiveSource(Source):
         for conn in self._conns.values():
             locked = conn.spool_lock.acquire(timeout=lock_timeout_s)
             try:
-                conn.spool.close()
+                conn.spool.close(wait=False)
             except (OSError, ValueError):
                 pass
             finally:
