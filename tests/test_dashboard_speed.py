@@ -26,9 +26,20 @@ SIZE = (120, 40)
 BACKFILL = 6000  # an agent's 10-minute backfill at 10 Hz
 
 
-def test_feed_many_equals_feed():
-    """A backlog fed in batches gives the same snapshot as record by record."""
+@pytest.mark.parametrize("gaps", [False, True])
+def test_feed_many_equals_feed(gaps):
+    """A backlog fed in batches gives the same snapshot as record by record:
+    also where a device is missing from some samples, so that the
+    histories of one batch have different sample times (a batch plans the
+    buckets once for the histories whose times are the same)."""
     recs = [synthetic.hello(1, 2, 1000.0)] + list(synthetic.samples(1, 2, 1000.0, 700, map_every=7))
+    if gaps:
+        for k, r in enumerate(recs[1:]):
+            # As many skipped by each device, at other times: same counts, other times.
+            if k % 8 == 2:
+                r["devices"] = r["devices"][:1]  # device 1 skips a sample
+            elif k % 8 == 5:
+                r["devices"] = r["devices"][1:]  # device 0 skips one
     one, many = Model(clock=lambda: 5.0), Model(clock=lambda: 5.0)
     for r in recs:
         one.feed(1, r)

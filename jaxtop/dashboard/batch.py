@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from jaxtop.wire import protocol
-from jaxtop.dashboard.history import History, _num
+from jaxtop.dashboard.history import BucketPlan, History, _num
 from jaxtop.wire.records import buffer_map
 
 if TYPE_CHECKING:
@@ -29,8 +29,9 @@ class Batch:
         self.rows: dict[int, tuple[History, list[float], list[tuple[Any, ...]]]] = {}
         self.maps: dict[int, tuple[_DeviceState, LiveArrays]] = {}
         self.samples = 0
-        #: pid -> (process, windowed rates, process row, transfers by direction) of its last sample
-        self.rates: dict[int, tuple[Any, list[Any], tuple[Any, ...], tuple[Any, ...]]] = {}
+        #: pid -> (process, process row, transfers by direction) of its last sample: the
+        #: Transfers panel's rates, measured once a batch over the process's window
+        self.rates: dict[int, tuple[Any, tuple[Any, ...], tuple[Any, ...]]] = {}
         self.past = False  # fine history rows went into `past` histories
 
     def add(self, history: History, t: float, values: tuple[Any, ...]) -> None:
@@ -45,6 +46,9 @@ class Batch:
     def flush(self) -> None:
         for state, live in self.maps.values():
             take_map(state, live)
+        # A process's history and its devices' are fed the same sample
+        # times: their buckets are planned once (History.plan).
+        plans: list[tuple[list[float], BucketPlan]] = []
         for history, ts, rows in self.rows.values():
             # A value beyond float32 (1e308 in a recording) is stored as inf:
             # n/a, as the timelines draw it; no warning for it.
@@ -53,7 +57,13 @@ class Batch:
                     values = np.asarray(rows, dtype=np.float32)
                 except (OverflowError, TypeError, ValueError):  # a coarse row's value of another kind
                     values = np.asarray([[_num(v) for v in row] for row in rows], dtype=np.float32)
-                history.extend(np.asarray(ts, dtype=np.float64), values)
+                plan = None
+                if len(ts) > 1:
+                    plan = next((p for same, p in plans if same == ts), None)
+                    if plan is None or plan.steps != history.levels_steps:
+                        plan = history.plan(np.asarray(ts, dtype=np.float64))
+                        plans.append((ts, plan))
+                history.extend(plan.t if plan is not None else np.asarray(ts, dtype=np.float64), values, plan)
         self.rows.clear()
         self.maps.clear()
 

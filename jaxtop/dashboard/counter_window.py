@@ -43,27 +43,46 @@ class CounterWindow:
         self._kept: collections.deque[tuple[float, tuple[float | None, ...]]] = collections.deque(maxlen=KEPT_MAX)
 
     def add(self, t: float, totals: Sequence[float | None]) -> tuple[float | None, ...]:
-        """Take one sample's totals (None: not known) and return each
-        counter's per-second growth over the window ending at ``t``: None
-        where there is no earlier sample yet (the first, or the first after
-        a total went down: a counter that started over) or either end is
-        unknown."""
+        """:meth:`push`, then :meth:`rates`."""
+        self.push(t, tuple(totals))
+        return self.rates()
+
+    def push(self, t: float, totals: tuple[float | None, ...]) -> None:
+        """Take one sample's totals (None: not known). A sample older than
+        the newest starts the window over (history after the present), one
+        of the same moment replaces it, and so does a sample where a total
+        went down (a counter that started over: another agent in the
+        process): rates are measured from there."""
         kept = self._kept
-        entry = (t, tuple(totals))
-        if kept and t <= kept[-1][0]:
-            if t < kept[-1][0]:
-                kept.clear()  # older than the newest (history after the present): start over
-            else:
-                kept.pop()  # the same moment again: the newer totals
-        if kept and any(now is not None and then is not None and now < then
-                        for now, then in zip(entry[1], kept[-1][1])):
-            kept.clear()  # a counter started over (another agent in the process): measured from here
-        kept.append(entry)
-        while len(kept) > 2 and kept[1][0] <= t - self.window_s:
+        if kept:
+            last_t, last = kept[-1]
+            if t <= last_t:
+                if t < last_t:
+                    kept.clear()
+                else:
+                    kept.pop()  # the same moment again: the newer totals
+            if kept:
+                for now, then in zip(totals, kept[-1][1]):
+                    if now is not None and then is not None and now < then:
+                        kept.clear()
+                        break
+        kept.append((t, totals))
+        cut = t - self.window_s
+        while len(kept) > 2 and kept[1][0] <= cut:
             kept.popleft()
+
+    def rates(self) -> tuple[float | None, ...]:
+        """Each counter's per-second growth over the window ending at the
+        newest sample: None where there is no earlier sample yet (the
+        first, or the first after a start over) or either end is unknown.
+        A batch of samples asks once, after its last."""
+        kept = self._kept
+        if not kept:
+            return ()
+        t, newest = kept[-1]
         base_t, base = kept[0]
         span = t - base_t
         if span <= 0:
-            return (None,) * len(entry[1])
+            return (None,) * len(newest)
         return tuple(None if now is None or then is None else (now - then) / span
-                     for now, then in zip(entry[1], base))
+                     for now, then in zip(newest, base))

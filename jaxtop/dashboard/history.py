@@ -64,6 +64,17 @@ class _Ring:
 
 
 @dataclass(frozen=True)
+class BucketPlan:
+    """:meth:`History.plan`: for each level (``steps``), where the times
+    ``t`` start a new bucket and the bucket ids there (None for the raw
+    level)."""
+
+    steps: tuple[float, ...]
+    t: np.ndarray
+    runs: list[tuple[np.ndarray, np.ndarray] | None]
+
+
+@dataclass(frozen=True)
 class Window:
     """A slice of a History: times and per-series min/max, oldest first."""
 
@@ -99,6 +110,11 @@ class History:
         #: level by level, so that the rings at any point of the recording
         #: can be rebuilt from the log (see :meth:`restore`).
         self.log: HistoryLog | None = None
+
+    @property
+    def levels_steps(self) -> tuple[float, ...]:
+        """Each level's bucket seconds (0: raw samples), finest first."""
+        return tuple(step for step, _ in self._levels)
 
     @property
     def levels(self) -> tuple[tuple[float, int], ...]:
@@ -158,13 +174,32 @@ class History:
                     np.fmin(cur[1], row, out=cur[1])
                     np.fmax(cur[2], row, out=cur[2])
 
-    def extend(self, t: np.ndarray, rows: np.ndarray) -> None:
+    def plan(self, t: np.ndarray) -> BucketPlan:
+        """Where the sample times ``t`` (float64, oldest first) open and
+        close each level's buckets: the same for every history of these
+        levels fed these times, so a batch's histories (a process's and
+        each of its devices') share one."""
+        out: list[tuple[np.ndarray, np.ndarray] | None] = []
+        for step, _ in self._levels:
+            if step == 0:
+                out.append(None)
+                continue
+            buckets = np.floor(t / step).astype(np.int64)
+            # Runs of one bucket id, in arrival order: exactly where the
+            # one-at-a-time path closes and opens buckets.
+            starts = np.concatenate(([0], np.flatnonzero(buckets[1:] != buckets[:-1]) + 1))
+            out.append((starts, buckets[starts]))
+        return BucketPlan(tuple(step for step, _ in self._levels), t, out)
+
+    def extend(self, t: np.ndarray, rows: np.ndarray, plan: BucketPlan | None = None) -> None:
         """Add many samples at once, oldest first; the same result as
         :meth:`append` for each row in turn, at a fraction of the cost.
 
         Args:
             t: sample times, shape (n,).
             rows: values in column order, shape (n, K), NaN for missing.
+            plan: :meth:`plan` of ``t`` for histories of these levels,
+                made once for several (else here).
         """
         n = len(t)
         if n == 0:
@@ -174,20 +209,19 @@ class History:
         if n == 1:  # a live sample: the per-row path is cheaper than the batch setup
             self._append_row(float(t[0]), rows[0].copy())
             return
+        if plan is None or plan.t is not t or plan.steps != self.levels_steps:
+            plan = self.plan(t)
         self.last_t = float(t[-1])
         if self.first_t is None:
             self.first_t = float(t[0])
         for li, (step, ring) in enumerate(self._levels):
-            if step == 0:
+            runs = plan.runs[li]
+            if runs is None:
                 self._put_many(li, t, rows, rows)
                 continue
-            buckets = np.floor(t / step).astype(np.int64)
-            # Runs of one bucket id, in arrival order: exactly where the
-            # one-at-a-time path closes and opens buckets.
-            starts = np.concatenate(([0], np.flatnonzero(buckets[1:] != buckets[:-1]) + 1))
+            starts, ids = runs
             lo = np.fmin.reduceat(rows, starts, axis=0)
             hi = np.fmax.reduceat(rows, starts, axis=0)
-            ids = buckets[starts]
             cur = self._open[li]
             if cur is not None:
                 if cur[0] == ids[0]:

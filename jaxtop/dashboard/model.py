@@ -259,8 +259,8 @@ class Model(HistoryFeed, AdviceFeed):
                     self._event(pid, "error", f"malformed {kind_of(record)!r} record skipped: {type(exc).__name__}: {exc}",
                                 None)
             batch.flush()
-            for rates_of, windowed, row, by_direction in batch.rates.values():
-                rates_of.rates = _rates(windowed, row, by_direction)
+            for rates_of, row, by_direction in batch.rates.values():
+                rates_of.rates = _rates(rates_of.transfer_window.rates(), row, by_direction)
             proc.samples += batch.samples
             now = proc.last_recv or 0.0
             if proc.coarse_pending and (proc.coarse_done or proc.coarse_merges == 0
@@ -422,10 +422,13 @@ class Model(HistoryFeed, AdviceFeed):
         # count swings with the relay's batches). The timelines draw each
         # sample's own.
         transfers = rec.transfers
-        by_direction = (transfers.h2d, transfers.d2h, transfers.d2d) if transfers is not None else (None, None, None)
-        windowed = proc.transfer_window.add(t, [x for tr in by_direction for x in (
-            (tr.count_total, tr.bytes_known_total) if tr is not None else (None, None))])
-        batch.rates[proc.pid] = (proc, windowed, row, by_direction)  # the panel's: the batch's last sample's
+        if transfers is not None:
+            by_direction = (transfers.h2d, transfers.d2h, transfers.d2d)
+            proc.transfer_window.push(t, _totals(by_direction))
+        else:
+            by_direction = _NO_TRANSFERS
+            proc.transfer_window.push(t, _NO_TOTALS)
+        batch.rates[proc.pid] = (proc, row, by_direction)  # the panel's: the batch's last sample's
         host = rec.process
         if host is not None and host.started_t is not None:
             proc.started_t = host.started_t
@@ -558,7 +561,20 @@ class Model(HistoryFeed, AdviceFeed):
             )
 
 
-def _rates(windowed: list[float | None], row: tuple[Any, ...],
+_NO_TRANSFERS: tuple[None, None, None] = (None, None, None)
+_NO_TOTALS: tuple[None, ...] = (None,) * 6
+
+
+def _totals(by_direction: tuple[Transfer | None, Transfer | None, Transfer | None]) -> tuple[Any, ...]:
+    """A sample's transfer totals, (count, bytes known) of each direction:
+    what the Transfers panel's rates are measured over."""
+    h2d, d2h, d2d = by_direction
+    return (h2d.count_total if h2d is not None else None, h2d.bytes_known_total if h2d is not None else None,
+            d2h.count_total if d2h is not None else None, d2h.bytes_known_total if d2h is not None else None,
+            d2d.count_total if d2d is not None else None, d2d.bytes_known_total if d2d is not None else None)
+
+
+def _rates(windowed: tuple[float | None, ...], row: tuple[Any, ...],
            by_direction: tuple[Transfer | None, Transfer | None, Transfer | None]) -> dict[str, TransferView]:
     """The Transfers panel's figures by direction: rates over the last
     seconds of totals (``windowed``; the sample's own interval until there

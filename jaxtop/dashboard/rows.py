@@ -82,10 +82,12 @@ class AllocationRate:
     def feed(self, t: float, num_allocs: int | float | None, platform: str | None) -> None:
         if num_allocs is None:
             return
-        if self.live or counts_live_allocations(platform, self.count, num_allocs):
+        count, last_t = self.count, self.t
+        if self.live or counts_live_allocations(platform, count, num_allocs):
             self.live, self.per_s = True, None
-        elif self.t is not None and self.count is not None and t > self.t:
-            self.per_s = max(0.0, (num_allocs - self.count) / (t - self.t))
+        elif last_t is not None and count is not None and t > last_t:
+            rise = (num_allocs - count) / (t - last_t)
+            self.per_s = rise if rise > 0.0 else 0.0
         self.t, self.count = t, num_allocs
 
 
