@@ -297,6 +297,23 @@ def test_a_damaged_index_is_built_again(tmp_path, cache):
     src.stop()
 
 
+def test_an_index_with_the_old_sha256_trailer_is_built_again_as_another_versions(tmp_path, cache):
+    import hashlib
+
+    path = synthetic_recording(tmp_path / "rec.jsonl", count=600)
+    src = open_again(path)
+    wait_for_index(src)
+    src.stop()
+    kept = cache / replay_cache.index_name(str(path))
+    body = kept.read_bytes()[:-20]  # without today's CRC-32 trailer
+    kept.write_bytes(body + b"JAXTOPSHA256" + hashlib.sha256(body).hexdigest().encode())
+    src = open_again(path)
+    try:
+        assert src.index is None and "another version" in src.index_note
+    finally:
+        src.stop()
+
+
 class Payload:
     def __reduce__(self):
         return (os.system, (f"touch {MARKER}",))

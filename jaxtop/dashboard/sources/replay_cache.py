@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import signal
 import stat
@@ -29,6 +30,7 @@ import struct
 import sys
 import time
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -173,29 +175,41 @@ def save(index: Index, path: str, recording: dict[str, Any]) -> None:
         np.savez(f, **arrays)
         f.flush()
         f.seek(0)
-        h = hashlib.sha256()
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-        # The digest of everything before it, after the zip (readers ignore trailing bytes).
-        f.write(b"JAXTOPSHA256" + h.hexdigest().encode())
+        crc = 0
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            crc = _crc32(chunk, crc)
+        # The checksum of everything before it, after the zip (readers ignore trailing bytes).
+        f.write(_MARK + b"%08x" % crc)
 
 
-def _file_sha256(path: str, limit: int | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        left = limit
-        while left is None or left > 0:
-            block = f.read(1 << 20 if left is None else min(1 << 20, left))
-            if not block:
-                break
-            h.update(block)
-            if left is not None:
-                left -= len(block)
-    return h.hexdigest()
+def _crc32(data: Any, value: int = 0) -> int:
+    """CRC-32 of ``data`` (bytes or a buffer): ISA-L's (the ``isal``
+    package) where installed, ~10 GB/s; zlib's, ~4 GB/s, where not."""
+    try:
+        from isal.isal_zlib import crc32
+    except ImportError:
+        return zlib.crc32(data, value)
+    return crc32(data, value)
 
 
-#: The digest's trailer: marker and 64 hex digits.
-_TRAILER = len(b"JAXTOPSHA256") + 64
+def _file_crc32(path: str, limit: int) -> int:
+    """CRC-32 of the first ``limit`` bytes of ``path``, read mapped."""
+    if limit <= 0:
+        return 0
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with memoryview(mapped) as view:
+            return _crc32(view[:limit])
+
+
+#: The trailer: a marker and the CRC-32 of the file before it, 8 hex digits.
+#: A damage check (a file cut short, a bad block: rebuilt, not read), as
+#: the SHA-256 before it was, at a tenth of the time: it is read at every
+#: open, and a day's index is ~1 GB (SHA-256 took 0.58 s of a 0.6 s open).
+#: No checksum says who wrote a file: what it holds is checked as it is read.
+_MARK = b"JAXTOPCRC32:"
+_TRAILER = len(_MARK) + 8
+#: The trailer of jaxtop versions before it: an index to build again.
+_OLD_MARK = b"JAXTOPSHA256"
 
 
 def load(path: str, recording: str, data_path: str | None = None,
@@ -214,9 +228,12 @@ def load(path: str, recording: str, data_path: str | None = None,
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
-            f.seek(max(0, size - _TRAILER))
-            trailer = f.read()
-        if not trailer.startswith(b"JAXTOPSHA256") or _file_sha256(path, size - _TRAILER).encode() != trailer[12:]:
+            f.seek(max(0, size - 76))
+            tail = f.read()
+        if tail[-76:].startswith(_OLD_MARK):
+            return None, "the index was built by another version of jaxtop"
+        trailer = tail[-_TRAILER:]
+        if not trailer.startswith(_MARK) or b"%08x" % _file_crc32(path, size - _TRAILER) != trailer[len(_MARK):]:
             return None, "the index is damaged (its checksum does not match)"
         npz = _mapped_members(path)
         meta = json.loads(bytes(npz["meta"]).decode())
