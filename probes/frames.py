@@ -165,16 +165,22 @@ class LibraryFilter:
     def _classify(self, filename: str) -> bool:
         if not filename:
             return True
-        if filename.startswith("<frozen") or filename.startswith("<built-in"):
-            return True
         if filename.startswith("<"):
-            return False  # <string>, <stdin>, notebooks' <ipython-input-…>: the user's
+            return not made_at_run_time(filename)
         parts = filename.replace("\\", "/").split("/")
         if "site-packages" in parts or "dist-packages" in parts:
             return True  # before the stdlib test: a system Python keeps them below it
         if self.is_core(filename):
             return True
         return filename.startswith(self._stdlib_prefixes())
+
+
+def made_at_run_time(filename: str) -> bool:
+    """A code file name of code made while the program ran: ``<string>``,
+    ``<stdin>``, a notebook's ``<ipython-input-…>``, code ``exec``'d under a
+    name of its own. The user's, unlike Python's own ``<frozen …>`` and
+    ``<built-in>``."""
+    return filename.startswith("<") and not filename.startswith(("<frozen", "<built-in"))
 
 
 #: The filter every probe of this process shares (its cache is the point).

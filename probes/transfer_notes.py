@@ -30,7 +30,7 @@ from collections import deque
 from typing import Any, Callable
 
 from jaxtop.probes.forksafe import ForkLock
-from jaxtop.probes.frames import HOOK_CODES, LIBRARY, MAX_FILES_CACHED, LibraryFilter, jitted_name
+from jaxtop.probes.frames import HOOK_CODES, LIBRARY, MAX_FILES_CACHED, LibraryFilter, jitted_name, made_at_run_time
 from jaxtop.probes.transfer_values import MAX_ARGS, ArgInfo, describe_value, literal_kind
 
 __all__ = ["CallNotes", "MAX_WALK", "RING", "SEALED"]
@@ -336,10 +336,19 @@ class CallNotes:
         """The hook's note where the caller is not (yet) known to be the
         user's, or the function's arguments were asked for: the user's frame
         is walked to (innermost outside library code), the arguments read."""
-        frame = self._user_frame(frame)
         kept = self.kept_files
+        if kept is not None:
+            filename = frame.f_code.co_filename
+            if filename not in kept and made_at_run_time(filename):
+                # Generated code once no more lines are kept apart: the
+                # caller is the user's and in no kept file. Noted as such
+                # without the walk, which would file its name in the caches
+                # (a name a function, without end).
+                self._note_sealed()
+                return
+        frame = self._user_frame(frame)
         if kept is not None and frame is not None and frame.f_code.co_filename not in kept:
-            self._calls.append((threading.get_ident(), time.perf_counter(), None, None, SEALED))
+            self._note_sealed()
             return
         site = (frame.f_code, frame.f_lasti) if frame is not None else (None, -1)
         if self._want and id(fun) in self._want:
@@ -348,6 +357,31 @@ class CallNotes:
             self._calls.append((threading.get_ident(), time.perf_counter(), fun, *site, described))
         else:
             self._calls.append((threading.get_ident(), time.perf_counter(), fun, *site))
+
+    def _note_sealed(self) -> None:
+        """Note a SEALED call. Calls of one thread noted SEALED one after
+        the other are one note, moved to the newest's time: a line ties to
+        the first note after it on its thread, so every line of those calls
+        ties to a SEALED note either way, and generated code (a file a
+        function) costs no allocation a call. The note is a list whose time
+        is set in place: set first, then looked for at the end of the
+        notes; where the agent took it meanwhile, a new note is added (the
+        agent read the new time, or reads it in the new note)."""
+        ident = threading.get_ident()
+        calls = self._calls
+        now = time.perf_counter()
+        try:
+            last = calls[-1]
+        except IndexError:
+            last = None
+        if last.__class__ is list and last[0] == ident:
+            last[1] = now
+            try:
+                if calls[-1] is last:
+                    return
+            except IndexError:
+                pass
+        calls.append([ident, now, None, None, SEALED])
 
     def _describe_call(self, fun: Any, args: Any, kwargs: Any) -> tuple[ArgInfo, ...] | None:
         left = self._want.get(id(fun), 0) - 1

@@ -348,3 +348,32 @@ def test_generated_code_does_not_grow_what_the_probe_keeps(installed):
     for code in codes:
         installed._keys.line_of(code, 0)
     assert len(installed._keys._lines) <= transfer_keys.MAX_LINES_CACHED + 1
+
+
+def test_sealed_calls_one_after_another_on_a_thread_are_one_note_at_the_newest_time():
+    """Past the lines kept apart, calls from other files are noted SEALED;
+    a run of them on one thread is one note whose time moves to the newest
+    call (every line before it ties to a SEALED note either way), and a new
+    note starts where another note came between or the agent took it."""
+    from jaxtop.probes.transfer_notes import SEALED, CallNotes
+
+    notes = CallNotes(enabled=False)
+    notes._note_sealed()
+    first = notes._calls[-1]
+    notes._note_sealed()
+    notes._note_sealed()
+    assert len(notes._calls) == 1 and notes._calls[0] is first and first[4] == SEALED
+    t_moved = first[1]
+    notes._calls.append((threading.get_ident(), time.perf_counter(), object(), None, 0))  # another note between
+    notes._note_sealed()
+    assert len(notes._calls) == 3 and notes._calls[-1] is not first and first[1] == t_moved
+
+    taken = notes._calls.pop()  # the agent took the newest note
+    notes._note_sealed()
+    assert len(notes._calls) == 3 and notes._calls[-1] is not taken  # a note of its own, not lost
+
+    other: list = []
+    thread = threading.Thread(target=lambda: (notes._note_sealed(), other.append(notes._calls[-1])))
+    thread.start()
+    thread.join()
+    assert len(notes._calls) == 4 and other[0][0] != threading.get_ident()  # another thread's run: its own note

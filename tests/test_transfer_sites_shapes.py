@@ -36,6 +36,19 @@ def _last_sites(log) -> dict:
     return last
 
 
+def _last_h2d_total(log) -> int:
+    """The agent's count of implicit host-to-device transfers, from its last sample."""
+    total = None
+    with open(log, "rb") as f:
+        for line in f:
+            record = json.loads(line)
+            h2d = ((record.get("transfers") or {}).get("h2d") or {}) if record.get("type") == "sample" else {}
+            if h2d.get("count_total") is not None:
+                total = h2d["count_total"]
+    assert total is not None, "no sample counted transfers"
+    return total
+
+
 def test_after_a_quiet_spell_only_the_first_calls_transfers_go_unnamed(child_env, tmp_path):
     script = TARGETS / "quiet_then_eval.py"
     eval_line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if text.endswith("# EVAL"))
@@ -113,3 +126,14 @@ def test_generated_code_past_the_lines_kept_is_not_held(child_env, tmp_path):
     sites = _last_sites(log)
     reasons = sites.get("unattributed_reasons") or {}
     assert any(f"more than {MAX_SITES} lines" in r for r in reasons), reasons
+    # Every transfer is counted once: at its line, or as one of the rest
+    # (the generated calls past the lines kept share a note while they
+    # come one after the other: none is lost or counted twice).
+    at_lines = sum(s["count_total"] for s in sites["sites"] if s["direction"] == "h2d")
+    at_lines += (sites.get("other") or {}).get("count_total", 0)
+    rest = (sites.get("unattributed") or {}).get("h2d", 0)
+    counted = _last_h2d_total(log)
+    assert at_lines + rest == counted >= 30_000, (at_lines, rest, counted)
+    # Each function transfers once at a line of its own: a transfer tied to
+    # another call's note would show as a line counted twice.
+    assert all(s["count_total"] == 1 for s in sites["sites"]), [s for s in sites["sites"] if s["count_total"] != 1]
