@@ -357,7 +357,7 @@ def main() -> int:
         build_s = (time.perf_counter() - began) * ready / max(1, min(ready, 200))
         now = time.time() + build_s
         t0 = now - n_backlog * INTERVAL_S
-        total = n_backlog + int(args.measure_s * HZ) + 10
+        total = n_backlog + int((args.measure_s + 120) * HZ)  # and the samples taken while the backlog goes out
         stream = synthetic.samples(pid, args.devices, t0, total, INTERVAL_S)
         backfill = Backfill()
         for _ in range(ready):

@@ -312,6 +312,21 @@ def test_a_recording_of_the_greeting_is_time_ordered_and_replays(three_hours, tm
         src.stop()
 
 
+@pytest.mark.parametrize("read", [1, 7, 90])
+def test_a_recording_fed_a_read_at_a_time_is_the_one_fed_a_line_at_a_time(three_hours, read):
+    """What the live source spools (RecordingOrder.feed_many, a read of
+    lines at a time) is what feeding each line makes, whatever the reads'
+    sizes: a hello inside a read, the greeting's present and history."""
+    hello, records, backfill, lines, _ = three_hours
+    live = [protocol.encode(dict(records[-1], seq=records[-1]["seq"] + k, t=records[-1]["t"] + k)) for k in (1, 2)]
+    stream = lines + live + lines  # a second connection: its hello again
+    one = client.RecordingOrder()
+    want = [out for line in stream for out in one.feed(line)] + one.flush()
+    many = client.RecordingOrder()
+    got = [out for i in range(0, len(stream), read) for out in many.feed_many(stream[i:i + read])] + many.flush()
+    assert got == want
+
+
 def test_an_older_agents_stream_is_recorded_unchanged():
     lines = [protocol.encode(synthetic.hello(PID, 1, T0))]
     lines += [protocol.encode(r) for r in synthetic.samples(PID, 1, T0, 5)]

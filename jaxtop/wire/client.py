@@ -13,6 +13,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
@@ -266,7 +267,11 @@ class AgentConnection:
             # downstream (a model update, a spool write). A live stream's
             # line a tick is yielded at once.
             gathered += cut
-            if ready and (gathered >= self.GATHER_BYTES or not _readable(self.sock)):
+            # A full read is a backlog pouring in: the next part is a moment
+            # away (its writer blocked on this reader), so a batch waits that
+            # moment for it rather than going at a fraction of its size.
+            if ready and (gathered >= self.GATHER_BYTES
+                          or not _readable(self.sock, BACKLOG_WAIT_S if len(chunk) == self.RECV_BYTES else 0.0)):
                 yield ready
                 ready, gathered = [], 0
         if ready:  # what the last reads brought before the end
@@ -343,6 +348,12 @@ def list_agents(timeout_s: float = 1.0, on_refused: Callable[[str], None] | None
     return found
 
 
+#: How long a batch waits for the next part of a backlog after a full read
+#: (:meth:`AgentConnection.batches`): a backlog's writer is blocked on this
+#: reader, so it comes at once; a batch of a read is ~9 samples of 8
+#: devices, and a model's batch costs per batch as much as per sample.
+BACKLOG_WAIT_S = 0.002
+
 #: Agents asked for their hello at once by :func:`list_agents`.
 LIST_WORKERS = 32
 
@@ -403,6 +414,14 @@ class RecordingOrder:
         self._in_history = False
         self._present: bytes | None = None
         self._present_seq: Any = None
+
+    def feed_many(self, lines: list[bytes]) -> list[bytes]:
+        """:meth:`feed` of each line in turn, as one list: outside a history,
+        a read without a ``hello`` passes as it is (a backlog's reads, a
+        live stream's), without a step a line."""
+        if not self._in_history and not any(map(bytes.startswith, lines, repeat(b'{"type":"hello"'))):
+            return lines
+        return [out for line in lines for out in self.feed(line)]
 
     def feed(self, line: bytes) -> list[bytes]:
         """The lines to write for one line received (each ending in a newline)."""
@@ -550,9 +569,10 @@ def record(
     return lines
 
 
-def _readable(sock: socket.socket) -> bool:
-    """Whether ``sock`` has data waiting now (or is closed: a read returns at once)."""
+def _readable(sock: socket.socket, wait_s: float = 0.0) -> bool:
+    """Whether ``sock`` has data waiting now, or within ``wait_s`` (or is
+    closed: a read returns at once)."""
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        return bool(select.select([sock], [], [], wait_s)[0])
     except (OSError, ValueError):  # closed meanwhile, or a descriptor select cannot take
         return False

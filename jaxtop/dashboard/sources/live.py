@@ -438,7 +438,7 @@ class LiveSource(Source):
 
         for lines in agent.batches(should_stop=self._stop.is_set, poll_s=0.5, on_oversized=oversized):
             with conn.spool_lock:
-                conn.spool_lines([out for line in lines for out in conn.order.feed(line)])
+                conn.spool_lines(conn.order.feed_many(lines))
             if ingest(model, conn.pid, lines):
                 conn.saw_exit = True
             self.on_update()
