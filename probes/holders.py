@@ -71,6 +71,7 @@ from jaxtop.probes.jaxstate import jax_imported
 from jaxtop.probes.holders_scan import MIN_ARRAYS, totals_from_arrays
 from jaxtop.probes.live_arrays import LiveArrays
 from jaxtop.probes.pprof import ProfileTotals, SiteStats, aggregate_profile
+from jaxtop.probes.who_holds import WhoCommand
 from jaxtop.probes.forksafe import ForkLock
 
 __all__ = [
@@ -101,6 +102,7 @@ MAX_SITES = 50
 #: Least time between two profiles asked for by commands (``holders_mark``,
 #: ``holders_profile``), whoever asks: a flood of requests costs one profile per this.
 DEMAND_MIN_INTERVAL_S = 1.0
+
 #: While memory climbs (or the program is young) profiles may take this
 #: share of the time instead of ``budget``: a 20 ms profile every 5 s ...
 WATCH_BUDGET = 0.004
@@ -233,6 +235,7 @@ class HoldersProbe:
         self.interval_s = self.base_interval_s  # current, after back-off
         self._next_t = 0.0  # monotonic time of the next cadence profile
         self._last_demand_t = -1e18
+        self._who = WhoCommand(lambda: self._arrays() if self._arrays is not None else None, monotonic)
         self._pending: dict[str, Any] | None = None  # a record not yet sent
         self._want: str | None = None  # a profile asked for by a command: its reason
         self.last: ProfileTotals | None = None
@@ -261,7 +264,7 @@ class HoldersProbe:
 
     @property
     def commands(self) -> dict[str, Any]:
-        return {"holders_mark": self.cmd_mark, "holders_profile": self.cmd_profile}
+        return {"holders_mark": self.cmd_mark, "holders_profile": self.cmd_profile, "holders_who": self.cmd_who}
 
     def start(self) -> None:
         """Nothing to install (profiles are taken on the agent's ticks)."""
@@ -283,6 +286,8 @@ class HoldersProbe:
             self._on_suspect = lambda text: agent.post_event("leak_suspect", text=text)
         if self._on_watch is None and hasattr(agent, "post_event"):
             self._on_watch = lambda text: agent.post_event("leak_watch", text=text)
+        if self._arrays is None:  # the agent's live-array scans: what holders_who searches for
+            self._arrays = getattr(agent, "_holders_arrays", None)
         agent.add_probe(self)
         return self
 
@@ -562,6 +567,11 @@ class HoldersProbe:
         rec = done["record"]
         return {"seq": rec["seq"], "bytes": rec["bytes"], "count": rec["count"], "sites": rec["sites_total"],
                 "seconds": rec["seconds"]}
+
+    def cmd_who(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Command ``holders_who``: :class:`jaxtop.probes.who_holds.WhoCommand`,
+        for a site named in ``args`` or this probe's leak suspects."""
+        return self._who(args, [(key[0], key[1]) for key in self.tracker.suspects()])
 
     # -- reading in-process (tests, benchmarks) -----------------------------------
     def profile_now(self) -> dict[str, Any] | None:

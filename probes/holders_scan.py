@@ -30,7 +30,7 @@ from jaxtop.probes.frames import LIBRARY, NO_STACK, LibraryFilter, pick_site
 from jaxtop.probes.live_arrays import NBYTES, LiveArrays
 from jaxtop.probes.pprof import ProfileTotals, SiteStats
 
-__all__ = ["CHUNK", "MIN_ARRAYS", "totals_from_arrays"]
+__all__ = ["CHUNK", "MIN_ARRAYS", "arrays_at", "totals_from_arrays"]
 
 #: Arrays read between two hand-backs of the interpreter (~0.3 ms).
 CHUNK = 500
@@ -109,3 +109,37 @@ def _add(totals: ProfileTotals, key: Any, library: bool, label: str, nbytes: int
     dev = totals.by_device.setdefault(label, [0, 0])
     dev[0] += nbytes
     dev[1] += count
+
+
+def arrays_at(arrays: LiveArrays, sites: set[tuple[str, int]], per_site: int = 3, filt: LibraryFilter = LIBRARY,
+              chunk: int = CHUNK, pause: Callable[[float], None] = time.sleep) -> dict[tuple[str, int], list[Any]]:
+    """Up to ``per_site`` live arrays of the last scan made at each of
+    ``sites`` (``(file, line)``, as a profile's sites name them), read
+    ``chunk`` arrays between two hand-backs of the interpreter; the newest
+    of the scan first (a growing site's newest arrays are the ones it keeps
+    adding). Stops once every site has its arrays."""
+    out: dict[tuple[str, int], list[Any]] = {site: [] for site in sites}
+    wanted = len(sites) * per_site
+    got = 0
+    site_of: dict[Any, tuple[str, int] | None] = {}
+    refs = arrays.refs
+    for dev in list(arrays.devices.values()):
+        keys = tuple(dev.rows)[::-1]
+        for start in range(0, len(keys), chunk):
+            for key in keys[start:start + chunk]:
+                ref = refs.get(key)
+                arr = ref() if ref is not None else None
+                tb = getattr(arr, "traceback", None) if arr is not None else None
+                if tb is None:
+                    continue
+                site = site_of.get(tb, False)
+                if site is False:
+                    (file, line, _), _ = pick_site(_frames(tb), filt)
+                    site = site_of[tb] = (file, line) if (file, line) in out else None
+                if site is not None and len(out[site]) < per_site:
+                    out[site].append(arr)
+                    got += 1
+                    if got >= wanted:
+                        return out
+            pause(0)
+    return out

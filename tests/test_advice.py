@@ -379,6 +379,29 @@ def test_a_leak_suspect_is_advised_on_with_its_growth():
     assert a.line == 70 and "+349 MiB/min for 50 s, 6 rises in a row" in a.evidence
 
 
+def test_a_leak_names_who_keeps_it_once_a_search_was_asked_for():
+    """Before a ``holders_who`` search the leak advice says how to ask for
+    one; after it, the program's names that keep the arrays lead the title,
+    the evidence and the fix. A search that found no name says so."""
+    growth = {"rises": 6, "since_t": T0, "for_s": 50, "bytes_per_min": 349 << 20}
+    recs = [sample(1.0), sample(9.0, holders=holders(9.0, line=70, nbytes=1 << 30, count=90, suspect=True,
+                                                      growth=growth))]
+    (before,) = advise(recs).of("leak")
+    assert "not who keeps them" in before.evidence and "`k` on the Holders screen" in before.fix
+
+    def who(paths: dict[str, int]) -> Any:
+        return from_dict({"type": "reply", "t": T0 + 9.5, "id": 4, "ok": True, "result": {
+            "who": [{"file": FILE, "line": 70, "arrays": 3, "paths": paths, "unnamed": 3 - sum(paths.values()),
+                     "objects": 120, "complete": True}], "seconds": 0.01, "longest_piece_s": 0.001}})
+
+    (named,) = advise(recs + [who({"__main__.history[…]": 3})]).of("leak")
+    assert named.title == "__main__.history[…] keeps this line's arrays"
+    assert "kept by `__main__.history[…]` (3 of its arrays searched for: 3 found under those names)" in named.evidence
+    assert named.fix.startswith("stop __main__.history[…] from keeping")
+    (unnamed,) = advise(recs + [who({})]).of("leak")
+    assert "a search found no name of the program's" in unnamed.evidence and "`k` on the" not in unnamed.fix
+
+
 # -- robustness -------------------------------------------------------------------------------------
 
 def test_one_failing_detector_takes_no_other_down(monkeypatch):

@@ -437,7 +437,7 @@ def test_probe_records_sites_suspects_an_event_and_a_mark():
     agent = FakeAgent()
     probe, clock, mono = make_probe(leak_profiles(20), interval_s=5.0)
     probe.install(agent)
-    assert set(agent.fields) == {"holders"} and set(agent.commands) == {"holders_mark", "holders_profile"}
+    assert set(agent.fields) == {"holders"} and set(agent.commands) == {"holders_mark", "holders_profile", "holders_who"}
     records = []
     for i in range(8):
         clock.t, mono.t = T0 + 5 * i, 5.0 * i

@@ -103,6 +103,42 @@ def test_a_leaking_program_is_flagged_at_the_leaking_line_with_its_rate(child_en
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_who_holds_a_leak_is_named_as_the_program_names_it(child_env, tmp_path):
+    """``holders_who`` over the socket: the leak suspect's arrays are found
+    kept by the module's list ``metrics`` (the program's name), and a named
+    site with nothing leaking says what keeps its arrays, or that none is."""
+    from jaxtop.wire.client import AgentConnection
+
+    log = tmp_path / "leak.jsonl"
+    proc = start("holders_leak.py", child_env, "--log", log, "--leak", "--period", 0.05, "--seconds", 40)
+    try:
+        read_line(proc, "ready")
+        line = marker_lines(TARGETS / "holders_leak.py", "LEAK")["LEAK"]
+        wait_for(lambda: any(s.get("suspect") for rec in holders_records(log) for s in rec["sites"]), timeout=25,
+                 what="a leak suspect")
+        with AgentConnection.open(proc.pid) as conn:
+            asked = conn.send_command("holders_who", {})
+
+            def reply():
+                for raw in conn.lines(poll_s=0.2):
+                    rec = json.loads(raw)
+                    if rec.get("type") == "reply" and rec.get("id") == asked:
+                        return rec
+                return None
+
+            rec = reply()
+        assert rec is not None and rec["ok"], rec
+        who = rec["result"]["who"]
+        assert [(w["file"].rsplit("/", 1)[-1], w["line"]) for w in who] == [("holders_leak.py", line)], who
+        assert who[0]["arrays"] == 3 and who[0]["paths"] == {"__main__.metrics[…]": 3}, who
+        assert who[0]["complete"] and rec["result"]["longest_piece_s"] < 0.05, rec["result"]
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_steady_program_is_never_flagged(child_env, tmp_path):
     log = tmp_path / "steady.jsonl"

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from jaxtop.advice.series import MAX_POINTS, Total
 from jaxtop.dashboard.ledger import LedgerStore, LedgerView
 from jaxtop.wire.protocol import fragmentation_na
-from jaxtop.wire.records import Hello, Holders, HostSyncs, Record, Sample, SyncSite, TransferSite, Unknown
+from jaxtop.wire.records import (
+    Hello, Holders, HostSyncs, Record, Reply, Sample, SyncSite, TransferSite, Unknown, WhoHolds, WhoSite, reply_result,
+)
 
 __all__ = ["DeviceReading", "Evidence", "HOLDER_PROFILES_KEPT", "SiteKey"]
 
@@ -96,6 +98,8 @@ class Evidence:
         self.syncs_field: HostSyncs | None = None  # the newest host_syncs field
         self.profiles: collections.deque[Holders] = collections.deque(maxlen=HOLDER_PROFILES_KEPT)
         self.holders_error: str | None = None
+        #: (file, line) -> the program's names that keep the site's arrays (a ``holders_who`` reply)
+        self.who: dict[tuple[str, int], WhoSite] = {}
         self.devices: dict[object, collections.deque[DeviceReading]] = {}
         self.donation_failed = Total()
         self.donation_message: str | None = None
@@ -109,6 +113,13 @@ class Evidence:
         """Take one record (any type: those that say nothing here are skipped)."""
         if isinstance(record, Sample):  # a backfill is a sample of the agent's history
             self.feed_sample(record)
+        elif isinstance(record, Reply) and isinstance(record.result, dict) and "who" in record.result:
+            who = reply_result(record, WhoHolds)
+            for site in (who.who or ()) if who is not None else ():
+                if site.file and site.line.__class__ is int and site.arrays:
+                    if len(self.who) >= MAX_SITES and (site.file, site.line) not in self.who:
+                        continue
+                    self.who[(site.file, site.line)] = site
         elif isinstance(record, Hello):
             capture = record.transfer_capture
             if capture is not None and capture.available is False:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from jaxtop.wire.records import (
-    BytesCountPair, Holders, HolderSite, HostSyncs, Labels, Record, Sample, SyncSite, Unknown,
+    BytesCountPair, Holders, HolderSite, HostSyncs, Labels, Record, Sample, SyncSite, Unknown, WhoHolds,
 )
 from jaxtop.wire.records.base import Num
 
@@ -371,3 +371,17 @@ def fold_records(records: Iterable[Record | Unknown]) -> HoldersView:
         if isinstance(record, Sample):
             fold.feed(record)
     return fold.view()
+
+
+def who_said(who: WhoHolds) -> list[str]:
+    """The events of a ``holders_who`` reply: per site searched, the
+    program's names that keep its arrays (or that none reaches them), or
+    the error that stopped the search."""
+    out = [f"who holds: {who.error}"] if who.error else []
+    for site in who.who or ():
+        names = ", ".join(f"{path} ({n:.0f} of {site.arrays or 0:.0f})" for path, n in (site.paths or {}).items()
+                          if n is not None)
+        where = f"{site.file}:{site.line}"
+        out.append(f"who holds {where}: {names}" if names else f"who holds {where}: no name of the program's reaches "
+                   "its arrays" + ("" if site.complete is not False else " (the search stopped at its bounds)"))
+    return out

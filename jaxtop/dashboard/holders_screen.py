@@ -3,8 +3,8 @@ pytrees and host syncs of one process.
 
 The screen draws :class:`~jaxtop.widgets.holders.HoldersReport` of whatever
 ``view_fn`` returns, polling it twice a second (a cheap call: the model
-caches the view), and sends the ``holders_mark`` / ``holders_profile``
-commands through ``send``. :meth:`HoldersScreen.for_app` wires both to a
+caches the view), and sends the ``holders_mark`` / ``holders_profile`` /
+``holders_who`` commands through ``send``. :meth:`HoldersScreen.for_app` wires both to a
 running dashboard: the view of the process the dashboard shows, commands
 through its source.
 """
@@ -54,6 +54,8 @@ class HoldersScreen(Screen[None]):
         Binding("m", "mark", "mark", tooltip="Mark now: every site then shows its change since this moment"),
         Binding("M", "clear_mark", "clear mark", show=False, tooltip="Remove the mark"),
         Binding("r", "profile", "profile now", tooltip="Take a memory profile now (at most one a second)"),
+        Binding("k", "who", "who keeps", tooltip="Name what keeps the leak suspects' arrays alive, by the program's "
+                "own names (walks the program's objects in pieces: a few ms to a second)"),
         # "d" and tab are the dashboard's own (priority) device keys.
         Binding("v", "device", "one device", tooltip="Show one device's bytes, the next, then all devices"),
     ]
@@ -168,6 +170,10 @@ class HoldersScreen(Screen[None]):
 
     def action_profile(self) -> None:
         self._send("holders_profile", {}, "profile requested")
+
+    def action_who(self) -> None:
+        self._send("holders_who", {}, "who holds the suspects: asked (the answer comes as an event, and in the "
+                   "leak advice)")
 
     def action_device(self) -> None:
         """All devices -> each device of the latest profile -> all devices."""

@@ -21,20 +21,21 @@ from typing import Any, Callable, Iterable, Union
 from jaxtop.wire import protocol
 from jaxtop.wire.records import (
     Backend, Backfill, Dropped, Error, Exit, Hello, HistoryEnd, Odd, OomCensus, Record, Reply, Sample, Unknown,
-    MemoryProfile, Transfer, kind_of, reply_result,
+    MemoryProfile, Transfer, WhoHolds, kind_of, reply_result,
 )
 from jaxtop.wire.records import History as HistoryRecord
 from jaxtop.wire.records import from_dict as records_from_dict
 from jaxtop.wire.safe_text import terminal_safe
 from jaxtop.dashboard.accelerator import nvml_worth_saying
 from jaxtop.dashboard.advising import AdviceFeed
+from jaxtop.dashboard.holders import who_said
 from jaxtop.dashboard.backlog import COARSE_MERGE_S, HOLDERS_FIELDS, PAST_MERGE_S, HistoryFeed, has_sparse, sparse_part
 from jaxtop.dashboard.batch import UNMAPPED_KINDS, Batch
 from jaxtop.dashboard.events import MAX_EVENTS, Event, merged_events, sample_events
 from jaxtop.dashboard.history import History
 from jaxtop.dashboard.ledger import LedgerStore
 from jaxtop.dashboard.readings import NO_NVML, TransferView, device_order, nvml_of_devices
-from jaxtop.dashboard.rows import device_row, gpus_by_index, process_row
+from jaxtop.dashboard.rows import NO_TOTALS, NO_TRANSFERS, device_row, gpus_by_index, process_row, transfer_totals
 from jaxtop.dashboard.snapshot import MIN_SPAN_S, CensusViews, device_view, process_view
 from jaxtop.dashboard.state import ProcessModel, _DeviceState
 from jaxtop.dashboard.views import (
@@ -360,7 +361,12 @@ class Model(HistoryFeed, AdviceFeed):
         # names its file (or the error that stopped it).
         profile = reply_result(rec, MemoryProfile) if isinstance(rec.result, dict) and (
             "top_sites" in rec.result or "path" in rec.result) else None
-        if profile is not None:
+        who = reply_result(rec, WhoHolds) if isinstance(rec.result, dict) and "who" in rec.result else None
+        if who is not None:
+            self._advise(proc, rec)  # the leak advice names the holders
+            for text in who_said(who):
+                self._event(proc.pid, "holders", text, rec.t)
+        elif profile is not None:
             proc.last_profile = profile
             if profile.error:
                 self._event(proc.pid, "profile", f"memory profile failed: {protocol.shown(profile.error)}", rec.t)
@@ -424,10 +430,10 @@ class Model(HistoryFeed, AdviceFeed):
         transfers = rec.transfers
         if transfers is not None:
             by_direction = (transfers.h2d, transfers.d2h, transfers.d2d)
-            proc.transfer_window.push(t, _totals(by_direction))
+            proc.transfer_window.push(t, transfer_totals(by_direction))
         else:
-            by_direction = _NO_TRANSFERS
-            proc.transfer_window.push(t, _NO_TOTALS)
+            by_direction = NO_TRANSFERS
+            proc.transfer_window.push(t, NO_TOTALS)
         batch.rates[proc.pid] = (proc, row, by_direction)  # the panel's: the batch's last sample's
         host = rec.process
         if host is not None and host.started_t is not None:
@@ -559,19 +565,6 @@ class Model(HistoryFeed, AdviceFeed):
                 notices=tuple(self.notices),
                 replay=ReplayView.from_state(replay),
             )
-
-
-_NO_TRANSFERS: tuple[None, None, None] = (None, None, None)
-_NO_TOTALS: tuple[None, ...] = (None,) * 6
-
-
-def _totals(by_direction: tuple[Transfer | None, Transfer | None, Transfer | None]) -> tuple[Any, ...]:
-    """A sample's transfer totals, (count, bytes known) of each direction:
-    what the Transfers panel's rates are measured over."""
-    h2d, d2h, d2d = by_direction
-    return (h2d.count_total if h2d is not None else None, h2d.bytes_known_total if h2d is not None else None,
-            d2h.count_total if d2h is not None else None, d2h.bytes_known_total if d2h is not None else None,
-            d2d.count_total if d2d is not None else None, d2d.bytes_known_total if d2d is not None else None)
 
 
 def _rates(windowed: tuple[float | None, ...], row: tuple[Any, ...],

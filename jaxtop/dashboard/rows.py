@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from jaxtop.wire.protocol import fragmentation_na
-from jaxtop.wire.records import Device, Gpu, Nvml, Sample
+from jaxtop.wire.records import Device, Gpu, Nvml, Sample, Transfer
 from jaxtop.wire.timeline import counts_live_allocations
 
-__all__ = ["AllocationRate", "Cursor", "device_row", "gpus_by_index", "process_row"]
+__all__ = ["NO_TOTALS", "NO_TRANSFERS", "AllocationRate", "Cursor", "device_row", "gpus_by_index", "process_row",
+           "transfer_totals"]
 
 
 def gpus_by_index(nvml: Nvml | None) -> dict[int, Gpu]:
@@ -41,6 +42,20 @@ def device_row(dev: Device, gpu: Gpu | None, allocs_per_s: float | None) -> tupl
         dev.largest_free_block_bytes,
         live.holes if live is not None else None,
     )
+
+
+#: A sample without ``transfers``: no direction, no total.
+NO_TRANSFERS: tuple[None, None, None] = (None, None, None)
+NO_TOTALS: tuple[None, ...] = (None,) * 6
+
+
+def transfer_totals(by_direction: tuple[Transfer | None, Transfer | None, Transfer | None]) -> tuple[Any, ...]:
+    """A sample's transfer totals, (count, bytes known) of each direction
+    (h2d, d2h, d2d): what the Transfers panel's rates are measured over."""
+    h2d, d2h, d2d = by_direction
+    return (h2d.count_total if h2d is not None else None, h2d.bytes_known_total if h2d is not None else None,
+            d2h.count_total if d2h is not None else None, d2h.bytes_known_total if d2h is not None else None,
+            d2d.count_total if d2d is not None else None, d2d.bytes_known_total if d2d is not None else None)
 
 
 def process_row(rec: Sample, span: float, gpus: dict[int, Gpu]) -> tuple[Any, ...]:

@@ -98,15 +98,29 @@ def leak(w: Window) -> Found:
         rate = f"+{fmt_bytes(g.bytes_per_min)}/min" if g is not None and g.bytes_per_min else "growing"
         for_s = f" for {g.for_s:.0f} s" if g is not None and g.for_s else ""
         rises = f", {g.rises:.0f} rises in a row" if g is not None and g.rises else ""
+        who = w.ev.who.get((site.file, int(site.line)))
+        names = [path for path, n in sorted((who.paths or {}).items(), key=lambda kv: -(kv[1] or 0))
+                 if n] if who is not None else []
+        if names:
+            held = (f"; kept by {', '.join(f'`{p}`' for p in names[:3])} ({who.arrays or 0:.0f} of its arrays "
+                    f"searched for: {sum((who.paths or {}).values()) or 0:.0f} found under those names)")
+            fix = (f"stop {names[0]} from keeping each step's arrays: keep Python numbers instead (float(x) every N "
+                   f"steps), or bound it (a deque(maxlen=...)), or clear it")
+        else:
+            searched = (" (a search found no name of the program's that reaches them: a library, a closure or a "
+                        "class attribute keeps them)" if who is not None else "")
+            held = f"; jaxtop names where they were made, not who keeps them{searched}"
+            fix = ("look for a list, dict or attribute that keeps each step's outputs (history.append(loss)); keep "
+                   "Python numbers (float(loss) every N steps) or drop the references" +
+                   ("" if who is not None else "; `k` on the Holders screen (H) names what keeps them, by the "
+                    "program's own names (it walks the program's objects: a few ms to a second)"))
         out.append(Advice(
             strategy="leak", file=site.file, line=int(site.line), function=site.function, jitted=None,
-            title="find what keeps this line's arrays alive",
+            title="find what keeps this line's arrays alive" if not names else f"{names[0]} keeps this line's arrays",
             evidence=f"{short(site.file, int(site.line))} holds {fmt_bytes(site.bytes)} in {site.count or 0:.0f} "
-                     f"arrays, {rate}{for_s}{rises} (memory profiles); jaxtop names where they were made, not who "
-                     f"keeps them",
+                     f"arrays, {rate}{for_s}{rises} (memory profiles){held}",
             gain=f"the growth itself: {rate} until the device is full",
-            fix="look for a list, dict or attribute that keeps each step's outputs (history.append(loss)); keep "
-                "Python numbers (float(loss) every N steps) or drop the references",
+            fix=fix,
             basis=MEASURED, window_s=w.span_s,
             score=min(1.0, 0.4 + ((g.bytes_per_min or 0) / ((g.bytes_per_min or 0) + (256 << 20)) if g else 0.0))))
     return out

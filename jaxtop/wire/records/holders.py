@@ -15,7 +15,7 @@ from jaxtop.wire.records.base import Num, Rec, Time
 
 __all__ = [
     "BytesCount", "BytesCountPair", "HolderSite", "Holders", "HoldersMark", "HostSyncs", "LabelledTree", "Labels",
-    "OtherSites", "SiteGrowth", "SyncSite",
+    "OtherSites", "SiteGrowth", "SyncSite", "WhoHolds", "WhoSite",
 ]
 
 #: ``[bytes, count]`` of one device (``by_device``, a site's ``devices``).
@@ -157,3 +157,28 @@ class HostSyncs(Rec):
     # Host syncs in the worst step: a budget's figure (host_syncs_per_step)
     # that no probe sends yet; budgets read it n/a until one does.
     per_step_max: Num = None
+
+
+# -- who holds (the ``holders_who`` command's reply) ------------------------------------------
+
+class WhoSite(Rec):
+    """One site searched: the program's names that keep a few of its arrays
+    alive (``paths``: an expression, ``__main__.metrics[…]``, -> how many of
+    the ``arrays`` searched for it holds)."""
+
+    file: str | None = None
+    line: Num = None
+    arrays: Num = None  # found at the site in the last scan, searched for
+    paths: dict[str, Num] | None = None
+    unnamed: Num = None  # of them no name of the program's reaches
+    objects: Num = None  # objects the search looked at
+    complete: bool | None = None  # the search ended within its bounds
+
+
+class WhoHolds(Rec):
+    """The ``holders_who`` command's result, or the ``error`` that stopped it."""
+
+    who: list[WhoSite] | None = None
+    seconds: Num = None
+    longest_piece_s: Num = None  # the longest the search held the interpreter at once
+    error: str | None = None
