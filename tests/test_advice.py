@@ -59,6 +59,35 @@ def sites(t: float, total: int, **kw: Any) -> Any:
                   transfers={"h2d": {"count_total": total}})
 
 
+def test_a_batch_split_across_the_devices_is_put_with_its_sharding_and_a_device_copy_is_advised_on():
+    """JAX's spmd example (pmap over 8 devices): a NumPy batch of 8 slices
+    fed every step gets a fix that puts it split, a slice a device (a plain
+    jax.device_put made it 48,000 device-to-device copies there); steady
+    device-to-device copies get advice too (that literal fix read "none")."""
+    eight = [{"id": i, "platform": "cpu", "source": "live_arrays", "live_arrays": {"bytes": 10}} for i in range(8)]
+    split = [{"name": "batch", "kind": "NumPy array", "shape": "float32[8,16,64]", "bytes": 32768}]
+
+    def fed(t: float, n: int) -> Any:
+        return sample(t, devices=eight, transfer_sites={"sites": [h2d_site(55, n, args=split)]},
+                      transfers={"h2d": {"count_total": n}})
+
+    (a,) = advise(steady(30, 50, fed)).of("placement")
+    assert "jax.device_put(batch, NamedSharding(Mesh(jax.devices(), ('d',)), P('d')))" in a.fix
+    assert "one slice a device (8 devices)" in a.fix
+    # One device, or a first axis of another length: the plain fix.
+    (one,) = advise(steady(30, 50, lambda t, n: sample(t, devices=eight[:1], transfer_sites={"sites": [
+        h2d_site(55, n, args=split)]}))).of("placement")
+    assert "NamedSharding" not in one.fix and "jax.device_put(batch) one step ahead" in one.fix
+
+    def copied(t: float, n: int) -> Any:
+        return sample(t, devices=eight, transfer_sites={"sites": [
+            h2d_site(57, n, callee="_multi_slice", direction="d2d", args=split) | {"callee": "_multi_slice (op)"}]})
+
+    (d2d,) = advise(steady(30, 4000, copied)).of("placement")
+    assert d2d.line == 57 and "4,000/s implicit device-to-device copies" in d2d.evidence
+    assert "by jax's `_multi_slice (op)`" in d2d.evidence and "jax.device_put(x, NamedSharding(" in d2d.fix
+
+
 # -- the window ----------------------------------------------------------------------------
 
 def test_a_steady_line_gets_advice_with_its_rate_window_and_fix():

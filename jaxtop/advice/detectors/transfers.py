@@ -11,6 +11,8 @@ when its total rose in most slices of the window, the last ones included.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 from jaxtop.advice.detectors.base import Found, Window, bytes_per_s, comprehension, per_s, short
@@ -173,11 +175,17 @@ def placement(w: Window) -> Found:
         if fresh:
             seen.append(", ".join(f"`{n}`" for n in fresh) + ": new data at each call read")
         rest = [n for n in arrays if n not in constant]
+        split = _split_args(w, line)
         if rest:
             name = rest[0]
-            fixes.append(f"{name} = jax.device_put({name}) one step ahead of the call (prefetch the next batch while "
+            where = (f"{name}, {_SHARDED}" if name in split else name)
+            fixes.append(f"{name} = jax.device_put({where}) one step ahead of the call (prefetch the next batch while "
                          f"this step runs)" + ("" if name in fresh else f"; if `{name}` is the same array every call, "
                                                                         f"jax.device_put it once before the loop"))
+            if name in split:
+                fixes.append(f"its first axis is one slice a device ({len(w.ev.devices)} devices): a plain "
+                             f"jax.device_put({name}) puts it whole on one device, and each call then copies the "
+                             f"slices device to device")
         fixed = [n for n in scalars if same.get(n) is True]
         moving = [n for n in scalars if n not in fixed]
         if fixed:
@@ -198,6 +206,60 @@ def placement(w: Window) -> Found:
             gain=f"-{per_s(rate)} implicit transfers on the call path{moved}",
             fix="; ".join(fixes) or f"jax.device_put the arguments of `{line.callee}` before the call",
             basis=MEASURED, window_s=w.span_s, score=_score_rate(rate)))
+    out += _device_to_device(w)
+    return out
+
+
+#: A batch split along its first axis, a slice a device: what a pmap (or a
+#: jit over a one-axis mesh) takes without copying.
+_SHARDED = "NamedSharding(Mesh(jax.devices(), ('d',)), P('d'))"
+_LEADING = re.compile(r"\[(\d+)[,\]]")
+
+
+def _split_args(w: Window, line: TransferLine) -> set[str]:
+    """The line's array arguments whose first axis is as long as the process
+    has devices (more than one): a batch meant to be split, a slice a device."""
+    n = len(w.ev.devices)
+    site = line.latest
+    if n < 2 or site is None:
+        return set()
+    out = set()
+    for a in site.args or ():
+        m = _LEADING.search(a.shape or "")
+        if m and int(m.group(1)) == n and a.name and "scalar" not in (a.kind or ""):
+            out.add(a.name)
+    return out
+
+
+def _device_to_device(w: Window) -> Found:
+    """Steady implicit device-to-device copies into a jitted function: an
+    argument put whole on one device (a plain jax.device_put) that the call
+    runs split across the devices, or on another device."""
+    out: Found = []
+    for line in w.ev.transfers.values():
+        # An op too: pmap splits an argument across its devices with one of
+        # jax's own (`_multi_slice`), and that is the copy to avoid.
+        if line.direction != "d2d":
+            continue
+        steady = _steady(w, line)
+        if steady is None:
+            continue
+        rate = steady[0].per_s
+        what, arrays, _ = _args(line)
+        name = arrays[0] if arrays and not line.op else "the argument"
+        into = (f"by jax's `{line.callee}` (an argument split across the devices by copying)" if line.op
+                else f"into `{line.callee}`")
+        out.append(Advice(
+            strategy="placement", file=line.file, line=line.line, function=line.function, jitted=line.callee,
+            title=f"put what the call at {short(line.file, line.line)} is fed where it runs: it is copied device "
+                  f"to device",
+            evidence=f"{per_s(rate)} implicit device-to-device copies at {short(line.file, line.line)} {into} "
+                     f"{w.over()}" + ("" if line.op else f", of {what}"),
+            gain=f"-{per_s(rate)} device-to-device copies on the call path",
+            fix=f"put {name} with the sharding the call runs with, ahead of it: for a batch split along its first "
+                f"axis (pmap, or jit over a mesh) jax.device_put(x, {_SHARDED}), not jax.device_put(x) alone, "
+                f"which puts it whole on one device",
+            basis=MEASURED, window_s=w.span_s, score=_score_rate(rate, 0.8)))
     return out
 
 
