@@ -48,7 +48,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # wheels alike are fetched for the chip's interpreter (CPython 3.11, x86_64
 # Linux), not for the one running this script.
 DEPS=(textual rich markdown-it-py mdurl mdit-py-plugins linkify-it-py uc-micro-py pygments platformdirs
-      psutil nvidia-ml-py orjson msgspec typing-extensions pyte wcwidth
+      psutil nvidia-ml-py orjson msgspec isal typing-extensions pyte wcwidth
       pytest pluggy iniconfig packaging pytest-timeout pytest-asyncio)
 CHIP_PYTHON_VERSION=3.11
 ALL_STEPS=cost,tests,demo,freeblock,record,screens,sites,sitescost,advice
