@@ -278,12 +278,17 @@ def test_a_recording_rewritten_in_the_middle_is_indexed_again(tmp_path, cache):
         src.stop()
 
 
-def test_a_damaged_index_is_built_again(tmp_path, cache):
+def indexed(tmp_path, cache) -> tuple[Path, Path]:
+    """A recording and its index, built and kept in the cache: (recording, index file)."""
     path = synthetic_recording(tmp_path / "rec.jsonl", count=600)
     src = open_again(path)
     wait_for_index(src)
     src.stop()
-    kept = cache / replay_cache.index_name(str(path))
+    return path, cache / replay_cache.index_name(str(path))
+
+
+def test_a_damaged_index_is_built_again(tmp_path, cache):
+    path, kept = indexed(tmp_path, cache)
     data = bytearray(kept.read_bytes())
     data[len(data) // 2] ^= 0xFF
     kept.write_bytes(bytes(data))
@@ -300,11 +305,7 @@ def test_a_damaged_index_is_built_again(tmp_path, cache):
 def test_an_index_with_the_old_sha256_trailer_is_built_again_as_another_versions(tmp_path, cache):
     import hashlib
 
-    path = synthetic_recording(tmp_path / "rec.jsonl", count=600)
-    src = open_again(path)
-    wait_for_index(src)
-    src.stop()
-    kept = cache / replay_cache.index_name(str(path))
+    path, kept = indexed(tmp_path, cache)
     body = kept.read_bytes()[:-20]  # without today's CRC-32 trailer
     kept.write_bytes(body + b"JAXTOPSHA256" + hashlib.sha256(body).hexdigest().encode())
     src = open_again(path)
