@@ -189,7 +189,7 @@ class History:
             # one-at-a-time path closes and opens buckets.
             starts = np.concatenate(([0], np.flatnonzero(buckets[1:] != buckets[:-1]) + 1))
             out.append((starts, buckets[starts]))
-        return BucketPlan(tuple(step for step, _ in self._levels), t, out)
+        return BucketPlan(self.levels_steps, t, out)
 
     def extend(self, t: np.ndarray, rows: np.ndarray, plan: BucketPlan | None = None) -> None:
         """Add many samples at once, oldest first; the same result as
