@@ -168,15 +168,22 @@ def _roots(is_library: Callable[[str], bool]) -> list[tuple[str, Any]]:
     """The program's names: its modules' globals and its threads' running
     functions' locals (jaxtop's own code and libraries' left out)."""
     out: list[tuple[str, Any]] = []
+    module_dict = vars(types.ModuleType)["__dict__"]  # the C-level slot: a module subclass's own property is its code
     for name, module in list(sys.modules.items()):
-        if not isinstance(module, types.ModuleType):
-            continue
-        file = vars(module).get("__file__")  # not getattr: a module's own __getattr__ is its code
-        if name != "__main__" and (not isinstance(file, str) or is_library(file) or file.startswith(_OWN_DIRS)):
+        if not issubclass(type(module), types.ModuleType) or type(name) is not str:
             continue
         try:
-            names = list(vars(module).items())
-        except (TypeError, RuntimeError):
+            names_of = module_dict.__get__(module, type(module))
+        except Exception:
+            continue
+        if type(names_of) is not dict:
+            continue
+        file = names_of.get("__file__")  # not getattr: a module's own __getattr__ is its code
+        if name != "__main__" and (type(file) is not str or is_library(file) or file.startswith(_OWN_DIRS)):
+            continue
+        try:
+            names = list(names_of.items())
+        except RuntimeError:
             continue
         out += [(f"{name}.{key}", value) for key, value in names if type(key) is str and not key.startswith("__")]
     for frame in list(sys._current_frames().values()):
