@@ -83,6 +83,7 @@ class Spool:
             raise
         self._cond = threading.Condition()
         self._pending = 0
+        self._held = 0  # bytes given to the compressor since its last flush (their output may still be in it)
         self._closed = False
         self._dropping = False
         self.failed: OSError | ValueError | None = None
@@ -107,6 +108,7 @@ class Spool:
         try:
             if not self._dropping and self.failed is None:
                 self._gz.write(data)
+                self._held += len(data)
         except (OSError, ValueError) as exc:
             self.failed = exc
         finally:
@@ -127,14 +129,25 @@ class Spool:
                 self._gz.flush()
             except OSError as exc:
                 self.failed = exc
+            self._held = 0
 
     def size_over(self, over: int) -> bool:
         """Whether the segment, with what is queued, is bigger than ``over``
-        bytes on disk. Waits for the queue only when the bound (disk so far
-        plus the queued bytes uncompressed) reaches ``over``."""
-        if self._raw.tell() + self._pending <= over:
+        bytes on disk. The bound first: the file so far, plus what is queued
+        and what the compressor holds, uncompressed (ISA-L's holds tens of
+        KiB of output before it writes any); only where that reaches
+        ``over`` is the queue waited for and the compressor flushed, and the
+        file's size read exactly."""
+        if self._raw.tell() + self._pending + self._held <= over:
             return False
         self._drain(None)
+        if self._closed or self.failed is not None:
+            return self._raw.tell() > over
+        try:
+            self._gz.flush()  # its held output written: the size is exact
+        except OSError as exc:
+            self.failed = exc
+        self._held = 0
         return self._raw.tell() > over
 
     def close(self, wait: bool = True) -> None:
