@@ -30,6 +30,7 @@ Stdlib only: this runs inside the user's job.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -167,12 +168,28 @@ class LibraryFilter:
             return True
         if filename.startswith("<"):
             return not made_at_run_time(filename)
+        if filename.startswith(_demo_dirs()):
+            # jaxtop's demo plays the user's program. Installed, it sits in
+            # site-packages under jaxtop (core code): its lines would go to
+            # no user frame (the advice named `<string>:1`).
+            return False
         parts = filename.replace("\\", "/").split("/")
         if "site-packages" in parts or "dist-packages" in parts:
             return True  # before the stdlib test: a system Python keeps them below it
         if self.is_core(filename):
             return True
         return filename.startswith(self._stdlib_prefixes())
+
+
+@functools.lru_cache(maxsize=1)
+def _demo_dirs() -> tuple[str, ...]:
+    """Where jaxtop's demo package is (without importing it: it brings Textual)."""
+    try:
+        spec = importlib.util.find_spec("jaxtop.demo")
+    except (ImportError, ValueError):
+        return ()
+    dirs = spec.submodule_search_locations if spec is not None else None
+    return tuple(os.path.join(os.path.abspath(d), "") for d in dirs or ())
 
 
 def made_at_run_time(filename: str) -> bool:

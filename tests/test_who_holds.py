@@ -133,3 +133,4 @@ def test_the_search_is_bounded_and_hands_the_interpreter_back_in_pieces(monkeypa
     assert got["paths"] == {"who_big.big[…][…]": 1} and got["complete"]
     assert len(pauses) >= got["objects"] // who_holds.CHUNK  # a hand-back every CHUNK of work
     assert not bounded["complete"] and bounded["objects"] == 1000 and bounded["unnamed"] == 1
+
