@@ -182,6 +182,22 @@ def _what_changed(old: Any, new: Any) -> str:
     return "type"
 
 
+def _dominant(reasons: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The reasons of the kind most of them have (a tie: the newer kind),
+    oldest first. A storm is worded by what most of its recompiles were, not
+    by the newest alone: a buffer grown one row a step whose jit is made
+    anew every 32 rows is a shape storm, although one reason in 32 says
+    "a new function object"."""
+    counts: dict[Any, int] = {}
+    newest: dict[Any, int] = {}
+    for i, r in enumerate(reasons):
+        k = r.get("kind")
+        counts[k] = counts.get(k, 0) + 1
+        newest[k] = i
+    kind = max(counts, key=lambda k: (counts[k], newest[k]))
+    return [r for r in reasons if r.get("kind") == kind]
+
+
 def _chain(reasons: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
     """``(arg, "f32[10] → f32[11] → … → f32[4000]")``: the argument the
     newest reason names, followed through the reasons of the same kind that
@@ -211,6 +227,7 @@ def change_summary(reasons: Sequence[Mapping[str, Any]], limit: int = 120) -> st
     """
     if not reasons:
         return None
+    reasons = _dominant(reasons)
     latest = reasons[-1]
     kind = latest.get("kind")
     chain = _chain(reasons)
@@ -245,6 +262,7 @@ def storm_cause(key: str, compiles_total: int, eager: bool, reasons: Sequence[Ma
     if eager:
         return "eager", (f"eager op {name} compiled for {compiles_total} shapes: "
                          "run it under jit or pad shapes")
+    reasons = _dominant(reasons) if reasons else []
     latest = reasons[-1] if reasons else None
     kind = latest.get("kind") if latest else None
     summary = change_summary(reasons)

@@ -131,6 +131,23 @@ def test_causes_say_what_the_ledger_knows():
     assert change_summary([]) is None and len(change_summary([{"kind": "other", "text": "k" * 500}])) == 120
 
 
+def test_a_storm_is_worded_by_most_of_its_reasons_not_the_newest():
+    """``jaxtop demo``'s in-place "off" variant grows a buffer one row a step
+    and makes its jit anew every 32 rows: the newest reason said "a new
+    function object" one time in 32, the storm was called a closure storm
+    and the in-place advice (which wants a shape storm) went missing (CI
+    at 67b8a39)."""
+    from jaxtop.probes.compile_storm import change_summary, storm_cause
+
+    grown = [types("f32[1,128]", f"f32[{n},128]", arg="b") for n in range(20, 27)] + [{"kind": "redefined"}]
+    kind, text = storm_cause("jit__lambda", 373, False, grown, True)
+    assert kind == "types" and "the shape of b changed" in text and "f32[26,128]" in text
+    assert change_summary(grown).startswith("b f32[1,128]")
+    # Half and half: the newer kind.
+    assert storm_cause("jit__lambda", 4, False, [types("f32[1]", "f32[2]"), {"kind": "redefined"}], True)[0] == "redefined"
+    assert storm_cause("jit__lambda", 4, False, [{"kind": "redefined"}, types("f32[1]", "f32[2]")], True)[0] == "types"
+
+
 # -- the flag in the probe's samples ----------------------------------------------------------
 
 def test_the_probe_flags_a_storm_with_its_cause_and_lowers_it_when_quiet(monkeypatch):
