@@ -332,6 +332,22 @@ def test_an_eager_storm_of_another_op_is_not_in_place():
     assert not advise([sample(1.0), sample(9.0, jit=jit)]).of("in_place")
 
 
+def test_a_storm_worded_as_new_function_objects_is_in_place_when_its_arguments_grew():
+    """An older agent worded a storm by its newest reason: a buffer grown a
+    row a step, its jit made anew at each restart of the growth, read "a new
+    function object" one time in 32. Its executables' arguments grew: still
+    an array rebuilt every step. Without growth it is a closure storm."""
+    def exes(sizes):
+        return [{"id": i, "name": "jit_grow", "argument_bytes": b, "first_t": T0 + 2 + i / 10}
+                for i, b in enumerate(sizes)]
+
+    grown = {**ledger(9.0), "storm": storm(9.0, "redefined", "grow"), "executables": exes([512, 1024, 1536, 2048])}
+    (a,) = advise([sample(1.0), sample(9.0, jit=grown)]).of("in_place")
+    assert a.line == 34 and "its arguments 512 B -> 2.00 KiB" in a.evidence
+    flat = {**ledger(9.0), "storm": storm(9.0, "redefined", "grow"), "executables": exes([512, 512, 512])}
+    assert not advise([sample(1.0), sample(9.0, jit=flat)]).of("in_place")
+
+
 def test_a_storm_over_before_the_window_is_not_advised_on():
     jit = {**ledger(1.0), "storm": storm(1.0, "types", "grow")}
     assert not advise([sample(1.0, jit=jit)] + [sample(float(t)) for t in range(2, 100)]).of("in_place")

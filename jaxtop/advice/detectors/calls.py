@@ -27,9 +27,6 @@ STATE_SHARE = 0.4
 #: The calling line holding between these shares of a function's outputs
 #: keeps them: the state is carried from call to call.
 HELD_SHARE = (0.5, 1.05)
-#: Compiles of one function in the window, each at a larger shape: an array
-#: rebuilt every step.
-GROWING_COMPILES = 8
 #: Temporaries at least this large, and this many times the function's
 #: arguments and outputs together, are stored activations or intermediates.
 #: (Flax's miniGPT example on CPU: 1.2x, and nnx.remat on its blocks left
@@ -141,12 +138,17 @@ def in_place(w: Window) -> Found:
         return [NotJudged("in_place", "no jit ledger in the records: compiles per shape are unknown")]
     out: Found = []
     storm = ledger.storm
-    if storm is not None and storm.site and (storm.t or 0) >= w.start and storm.kind in ("types", "eager", "unknown"):
+    if storm is not None and storm.site and (storm.t or 0) >= w.start and storm.kind != "static":
         name = storm.name or (storm.function or "?").removeprefix("jit_")
         sizes = sorted((e.first_t or 0.0, float(e.argument_bytes)) for e in ledger.executables
                        if e.name == storm.function and e.argument_bytes is not None)
         grows = len(sizes) >= 2 and sizes[-1][1] > sizes[0][1]
-        if storm.kind != "eager" or name in GROWING_OPS or grows:
+        # A storm of new shapes; an eager op's that grows or is one of the
+        # ops that build a larger array; any storm whose arguments grew (a
+        # recording of an agent that worded a storm by its newest reason
+        # alone called a grown buffer's storm "a new function object" when
+        # the jit was made anew at the restart of the growth).
+        if storm.kind in ("types", "unknown") or grows or (storm.kind == "eager" and name in GROWING_OPS):
             file, line = site_of(storm.site)
             rate = storm.rate_per_s
             shapes = (f", its arguments {fmt_bytes(sizes[0][1])} -> {fmt_bytes(sizes[-1][1])}" if grows else "")
