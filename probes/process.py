@@ -1,4 +1,4 @@
-"""Host-side view of the process: RSS, CPU %, threads, start time.
+"""Host-side view of the process: RSS and its parts, CPU %, threads, start time.
 
 procfs and ``getrusage`` where they exist, psutil elsewhere.
 """
@@ -16,6 +16,28 @@ from jaxtop.probes.base import Tick
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+#: The resident set's parts in ``/proc/PID/status`` (Linux 4.5+, in kB), by
+#: the sample's names. What is not the program's own heap shows here: a
+#: runtime's shared-memory buffers (``RssShmem``: shmem, tmpfs and
+#: memfd pages), mapped libraries and files (``RssFile``), against
+#: anonymous memory (``RssAnon``: heaps, NumPy arrays, a CPU backend's
+#: arrays, pinned host buffers made with plain allocations).
+RSS_PARTS = ((b"\nRssAnon:", "rss_anon_bytes"), (b"\nRssFile:", "rss_file_bytes"),
+             (b"\nRssShmem:", "rss_shmem_bytes"))
+
+
+def _status_field(text: bytes, key: bytes) -> int | None:
+    """The first number after ``key`` in a status file's text; None where
+    the key is not there."""
+    at = text.find(key)
+    if at < 0:
+        return None
+    start = at + len(key)
+    end = text.find(b"\n", start)
+    fields = text[start : end if end >= 0 else len(text)].split()
+    return int(fields[0]) if fields else None
+
+
 class _ProcFiles:
     """``/proc/PID/statm`` and ``status`` of this process, kept open.
 
@@ -29,7 +51,7 @@ class _ProcFiles:
     def __init__(self, pid: int) -> None:
         self.statm = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
         try:
-            self.status = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+            self.status_fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
         except OSError:
             os.close(self.statm)
             raise
@@ -39,13 +61,22 @@ class _ProcFiles:
         fields = os.pread(self.statm, 256, 0).split()
         return int(fields[1]) * _PAGE, int(fields[0]) * _PAGE
 
-    def threads(self) -> int:
-        text = os.pread(self.status, 16384, 0)
-        start = text.index(b"\nThreads:") + 9
-        return int(text[start : text.index(b"\n", start)])
+    def status(self) -> tuple[int, dict[str, int]]:
+        """(threads, the resident set's parts in bytes: ``rss_anon_bytes``,
+        ``rss_file_bytes``, ``rss_shmem_bytes``, those the kernel gives)."""
+        text = os.pread(self.status_fd, 16384, 0)
+        threads = _status_field(text, b"\nThreads:")
+        if threads is None:
+            raise ValueError("no Threads: line in /proc/PID/status")
+        parts = {}
+        for key, name in RSS_PARTS:
+            kib = _status_field(text, key)
+            if kib is not None:
+                parts[name] = kib * 1024
+        return threads, parts
 
     def close(self) -> None:
-        for fd in (self.statm, self.status):
+        for fd in (self.statm, self.status_fd):
             try:
                 os.close(fd)
             except OSError:
@@ -59,7 +90,7 @@ class ProcessProbe:
 
     For the calling process on Linux a sample is read when ``slow`` is asked
     for (once a second): ``pread`` of ``/proc/self/statm`` (RSS, VMS) and
-    ``/proc/self/status`` (threads), ``getrusage`` (CPU time and peak RSS);
+    ``/proc/self/status`` (threads, the resident set's parts), ``getrusage`` (CPU time and peak RSS);
     the samples between repeat it. Elsewhere, and for other processes,
     psutil at each call.
     """
@@ -81,6 +112,7 @@ class ProcessProbe:
             except (psutil.Error, OSError):
                 pass  # the sample then simply has no started_t
         self._threads: int | None = None
+        self._parts: dict[str, int] = {}  # the resident set's parts, read with the threads
         self._usage: tuple[float, Any] | None = None  # (cpu %, getrusage) read on the last slow sample
         self._files: _ProcFiles | None = None
         self._last_own: dict[str, Any] | None = None  # the last slow sample of this process
@@ -169,7 +201,7 @@ class ProcessProbe:
         files = self._files
         rss, vms = files.memory()
         if slow or self._threads is None:
-            self._threads = files.threads()
+            self._threads, self._parts = files.status()
         # CPU % and the peak RSS are read once a second (``slow``): a CPU
         # share over 0.1 s is mostly noise, and each system call here lets
         # the GIL go and waits to take it back from the user's thread.
@@ -183,6 +215,7 @@ class ProcessProbe:
             "cpu_percent": cpu_percent,
             "threads": self._threads,
             "peak_rss_bytes": _peak_rss_bytes(usage, rss),
+            **self._parts,
         }
         return dict(out)
 

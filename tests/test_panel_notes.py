@@ -115,3 +115,37 @@ def test_the_host_panel_says_when_jaxtop_samples_less_often_than_asked():
     assert "sampled every" not in host_lines(0.1, 120)  # as asked: nothing to say
     assert "sampled every 0.25 s (jaxtop at its 0.5% CPU ceiling)" in host_lines(0.25, 120)
     assert "sampled every 0.25 s" in host_lines(0.25, 40)
+
+
+def test_the_host_panel_and_snapshot_say_the_resident_set_s_parts_where_they_fit():
+    """A TPU host read RSS 14.5 GiB for a program of 176 MiB of arrays: the
+    parts say what it is (here a runtime's shared memory), in the panel
+    where the width allows and in ``snapshot``; an older agent's samples
+    (no parts) read as before."""
+    from jaxtop.dashboard.model import Model
+    from jaxtop.dashboard.readings import HostView
+    from jaxtop.dashboard.snapshot_text import snapshot_text
+    from jaxtop.testing import synthetic
+    from jaxtop.widgets.panels import HostPanel
+    from jaxtop.wire.records import Process
+
+    host = HostView.from_wire(Process(rss_bytes=14 << 30, rss_anon_bytes=1 << 30, rss_file_bytes=400 << 20,
+                                      rss_shmem_bytes=(12 << 30) + (624 << 20)))
+    assert host.rss_parts() == "shm 12.6 GiB, anon 1.00 GiB, files 400 MiB"
+    assert HostView.from_wire(Process(rss_bytes=1 << 30)).rss_parts() is None
+
+    def snap(parts):
+        model = Model(clock=lambda: 0.0)
+        model.feed(1, synthetic.hello(1, 1, 1000.0))
+        for rec in synthetic.samples(1, 1, 1000.0, 10):
+            if parts:
+                rec["process"].update(rss_anon_bytes=1 << 30, rss_file_bytes=400 << 20, rss_shmem_bytes=5 << 30)
+            model.feed(1, rec)
+        return model.snapshot(selected=0, window_s=60.0, now=1001.0)
+
+    wide = _panel_text(HostPanel(), snap(True), width=120)
+    assert "; shm 5.00 GiB, anon 1.00 GiB, files 400 MiB)" in wide
+    narrow = _panel_text(HostPanel(), snap(True), width=44)
+    assert "RSS 6.00 GiB" in narrow and "shm" not in narrow
+    assert "shm" not in _panel_text(HostPanel(), snap(False), width=120)
+    assert "host RSS 6.00 GiB (shm 5.00 GiB, anon 1.00 GiB, files 400 MiB)" in snapshot_text(snap(True))

@@ -400,11 +400,18 @@ class HostPanel(Panel):
             line1 = _na(host.na_reason)
         else:
             rss = f" RSS {fmt_bytes(host.rss_bytes)} (peak {fmt_bytes(host.peak_rss_bytes)})"
+            parts = host.rss_parts()
             # One decimal whatever the source (Prometheus carries the float as
             # computed: "3.3000000000000003").
             cpu_text = f"  CPU {_or_na(None if host.cpu_percent is None else round(host.cpu_percent, 1))}%"
             # Narrow panels drop the thread count before anything is cut.
-            choices = [f"{rss}{cpu_text}  threads {_or_na(host.threads)}", f"{rss}{cpu_text}", f"{rss}{cpu_text[1:]}", rss]
+            # The resident set's parts (what a runtime's shared buffers or
+            # mapped files add) where they fit, before the thread count.
+            parted = f"{rss[:-1]}; {parts})" if parts else None
+            choices = [c for c in (f"{parted}{cpu_text}  threads {_or_na(host.threads)}" if parted else None,
+                                   f"{parted}{cpu_text}" if parted else None,
+                                   f"{rss}{cpu_text}  threads {_or_na(host.threads)}", f"{rss}{cpu_text}",
+                                   f"{rss}{cpu_text[1:]}", rss) if c is not None]
             line1 = Text(fitting(choices, width), no_wrap=True, overflow="ellipsis")
         total, seconds = proc.compile.count_total, proc.compile.seconds_total
         if total is None:

@@ -59,7 +59,8 @@ def _process_lines(p: ProcessView) -> list[str]:
     out.append(f"  backend {p.backend or na('not started')}  jax {p.jax_version or na()}  state {p.state}  "
                f"seq {p.seq}  uptime {uptime}")
     host = p.process
-    out.append(f"  host RSS {fmt_bytes(host.rss_bytes)}  CPU {na() if host.cpu_percent is None else f'{host.cpu_percent:.1f}%'}"
+    parts = host.rss_parts()
+    out.append(f"  host RSS {fmt_bytes(host.rss_bytes)}{f' ({parts})' if parts else ''}  CPU {na() if host.cpu_percent is None else f'{host.cpu_percent:.1f}%'}"
                f"  threads {na() if host.threads is None else host.threads}")
     for d, t in p.transfers.items():
         # The larger of the guard log's sizes and the lines' (a cached call

@@ -96,6 +96,10 @@ PROCESS = (
     Figure("rss_bytes", "bytes", "Resident set size of the process."),
     Figure("vms_bytes", "bytes", "Virtual memory size of the process."),
     Figure("peak_rss_bytes", "bytes", "Largest resident set size so far (the kernel's high-water mark)."),
+    Figure("rss_anon_bytes", "bytes", "Anonymous memory of the resident set: heaps, NumPy and CPU-backend arrays."),
+    Figure("rss_file_bytes", "bytes", "File-backed pages of the resident set: mapped libraries and files."),
+    Figure("rss_shmem_bytes", "bytes", "Shared memory of the resident set (shmem, tmpfs, memfd): a runtime's "
+                                       "shared buffers."),
     Figure("cpu_percent", "percent", "CPU use of the process since the previous reading (100 = one core)."),
     Figure("threads", "count", "Threads of the process."),
     Figure("started_t", "time", "When the process started."),

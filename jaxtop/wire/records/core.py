@@ -151,6 +151,9 @@ class Process(Rec):
     rss_bytes: Num = None
     vms_bytes: Num = None
     peak_rss_bytes: Num = None
+    rss_anon_bytes: Num = None  # the resident set's parts (Linux), None where not read
+    rss_file_bytes: Num = None
+    rss_shmem_bytes: Num = None
     cpu_percent: Num = None
     threads: Num = None
     started_t: Time = None
