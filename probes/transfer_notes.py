@@ -99,6 +99,29 @@ def _own_attr(obj: Any, name: str) -> Any:
     return dict.get(namespace, name)
 
 
+#: Wrappers followed from a jitted callable to the function it runs.
+MAX_UNWRAP = 8
+
+
+def _unwrapped(fun: Any) -> Any:
+    """The innermost callable ``fun`` wraps, through the attributes that
+    name it in the wrappers' own ``__dict__``: jax's ``_fun``, and
+    ``__wrapped__`` (``functools.wraps``, jax's API boundary, Flax NNX's
+    ``JitFn``, which ``nnx.jit`` hands jax in place of the user's step:
+    one level down its parameters read ``*args`` and the step's arguments
+    were named ``arg0``, ``arg1``...); None where ``fun`` wraps nothing."""
+    inner = None
+    obj = fun
+    for _ in range(MAX_UNWRAP):
+        nxt = _own_attr(obj, "_fun")
+        if nxt is None or nxt is obj:
+            nxt = _own_attr(obj, "__wrapped__")
+        if nxt is None or nxt is obj:
+            break
+        inner = obj = nxt
+    return inner
+
+
 def _plain_function(obj: Any) -> types.FunctionType | None:
     """The Python function ``obj`` is (or a bound method's), else None."""
     if type(obj) is types.FunctionType:
@@ -566,7 +589,7 @@ class CallNotes:
         # code (a property, __getattr__, __eq__, __signature__, __repr__):
         # the jitted wrapper's own attributes, then the wrapped function's
         # code object where it is a plain function or method.
-        inner = _own_attr(fun, "_fun") or _own_attr(fun, "__wrapped__")
+        inner = _unwrapped(fun)
         function = _plain_function(inner) if inner is not None else _plain_function(fun)
         if function is not None:
             name = function.__name__

@@ -377,3 +377,71 @@ def test_sealed_calls_one_after_another_on_a_thread_are_one_note_at_the_newest_t
     thread.start()
     thread.join()
     assert len(notes._calls) == 4 and other[0][0] != threading.get_ident()  # another thread's run: its own note
+
+
+# -- naming what a jitted callable runs, without running the program's code ----------------------
+
+def test_wrappers_are_followed_to_the_function_whose_parameters_name_the_arguments():
+    """Flax NNX's ``nnx.jit`` hands jax a ``JitFn`` object whose own
+    ``__wrapped__`` is the user's step: one level down, the step's arguments
+    were named ``arg2``, ``arg3['image']`` (Flax's MNIST example under
+    jaxtop) instead of ``batch['image']``. Every level is read from the
+    wrappers' own ``__dict__``: a property named ``__wrapped__`` is not run,
+    and a cycle of wrappers ends."""
+    jax = pytest.importorskip("jax")
+    from jaxtop.probes.transfer_notes import CallNotes, _unwrapped
+
+    def train_step(model, optimizer, batch):
+        return batch
+
+    class JitFnLike:  # a callable object, as NNX's JitFn is
+        def __init__(self, f):
+            self.__wrapped__ = f
+
+        def __call__(self, *args):
+            return self.__wrapped__(*args)
+
+    class Hostile:
+        @property
+        def __wrapped__(self):
+            raise RuntimeError("ran the program's property")
+
+        def __call__(self, *args):
+            return 0
+
+    notes = CallNotes(enabled=False)
+    assert notes._name_of(jax.jit(JitFnLike(train_step))) == ("train_step", False, ("model", "optimizer", "batch"))
+    # (jax.jit itself refuses these two: the wrappers are read alone.)
+    a, b = JitFnLike(None), JitFnLike(None)
+    a.__wrapped__, b.__wrapped__ = b, a
+    assert _unwrapped(a) in (a, b)
+    hostile = Hostile()
+    assert _unwrapped(hostile) is None and _unwrapped(JitFnLike(hostile)) is hostile
+
+
+def test_a_flax_nnx_step_s_arguments_are_named_by_the_step():
+    jax = pytest.importorskip("jax")
+    nnx = pytest.importorskip("flax.nnx")
+    from jax._src import api
+
+    from jaxtop.probes.transfer_notes import CallNotes
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(4, 4, rngs=rngs)
+
+    @nnx.jit
+    def train_step(model, batch):
+        return model.linear(batch["image"])
+
+    model, batch = Model(nnx.Rngs(0)), {"image": np.ones((2, 4), np.float32)}
+    train_step(model, batch)
+    seen = []
+    # This thread's own hook (an earlier test may have left one that would
+    # hide a global one), put back after.
+    before = api._post_hook_state.swap_local(lambda fun, args, kwargs, out: seen.append(fun))
+    try:
+        train_step(model, batch)
+    finally:
+        api._post_hook_state.swap_local(before)
+    assert [CallNotes(enabled=False)._name_of(f) for f in seen] == [("train_step", False, ("model", "batch"))]
