@@ -283,6 +283,20 @@ def test_outputs_kept_at_the_calling_line_and_not_aliased_are_donation():
     assert "donate_argnums=..." in a.fix and "the optimizer state, not only the first" in a.fix
 
 
+def test_a_last_profile_that_caught_the_state_twice_does_not_hide_donation():
+    """A profile taken while the new state and the one it replaces were both
+    alive reads twice the outputs at the line: the least of the last
+    profiles is what the line keeps (Flax's miniGPT example lost its
+    donation advice to the moment of its last profile)."""
+    recs = [sample(1.0, jit=ledger(1.0)), sample(5.0, holders=holders(5.0)),
+            sample(8.0, holders=holders(8.0, nbytes=512 << 10)), sample(9.0)]
+    (a,) = advise(recs).of("donation")
+    assert "keeps 256 KiB of them alive" in a.evidence
+    twice = [sample(1.0, jit=ledger(1.0)), sample(5.0, holders=holders(5.0, nbytes=512 << 10)),
+             sample(8.0, holders=holders(8.0, nbytes=512 << 10)), sample(9.0)]
+    assert not advise(twice).of("donation")  # kept twice all along: something else holds the old state
+
+
 def test_a_partly_donated_state_is_judged_on_the_rest():
     # 1 MiB of parameters donated, 4 MiB of optimizer state not.
     fn = {"argument_bytes": 6 << 20, "output_bytes": 5 << 20, "alias_bytes": 1 << 20}
