@@ -122,6 +122,62 @@ def _unwrapped(fun: Any) -> Any:
     return inner
 
 
+def _pmapped(function: types.FunctionType) -> tuple[str, bool, tuple[str, ...]] | None:
+    """``jax.pmap(f)``'s name and the names of the arguments its calls get,
+    or None where ``function`` is not pmap's inner function.
+
+    jax (0.7 on) runs a pmap as a jit of ``shard_map`` around a closure
+    ``_fun(*flat_args)`` of ``jax/_src/pmap.py``: the hook sees that
+    closure, called with the pytree leaves of the user's arguments. Its
+    cells hold jax's ``WrappedFun`` of the user's function (its debug info
+    names it and its parameters) and ``in_tree``, the treedef of ``(args,
+    kwargs)`` (C++, reading it runs no code of the program): each leaf is
+    named after its argument (``params[leaf 3]``, ``batch['image']``).
+    Without this a pmapped step read ``_fun (op)`` with ``arg4``, ``arg5``
+    (jax's spmd MNIST example)."""
+    code = function.__code__
+    if function.__name__ != "_fun" or not code.co_filename.endswith(("jax/_src/pmap.py", "jax\\_src\\pmap.py")):
+        return None
+    try:
+        cells = dict(zip(code.co_freevars, function.__closure__ or ()))
+        wrapped = cells["fun"].cell_contents
+        in_tree = cells["in_tree"].cell_contents
+        if type(wrapped).__module__ != "jax._src.linear_util" or type(in_tree).__name__ != "PyTreeDef":
+            return None
+        debug = wrapped.debug_info
+        name = debug.func_name
+        names = tuple(debug.arg_names or ())
+        args_tree = in_tree.children()[0]
+        flat: list[str] = []
+        for i, sub in enumerate(args_tree.children()):
+            arg = names[i] if i < len(names) and isinstance(names[i], str) else f"arg{i}"
+            leaves = sub.num_leaves
+            if leaves == 1 and sub.num_nodes == 1:
+                flat.append(arg)
+                continue
+            keys = _dict_keys(sub)
+            flat += ([f"{arg}[{k!r}]" for k in keys] if keys is not None and len(keys) == leaves
+                     else [f"{arg}[leaf {k}]" for k in range(leaves)])
+        if not isinstance(name, str):
+            return None
+        return (name, False, tuple(flat))
+    except Exception:
+        return None
+
+
+def _dict_keys(tree: Any) -> list[Any] | None:
+    """The keys of a treedef that is a dict of leaves (str or int keys),
+    else None."""
+    data = tree.node_data()
+    if data is None or data[0] is not dict:
+        return None
+    keys = list(data[1])
+    children = tree.children()
+    if len(keys) != len(children) or any(c.num_nodes != 1 for c in children):
+        return None
+    return keys if all(type(k) in (str, int) for k in keys) else None
+
+
 def _plain_function(obj: Any) -> types.FunctionType | None:
     """The Python function ``obj`` is (or a bound method's), else None."""
     if type(obj) is types.FunctionType:
@@ -458,7 +514,8 @@ class CallNotes:
             try:
                 frame = sys._getframe(1)
                 site, callee = probe._user_site(frame)
-                described = probe._slow_call_args(frame)
+                described, named = probe._slow_call_args(frame)
+                callee = named or callee
                 if not described:
                     described = tuple(ArgInfo("", *literal_kind(x)) for x in list(xs)[:MAX_ARGS])
                 append((threading.get_ident(), time.perf_counter(), callee, site, described))
@@ -470,11 +527,12 @@ class CallNotes:
         HOOK_CODES.add(jaxtop_shard_arg.__code__)
         return jaxtop_shard_arg
 
-    def _slow_call_args(self, frame: Any) -> tuple[ArgInfo, ...]:
+    def _slow_call_args(self, frame: Any) -> tuple[tuple[ArgInfo, ...], str | None]:
         """The call's host values, named, read from jax's ``cache_miss``
         frame above a slow-path shard (its ``args``, ``kwargs`` and the
-        jitted Python function); () where there is none (an eager op's
-        internals, another jax)."""
+        jitted Python function), and the function's name as the hook names
+        it (a pmapped function's, not pmap's inner ``_fun``); ``((), None)``
+        where there is none (an eager op's internals, another jax)."""
         depth = 0
         while frame is not None and depth < MAX_WALK:
             code = frame.f_code
@@ -482,7 +540,7 @@ class CallNotes:
                 local = frame.f_locals
                 fun, info = local.get("fun"), local.get("jit_info")
                 args, kwargs = local.get("args") or (), local.get("kwargs") or {}
-                params = params_of(fun)
+                name, _, params = self._name_of(fun)
                 static = set(getattr(info, "static_argnums", ()) or ())
                 static_names = set(getattr(info, "static_argnames", ()) or ())
                 out: list[ArgInfo] = []
@@ -493,10 +551,10 @@ class CallNotes:
                 for key, value in kwargs.items():
                     if key not in static_names:
                         describe_value(key, value, self._np, self._array_type, out)
-                return tuple(out)
+                return tuple(out), (name if fun is not None and name != "?" else None)
             frame = frame.f_back
             depth += 1
-        return ()
+        return (), None
 
     def _user_site(self, frame: Any) -> tuple[Any, str | None]:
         """(the user's (code, line), the jitted function's name) above a slow-path frame."""
@@ -591,16 +649,20 @@ class CallNotes:
         # code object where it is a plain function or method.
         inner = _unwrapped(fun)
         function = _plain_function(inner) if inner is not None else _plain_function(fun)
-        if function is not None:
-            name = function.__name__
-            module = function.__module__ if isinstance(function.__module__, str) else ""
+        mapped = _pmapped(function) if function is not None else None
+        if mapped is not None:
+            known = mapped
         else:
-            named = _own_attr(fun, "__name__")
-            name = named if isinstance(named, str) else type(inner if inner is not None else fun).__name__
-            module = ""
-        op = module.startswith("jax.") or (function is not None and _own_attr(function, "_apply_primitive") is True)
-        params = params_of(inner if inner is not None else fun)
-        known = (str(name), op, params)
+            if function is not None:
+                name = function.__name__
+                module = function.__module__ if isinstance(function.__module__, str) else ""
+            else:
+                named = _own_attr(fun, "__name__")
+                name = named if isinstance(named, str) else type(inner if inner is not None else fun).__name__
+                module = ""
+            op = module.startswith("jax.") or (function is not None and _own_attr(function, "_apply_primitive") is True)
+            params = params_of(inner if inner is not None else fun)
+            known = (str(name), op, params)
         try:
             ref = weakref.ref(fun)
         except TypeError:

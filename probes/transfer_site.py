@@ -39,6 +39,8 @@ class Site:
     calls: int = 0
     bytes: int = 0
     bytes_unknown: int = 0
+    pieces: int = 1  # lines a value of a call logs (a pmap: one a device)
+    count_pieces: int = 0  # lines credited, modulo a call's (where the cycle of sizes stands)
     args: tuple[ArgInfo, ...] = ()
     observed: bool = False  # the arguments seen passing (slow path), not read from a later call
     described_t: float = -1e18
@@ -54,17 +56,30 @@ class Site:
 
     def add(self, n: int, calls: int) -> None:
         """``n`` lines of ``calls`` calls (one call can log several)."""
-        before = self.count
         self.count += n
         self.interval += n
         self.unlogged += n
         self.calls += calls
         sizes = self.sizes
         if sizes:
-            # The values a call copies, in order (a call logs one line each).
             size = len(sizes)
-            whole, part = divmod(n, size)
-            self.bytes += whole * sum(sizes) + sum(sizes[(before + k) % size] for k in range(part))
+            if calls > 0 and n > calls * size:
+                # More lines than values a call copies: each went in pieces
+                # (a pmap splits an array's first axis over the devices, a
+                # line a device, each of one slice's bytes). The most lines
+                # a value seen in one batch is the pieces a value (a call's
+                # lines can come in two batches: the fewer is no measure).
+                self.pieces = max(self.pieces, n // (calls * size))
+            # The values a call copies, in order (a call logs one line each
+            # piece), each line a piece's share of its value. (Each line
+            # credited a whole value read jax's spmd MNIST example 8x:
+            # ~115 MiB/s for ~14.4 on 8 devices.)
+            pieces = self.pieces
+            lines = self.count_pieces
+            whole, part = divmod(n, size * pieces)
+            self.bytes += (whole * sum(sizes) * pieces
+                           + sum(sizes[((lines + k) // pieces) % size] for k in range(part))) // pieces
+            self.count_pieces = (lines + n) % (size * pieces)
         else:
             self.bytes_unknown += n
 
