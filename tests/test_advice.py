@@ -74,6 +74,11 @@ def test_a_batch_split_across_the_devices_is_put_with_its_sharding_and_a_device_
     (a,) = advise(steady(30, 50, fed)).of("placement")
     assert "jax.device_put(batch, NamedSharding(Mesh(jax.devices(), ('d',)), P('d')))" in a.fix
     assert "one slice a device (8 devices)" in a.fix
+    # Two batches (the example's x and y): one put names both.
+    pair = split + [{"name": "y", "kind": "NumPy array", "shape": "float32[8,16,10]", "bytes": 5120}]
+    (both,) = advise(steady(30, 50, lambda t, n: sample(t, devices=eight, transfer_sites={"sites": [
+        h2d_site(55, n, args=pair)]}))).of("placement")
+    assert "batch, y = jax.device_put((batch, y), NamedSharding(" in both.fix and "their first axes are" in both.fix
     # One device, or a first axis of another length: the plain fix.
     (one,) = advise(steady(30, 50, lambda t, n: sample(t, devices=eight[:1], transfer_sites={"sites": [
         h2d_site(55, n, args=split)]}))).of("placement")

@@ -122,6 +122,10 @@ def _flows(w: Window) -> list[Flow]:
     return out
 
 
+#: Arrays named in one placement fix.
+MAX_PUT = 3
+
+
 def _args(line: TransferLine) -> tuple[str, list[str], list[str]]:
     """What the line's calls copy (``NumPy float32[64,256] batch``), and the
     names of its array and of its Python scalar arguments."""
@@ -181,15 +185,23 @@ def placement(w: Window) -> Found:
         rest = [n for n in arrays if n not in constant]
         split = _split_args(w, line)
         if rest:
-            name = rest[0]
-            where = (f"{name}, {_SHARDED}" if name in split else name)
-            fixes.append(f"{name} = jax.device_put({where}) one step ahead of the call (prefetch the next batch while "
-                         f"this step runs)" + ("" if name in fresh else f"; if `{name}` is the same array every call, "
-                                                                        f"jax.device_put it once before the loop"))
-            if name in split:
-                fixes.append(f"its first axis is one slice a device ({len(w.ev.devices)} devices): a plain "
-                             f"jax.device_put({name}) puts it whole on one device, and each call then copies the "
-                             f"slices device to device")
+            # Every array the calls copy, in one put (jax's spmd example
+            # copies x and y: a fix that named x alone left y's copies).
+            put = rest[:MAX_PUT]
+            name = put[0]
+            lhs = ", ".join(put)
+            rhs = lhs if len(put) == 1 else f"({lhs})"
+            sharded = [n for n in put if n in split]
+            where = f"{rhs}, {_SHARDED}" if sharded else rhs
+            unsure = [n for n in put if n not in fresh]
+            fixes.append(f"{lhs} = jax.device_put({where}) one step ahead of the call (prefetch the next batch while "
+                         f"this step runs)" + ("" if not unsure else f"; if `{unsure[0]}` is the same array every call, "
+                                                                     f"jax.device_put it once before the loop"))
+            if sharded:
+                what = "its first axis is" if len(sharded) == 1 else "their first axes are"
+                fixes.append(f"{what} one slice a device ({len(w.ev.devices)} devices): a plain "
+                             f"jax.device_put({sharded[0]}) puts it whole on one device, and each call then copies "
+                             f"the slices device to device")
         fixed = [n for n in scalars if same.get(n) is True]
         moving = [n for n in scalars if n not in fixed]
         if fixed:
