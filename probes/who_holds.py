@@ -164,6 +164,49 @@ def _key_text(key: Any) -> str:
     return "…"
 
 
+_TYPE_DICT = vars(type)["__dict__"]  # the C-level slot of a class's namespace
+_CODE_ONLY = (types.FunctionType, staticmethod, classmethod, property, types.MethodDescriptorType)
+
+
+def _inner_names(path: str, value: Any, module: str) -> list[tuple[str, Any]]:
+    """What a module's own class or function keeps by a name of the program:
+    a class's attributes (``train.Cache.store``: a cache shared by every
+    instance) and a function's closure (``train.step() closure history``:
+    a list a step made by a factory appends to). Only a class or function
+    the module defined (its namespace's own ``__module__``, its code's
+    module globals); read through C-level slots, running no code of the
+    program's (a metaclass's property, a cell's contents are plain reads)."""
+    out: list[tuple[str, Any]] = []
+    cls = type(value)
+    if issubclass(cls, type):
+        try:
+            own = _TYPE_DICT.__get__(value, cls)
+        except Exception:
+            return out
+        defined_in = own.get("__module__")
+        if type(defined_in) is not str or defined_in != module:
+            return out
+        try:
+            items = list(own.items())[:MAX_ITEMS]
+        except RuntimeError:
+            return out
+        out += [(f"{path}.{k}", v) for k, v in items
+                if type(k) is str and not k.startswith("__") and not issubclass(type(v), _CODE_ONLY)
+                and type(v) not in _ATOMS]
+    elif cls is types.FunctionType:
+        if type(value.__module__) is not str or value.__module__ != module:
+            return out
+        cells = value.__closure__ or ()
+        for var, cell in zip(value.__code__.co_freevars, cells):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if type(contents) not in _ATOMS and not issubclass(type(contents), _CODE_ONLY):
+                out.append((f"{path}() closure {var}", contents))
+    return out
+
+
 def _roots(is_library: Callable[[str], bool]) -> list[tuple[str, Any]]:
     """The program's names: its modules' globals and its threads' running
     functions' locals (jaxtop's own code and libraries' left out)."""
@@ -185,7 +228,11 @@ def _roots(is_library: Callable[[str], bool]) -> list[tuple[str, Any]]:
             names = list(names_of.items())
         except RuntimeError:
             continue
-        out += [(f"{name}.{key}", value) for key, value in names if type(key) is str and not key.startswith("__")]
+        for key, value in names:
+            if type(key) is not str or key.startswith("__"):
+                continue
+            out.append((f"{name}.{key}", value))
+            out += _inner_names(f"{name}.{key}", value, name)
     for frame in list(sys._current_frames().values()):
         while frame is not None:
             code = frame.f_code

@@ -521,3 +521,25 @@ def test_ten_thousand_lines_are_bounded():
         advisor.feed(r)
     assert len(advisor.evidence.transfers) == MAX_SITES
     advisor.evaluate()
+
+
+def test_a_line_that_began_in_the_window_is_judged_steady_over_its_own_time():
+    """Flax's miniGPT example recorded alone: 10 s of start-up (imports,
+    compiles), then 7 s of steps copying a batch each. Sliced over the
+    whole window its line rose in 3 of 6 slices and read as a spike: no
+    placement advice. Over its own time it rose in every slice; a burst
+    that stopped, or a line too young for two slices, is still no evidence."""
+    from jaxtop.advice.series import Total
+
+    steps = Total()
+    for t in range(10, 21):
+        steps.add(float(t), 130.0 * (t - 10))
+    assert steps.over(0.0, 20.0).steady
+    burst = Total()
+    for t, v in ((10.0, 0.0), (11.0, 500.0), (12.0, 900.0), (16.0, 900.0), (20.0, 900.0)):
+        burst.add(t, v)
+    assert not burst.over(0.0, 20.0).steady
+    young = Total()
+    for t, v in ((17.5, 0.0), (18.5, 100.0), (19.5, 200.0)):
+        young.add(t, v)
+    assert not young.over(0.0, 20.0).steady

@@ -134,3 +134,35 @@ def test_the_search_is_bounded_and_hands_the_interpreter_back_in_pieces(monkeypa
     assert len(pauses) >= got["objects"] // who_holds.CHUNK  # a hand-back every CHUNK of work
     assert not bounded["complete"] and bounded["objects"] == 1000 and bounded["unnamed"] == 1
 
+
+
+def test_a_class_attribute_and_a_closure_are_names_too():
+    """A cache shared by every instance (a class attribute) and a list a
+    step made by a factory appends to (a closure) keep arrays alive as
+    often as a global does: named ``who_cls.Cache.store[…]`` and
+    ``who_cls.step() closure history[…]``. A class or function the module
+    only imported is not its name; the program's code never runs."""
+    a, b, c = (np.full(3, i) for i in range(3))
+    NEVER.clear()
+
+    def make_step():
+        history = [np.ones(1), b]
+        hostile = Hostile()
+
+        def step(x):
+            history.append(x)
+            return hostile
+
+        return step
+
+    step = make_step()
+    step.__module__ = "who_cls"
+    cache = type("Cache", (), {"__module__": "who_cls", "store": [a], "odd": Hostile()})
+    imported = type("Imported", (), {"__module__": "elsewhere", "kept": [c]})
+    _module("who_cls", Cache=cache, step=step, Imported=imported)
+    try:
+        got = holders_of([a, b, c], is_library=_user)
+    finally:
+        del sys.modules["who_cls"]
+    assert got["paths"] == {"who_cls.Cache.store[…]": 1, "who_cls.step() closure history[…]": 1}
+    assert got["unnamed"] == 1 and not NEVER
