@@ -133,6 +133,8 @@ def test_the_host_panel_and_snapshot_say_the_resident_set_s_parts_where_they_fit
                                       rss_shmem_bytes=(12 << 30) + (624 << 20)))
     assert host.rss_parts() == "shm 12.6 GiB, anon 1.00 GiB, files 400 MiB"
     assert HostView.from_wire(Process(rss_bytes=1 << 30)).rss_parts() is None
+    assert HostView.from_wire(Process(rss_bytes=3 << 20, rss_anon_bytes=2 << 20, rss_file_bytes=1 << 20,
+                                      rss_shmem_bytes=0)).rss_parts() == "anon 2.00 MiB, files 1.00 MiB"
 
     def snap(parts):
         model = Model(clock=lambda: 0.0)

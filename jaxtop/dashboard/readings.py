@@ -99,11 +99,12 @@ class HostView:
 
     def rss_parts(self) -> str | None:
         """The resident set's parts in a phrase, largest first: ``shm 12.9
-        GiB, anon 1.20 GiB, files 402 MiB`` (None where the agent read none).
+        GiB, anon 1.20 GiB, files 402 MiB`` (those not 0 B; None where the
+        agent read none).
         A runtime's shared buffers or mapped files can be most of the RSS
         of a program whose own arrays are small: this says which."""
         parts = [(b, name) for b, name in ((self.rss_shmem_bytes, "shm"), (self.rss_anon_bytes, "anon"),
-                                           (self.rss_file_bytes, "files")) if b is not None]
+                                           (self.rss_file_bytes, "files")) if b]  # a part of 0 B says nothing
         if not parts:
             return None
         parts.sort(key=lambda p: -p[0])
