@@ -80,11 +80,27 @@ def test_a_pmapped_step_s_line_names_the_function_and_its_arguments_and_sizes_th
         for s in (r.get("transfer_sites") or {}).get("sites") or ():
             if s.get("line") in lines and s.get("direction", "h2d") == "h2d":
                 sites[s.get("callee")] = s
-    assert "update" in sites, sorted(sites)
-    site = sites["update"]
-    names = {a.get("name") for a in site.get("args") or ()}
-    assert {"x", "y"} <= names or any(n and n.startswith("params[") for n in names), site.get("args")
+    if _pmap_is_a_jit_of_shard_map():
+        assert "update" in sites, sorted(sites)
+        site = sites["update"]
+        names = {a.get("name") for a in site.get("args") or ()}
+        assert {"x", "y"} <= names or any(n and n.startswith("params[") for n in names), site.get("args")
+    else:
+        # An older jax runs pmap in C++ of its own, past jax's post hook:
+        # the callee is unknown ("?"), never a wrong name.
+        assert set(sites) <= {"?", "update"} and sites, sorted(sites)
+        site = next(iter(sites.values()))
     assert site["bytes_total"] <= oracle["h2d_bytes_placed"] * 1.01, (site["bytes_total"], oracle["h2d_bytes_placed"])
+
+
+def _pmap_is_a_jit_of_shard_map() -> bool:
+    """Whether this jax runs ``jax.pmap`` as a jit of ``shard_map`` around
+    a closure of ``jax/_src/pmap.py`` (the 0.10 line does; 0.4.30 does not)."""
+    try:
+        from jax._src import pmap
+    except ImportError:
+        return False
+    return hasattr(pmap, "_cached_shard_map")
 
 
 def test_stdout_and_exit_are_the_program_s(runs):
