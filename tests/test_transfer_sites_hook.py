@@ -389,7 +389,8 @@ def test_wrappers_are_followed_to_the_function_whose_parameters_name_the_argumen
     wrappers' own ``__dict__``: a property named ``__wrapped__`` is not run,
     and a cycle of wrappers ends."""
     jax = pytest.importorskip("jax")
-    from jaxtop.probes.transfer_notes import CallNotes, _unwrapped
+    from jaxtop.probes.callee_names import _unwrapped
+    from jaxtop.probes.transfer_notes import CallNotes
 
     def train_step(model, optimizer, batch):
         return batch
@@ -420,7 +421,7 @@ def test_wrappers_are_followed_to_the_function_whose_parameters_name_the_argumen
 
 
 def test_a_flax_nnx_step_s_arguments_are_named_by_the_step():
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     nnx = pytest.importorskip("flax.nnx")
     from jax._src import api
 

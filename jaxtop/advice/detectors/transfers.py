@@ -188,7 +188,6 @@ def placement(w: Window) -> Found:
             # Every array the calls copy, in one put (jax's spmd example
             # copies x and y: a fix that named x alone left y's copies).
             put = rest[:MAX_PUT]
-            name = put[0]
             lhs = ", ".join(put)
             rhs = lhs if len(put) == 1 else f"({lhs})"
             sharded = [n for n in put if n in split]
