@@ -21,7 +21,9 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: runtime's shared-memory buffers (``RssShmem``: shmem, tmpfs and
 #: memfd pages), mapped libraries and files (``RssFile``), against
 #: anonymous memory (``RssAnon``: heaps, NumPy arrays, a CPU backend's
-#: arrays, pinned host buffers made with plain allocations).
+#: arrays, pinned host buffers made with plain allocations). gVisor (a TPU
+#: VM's sandbox) writes none of them in its status file, as its source
+#: reads: the sample then has no parts, and says nothing of them.
 RSS_PARTS = ((b"\nRssAnon:", "rss_anon_bytes"), (b"\nRssFile:", "rss_file_bytes"),
              (b"\nRssShmem:", "rss_shmem_bytes"))
 
