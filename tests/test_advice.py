@@ -79,6 +79,8 @@ def test_a_batch_split_across_the_devices_is_put_with_its_sharding_and_a_device_
     (both,) = advise(steady(30, 50, lambda t, n: sample(t, devices=eight, transfer_sites={"sites": [
         h2d_site(55, n, args=pair)]}))).of("placement")
     assert "batch, y = jax.device_put((batch, y), NamedSharding(" in both.fix and "their first axes are" in both.fix
+    # The evidence still names what the calls copy (a fix's wording once took its place).
+    assert "of NumPy array float32[8,16,64] `batch`, NumPy array float32[8,16,10] `y` at" in both.evidence
     # One device, or a first axis of another length: the plain fix.
     (one,) = advise(steady(30, 50, lambda t, n: sample(t, devices=eight[:1], transfer_sites={"sites": [
         h2d_site(55, n, args=split)]}))).of("placement")
@@ -300,6 +302,16 @@ def test_a_last_profile_that_caught_the_state_twice_does_not_hide_donation():
     twice = [sample(1.0, jit=ledger(1.0)), sample(5.0, holders=holders(5.0, nbytes=512 << 10)),
              sample(8.0, holders=holders(8.0, nbytes=512 << 10)), sample(9.0)]
     assert not advise(twice).of("donation")  # kept twice all along: something else holds the old state
+
+
+def test_a_line_only_the_last_profile_lists_is_no_line_that_keeps_the_state():
+    """An evaluation step run every 50 steps made the model's copy the last
+    profile found at its line; the next training step took it over. One
+    profile of three is no evidence that the line keeps a state (Flax's
+    MNIST example with donation applied got advice whose fix raised)."""
+    recs = [sample(1.0, jit=ledger(1.0)), sample(3.0, holders=holders(3.0, line=40)),
+            sample(5.0, holders=holders(5.0, line=40)), sample(8.0, holders=holders(8.0)), sample(9.0)]
+    assert not advise(recs).of("donation")
 
 
 def test_a_partly_donated_state_is_judged_on_the_rest():

@@ -84,19 +84,6 @@ def donation(w: Window) -> Found:
     if not profiles:
         why = w.ev.holders_error or "no memory profile in the records yet: which line keeps a function's outputs is unknown"
         return out + [NotJudged("donation", why)]
-    # The least each line held over the last profiles: a profile taken
-    # while a call's new state and the one it replaces were both alive
-    # reads twice the state at the line (Flax's miniGPT and MNIST examples:
-    # the advice came or went with the moment of the last profile).
-    sites: dict[tuple[str, int], Any] = {}
-    for profile in profiles[-PROFILES_READ:]:
-        for s in profile.sites or ():
-            if s.library or not s.bytes or not s.file or s.line is None:
-                continue
-            key = (s.file, int(s.line))
-            kept = sites.get(key)
-            if kept is None or s.bytes < kept.bytes:
-                sites[key] = s
     growing = _growing(w)
     for fn in functions:
         out_b, arg_b, alias = fn.output_bytes, fn.argument_bytes, fn.alias_bytes
@@ -115,7 +102,8 @@ def donation(w: Window) -> Found:
         # replaces them, a state carried from call to call. A line holding
         # as much elsewhere may be an input's (parameters a gradient
         # function reads every step and never replaces): not evidence.
-        site = sites.get((call_file, call_line)) if call_file is not None and call_line is not None else None
+        site = (_kept_at(profiles, (call_file, call_line), fn.first_t)
+                if call_file is not None and call_line is not None else None)
         if site is None or not lo * new_b <= (site.bytes or 0) <= hi * out_b:
             continue
         name = fn.name.removeprefix("jit_")
@@ -129,12 +117,42 @@ def donation(w: Window) -> Found:
                      f"{fmt_bytes(site.bytes)} of them alive: its outputs replace inputs of the same size",
             gain=f"up to -{fmt_bytes(new_b)} of new outputs a call in flight, written into the donated inputs' "
                  f"buffers instead (less what XLA adds to its temporaries to alias them: the ledger shows it after)",
-            fix=f"donate every argument whose new value `{name}`{defined} returns (the parameters and the "
-                f"optimizer state, not only the first), none read after the call: jax.jit({name}, "
-                f"donate_argnums=...); a Flax NNX function: nnx.jit({name}, donate_argnames=(\"model\", "
-                f"\"optimizer\")), not jax.jit (the modules' updates would be lost)",
+            fix=f"donate every argument whose new value `{name}`{defined} returns (in a training step the "
+                f"parameters and the optimizer state, not only the first), none read after the call: "
+                f"jax.jit({name}, donate_argnums=...) with their positions; a Flax NNX function: "
+                f"nnx.jit({name}, donate_argnames=...) with their names as `{name}` calls them (a training "
+                f"step's are often \"model\" and \"optimizer\"), not jax.jit (the modules' updates would be lost)",
             basis=INFERRED, window_s=w.span_s, score=_score_bytes(w, new_b)))
     return out
+
+
+def _kept_at(profiles: list[Any], where: tuple[str, int], since: float | None) -> Any:
+    """The site ``where`` with the least it held over the last
+    :data:`PROFILES_READ` memory profiles taken since ``since`` (the
+    function's first compile: no line held its outputs before), if every
+    one of them lists it; else None.
+
+    The least: a profile taken while a call's new state and the one it
+    replaces were both alive reads twice the state at the line (Flax's
+    miniGPT and MNIST examples: the advice came or went with the moment of
+    the last profile). Every one: a line one profile caught holding a state
+    is no line that keeps it (an evaluation step run every 50 steps, whose
+    copy of the model the next training step took over: advice whose fix
+    raised)."""
+    read = [p for p in profiles if since is None or p.t is None or p.t >= since][-PROFILES_READ:]
+    least = None
+    for profile in read:
+        found = None
+        for s in profile.sites or ():
+            if (not s.library and s.bytes and s.file and s.line is not None
+                    and s.file == where[0] and int(s.line) == where[1]):
+                found = s
+                break
+        if found is None:
+            return None
+        if least is None or found.bytes < least.bytes:
+            least = found
+    return least
 
 
 def _score_bytes(w: Window, nbytes: float) -> float:

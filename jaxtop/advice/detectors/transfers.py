@@ -197,8 +197,8 @@ def placement(w: Window) -> Found:
                          f"this step runs)" + ("" if not unsure else f"; if `{unsure[0]}` is the same array every call, "
                                                                      f"jax.device_put it once before the loop"))
             if sharded:
-                what = "its first axis is" if len(sharded) == 1 else "their first axes are"
-                fixes.append(f"{what} one slice a device ({len(w.ev.devices)} devices): a plain "
+                axes = "its first axis is" if len(sharded) == 1 else "their first axes are"
+                fixes.append(f"{axes} one slice a device ({len(w.ev.devices)} devices): a plain "
                              f"jax.device_put({sharded[0]}) puts it whole on one device, and each call then copies "
                              f"the slices device to device")
         fixed = [n for n in scalars if same.get(n) is True]
