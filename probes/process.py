@@ -12,32 +12,21 @@ import time
 from typing import Any
 
 from jaxtop.probes.base import Tick
+from jaxtop.probes.procfs import proc_fields
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-#: The resident set's parts in ``/proc/PID/status`` (Linux 4.5+, in kB), by
-#: the sample's names. What is not the program's own heap shows here: a
+#: The resident set's parts in ``/proc/PID/status`` (Linux 4.5+), by the
+#: sample's names. What is not the program's own heap shows here: a
 #: runtime's shared-memory buffers (``RssShmem``: shmem, tmpfs and
 #: memfd pages), mapped libraries and files (``RssFile``), against
 #: anonymous memory (``RssAnon``: heaps, NumPy arrays, a CPU backend's
 #: arrays, pinned host buffers made with plain allocations). gVisor (a TPU
 #: VM's sandbox) writes none of them in its status file, as its source
 #: reads: the sample then has no parts, and says nothing of them.
-RSS_PARTS = ((b"\nRssAnon:", "rss_anon_bytes"), (b"\nRssFile:", "rss_file_bytes"),
-             (b"\nRssShmem:", "rss_shmem_bytes"))
-
-
-def _status_field(text: bytes, key: bytes) -> int | None:
-    """The first number after ``key`` in a status file's text; None where
-    the key is not there."""
-    at = text.find(key)
-    if at < 0:
-        return None
-    start = at + len(key)
-    end = text.find(b"\n", start)
-    fields = text[start : end if end >= 0 else len(text)].split()
-    return int(fields[0]) if fields else None
+RSS_PARTS = (("RssAnon", "rss_anon_bytes"), ("RssFile", "rss_file_bytes"), ("RssShmem", "rss_shmem_bytes"))
+_STATUS_KEYS = ("Threads", *(key for key, _ in RSS_PARTS))
 
 
 class _ProcFiles:
@@ -66,16 +55,10 @@ class _ProcFiles:
     def status(self) -> tuple[int, dict[str, int]]:
         """(threads, the resident set's parts in bytes: ``rss_anon_bytes``,
         ``rss_file_bytes``, ``rss_shmem_bytes``, those the kernel gives)."""
-        text = os.pread(self.status_fd, 16384, 0)
-        threads = _status_field(text, b"\nThreads:")
-        if threads is None:
+        fields = proc_fields(os.pread(self.status_fd, 16384, 0), _STATUS_KEYS)
+        if "Threads" not in fields:
             raise ValueError("no Threads: line in /proc/PID/status")
-        parts = {}
-        for key, name in RSS_PARTS:
-            kib = _status_field(text, key)
-            if kib is not None:
-                parts[name] = kib * 1024
-        return threads, parts
+        return fields["Threads"], {name: fields[key] for key, name in RSS_PARTS if key in fields}
 
     def close(self) -> None:
         for fd in (self.statm, self.status_fd):

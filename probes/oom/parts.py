@@ -32,20 +32,16 @@ TOP_GROUPS = 20
 TIMELINE_POINTS = 120
 TIMELINE_SPAN_S = 60.0
 
+
 def _read_kv(path: str, keys: tuple[str, ...]) -> dict[str, int]:
-    """``Key:   123 kB`` lines of a /proc file, in bytes."""
-    out: dict[str, int] = {}
+    """``Key:   123 kB`` lines of a /proc file, in bytes ({} where it cannot be read)."""
+    from jaxtop.probes.procfs import proc_fields  # here: the relay imports this package with no jaxtop on its path
+
     try:
         with open(path, "rb") as f:
-            for raw in f:
-                name, _, rest = raw.decode("ascii", "replace").partition(":")
-                if name in keys:
-                    parts = rest.split()
-                    if parts and parts[0].isdigit():
-                        out[name] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+            return proc_fields(f.read(), keys)
     except OSError:
-        pass
-    return out
+        return {}
 
 
 def _cgroup_memory() -> dict[str, int | None]:

@@ -11,11 +11,10 @@ temporaries); its compiles and their reasons are jax's. The memory profiles
 
 from __future__ import annotations
 
-from typing import Any
-
 from jaxtop.advice.detectors.base import Found, Window, per_s, short, site_of
 from jaxtop.advice.types import INFERRED, MEASURED, Advice, NotJudged
 from jaxtop.dashboard.ledger import JitFunction
+from jaxtop.wire.records import HolderSite, Holders
 from jaxtop.wire.units import fmt_bytes
 
 __all__ = ["checkpointing", "donation", "in_place"]
@@ -126,7 +125,7 @@ def donation(w: Window) -> Found:
     return out
 
 
-def _kept_at(profiles: list[Any], where: tuple[str, int], since: float | None) -> Any:
+def _kept_at(profiles: list[Holders], where: tuple[str, int], since: float | None) -> HolderSite | None:
     """The site ``where`` with the least it held over the last
     :data:`PROFILES_READ` memory profiles taken since ``since`` (the
     function's first compile: no line held its outputs before), if every
