@@ -407,11 +407,9 @@ class HostPanel(Panel):
             # Narrow panels drop the thread count before anything is cut.
             # The resident set's parts (what a runtime's shared buffers or
             # mapped files add) where they fit, before the thread count.
-            parted = f"{rss[:-1]}; {parts})" if parts else None
-            choices = [c for c in (f"{parted}{cpu_text}  threads {_or_na(host.threads)}" if parted else None,
-                                   f"{parted}{cpu_text}" if parted else None,
-                                   f"{rss}{cpu_text}  threads {_or_na(host.threads)}", f"{rss}{cpu_text}",
-                                   f"{rss}{cpu_text[1:]}", rss) if c is not None]
+            threads = f"  threads {_or_na(host.threads)}"
+            parted = [f"{rss[:-1]}; {parts}){cpu_text}{threads}", f"{rss[:-1]}; {parts}){cpu_text}"] if parts else []
+            choices = [*parted, f"{rss}{cpu_text}{threads}", f"{rss}{cpu_text}", f"{rss}{cpu_text[1:]}", rss]
             line1 = Text(fitting(choices, width), no_wrap=True, overflow="ellipsis")
         total, seconds = proc.compile.count_total, proc.compile.seconds_total
         if total is None:
