@@ -32,8 +32,9 @@ from jaxtop.probes.pprof import ProfileTotals, SiteStats
 
 __all__ = ["CHUNK", "MIN_ARRAYS", "arrays_at", "totals_from_arrays"]
 
-#: Arrays read between two hand-backs of the interpreter (~0.3 ms).
-CHUNK = 500
+#: Arrays read between two hand-backs of the interpreter (~0.15 ms; at 500
+#: a thread of the program waited up to 1.1 ms on a 2-core VM).
+CHUNK = 250
 #: From this many live arrays on, a holders profile reads the arrays in
 #: chunks instead of asking jaxlib for one (whose call would hold the
 #: interpreter ~0.7 us an array: 0.7 ms here).

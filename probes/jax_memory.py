@@ -314,7 +314,7 @@ class JaxMemoryProbe:
         self._detail_t: float | None = None  # when the detail was derived
         self._detail_new: set[int] = set()  # devices whose detail no sample carried yet
         self._scans = 0
-        #: Why the live-array scans stopped ($JAXTOP_MAX_PAUSE_MS), sent with each device's live_arrays.
+        #: Why no scheduled live-array scan runs (jaxtop.agent.scan_pause), sent with each device's live_arrays.
         self.scan_held: str | None = None
         # Per device: (scan number, allocator stats, record) of the last
         # sample, reused while neither changed (most ticks, on CPU always

@@ -352,7 +352,8 @@ class WhoCommand:
                 return {"who": [], "error": "no leak suspect to search for: name a site (file, line)"}
         source = self._arrays()
         if source is None:
-            return {"who": [], "error": "no scan of the live arrays yet (or the scans are stopped: JAXTOP_MAX_PAUSE_MS)"}
+            return {"who": [], "error": "no scan of the live arrays yet (or none is taken: each would pause the program "
+                                       "longer than JAXTOP_MAX_PAUSE_MS allows, 1 ms by default)"}
         self._last_t = now
         began = time.perf_counter()
         found = arrays_at(source[0], sites, WHO_ARRAYS)

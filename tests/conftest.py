@@ -63,6 +63,7 @@ def child_env(sockdir):
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("JAX_TRANSFER_GUARD", None)
+    env.pop("JAXTOP_MAX_PAUSE_MS", None)  # the agent's default limit, whatever this shell set
     return env
 
 

@@ -12,45 +12,20 @@ Standard library and jax only (the agent imports it inside the user's job).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable
 
-from jaxtop.agent import cadence
+from jaxtop.agent import cadence, scan_pause
 from jaxtop.probes.base import Tick
 from jaxtop.probes.jax_memory import JaxMemoryProbe, backend_ready
 from jaxtop.probes.jaxstate import distributed
 from jaxtop.wire import protocol
 
-__all__ = ["DevicesProbe", "MAP_ENTRY_BYTES", "MAX_PAUSE_ENV", "max_pause_from_env"]
+__all__ = ["DevicesProbe", "MAP_ENTRY_BYTES"]
 
-#: The environment variable that bounds the pause a live-array scan may put on
-#: the program (milliseconds).
-MAX_PAUSE_ENV = "JAXTOP_MAX_PAUSE_MS"
 #: Bytes a buffer of a map (or a top buffer) weighs in a sample, about:
 #: ``[140225514849600,16384],`` (the wire's map allowance counts these).
 MAP_ENTRY_BYTES = 24
-
-
-def max_pause_from_env() -> tuple[float | None, str | None]:
-    """``$JAXTOP_MAX_PAUSE_MS`` as ``(seconds or None, what was wrong with it)``.
-
-    ``jax.live_arrays()``, which the scan calls, is one call into jaxlib
-    that holds the interpreter throughout, ~0.2 us an array on a 2-core VM
-    (9.2 ms at 50,000 arrays) and ~0.37 us on a TPU v5e's host (18.5 ms):
-    no caller can cut it into pieces. A
-    program that must never wait longer (a server with a latency objective)
-    sets this; once a scan's call took longer, no more scans are taken."""
-    text = os.environ.get(MAX_PAUSE_ENV, "").strip()
-    if not text:
-        return None, None
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = float("nan")
-    if not (ms > 0 and ms < 1e6):
-        return None, f"${MAX_PAUSE_ENV}={text[:32]!r} is not a number of milliseconds > 0: ignored"
-    return ms / 1000.0, None
 
 
 class DevicesProbe:
@@ -90,9 +65,11 @@ class DevicesProbe:
         self._detail_t: float | None = None
         self.detail_interval_s: float | None = None
         self.detail_cpu_s: float | None = None
-        self.max_pause_s, self.max_pause_error = max_pause_from_env()
-        #: Why the scans stopped (the last one paused the program longer than
-        #: $JAXTOP_MAX_PAUSE_MS allows); None while they run.
+        limit, default, self.max_pause_error = scan_pause.limit_from_env()
+        #: How long a scan may pause the program, and what the scans measured.
+        self.pause = scan_pause.ScanPause(limit, default)
+        #: Why no scheduled scan runs (the next would pause the program
+        #: longer than the limit allows: jaxtop.agent.scan_pause); None while they run.
         self.scan_held: str | None = None
 
     @property
@@ -138,14 +115,10 @@ class DevicesProbe:
         return self.memory.sample(include_map=True)
 
     def _hold_scans(self, memory: JaxMemoryProbe) -> None:
-        """No more scans once one paused the program past $JAXTOP_MAX_PAUSE_MS
-        (asked ones still run: a budget's, the final one): said with the figure."""
-        took, limit = memory.arrays.call_s, self.max_pause_s
-        if limit is None or took is None or took <= limit or self.scan_held is not None:
-            return
-        self.scan_held = (f"no scans since: jax.live_arrays() held the program {took * 1e3:.1f} ms at "
-                          f"{memory.arrays.call_count:,} arrays, over ${MAX_PAUSE_ENV}={limit * 1e3:g}")
-        memory.scan_held = self.scan_held
+        """Whether the next scheduled scan would pause the program past the
+        limit (asked ones still run: a budget's, a profile's, the final one),
+        said with the figures on every device's live arrays."""
+        self.scan_held = memory.scan_held = self.pause.over()
 
     def _details(self, now: float, final: bool) -> None:
         """The live-array scan and the detail derived from it, each when its
@@ -166,6 +139,7 @@ class DevicesProbe:
             if self._scan_t is not None:
                 self.scan_interval_s = mono - self._scan_t
             self._scan_t, self._scan_next = mono, mono + self.slow_interval_s
+            self.pause.measured(memory.arrays.call_s, memory.arrays.call_count)
             self._hold_scans(memory)
         if final or (mono >= self._detail_next and memory.detail_stale()
                      and self.detail_allowance.ready(mono) and self.map_bytes.ready(mono)):

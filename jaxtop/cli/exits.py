@@ -47,9 +47,10 @@ environment:
                              asks (those reads go uncounted, and the screen says so); 0: never wrap
   JAXTOP_TRANSFER_SITES      0: do not tie implicit transfers to the program's lines (no hook on jitted
                              calls; transfers are still counted)
-  JAXTOP_MAX_PAUSE_MS        stop scanning live arrays once a scan paused the program longer than this
-                             (jax.live_arrays() holds the interpreter ~0.2 us an array: 9.6 ms at 50,000);
-                             the screen then shows the last scan's totals and says why
+  JAXTOP_MAX_PAUSE_MS        the longest pause a live-array scan may put on the program (default 1; off:
+                             no limit). jax.live_arrays() holds the interpreter ~0.14-0.37 us an array
+                             (7-18 ms at 50,000); no scan predicted longer is taken, and the screen shows
+                             the last scan's totals and says why
   JAXTOP_ADVISE_WHOLE        1: `jaxtop advise FILE` decodes every line of a big recording instead of its
                              last window (benchmarks/advice.py compares the two)"""
 

@@ -113,7 +113,8 @@ class DeviceView:
     #: where the stream does not say (older agents).
     live_age_s: float | None = None
     map_age_s: float | None = None
-    #: Why the agent scans no more ($JAXTOP_MAX_PAUSE_MS), with the figure;
+    #: Why the agent takes no scheduled scan (the next would pause the
+    #: program past $JAXTOP_MAX_PAUSE_MS, 1 ms by default), with the figures;
     #: None while it scans.
     live_held: str | None = None
     #: The allocator's bytes in use read right after that scan (newer

@@ -71,8 +71,9 @@ class LiveArrays(Rec):
     in_use_bytes: Num = None  # the allocator's bytes_in_use right after the scan
     not_ready_count: Num = None
     not_ready_bytes: Num = None
-    # Why no scan runs any more ($JAXTOP_MAX_PAUSE_MS: the last one paused
-    # the program longer), with the figure; the totals are the last scan's.
+    # Why no scheduled scan runs (the next would pause the program longer
+    # than $JAXTOP_MAX_PAUSE_MS allows, 1 ms by default), with the figures;
+    # the totals are the last scan's.
     held: str | None = None
     # On samples that carry a new buffer map of the device:
     top: list[TopBuffer] | None = None
