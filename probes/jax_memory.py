@@ -316,6 +316,7 @@ class JaxMemoryProbe:
         self._scans = 0
         #: Why no scheduled live-array scan runs (jaxtop.agent.scan_pause), sent with each device's live_arrays.
         self.scan_held: str | None = None
+        self.scan_held_pause_s: float | None = None  # the pause the next scan would put on the program
         # Per device: (scan number, allocator stats, record) of the last
         # sample, reused while neither changed (most ticks, on CPU always
         # between scans): the agent's encoder then reuses its bytes too.
@@ -467,6 +468,7 @@ class JaxMemoryProbe:
                 live_summary["holes"] = detail["holes"]
             if self.scan_held is not None:
                 live_summary["held"] = self.scan_held
+                live_summary["held_pause_s"] = self.scan_held_pause_s
             if d.id in self._in_use_at_scan:
                 live_summary["in_use_bytes"] = self._in_use_at_scan[d.id]
             if dev is not None and dev.unmapped.get(NOT_READY):

@@ -140,7 +140,6 @@ def test_by_default_a_program_of_60000_arrays_is_scanned_once_and_told_why_not_a
     same program's scans are not held (the arm that shows the test can
     fail; at this size their CPU cadence spaces them tens of seconds apart)."""
     held = _arrays_run(tmp_path, child_env, "default", 60_000, 60_000, 6.0)
-    scans = {t for t, _, _ in held if t is not None}
     reasons = [h for _, _, h in held if h]
     assert reasons and "over the default $JAXTOP_MAX_PAUSE_MS=1" in reasons[-1], reasons[-3:]
     # The scans before the arrays were made, the one that met them, the final one: no others.
@@ -179,7 +178,7 @@ def test_the_screen_and_snapshot_say_the_scans_stopped_and_since_when():
     records = stream()
     scanned = records[10]["t"]
     for rec in records[10:]:
-        rec["devices"][0]["live_arrays"].update(scanned_t=scanned, held=why)
+        rec["devices"][0]["live_arrays"].update(scanned_t=scanned, held=why, held_pause_s=0.0096)
     snap = model_of(records).snapshot(now=0.0)
     age = records[-1]["t"] - scanned
     assert f"(scanned {age:.1f} s ago; {why})" in snapshot_text(snap)
@@ -187,6 +186,9 @@ def test_the_screen_and_snapshot_say_the_scans_stopped_and_since_when():
     console.print(MemoryPanel().draw(snap, 200, 12))
     # The figures, where the whole reason does not fit.
     assert "no scans since: jax.live_arrays() would hold the program ~9.6 ms at 50,000 arrays" in console.export_text()
+    console = Console(width=120, record=True, file=io.StringIO(), color_system=None)
+    console.print(MemoryPanel().draw(snap, 120, 12))
+    assert "no scans, each ~9.6 ms (over $JAXTOP_MAX_PAUSE_MS)" in console.export_text()
     console = Console(width=260, record=True, file=io.StringIO(), color_system=None)
     console.print(MemoryPanel().draw(snap, 260, 12))
     assert why in console.export_text()

@@ -48,7 +48,10 @@ class MemoryPanel(Panel):
             # it allows. The bars' live arrays are the last scan's.
             ago = f"live arrays as of {fmt_duration(dev.live_age_s)} ago"
             figures = dev.live_held.split(" (", 1)[0]  # "... ~9.6 ms at 50,000 arrays"
-            extra.append(fitting([f"{ago}: {dev.live_held}", f"{ago}: {figures} ($JAXTOP_MAX_PAUSE_MS)",
+            each = dev.live_held_pause_s  # the pause a scan would put on the program, where the agent says
+            short = [f"{ago}: no scans, each ~{each * 1e3:.1f} ms (over $JAXTOP_MAX_PAUSE_MS)",
+                     f"{ago} (no scans: ~{each * 1e3:.1f} ms each)"] if each else []
+            extra.append(fitting([f"{ago}: {dev.live_held}", f"{ago}: {figures} ($JAXTOP_MAX_PAUSE_MS)", *short,
                                   f"{ago}: scans stopped ($JAXTOP_MAX_PAUSE_MS)",
                                   f"{ago} (scans stopped)",
                                   f"live arrays {fmt_duration(dev.live_age_s)} old (no scans)"], width - 4))

@@ -119,6 +119,7 @@ class DevicesProbe:
         limit (asked ones still run: a budget's, a profile's, the final one),
         said with the figures on every device's live arrays."""
         self.scan_held = memory.scan_held = self.pause.over()
+        memory.scan_held_pause_s = self.pause.predicted_s() if self.scan_held else None
 
     def _details(self, now: float, final: bool) -> None:
         """The live-array scan and the detail derived from it, each when its

@@ -168,6 +168,7 @@ def device_view(p: ProcessModel, s: _DeviceState, window_s: float | None, end_t:
         live_holes=live.holes,
         live_age_s=live_age_s,
         live_held=live.held,
+        live_held_pause_s=live.held_pause_s if live.held else None,
         map_age_s=_age(end_t, s.map_t),
         in_use_at_scan_bytes=live.in_use_bytes,
         # Older agents said it only in the map's samples (``unmapped``).

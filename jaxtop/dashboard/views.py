@@ -117,6 +117,8 @@ class DeviceView:
     #: program past $JAXTOP_MAX_PAUSE_MS, 1 ms by default), with the figures;
     #: None while it scans.
     live_held: str | None = None
+    #: The pause the next scan is predicted to put on the program (seconds), where the agent says.
+    live_held_pause_s: float | None = None
     #: The allocator's bytes in use read right after that scan (newer
     #: agents; None without allocator statistics): compared with
     #: ``live_bytes`` it gives the memory that belonged to no live array.

@@ -75,6 +75,7 @@ class LiveArrays(Rec):
     # than $JAXTOP_MAX_PAUSE_MS allows, 1 ms by default), with the figures;
     # the totals are the last scan's.
     held: str | None = None
+    held_pause_s: Num = None  # the pause the next scan is predicted to put on the program
     # On samples that carry a new buffer map of the device:
     top: list[TopBuffer] | None = None
     # [[address, bytes], ...] in address order, kept as its JSON text: a map
