@@ -352,6 +352,11 @@ class JaxMemoryProbe:
             })
         return out
 
+    @property
+    def scans(self) -> int:
+        """Live-array scans taken so far."""
+        return self._scans
+
     def scan_live_arrays(self, now: float, detail: bool = True) -> bool:
         """Scan ``jax.live_arrays()`` (all devices): the totals are exact as
         of ``now`` afterwards. Nothing the program can see is created or kept

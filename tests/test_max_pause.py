@@ -195,3 +195,67 @@ def test_the_screen_and_snapshot_say_the_scans_stopped_and_since_when():
     for rec in records[10:]:  # an agent that scans: nothing said
         del rec["devices"][0]["live_arrays"]["held"]
     assert "no scans since" not in snapshot_text(model_of(records).snapshot(now=0.0))
+
+
+def test_while_held_a_growing_program_is_scanned_once_a_minute_at_most():
+    from jaxtop.agent.scan_pause import GROWTH_EVERY_S, GROWTH_MIN_BYTES
+
+    pause = ScanPause(0.001)
+    gib = 1 << 30
+    pause.measured(0.007, 50_000, mono=100.0, memory=4 * gib)
+    assert pause.over() is not None and "one a minute at most while memory grows" in pause.over()
+    grown = 4 * gib + max(GROWTH_MIN_BYTES, -(-4 * gib // 10))
+    assert not pause.growth_due(100.0 + GROWTH_EVERY_S - 1, grown)  # too soon
+    assert not pause.growth_due(100.0 + GROWTH_EVERY_S, grown - 1)  # not grown enough
+    assert pause.growth_due(100.0 + GROWTH_EVERY_S, grown)
+    assert not pause.growth_due(100.0 + GROWTH_EVERY_S, None)  # the memory unknown
+    small = ScanPause(0.001)
+    small.measured(0.007, 50_000, mono=0.0, memory=100 << 20)  # 10 % of 100 MiB is under 64 MiB
+    assert not small.growth_due(GROWTH_EVERY_S, (100 << 20) + (63 << 20))
+    assert small.growth_due(GROWTH_EVERY_S, (100 << 20) + GROWTH_MIN_BYTES)
+    unknown = ScanPause(0.001)
+    unknown.measured(0.007, 50_000, mono=0.0, memory=None)
+    assert not unknown.growth_due(1e9, 1 << 40)
+
+
+def test_the_programs_memory_is_the_allocators_where_they_report_else_the_resident_bytes():
+    from jaxtop.agent.devices import program_memory
+
+    assert program_memory([{"source": "memory_stats", "bytes_in_use": 5}, {"source": "memory_stats",
+                                                                           "bytes_in_use": 7}]) == 12
+    rss = program_memory([{"source": "live_arrays", "bytes_in_use": 99}])
+    with open("/proc/self/status") as f:
+        vm_rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    assert rss is not None and abs(rss - vm_rss) < 64 << 20
+
+
+def test_while_held_each_scan_is_read_by_one_holders_profile():
+    """A memory probe whose scans are held gives a holders profile the
+    arrays of a scan once; the next profile waits for a scan. The agent's
+    own method, over a stand-in for its devices probe."""
+    from jaxtop.agent.agent import Agent
+    from jaxtop.probes.holders import NotNow
+
+    agent = Agent.__new__(Agent)  # only what _holders_arrays reads
+    agent._holders_scan = -1
+
+    class Memory:
+        scans = 3
+        arrays = object()
+
+        @staticmethod
+        def device_labels():
+            return {0: "cpu:0"}
+
+    class Devices:
+        scan_held: str | None = "no scans since: ..."
+        memory = Memory
+
+    agent.devices = Devices
+    assert agent._holders_arrays()[0] is Memory.arrays
+    with pytest.raises(NotNow, match="no profile until the next live-array scan"):
+        agent._holders_arrays()
+    Memory.scans = 4
+    assert agent._holders_arrays() is not None
+    Devices.scan_held = None  # scans run: every profile reads the arrays
+    assert agent._holders_arrays() is not None and agent._holders_arrays() is not None

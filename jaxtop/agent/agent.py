@@ -186,6 +186,7 @@ class Agent(AgentLoop):
         # Who holds memory (`holders`, commands holders_mark and
         # holders_profile), which lines read arrays on the host
         # (`host_syncs`), named pytrees (`labels`).
+        self._holders_scan = -1  # the live-array scan a holders profile last read, while scans are held
         self.holders = HoldersProbe(arrays=self._holders_arrays).install(self)
         self.host_sync = HostSyncProbe().install(self)
         # Which line made each implicit transfer (`transfer_sites`): the
@@ -321,9 +322,13 @@ class Agent(AgentLoop):
         if memory is None:
             return None
         if self.devices.scan_held:
-            # The arrays are the last scan's, and jaxlib's own profile holds
-            # the interpreter longer still (35 ms at 50,000 arrays).
-            raise NotNow(f"no profile while the live-array scans are stopped ({self.devices.scan_held})")
+            # The arrays are the last scan's (jaxlib's own profile would hold
+            # the interpreter longer still: 35 ms at 50,000 arrays): one
+            # profile reads them, the next waits for a scan (a growing
+            # program's come once a minute: jaxtop.agent.scan_pause).
+            if memory.scans == self._holders_scan:
+                raise NotNow(f"no profile until the next live-array scan ({self.devices.scan_held})")
+            self._holders_scan = memory.scans
         return memory.arrays, memory.device_labels()
 
     @property

@@ -12,6 +12,7 @@ Standard library and jax only (the agent imports it inside the user's job).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
@@ -26,6 +27,24 @@ __all__ = ["DevicesProbe", "MAP_ENTRY_BYTES"]
 #: Bytes a buffer of a map (or a top buffer) weighs in a sample, about:
 #: ``[140225514849600,16384],`` (the wire's map allowance counts these).
 MAP_ENTRY_BYTES = 24
+
+
+def program_memory(records: list[dict[str, Any]]) -> int | None:
+    """The program's memory in a tick's device records: the allocators'
+    bytes in use summed, or, where no device reports any (CPU), the
+    process's resident bytes (``/proc/self/statm``; None without it)."""
+    in_use = [r["bytes_in_use"] for r in records if r.get("source") == "memory_stats"
+              and r.get("bytes_in_use").__class__ is int]
+    if in_use:
+        return sum(in_use)
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read(64).split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class DevicesProbe:
@@ -71,6 +90,8 @@ class DevicesProbe:
         #: Why no scheduled scan runs (the next would pause the program
         #: longer than the limit allows: jaxtop.agent.scan_pause); None while they run.
         self.scan_held: str | None = None
+        #: The program's memory at the last tick (see program_memory).
+        self._memory_now: int | None = None
 
     @property
     def allowances(self) -> tuple[cadence.Allowance, ...]:
@@ -112,7 +133,9 @@ class DevicesProbe:
                 "distributed": distributed(),
             })
         self._details(tick.now, tick.final)
-        return self.memory.sample(include_map=True)
+        records = self.memory.sample(include_map=True)
+        self._memory_now = program_memory(records)
+        return records
 
     def _hold_scans(self, memory: JaxMemoryProbe) -> None:
         """Whether the next scheduled scan would pause the program past the
@@ -128,8 +151,9 @@ class DevicesProbe:
         memory = self.memory
         assert memory is not None
         mono = time.monotonic()
-        if final or self._scan_requested or (self.scan_held is None and mono >= self._scan_next
-                                             and self.scan_allowance.ready(mono)):
+        grown = self.scan_held is not None and self.pause.growth_due(mono, self._memory_now)
+        if final or self._scan_requested or grown or (self.scan_held is None and mono >= self._scan_next
+                                                      and self.scan_allowance.ready(mono)):
             self._scan_requested = False
             started = time.thread_time()
             memory.scan_live_arrays(now, detail=False)
@@ -140,7 +164,7 @@ class DevicesProbe:
             if self._scan_t is not None:
                 self.scan_interval_s = mono - self._scan_t
             self._scan_t, self._scan_next = mono, mono + self.slow_interval_s
-            self.pause.measured(memory.arrays.call_s, memory.arrays.call_count)
+            self.pause.measured(memory.arrays.call_s, memory.arrays.call_count, mono, self._memory_now)
             self._hold_scans(memory)
         if final or (mono >= self._detail_next and memory.detail_stale()
                      and self.detail_allowance.ready(mono) and self.map_bytes.ready(mono)):

@@ -25,8 +25,18 @@ found) can pause it longer, once.
 
 A scan that is asked for still runs (a live-bytes budget's, the last one
 at exit) and its figures move the prediction: if a program's arrays fall
-back under the limit, scheduled scans resume. Memory profiles wait for
-them (jaxlib's own profile holds the interpreter longer still).
+back under the limit, scheduled scans resume.
+
+A program whose memory grows while the scans are held gets one scan every
+:data:`GROWTH_EVERY_S` at most (whatever it pauses), once its memory (the
+allocators' bytes in use, or the process's resident bytes where the backend
+reports none) has grown by :data:`GROWTH_MIN_BYTES` and
+:data:`GROWTH_SHARE` of what it was at the last scan: who holds the memory
+and which line leaks are read from the scans, and a leak of small arrays is
+what grows their count past the limit. A steady program is never paused
+past the limit; a growing one once a minute, and its leak is told in
+minutes rather than within one. Memory profiles read the arrays of a scan
+they have not read yet, so they follow these scans.
 ``$JAXTOP_MAX_PAUSE_MS`` sets another limit in milliseconds, or ``off``
 for none (every scan on its cadence, whatever it pauses).
 
@@ -37,7 +47,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["DEFAULT_LIMIT_S", "ENV", "PRIOR_S_PER_ARRAY", "RATE_FROM_COUNT", "ScanPause", "limit_from_env"]
+__all__ = ["DEFAULT_LIMIT_S", "ENV", "GROWTH_EVERY_S", "GROWTH_MIN_BYTES", "GROWTH_SHARE", "PRIOR_S_PER_ARRAY",
+           "RATE_FROM_COUNT", "ScanPause", "limit_from_env"]
 
 #: The environment variable that bounds the pause a scan may put on the program.
 ENV = "JAXTOP_MAX_PAUSE_MS"
@@ -49,6 +60,12 @@ RATE_FROM_COUNT = 1000
 #: The cost per array before a scan measured one: a TPU v5e's host's, the
 #: slowest measured (0.37 us; a 2-core VM's is ~0.14).
 PRIOR_S_PER_ARRAY = 0.37e-6
+#: While the scans are held, a program whose memory grows is scanned at most this often,
+GROWTH_EVERY_S = 60.0
+#: once it grew by this much since the last scan
+GROWTH_MIN_BYTES = 64 << 20
+#: and by this share of what it was then.
+GROWTH_SHARE = 0.10
 #: Words that turn the limit off.
 OFF_WORDS = ("off", "none", "no")
 
@@ -82,7 +99,8 @@ class ScanPause:
         default: the limit is the default one (the reason says so).
     """
 
-    __slots__ = ("limit_s", "default", "per_array_s", "count", "previous_count", "took_s")
+    __slots__ = ("limit_s", "default", "per_array_s", "count", "previous_count", "took_s", "scan_mono",
+                 "memory_at_scan")
 
     def __init__(self, limit_s: float | None = DEFAULT_LIMIT_S, default: bool = True) -> None:
         self.limit_s = limit_s
@@ -92,16 +110,30 @@ class ScanPause:
         self.count: int | None = None  # arrays at the last scan
         self.previous_count: int | None = None  # and at the one before
         self.took_s: float | None = None  # the last scan's call
+        self.scan_mono: float | None = None  # when it ran (time.monotonic())
+        self.memory_at_scan: int | None = None  # the program's memory then (see the module)
 
-    def measured(self, took_s: float | None, count: int) -> None:
-        """A scan's ``jax.live_arrays()`` took ``took_s`` (wall) over ``count`` arrays."""
+    def measured(self, took_s: float | None, count: int, mono: float | None = None,
+                 memory: int | None = None) -> None:
+        """A scan's ``jax.live_arrays()`` took ``took_s`` (wall) over
+        ``count`` arrays, at ``mono`` (``time.monotonic()``), when the
+        program's memory was ``memory`` bytes (None: not known)."""
         if took_s is None or not took_s >= 0.0:
             return
+        self.scan_mono, self.memory_at_scan = mono, memory
         self.previous_count, self.count, self.took_s = self.count, count, took_s
         if count >= RATE_FROM_COUNT:
             rate = took_s / count
             if self.per_array_s is None or rate < self.per_array_s:
                 self.per_array_s = rate
+
+    def growth_due(self, mono: float, memory: int | None) -> bool:
+        """While the scans are held: whether the program's memory grew
+        enough since the last scan, long enough ago, for one more."""
+        base, last = self.memory_at_scan, self.scan_mono
+        if memory is None or base is None or last is None or mono - last < GROWTH_EVERY_S:
+            return False
+        return memory - base >= max(GROWTH_MIN_BYTES, GROWTH_SHARE * base)
 
     def expected_count(self) -> int:
         """The arrays the next scan is expected to find: the last count,
@@ -131,4 +163,5 @@ class ScanPause:
         which = (f"the default ${ENV}={limit * 1e3:g}; set it higher, or to off, to scan" if self.default
                  else f"${ENV}={limit * 1e3:g}")
         return (f"no scans since: jax.live_arrays() would hold the program ~{predicted * 1e3:.1f} ms at "
-                f"{self.count:,} arrays{growing} ({rate * 1e6:.2f} us an array, {how}), over {which}")
+                f"{self.count:,} arrays{growing} ({rate * 1e6:.2f} us an array, {how}), over {which}; "
+                f"one a minute at most while memory grows")
