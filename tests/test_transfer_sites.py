@@ -372,6 +372,31 @@ def test_a_program_under_jaxtop_run_names_every_line(tmp_path, child_env):
     assert {(a["name"], a["kind"]) for a in step["args"]} >= {("lr", PY_SCALAR)} or step["args_seen"] == "transfer"
 
 
+def test_a_line_called_with_two_shapes_in_turn_is_sized_by_the_mean_of_the_calls_read():
+    """JAX's MNIST example sizes the training set and then the test set at
+    one line (float32[1024,784], then [256,784]). One call's sizes stood
+    for all: whichever was read last, 2.4x low (or 1.6x high). The mean of
+    the calls read is the line's true bytes when it reads both alike."""
+    from jaxtop.probes.transfer_site import SIZES_READ, Site
+    from jaxtop.probes.transfer_values import ArgInfo
+
+    def call(rows: int) -> tuple:
+        return (ArgInfo(name="inputs", kind="NumPy array", shape=f"float32[{rows},784]", nbytes=rows * 784 * 4),)
+
+    site = Site()
+    site.merge(call(1024), False, 0.0, "predict")
+    site.merge(call(256), False, 0.1, "predict")
+    site.add(200, 200)
+    truth = 100 * (1024 + 256) * 784 * 4
+    assert site.bytes == truth  # each call read alike: the mean is the truth
+    for k in range(SIZES_READ):  # only test-set calls read since: the mean follows them
+        site.merge(call(256), False, 1.0 + k, "predict")
+    assert site.sizes == (256 * 784 * 4,)
+    # A call of another arity is not averaged into this one's positions.
+    site.merge(call(1024) + call(8), False, 20.0, "predict")
+    assert site.sizes == (1024 * 784 * 4, 8 * 784 * 4)
+
+
 def test_a_line_whose_values_go_in_pieces_is_sized_by_the_values_not_a_value_a_piece():
     """A pmap copies each NumPy value a slice a device, a guard line each:
     16 lines a call for two values on 8 devices. Each line a whole value

@@ -338,7 +338,8 @@ def test_the_panel_lists_lines_calls_arguments_and_rates(width, height):
     if width >= 59:
         assert "~inferred" in text.replace("~ ", "~") and "keep them on the device" in text
         assert "3 lines" in scalar[0]
-        assert "bytes/s≥" in text
+        # Sized by the calls read: an estimate, never claimed as a lower bound.
+        assert "~bytes/s" in text and "bytes/s≥" not in text.split("line")[-1]
     if width >= 99:
         assert "float32[512,4096]" in text and " main " in text
 

@@ -144,7 +144,9 @@ def site_rows(sites: Sequence[TransferSiteView], width: int, ended: bool = False
         line.append(_cut(next((c for c in legends if len(c) <= arg_w), legends[-1]), arg_w).ljust(arg_w) + " ")
         line.append("/s".rjust(RATE_W))
         if show_bytes:
-            line.append("bytes/s≥".rjust(BYTES_W))
+            # A line's bytes are its transfers sized by the calls read (a
+            # cached call logs no shape): an estimate, not a lower bound.
+            line.append("~bytes/s".rjust(BYTES_W))
         rows.append(line)
     for site in sites:
         line = Text(no_wrap=True, overflow="ellipsis")
@@ -301,9 +303,9 @@ class TransferSitesReport:
         columns: list[tuple[str, int, bool]] = [("dir", 3, False), ("line", where_w, False)]
         if wide:
             columns.append(("in", func_w, False))
-        columns += [("calls", call_w, False), ("transfers", 10, True), ("/s", 7, True), ("bytes≥", 9, True)]
+        columns += [("calls", call_w, False), ("transfers", 10, True), ("/s", 7, True), ("~bytes", 9, True)]
         if wide:
-            columns.append(("bytes/s≥", 10, True))
+            columns.append(("~bytes/s", 10, True))
         if spark_w:
             columns.append((f"per {history_s:.2g} s", spark_w, False))  # a history entry's span
 

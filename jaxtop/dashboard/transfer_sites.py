@@ -105,10 +105,10 @@ class TransferSiteView:
     #: Over the last RATE_WINDOW_S of samples; from the agent's per-tick
     #: counts where one field only is in (a snapshot); None without either.
     count_per_s: float | None
-    bytes_per_s: float | None  # a lower bound; see bytes_estimated
+    bytes_per_s: float | None  # sized by the calls read (inferred); see bytes_estimated
     #: True where ``bytes_per_s`` is the count rate times a size per
     #: transfer (the site's average, else its arguments' known sizes), not
-    #: a difference of ``bytes_total``: a lower bound, inferred.
+    #: a difference of ``bytes_total``: inferred.
     bytes_estimated: bool
     args: tuple[TransferArgView, ...]
     args_seen: str | None  # "transfer", "call" (inferred) or None (not described)
@@ -193,10 +193,10 @@ class TransferSitesView:
         return sum(self.unattributed.values())
 
     def bytes_of(self, direction: str) -> tuple[int | None, int]:
-        """The bytes the lines sent carry in ``direction`` since start (a
-        lower bound: a line of unknown size, and the lines beyond the ones
-        sent, add nothing; None where no line has a size), and how many
-        transfers those bytes are of."""
+        """The bytes the lines sent carry in ``direction`` since start, as
+        the agent sized them from the calls it read (inferred: a line of
+        unknown size, and the lines beyond the ones sent, add nothing; None
+        where no line has a size), and how many transfers those bytes are of."""
         total: int | None = None
         counted = 0
         for s in self.sites:
@@ -420,8 +420,8 @@ class TransferSitesFold:
                 elif site.args:
                     known = [a.bytes for a in site.args if a.bytes is not None]
                     if known:
-                        # Each transfer is one argument of a call: counting the
-                        # unknown ones as 0 bytes keeps it a lower bound.
+                        # Each transfer is one argument of a call: the
+                        # unknown ones counted as 0 bytes.
                         bytes_rate, estimated = count_rate * sum(known) / len(site.args), True
             sites.append(replace(site, count_per_s=count_rate, bytes_per_s=bytes_rate, bytes_estimated=estimated,
                                  history=tuple(history[-HISTORY_TICKS:])))

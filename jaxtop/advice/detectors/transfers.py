@@ -170,7 +170,7 @@ def placement(w: Window) -> Found:
         # The count is measured, the bytes are not: a line whose calls pass
         # arrays of several shapes in turn (a train set, then a test set) is
         # sized by the calls read (MNIST's evaluation read 26.6 MiB/s for ~16.8).
-        sized = " (bytes sized by the calls read: calls of other shapes move other bytes)" if moved else ""
+        sized = " (bytes sized by the mean of the last calls read: calls of other shapes move other bytes)" if moved else ""
         fixes, seen = [], []
         same = _same(line, arrays + scalars)
         constant = [n for n in arrays if same.get(n) is True]
