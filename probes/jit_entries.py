@@ -15,6 +15,7 @@ from typing import Any
 
 from jaxtop.probes.cache_misses import MAX_KEY, name_key
 from jaxtop.probes.frames import eager_frames, user_frame
+from jaxtop.probes.jit_donatable import donatable_args
 
 #: Size fields of ``CompiledMemoryStats`` → the ledger's names.
 _DEVICE_SIZES = (
@@ -202,5 +203,14 @@ def analyse(e: Any, ident: int, now: float) -> _Exe:
                                            "or the standard library)")
         except Exception as exc:
             row["call_site_reason"] = f"traceback unreadable: {type(exc).__name__}: {exc}"
+    if not row.get("eager") and row.get("alias_bytes") == 0 and row.get("output_bytes"):
+        # Which arguments its outputs could be written into: a donation
+        # fix's donate_argnames (where none is aliased yet).
+        try:
+            found = donatable_args(e)
+        except Exception:
+            found = None
+        if found is not None and found[0]:
+            row["donatable"], row["donatable_nnx"] = found
     row["first_t"] = round(now, 3)
     return _Exe(ident, tb, fingerprint, name_key(name), row)

@@ -284,6 +284,10 @@ class LedgerTables:
                   "bytes_accessed"):
             row[k] = largest.row.get(k) if largest is not None else None
         row["code_bytes"] = fn.code if fn.live else None
+        if largest is not None and largest.row.get("donatable"):
+            # The arguments its outputs could be written into (jaxtop.probes.jit_donatable).
+            row["donatable"] = largest.row["donatable"]
+            row["donatable_nnx"] = largest.row.get("donatable_nnx", False)
         return row
 
     def _totals(self) -> dict[str, Any]:

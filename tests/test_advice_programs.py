@@ -499,6 +499,15 @@ def test_loop_misses_six_strategies_at_their_lines(strategy, recorder):
             f"no {strategy} advice at advice_miss.py:{line}: {brief(report)}")
 
 
+def test_the_donation_fix_names_the_argument_the_step_replaces(recorder):
+    """``step(params, batch)`` returns new parameters and a loss: the fix
+    donates ``params`` by name (read from the compiled module), as code to
+    paste, not a template."""
+    report = recorder.report("miss", "cli")
+    fixes = [a["fix"] for a in of(report, "donation") if same_file(a["file"], MISS)]
+    assert fixes and fixes[0].startswith('jax.jit(step, donate_argnames=("params",))'), brief(report)
+
+
 @pytest.mark.parametrize("strategy", SIX)
 def test_clean_twin_misses_none_of_the_six(strategy, recorder):
     """The same loop with the six applied: no advice of the strategy, and

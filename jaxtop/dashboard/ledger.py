@@ -73,6 +73,10 @@ class JitFunction:
     reasons: tuple[JitReason, ...] = ()  # latest first
     reasons_total: int = 0
     eager_compiles: int = 0  # compiles of an op run outside jit: none is a recompile
+    #: The arguments its outputs could be written into (donate_argnames);
+    #: empty where unknown (an older agent, outputs aliased already).
+    donatable: tuple[str, ...] = ()
+    donatable_nnx: bool = False
 
     @property
     def total_bytes(self) -> int | None:
@@ -128,6 +132,8 @@ class JitFunction:
             reasons=reasons,
             reasons_total=_count(row.reasons_total) or len(reasons),
             eager_compiles=max(0, _count(row.eager_compiles) or 0),
+            donatable=tuple(row.donatable or ()),
+            donatable_nnx=row.donatable_nnx is True,
         )
 
 

@@ -116,13 +116,27 @@ def donation(w: Window) -> Found:
                      f"{fmt_bytes(site.bytes)} of them alive: its outputs replace inputs of the same size",
             gain=f"up to -{fmt_bytes(new_b)} of new outputs a call in flight, written into the donated inputs' "
                  f"buffers instead (less what XLA adds to its temporaries to alias them: the ledger shows it after)",
-            fix=f"donate every argument whose new value `{name}`{defined} returns (in a training step the "
-                f"parameters and the optimizer state, not only the first), none read after the call: "
-                f"jax.jit({name}, donate_argnums=...) with their positions; a Flax NNX function: "
-                f"nnx.jit({name}, donate_argnames=...) with their names as `{name}` calls them (a training "
-                f"step's are often \"model\" and \"optimizer\"), not jax.jit (the modules' updates would be lost)",
+            fix=_donation_fix(fn, name, defined),
             basis=INFERRED, window_s=w.span_s, score=_score_bytes(w, new_b)))
     return out
+
+
+def _donation_fix(fn: JitFunction, name: str, defined: str) -> str:
+    """The change as code: the arguments the compiled function's outputs
+    match by dtype and shape, by the names jax gave its parameters
+    (``JitFunction.donatable``), where the agent read them; else what to
+    donate, in words."""
+    if fn.donatable:
+        names = "(" + ", ".join(f'"{n}"' for n in fn.donatable) + ("," if len(fn.donatable) == 1 else "") + ")"
+        jit = "nnx.jit" if fn.donatable_nnx else "jax.jit"
+        also = " (not jax.jit: the modules' updates would be lost)" if fn.donatable_nnx else ""
+        return (f"{jit}({name}, donate_argnames={names}){also}{defined}: its outputs match these arguments "
+                f"leaf for leaf (dtype and shape, in the compiled function); none may be read after the call")
+    return (f"donate every argument whose new value `{name}`{defined} returns (in a training step the "
+            f"parameters and the optimizer state, not only the first), none read after the call: "
+            f"jax.jit({name}, donate_argnums=...) with their positions; a Flax NNX function: "
+            f"nnx.jit({name}, donate_argnames=...) with their names as `{name}` calls them (a training "
+            f"step's are often \"model\" and \"optimizer\"), not jax.jit (the modules' updates would be lost)")
 
 
 def _kept_at(profiles: list[Holders], where: tuple[str, int], since: float | None) -> HolderSite | None:

@@ -11,11 +11,14 @@ ledger", says what each field means. Its reader is
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Annotated, Union
 
 import msgspec
 
 from jaxtop.wire.records.base import Num, Rec, Time
+
+#: A Python argument's name (a donation fix pastes it as code).
+ArgName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 
 __all__ = ["Jit", "JitExecutable", "JitExplain", "JitFunctionRow", "JitLeak", "JitLedgerResult", "JitReason", "JitStorm"]
 
@@ -65,6 +68,11 @@ class JitFunctionRow(Rec):
     reasons: list[JitReason] | None = None  # its last 8 recompile reasons, oldest first
     reasons_total: Num = None  # recompile reasons since the agent started
     eager_compiles: Num = None  # compiles of jax's own op run outside jit (never a recompile)
+    # Where its largest live executable has no aliased output: the top-level
+    # arguments its outputs could be written into (donate_argnames), and
+    # whether they are Flax NNX graph states (nnx.jit takes the same names).
+    donatable: Annotated[list[ArgName], msgspec.Meta(max_length=8)] | None = None
+    donatable_nnx: bool | None = None
 
 
 class JitExecutable(Rec):
