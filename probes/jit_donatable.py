@@ -19,6 +19,9 @@ jit. Each read is a call into jaxlib per instruction of the entry
 computation (thousands after XLA's fusion in a big model), in pieces with
 the interpreter handed back between them: no one call walks the module.
 
+Where the jaxlib has no entry instructions to read (0.4.30's HloComputation
+has none), nothing is named, and a donation fix says in words what to donate.
+
 Stdlib only; the executable is jaxlib's, handed in.
 """
 
