@@ -249,16 +249,18 @@ def _by_rate(sites: Iterable[TransferSiteView]) -> tuple[TransferSiteView, ...]:
 class _Site:
     """What the fold keeps of one site besides its view: its recent totals."""
 
-    __slots__ = ("totals", "seen")
+    __slots__ = ("totals", "seen", "first_t")
 
     def __init__(self) -> None:
         # (sample time, count_total, bytes_total or None), oldest first: the
         # last one before the rate window and those within it.
         self.totals: collections.deque[tuple[float, int, int | None]] = collections.deque(maxlen=TOTALS_KEPT)
         self.seen = 0.0  # the last field that listed it
+        self.first_t: float | None = None  # its first total's time (a zero before its first field)
 
 
-def _rate(totals: Iterable[tuple[float, int, int | None]], now: float, index: int) -> float | None:
+def _rate(totals: Iterable[tuple[float, int, int | None]], now: float, index: int,
+          floor_s: float = 0.0, first_t: float | None = None) -> float | None:
     """The per-second growth of ``totals[index]`` over the window ending ``now``.
 
     A field's total counts what happened since the field before it, so the
@@ -268,7 +270,14 @@ def _rate(totals: Iterable[tuple[float, int, int | None]], now: float, index: in
     1.2 s while the agent samples less often at its CPU ceiling; divided
     by the window instead, a site read 2.0k/s and 1.0k/s by turns where it
     made 1.7k/s). No field since the window's start: nothing changed, 0; a
-    site younger than the window is measured from its oldest total.
+    site younger than the window is measured from its first total
+    (``first_t``), over ``floor_s`` at least (the window, or the stream's
+    age where younger):
+    a line first listed in a field is as likely lines the agent tied late,
+    all at once, as a line that has just begun (a TPU recording's relay
+    reported a loop's 398 transfers at the final sample, 0.05 s after the
+    field before: 8.95k/s over those 0.05 s, beside the direction's 200/s
+    over its window), so it is averaged over the window as the direction is.
     """
     totals = list(totals)
     if not totals:
@@ -285,7 +294,10 @@ def _rate(totals: Iterable[tuple[float, int, int | None]], now: float, index: in
         return None
     if last is base:
         return 0.0 if now > last[0] else None  # one total at the present: no rate yet
-    return max(0.0, (last[index] - base[index]) / (last[0] - base[0]))
+    span = last[0] - base[0]
+    if first_t is not None and base[0] <= first_t:
+        span = max(span, floor_s)
+    return max(0.0, (last[index] - base[index]) / span)
 
 
 def _add(totals: collections.deque, entry: tuple[float, int, int | None]) -> None:
@@ -316,6 +328,7 @@ class TransferSitesFold:
         self._period: float | None = None
         self._ticks = 1
         self._field_t: float | None = None
+        self._first_t: float | None = None  # the first field's time
         self._sites: dict[SiteKey, _Site] = {}
         self._unattributed: collections.deque[tuple[float, int, int | None]] = collections.deque(maxlen=TOTALS_KEPT)
         self._view: TransferSitesView | None = None
@@ -343,6 +356,8 @@ class TransferSitesFold:
             self._view = None
             return True
         prev_t = self._field_t
+        if self._first_t is None:
+            self._first_t = t
         sites = []
         for rec in field_.sites or ():
             site = _site_view(rec)
@@ -354,6 +369,7 @@ class TransferSitesFold:
                     # Its transfers since the previous field are `count`; before, it had the rest.
                     before = site.count_total - _int(rec.count)
                     state.totals.append((prev_t, before, 0 if before == 0 else None))
+                state.first_t = state.totals[0][0] if state.totals else t
             state.seen = t
             _add(state.totals, (t, site.count_total, site.bytes_total))
         unattributed = {k: _int(v) for k, v in (field_.unattributed or {}).items()}
@@ -401,19 +417,28 @@ class TransferSitesFold:
         quiet_ticks = 0
         if now_t is not None and self._field_t is not None and period > 0:
             quiet_ticks = min(HISTORY_TICKS, int(round((now_t - self._field_t) / period)))
+        # A line's rate is over the window at least, or the stream's age where younger (_rate).
+        floor = (min(RATE_WINDOW_S, now_t - self._first_t)
+                 if now_t is not None and self._first_t is not None else 0.0)
         sites = []
         for site in field_.sites:
             state = self._sites.get(site.key)
             totals = state.totals if state is not None else ()
-            count_rate = _rate(totals, now_t, 1) if now_t is not None else None
-            bytes_rate = _rate(totals, now_t, 2) if now_t is not None else None
+            first_t = state.first_t if state is not None else None
+            count_rate = _rate(totals, now_t, 1, floor, first_t) if now_t is not None else None
+            bytes_rate = _rate(totals, now_t, 2, floor, first_t) if now_t is not None else None
             history = [*site.history, *[0] * quiet_ticks]
             estimated = False
             if count_rate is None and history and period > 0:
                 # One field only (a snapshot's present, the first after
                 # attaching): the agent's counts per period say the rate.
+                # Over the window at least, as the direction's rate is: a
+                # history shorter than the window is a young line, or lines
+                # the agent tied late, all at once (a TPU recording's 398
+                # transfers in one entry at its final sample read 8.95k/s
+                # beside an h2d of 200/s).
                 recent = history[-max(1, int(round(RATE_WINDOW_S / period))):]
-                count_rate, bytes_rate = sum(recent) / (len(recent) * period), None
+                count_rate, bytes_rate = sum(recent) / max(len(recent) * period, RATE_WINDOW_S), None
             if bytes_rate is None and count_rate is not None:
                 if site.bytes_total is not None and site.count_total > 0:
                     bytes_rate, estimated = count_rate * site.bytes_total / site.count_total, True
