@@ -181,6 +181,9 @@ def test_a_line_whose_transfers_were_all_tied_at_once_reads_no_faster_than_its_d
     h2d = proc.transfers["h2d"].count_per_s
     assert line.count_total == 398 and h2d is not None
     assert line.count_per_s is not None and line.count_per_s <= h2d * 1.01, (line.count_per_s, h2d)
+    # Nor its bytes a second above the direction's.
+    lines = sum(s.bytes_per_s or 0 for s in proc.transfer_sites.sites if s.direction == "h2d")
+    assert proc.transfers["h2d"].bytes_per_s >= lines, (proc.transfers["h2d"].bytes_per_s, lines)
 
 
 def test_one_field_alone_reads_its_history_at_the_seconds_the_agent_measured():
