@@ -2,10 +2,13 @@
 direction's bytes never below the sum of its lines' (JAX's log gives no
 size for a cached call's copies; the lines do, from the arguments), in the
 Transfers panel, ``snapshot``'s text and the chip's recording; and a line
-that calls two things saying whose arguments it shows."""
+that calls two things saying whose arguments it shows; and a line's rates
+never above its direction's, nor their bytes a second below the lines' sum."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,22 @@ def test_arguments_of_another_callee_at_the_line_say_whose_they_are():
     assert site.args_of == "step"
     assert "args of step: batch['x']" in " ".join(render_transfer_sites(proc.transfer_sites, 160).split())
     assert "(of step)" in drawn(model_of(records).snapshot(now=0.0), 99, 19)
+
+
+def test_a_line_whose_transfers_were_all_tied_at_once_reads_no_faster_than_its_direction():
+    """A TPU recording (tests/fixtures/tpu/transfer-sites.jsonl.gz) whose
+    relay reported the loop's 398 transfers only at the final sample: one
+    field, one history entry of 398. Over one entry's span the line read
+    8.95k/s beside an h2d of 200/s; over the window, as the direction's
+    rate is, it reads at most that."""
+    with gzip.open(Path(__file__).parent / "fixtures" / "tpu" / "transfer-sites.jsonl.gz") as f:
+        records = [json.loads(line) for line in f if b'"exit"' not in line]
+    snap = model_of(records).snapshot(now=0.0)
+    proc = snap.processes[0]
+    line = next(s for s in proc.transfer_sites.sites if s.line == 62)
+    h2d = proc.transfers["h2d"].count_per_s
+    assert line.count_total == 398 and h2d is not None
+    assert line.count_per_s is not None and line.count_per_s <= h2d * 1.01, (line.count_per_s, h2d)
+    # Nor its bytes a second above the direction's.
+    lines = sum(s.bytes_per_s or 0 for s in proc.transfer_sites.sites if s.direction == "h2d")
+    assert proc.transfers["h2d"].bytes_per_s >= lines, (proc.transfers["h2d"].bytes_per_s, lines)
