@@ -259,3 +259,38 @@ def test_while_held_each_scan_is_read_by_one_holders_profile():
     assert agent._holders_arrays() is not None
     Devices.scan_held = None  # scans run: every profile reads the arrays
     assert agent._holders_arrays() is not None and agent._holders_arrays() is not None
+
+
+def test_the_devices_probe_scans_a_held_program_again_once_its_memory_grew(monkeypatch):
+    """In process, a real backend: the limit held from the first scan (a
+    0.1 us limit), then 80 MiB of new arrays and the growth period past (cut
+    to 0 here, a minute in use): one more scan, which counts them."""
+    import jax
+    import numpy as np
+
+    from jaxtop.agent import scan_pause
+    from jaxtop.agent.devices import DevicesProbe
+    from jaxtop.probes.base import Tick
+
+    monkeypatch.setenv(ENV, "0.0001")
+    monkeypatch.setattr(scan_pause, "GROWTH_EVERY_S", 0.0)
+    kept = [jax.device_put(np.ones(4, np.float32))]
+    probe = DevicesProbe(slow_interval_s=0.0, versions=dict)
+    probe.start()
+    try:
+        def live_count() -> int:
+            recs = probe.on_tick(Tick(now=1.0))
+            return sum(r["live_arrays"]["count"] for r in recs)
+
+        live_count()  # the backend, the first scan
+        assert probe.scan_held is not None and "one a minute at most while memory grows" in probe.scan_held
+        before = live_count()
+        live_count()
+        assert live_count() == before  # held: no scan counts anything new
+        kept.append(jax.device_put(np.ones(20 << 20, np.float32)))  # 80 MiB
+        live_count()  # the tick that reads the grown memory
+        assert live_count() == before + 1
+        assert live_count() == before + 1  # and held again: the memory did not grow since
+    finally:
+        probe.stop()
+        del kept

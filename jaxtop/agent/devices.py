@@ -134,12 +134,18 @@ class DevicesProbe:
             })
         self._details(tick.now, tick.final)
         records = self.memory.sample(include_map=True)
-        self._memory_now = program_memory(records)
+        if self.scan_held is not None:
+            # Read only while the scans are held: what lets a growing program have one.
+            self._memory_now = program_memory(records)
+            if self.pause.memory_at_scan is None:
+                self.pause.memory_at_scan = self._memory_now  # the scan that held them came a tick ago
+        else:
+            self._memory_now = None
         return records
 
     def _hold_scans(self, memory: JaxMemoryProbe) -> None:
         """Whether the next scheduled scan would pause the program past the
-        limit (asked ones still run: a budget's, a profile's, the final one),
+        limit (asked ones still run: a budget's, the final one),
         said with the figures on every device's live arrays."""
         self.scan_held = memory.scan_held = self.pause.over()
         memory.scan_held_pause_s = self.pause.predicted_s() if self.scan_held else None
