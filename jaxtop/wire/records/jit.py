@@ -97,6 +97,11 @@ class JitExecutable(Rec):
     first_t: Time = None  # the pass that first saw it
     last_t: Time = None  # gone_recent: when it was found freed
     eager: bool | None = None  # compiled by jax's eager dispatch: an op run outside jit
+    # Where it aliases no output yet: the arguments its outputs could be
+    # written into, and whether they are Flax NNX graph states (its
+    # function's row carries its largest executable's).
+    donatable: Annotated[list[ArgName], msgspec.Meta(max_length=8)] | None = None
+    donatable_nnx: bool | None = None
     stats_reason: str | None = None  # why the sizes are None
     cost_reason: str | None = None  # why flops and bytes_accessed are None
     call_site_reason: str | None = None  # why call_site is None
