@@ -274,6 +274,11 @@ def test_the_devices_probe_scans_a_held_program_again_once_its_memory_grew(monke
 
     monkeypatch.setenv(ENV, "0.0001")
     monkeypatch.setattr(scan_pause, "GROWTH_EVERY_S", 0.0)
+    # The thresholds are the pure tests'; here the wiring. A test process's
+    # RSS is whatever the tests before it left (10 % of it can be more than
+    # the 80 MiB below): growth counted from 32 MiB, whatever the share.
+    monkeypatch.setattr(scan_pause, "GROWTH_SHARE", 0.0)
+    monkeypatch.setattr(scan_pause, "GROWTH_MIN_BYTES", 32 << 20)
     kept = [jax.device_put(np.ones(4, np.float32))]
     probe = DevicesProbe(slow_interval_s=0.0, versions=dict)
     probe.start()
