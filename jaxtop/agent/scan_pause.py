@@ -99,8 +99,7 @@ class ScanPause:
         default: the limit is the default one (the reason says so).
     """
 
-    __slots__ = ("limit_s", "default", "per_array_s", "count", "previous_count", "took_s", "scan_mono",
-                 "memory_at_scan")
+    __slots__ = ("limit_s", "default", "per_array_s", "count", "previous_count", "scan_mono", "memory_at_scan")
 
     def __init__(self, limit_s: float | None = DEFAULT_LIMIT_S, default: bool = True) -> None:
         self.limit_s = limit_s
@@ -109,7 +108,6 @@ class ScanPause:
         self.per_array_s: float | None = None
         self.count: int | None = None  # arrays at the last scan
         self.previous_count: int | None = None  # and at the one before
-        self.took_s: float | None = None  # the last scan's call
         self.scan_mono: float | None = None  # when it ran (time.monotonic())
         self.memory_at_scan: int | None = None  # the program's memory then (see the module)
 
@@ -121,7 +119,7 @@ class ScanPause:
         if took_s is None or not took_s >= 0.0:
             return
         self.scan_mono, self.memory_at_scan = mono, memory
-        self.previous_count, self.count, self.took_s = self.count, count, took_s
+        self.previous_count, self.count = self.count, count
         if count >= RATE_FROM_COUNT:
             rate = took_s / count
             if self.per_array_s is None or rate < self.per_array_s:
