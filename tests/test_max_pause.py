@@ -284,7 +284,7 @@ def test_the_devices_probe_scans_a_held_program_again_once_its_memory_grew(monke
     probe.start()
     try:
         def live_count() -> int:
-            recs = probe.on_tick(Tick(now=1.0))
+            recs = probe.on_tick(Tick(now=1.0, slow=True))  # the once-a-second tick reads the memory
             return sum(r["live_arrays"]["count"] for r in recs)
 
         live_count()  # the backend, the first scan

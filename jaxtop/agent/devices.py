@@ -90,7 +90,7 @@ class DevicesProbe:
         #: Why no scheduled scan runs (the next would pause the program
         #: longer than the limit allows: jaxtop.agent.scan_pause); None while they run.
         self.scan_held: str | None = None
-        #: The program's memory at the last tick (see program_memory).
+        #: The program's memory at the last once-a-second tick while the scans are held (see program_memory).
         self._memory_now: int | None = None
 
     @property
@@ -134,12 +134,13 @@ class DevicesProbe:
             })
         self._details(tick.now, tick.final)
         records = self.memory.sample(include_map=True)
-        if self.scan_held is not None:
-            # Read only while the scans are held: what lets a growing program have one.
+        if self.scan_held is not None and tick.slow:
+            # Read only while the scans are held (what lets a growing program
+            # have one), once a second: a growth a minute apart needs no more.
             self._memory_now = program_memory(records)
             if self.pause.memory_at_scan is None:
                 self.pause.memory_at_scan = self._memory_now  # the scan that held them came a tick ago
-        else:
+        elif self.scan_held is None:
             self._memory_now = None
         return records
 
