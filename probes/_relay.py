@@ -48,14 +48,14 @@ from array import array
 if __package__:
     from ._relay_lines import (
         GUARD_RE, LINE_START_GUARD_RE, GUARD_AT_END_RE, LOG_LINE_RE, UNKNOWN_GUARD_RE,
-        UNKNOWN_REPORTS_MAX, STAMP_RE, _STAMP_DIRECTION, STAMPS_PER_READ_MAX, _GUARD_MARK,
+        UNKNOWN_REPORTS_MAX, STAMP_RE, LINE_START_STAMP_RE, _STAMP_DIRECTION, STAMPS_PER_READ_MAX, _GUARD_MARK,
         _HEADER_END, PARTIAL_GUARD_RE, PARTIAL_LOG_RE, PARTIAL_HEADER_MAX, PARTIAL_MAX,
         DIRECTION_KEYS)
     from .oom import OomLineScanner
 else:  # run as a script (python -S): this file's directory is sys.path[0]
     from _relay_lines import (
         GUARD_RE, LINE_START_GUARD_RE, GUARD_AT_END_RE, LOG_LINE_RE, UNKNOWN_GUARD_RE,
-        UNKNOWN_REPORTS_MAX, STAMP_RE, _STAMP_DIRECTION, STAMPS_PER_READ_MAX, _GUARD_MARK,
+        UNKNOWN_REPORTS_MAX, STAMP_RE, LINE_START_STAMP_RE, _STAMP_DIRECTION, STAMPS_PER_READ_MAX, _GUARD_MARK,
         _HEADER_END, PARTIAL_GUARD_RE, PARTIAL_LOG_RE, PARTIAL_HEADER_MAX, PARTIAL_MAX,
         DIRECTION_KEYS)
     from oom import OomLineScanner
@@ -180,16 +180,23 @@ class Relay:
         and thread is reported as ``dir,thread,HEX`` (their times as
         native doubles, in hex), which the agent reads with one
         ``unhexlify``, no parsing per line in the program's process.
-        Thread 0 where the header names none."""
+        Thread 0 where the header names none.
+
+        Every guard line holds the mark once: when abseil's header at line
+        starts accounts for every mark in ``data`` (the rule), those are
+        all its stamps, found by the anchored scan; else (a guard line after
+        a partial line of the program's, TSL's header, the program's own
+        text holding the mark) the general one runs."""
         stamps = self.stamps
         minutes = self.stamp_minutes
         run = stamps[-1] if stamps else None
-        for match in STAMP_RE.finditer(data):
+        found = LINE_START_STAMP_RE.findall(data)
+        if len(found) != data.count(_GUARD_MARK):
+            found = [(m[0] or m[2], m[1] or m[3] or b"0", m[4], m[5]) for m in STAMP_RE.findall(data)]
+        for when, thread, first, second in found:
             if self.stamp_count >= STAMPS_PER_READ_MAX:
                 break
-            when = match.group(1) or match.group(3)
-            thread = match.group(2) or match.group(4) or b"0"
-            direction = _STAMP_DIRECTION.get((match.group(5), match.group(6)))
+            direction = _STAMP_DIRECTION.get((first, second))
             if direction is None:
                 continue
             base = minutes.get(when[:6])

@@ -236,6 +236,18 @@ def test_each_guard_line_is_stamped_with_its_thread_and_time(rig):
     assert len(report.split()) == 6  # the first two lines: one run
 
 
+def test_stamps_are_the_same_whichever_scan_finds_them(rig):
+    # Guard lines at line starts (the rule) are stamped by an anchored scan;
+    # anything else in the read (the program's own text holding the guard's
+    # mark, a guard line after a partial line) sends the whole read through
+    # the general one. Both give each guard line's stamp, in order.
+    at_starts = GUARD_H2D + GUARD_CACHED + GUARD_D2D
+    expected = ["h2d,2146,18:34:30.919532", "h2d,2146,18:34:30.920001", "d2d,6082,19:10:03.642390"]
+    assert rig().feed(at_starts).stamps == expected
+    assert rig().feed(b"file transfer: done\n" + at_starts).stamps == expected
+    assert rig().feed(GUARD_H2D + b"50% |#####" + GUARD_CACHED + GUARD_D2D).stamps == expected
+
+
 def test_a_stamp_is_the_latest_moment_of_its_time_of_day():
     """The header has the local time of day; the relay reads a line at most a
     batch after it was written, so the day is today's, or yesterday's for a
