@@ -482,9 +482,10 @@ class CallNotes:
         except Exception as exc:
             self.reason = f"jax's post hook could not be set: {type(exc).__name__}: {exc}"
 
-    def _take_hook_out(self, now: float) -> None:
-        """No implicit transfer for :data:`QUIET_S`: the program's jitted
-        calls run nothing of jaxtop's until the next one."""
+    def _take_hook_out(self, now: float, wake: bool = True) -> None:
+        """The program's jitted calls run nothing of jaxtop's until the hook
+        is back: with the next transfer (``wake``: a thread waits on the
+        relay's reports for it), else when the agent's tick puts it back."""
         with self._hook_lock:
             state, ours = self._hook_state, self._our_hook
             try:
@@ -496,7 +497,7 @@ class CallNotes:
             self._back_at = None
             self._hook_in_t = None
             self._active = False
-        wait = self.wait_report
+        wait = self.wait_report if wake else None
         if wait is not None:
             try:
                 threading.Thread(target=self._wake_on_report, args=(wait, now), name="jaxtop-hook-waker",

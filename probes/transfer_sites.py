@@ -53,8 +53,9 @@ import numpy as np
 from jaxtop.probes.base import Tick
 from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import LIBRARY, LibraryFilter
-from jaxtop.probes.transfer_notes import RING, SEALED, CallNotes, _hook_slot
+from jaxtop.probes.transfer_notes import RING, SEALED, _hook_slot
 from jaxtop.probes.transfer_site import Site, same_callee
+from jaxtop.probes.transfer_spells import HookSpells
 from jaxtop.probes.transfer_keys import NoteKeys
 from jaxtop.probes.transfer_timeline import Timeline, file_calls, parse_stamps, tie
 from jaxtop.probes.transfer_values import MAX_ARGS, NUMPY, PY_SCALAR, ArgInfo, cut, describe_value
@@ -67,26 +68,11 @@ __all__ = ["ArgInfo", "MAX_ARGS", "NUMPY", "PY_SCALAR", "RING", "TransferSitesPr
 MATCH_WINDOW_S = 3.0
 #: Records are kept this long after they are read from the program's threads.
 RETAIN_S = 6.0
-#: The post hook is taken out after this long without an implicit transfer
-#: (seconds), and put back with the next one (by a thread of jaxtop's that
-#: waits on the relay: only the calls before the first report go without a
-#: line, the first call's as a rule). While in, the hook costs each jitted
-#: call ~1-1.4 us (jax calls it with the call's arguments): 2 % of a 70 us
-#: step, so it leaves soon. A program whose transfers come back soon after
-#: each spell (an evaluation every few seconds) would lose its first call's
-#: lines every time: each spell shorter than QUIET_BACKOFF_SPELL_S doubles
-#: the wait, up to QUIET_MAX_S.
-QUIET_S = 2.0
-QUIET_MAX_S = 32.0
-QUIET_BACKOFF_SPELL_S = 60.0
 #: The longest file path the wire carries (a real one is far shorter).
 MAX_WIRE_PATH = 1024
 #: Ticks whose call notes are kept unread while nothing transfers (a line
 #: the relay reports up to this many ticks late is still tied).
 HELD_TICKS = 3
-#: ... when the program calls jitted functions faster than this (calls a
-#: second): below it the hook costs nothing worth a lost line.
-QUIET_CALLS_PER_S = 100.0
 #: Lines are tied to calls every this many ticks (a second at the agent's
 #: 10 Hz), or sooner when the notes pile up or a budget window ends (so a
 #: budget counts every line). A batch has a fixed cost of its own, most of
@@ -115,7 +101,7 @@ def _foreign_thread_reason(native: int) -> str:
     return "made by a thread without Python code"
 
 
-class TransferSitesProbe(CallNotes):
+class TransferSitesProbe(HookSpells):
     """Records in the program's threads; matching and the field on the agent's.
 
     Args:
@@ -130,17 +116,9 @@ class TransferSitesProbe(CallNotes):
         super().__init__(filt, enabled)
         self._held: deque = deque()  # the last quiet ticks' call notes, unread
         self._dropped_until = -1e18  # call notes up to this moment were dropped unread
-        self._noted = 0  # call notes taken from the hook's deque, ever (for the call rate)
-        self._rate_mark: tuple[float, int] | None = None
         self._site_files: set[str] = set()  # the files of the kept lines
         self._wall_offset = time.time() - time.perf_counter()
         self._offset_fixed: float | None = None  # tests: record times are wall times already
-        # The hook is taken out while no implicit transfer comes (then the
-        # program's jitted calls run nothing of jaxtop's): when, and the
-        # spans it was out, whose lines cannot be tied to a call.
-        self._last_stamp_t = -1e18
-        self._hook_out: list[tuple[float, float]] = []  # (out since, back at)
-        self.quiet_s = QUIET_S  # seconds without a transfer before the hook leaves (grows: QUIET_BACKOFF_SPELL_S)
         self._fun_args: dict[str, tuple[ArgInfo, ...]] = {}  # a function's arguments as last seen named, by name
         self._stamps: list[bytes] = []
         self._unparsed: list[bytes] = []  # reports taken, read at the next tie
@@ -154,8 +132,6 @@ class TransferSitesProbe(CallNotes):
         self._native: dict[int, int] = {}  # native thread id -> ident
         self._sites: dict[tuple, Site] = {}
         self._known: dict[tuple, tuple[Any, Site]] = {}  # (direction, note key) -> (code, site)
-        self._unattributed: dict[str, int] = {}
-        self._reasons: dict[str, int] = {}
         self._lost_before = -1e18  # lines before this moment may have lost their record (ring full)
         self._waited = 0  # ticks with lines waiting since the last tie
         self._history_wait = 0  # ticks since the sites' last history entry
@@ -183,26 +159,7 @@ class TransferSitesProbe(CallNotes):
             return None
         with self._stamps_lock:
             stamps, self._stamps = self._stamps, []
-        if stamps:
-            self._last_stamp_t = tick.now
-        back = self._back_at
-        if self._out_since is not None and (stamps or back is not None):
-            # Transfers again: the hook back in, from the moment the waker
-            # put it back (a report came), else from now. Lines before that
-            # moment had no call to be tied to.
-            self._hook_out.append((self._out_since, back if back is not None else tick.now))
-            if self._hook_out[-1][1] - self._out_since < QUIET_BACKOFF_SPELL_S:
-                self.quiet_s = min(QUIET_MAX_S, 2 * self.quiet_s)  # transfers come back soon: wait longer
-            del self._hook_out[:-16]  # only the last spans are looked at (_while_out)
-            self._out_since = None
-            self._back_at = None
-            self._install_hook()
-        if tick.slow and self._out_since is None:
-            self._install_hook()  # jax_debug_nans switched on or off sets the hook anew
-            rate = self._call_rate(tick.now)
-            if (self._hook_in_t is not None and tick.now - max(self._last_stamp_t, self._hook_in_t) > self.quiet_s
-                    and rate is not None and rate > QUIET_CALLS_PER_S):
-                self._take_hook_out(tick.now)
+        self._spell_tick(tick, stamps)
         if tick.slow:
             self._wrap_handlers()  # a handler jax registered since
         self._unparsed += stamps
@@ -264,14 +221,6 @@ class TransferSitesProbe(CallNotes):
             if site.unlogged or site.history:
                 site.history.append(site.unlogged)
                 site.unlogged = 0
-
-    def _call_rate(self, now: float) -> float | None:
-        """Jitted calls a second the hook noted since the last slow tick (None at the first)."""
-        total = self._noted + len(self._calls)
-        last, self._rate_mark = self._rate_mark, (now, total)
-        if last is None or now <= last[0]:
-            return None
-        return (total - last[1]) / (now - last[0])
 
     def _drain(self) -> None:
         """File the program threads' notes into per-thread timelines (in C,
@@ -366,19 +315,6 @@ class TransferSitesProbe(CallNotes):
             ident = self._native.get(native)
         return ident
 
-    def _drop_while_out(self, direction: str, lines: list[float]) -> list[float]:
-        """The lines made while the hook was out (their calls left no note), given up."""
-        spans = list(self._hook_out)
-        if self._out_since is not None:
-            spans.append((self._out_since, float("inf")))
-        for since, back in spans:
-            lo, hi = np.searchsorted(lines, (since - 1.0, back)).tolist()
-            if hi > lo:
-                self._give_up(direction, "made while jaxtop's hook was out (no implicit transfer for a few "
-                              "seconds before it); the next ones are tied to lines again", hi - lo)
-                lines = np.concatenate((lines[:lo], lines[hi:]))
-        return lines
-
     @staticmethod
     def _only_thread(table: dict[int, Timeline], t: float) -> int | None:
         """For a line whose header names no thread (older jaxlib's TSL
@@ -403,7 +339,7 @@ class TransferSitesProbe(CallNotes):
             lines = np.sort(lines, kind="stable")  # nearly always sorted already
             table = self._reads if direction == "d2h" else self._by_thread
             if self._out_since is not None or self._hook_out:
-                lines = self._drop_while_out(direction, lines)
+                lines = self._drop_while_out(direction, lines, MAX_SITES)
             if native:
                 ident = self._thread(native)
                 if ident is None:
@@ -485,6 +421,7 @@ class TransferSitesProbe(CallNotes):
             site = kept[1] if kept is not None and kept[0] is self._keys.codes.get(note[1]) else None
             if site is not None and site.named and t - site.asked_t <= DESCRIBE_EVERY_S:
                 site.add(n, calls)
+                self.lines_kept += n
                 self._changed = True
                 return
             if len(self._sites) >= MAX_SITES:
@@ -532,14 +469,15 @@ class TransferSitesProbe(CallNotes):
                 self._want[id(fun)] = 2
                 site.asked_t = t + (1.0 if not site.named else 0.0)
         site.add(n, calls)
+        self.lines_kept += n
         self._changed = True
 
     def _give_up(self, direction: str, reason: str, n: int = 1) -> None:
         if n <= 0:
             return
-        self._unattributed[direction] = self._unattributed.get(direction, 0) + n
-        self._reasons[reason] = self._reasons.get(reason, 0) + n
-        self._changed = True
+        if reason == TOO_MANY_LINES:
+            self.lines_beyond += n
+        super()._give_up(direction, reason, n)
 
     def field(self) -> dict[str, Any]:
         """The wire ``transfer_sites`` object."""

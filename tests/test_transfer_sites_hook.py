@@ -323,6 +323,52 @@ def test_transfers_that_come_back_soon_keep_the_hook_in_longer(installed):
     assert installed.quiet_s == 0.04
 
 
+def _sealed_seconds(probe, t: float, seconds: int, kept: int, beyond: int) -> float:
+    """``seconds`` slow ticks, each after ``kept`` lines tied to kept lines
+    and ``beyond`` given up as beyond them (the table of lines full)."""
+    from jaxtop.probes.transfer_sites import TOO_MANY_LINES
+
+    for _ in range(seconds):
+        probe._give_up("h2d", TOO_MANY_LINES, beyond)
+        probe.lines_kept += kept
+        t += 1.0
+        probe.on_tick(Tick(now=t, slow=True))
+    return t
+
+
+def test_the_hook_leaves_while_nearly_every_line_is_beyond_the_kept_ones(installed):
+    """Generated code past the table of lines: every call's line is given up
+    as "not kept apart", and the hook cost each call more than JAX's own
+    logging did. After SEALED_AFTER_TICKS seconds of that the hook leaves
+    for a spell that a transfer does not end (transfers are what go on), the
+    lines made meanwhile are given up with the spell's reason, and it comes
+    back when the spell is over, to look again; a program whose lines are
+    mostly kept ones keeps it in."""
+    from jaxtop.probes.transfer_sites import MAX_SITES
+    from jaxtop.probes.transfer_spells import SEALED_AFTER_TICKS, SEALED_SPELL_S, spell_reason
+
+    installed.kept_files = frozenset({"kept.py"})  # the table of lines full
+    t = time.time()
+    installed.on_tick(Tick(now=t, slow=True))
+    t = _sealed_seconds(installed, t, SEALED_AFTER_TICKS + 3, kept=400, beyond=500)
+    assert installed._active, "kept lines made 44 % of the lines: the hook stays"
+    t = _sealed_seconds(installed, t, SEALED_AFTER_TICKS, kept=10, beyond=500)
+    assert not installed._active and installed._out_since is not None
+
+    installed.take_stamps(_stamp("h2d", threading.get_native_id(), t + 0.5))
+    installed.tie_soon()
+    installed.on_tick(Tick(now=t + 1.0, slow=True))
+    assert not installed._active, "a transfer does not end a sealed spell"
+    reasons = installed.field()["unattributed_reasons"]
+    assert reasons.get(spell_reason("sealed", MAX_SITES)) == 1, reasons
+
+    installed.on_tick(Tick(now=t + SEALED_SPELL_S + 0.5, slow=True))
+    assert installed._active
+    # Still sealed when it looks again: the next spell is twice as long.
+    t = _sealed_seconds(installed, t + SEALED_SPELL_S + 0.5, SEALED_AFTER_TICKS + 1, kept=0, beyond=500)
+    assert not installed._active and installed.sealed_spell_s == 2 * SEALED_SPELL_S
+
+
 def test_generated_code_does_not_grow_what_the_probe_keeps(installed):
     """A program that makes a function per call with exec, each with a file
     of its own: the hook's file names, the library filter's answers and the
