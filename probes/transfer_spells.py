@@ -20,9 +20,11 @@ spell's reason (counted, never guessed):
   long while that holds (up to :data:`SEALED_SPELL_MAX_S`). The kept
   lines' calls meanwhile are not tied either, which the reason says. With
   400,000 generated functions the hook cost more than JAX's own guard
-  logging did (+13-18 % over it): jaxtop's share is now that of counting.
+  logging did (+13-18 % over it); during a spell the program's calls cost
+  what counting alone costs (``JAXTOP_TRANSFER_SITES=0``).
 
-Standard library only (this runs inside the user's job).
+Standard library and NumPy (jax's own dependency) only: this runs inside
+the user's job.
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ class HookSpells(CallNotes):
             self.sealed_spell_s = SEALED_SPELL_S
         if self._sealed_streak < SEALED_AFTER_TICKS:
             return False
+        # Back from a sealed spell no more than two looks ago (a slow tick is a second): still sealed.
         if self._hook_out and self._hook_out[-1][2] == SEALED_OUT and now - self._hook_out[-1][1] < 2 * SEALED_AFTER_TICKS:
             self.sealed_spell_s = min(SEALED_SPELL_MAX_S, 2 * self.sealed_spell_s)  # back, and still sealed
         return True
