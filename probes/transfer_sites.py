@@ -111,6 +111,8 @@ class TransferSitesProbe(HookSpells):
 
     name = "transfer_sites"
     needs_jax = True
+    MAX_SITES = MAX_SITES
+    BEYOND_REASON = TOO_MANY_LINES
 
     def __init__(self, filt: LibraryFilter = LIBRARY, enabled: bool = True) -> None:
         super().__init__(filt, enabled)
@@ -339,7 +341,7 @@ class TransferSitesProbe(HookSpells):
             lines = np.sort(lines, kind="stable")  # nearly always sorted already
             table = self._reads if direction == "d2h" else self._by_thread
             if self._out_since is not None or self._hook_out:
-                lines = self._drop_while_out(direction, lines, MAX_SITES)
+                lines = self._drop_while_out(direction, lines)
             if native:
                 ident = self._thread(native)
                 if ident is None:
@@ -471,13 +473,6 @@ class TransferSitesProbe(HookSpells):
         site.add(n, calls)
         self.lines_kept += n
         self._changed = True
-
-    def _give_up(self, direction: str, reason: str, n: int = 1) -> None:
-        if n <= 0:
-            return
-        if reason == TOO_MANY_LINES:
-            self.lines_beyond += n
-        super()._give_up(direction, reason, n)
 
     def field(self) -> dict[str, Any]:
         """The wire ``transfer_sites`` object."""

@@ -69,7 +69,11 @@ def spell_reason(kind: str, max_sites: int) -> str:
 
 class HookSpells(CallNotes):
     """The hook's spells out, on top of the notes the hook takes (the
-    agent's thread runs all of this, at its ticks)."""
+    agent's thread runs all of this, at its ticks). The probe names its
+    table's size and the reason its lines beyond it are given up for."""
+
+    MAX_SITES = 0
+    BEYOND_REASON = ""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -80,10 +84,9 @@ class HookSpells(CallNotes):
         self.sealed_spell_s = SEALED_SPELL_S
         self._noted = 0  # call notes taken from the hook's deque, ever (for the call rate)
         self._rate_mark: tuple[float, int] | None = None
-        # Lines tied to a kept line, and given up as beyond them, ever; and
-        # their values at the last slow tick.
+        # Lines tied to a kept line, ever (those given up as beyond them are
+        # counted under BEYOND_REASON); both at the last slow tick.
         self.lines_kept = 0
-        self.lines_beyond = 0
         self._lines_mark: tuple[float, int, int] | None = None
         self._sealed_streak = 0
         self._unattributed: dict[str, int] = {}  # direction -> lines without a line
@@ -102,8 +105,9 @@ class HookSpells(CallNotes):
                 # Transfers again: the hook back in, from the moment the waker
                 # put it back (a report came), else from now. Lines before that
                 # moment had no call to be tied to.
-                back = self._back_in(self._back_at if self._back_at is not None else tick.now)
-                if back - self._hook_out[-1][0] < QUIET_BACKOFF_SPELL_S:
+                self._back_in(self._back_at if self._back_at is not None else tick.now)
+                since, back, _ = self._hook_out[-1]
+                if back - since < QUIET_BACKOFF_SPELL_S:
                     self.quiet_s = min(QUIET_MAX_S, 2 * self.quiet_s)  # transfers come back soon: wait longer
         if not tick.slow or self._out_since is not None:
             return
@@ -119,25 +123,24 @@ class HookSpells(CallNotes):
 
     def _back_in(self, back: float) -> float:
         """End the spell at ``back``: the hook in again."""
-        kind = self._out_kind
-        self._hook_out.append((self._out_since, back, kind))
+        self._hook_out.append((self._out_since, back, self._out_kind))
         del self._hook_out[:-16]  # only the last spans are looked at (_drop_while_out)
         self._out_since = None
         self._back_at = None
         self._lines_mark = None  # the next look at the lines starts from here
         self._sealed_streak = 0
         self._install_hook()
-        return back
 
     def _sealed(self, now: float) -> bool:
         """Were the lines of the last SEALED_AFTER_TICKS slow ticks nearly
         all beyond the kept ones (the table of lines being full)? A long
         sealed spell doubles the next when it still holds."""
-        mark, self._lines_mark = self._lines_mark, (now, self.lines_kept, self.lines_beyond)
+        beyond_now = self._reasons.get(self.BEYOND_REASON, 0)
+        mark, self._lines_mark = self._lines_mark, (now, self.lines_kept, beyond_now)
         if self.kept_files is None or mark is None or now <= mark[0]:
             self._sealed_streak = 0
             return False
-        kept, beyond = self.lines_kept - mark[1], self.lines_beyond - mark[2]
+        kept, beyond = self.lines_kept - mark[1], beyond_now - mark[2]
         if kept == 0 and beyond == 0:
             return False  # no tie since the last look (ties come a second apart): no news
         if beyond >= SEALED_SHARE * (kept + beyond) and beyond >= SEALED_MIN_PER_S * (now - mark[0]):
@@ -167,17 +170,19 @@ class HookSpells(CallNotes):
             spans.append((self._out_since, float("inf"), self._out_kind))
         return spans
 
-    def _drop_while_out(self, direction: str, lines: np.ndarray, max_sites: int) -> np.ndarray:
+    def _drop_while_out(self, direction: str, lines: np.ndarray) -> np.ndarray:
         """The lines made while the hook was out (their calls left no note), given up."""
         for since, back, kind in self._spells():
             lo, hi = np.searchsorted(lines, (since - 1.0, back)).tolist()
             if hi > lo:
-                self._give_up(direction, spell_reason(kind, max_sites), hi - lo)
+                self._give_up(direction, spell_reason(kind, self.MAX_SITES), hi - lo)
                 lines = np.concatenate((lines[:lo], lines[hi:]))
         return lines
 
     def _give_up(self, direction: str, reason: str, n: int = 1) -> None:
         """Count ``n`` lines of ``direction`` as unattributed, for ``reason``."""
+        if n <= 0:
+            return
         self._unattributed[direction] = self._unattributed.get(direction, 0) + n
         self._reasons[reason] = self._reasons.get(reason, 0) + n
         self._changed = True
