@@ -15,7 +15,15 @@ of it.
 
 Printed: per run the windows (thousands of steps/s) and the full
 collections; then the program time lost over the windows against the off
-runs' median rate (seconds of steps).
+runs' median rate (seconds of steps); and, per pair of runs side by side,
+the steps made in the first ``--seconds`` under jaxtop over those made
+without it (``instrument()``'s own time counted in, at no steps).
+
+The children import with bytecode caches (in a temporary
+``-X pycache_prefix``, written by a first import), as an installed package
+has them: from source, Python's compiler alone adds ~0.15 s to
+``instrument()`` here (and where ``PYTHONDONTWRITEBYTECODE`` is set, each
+run compiles again).
 """
 
 from __future__ import annotations
@@ -23,8 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import os
 import subprocess
 import sys
+import tempfile
 
 CHILD = r'''
 import gc, json, sys, threading, time
@@ -74,11 +84,15 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=96, help="the step's matrix side (96: ~70 us on a 2-core VM)")
     args = ap.parse_args()
     got: dict[str, list[dict]] = {"off": [], "on": []}
-    for _ in range(args.runs):
-        for arm in ("off", "on"):
-            out = subprocess.run([sys.executable, "-c", CHILD, str(args.arrays), arm, str(args.seconds), str(args.size)],
-                                 capture_output=True, text=True, check=True).stdout
-            got[arm].append(json.loads(out.strip().splitlines()[-1]))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    with tempfile.TemporaryDirectory(prefix="jaxtop-pycache-") as cache:
+        python = [sys.executable, "-X", f"pycache_prefix={cache}"]
+        subprocess.run(python + ["-c", "import jax, jaxtop.agent.agent"], env=env, check=True)
+        for _ in range(args.runs):
+            for arm in ("off", "on"):
+                out = subprocess.run(python + ["-c", CHILD, str(args.arrays), arm, str(args.seconds), str(args.size)],
+                                     capture_output=True, text=True, check=True, env=env).stdout
+                got[arm].append(json.loads(out.strip().splitlines()[-1]))
     base = statistics.median(r for run in got["off"] for r in run["windows"])
     print(f"{args.arrays:,} live arrays, a {args.size}x{args.size} step; steps/s in 0.5 s windows (thousands), "
           f"off's median {base:,.0f}/s")
@@ -89,6 +103,13 @@ def main() -> int:
             extra = f"; instrument() {run['instrument_s']:.3f} s" if arm == "on" else ""
             print(f"  {arm:3} " + " ".join(f"{r / 1000:.1f}" for r in run["windows"])
                   + f"   lost {lost:.2f} s; full collections: {full}{extra}")
+    ratios = []
+    for off, on in zip(got["off"], got["on"]):
+        off_rate = sum(off["windows"]) * 0.5 / (0.5 * len(off["windows"]))
+        on_rate = sum(on["windows"]) * 0.5 / (0.5 * len(on["windows"]) + on["instrument_s"])
+        ratios.append(on_rate / off_rate)
+    print(f"first {args.seconds:g} s under jaxtop / without, per pair (instrument() counted): "
+          + " ".join(f"{r:.3f}" for r in ratios) + f"; median {statistics.median(ratios):.3f}")
     return 0
 
 

@@ -23,7 +23,7 @@ from jax import lax
 # module of their own.
 from jaxtop.demo.base import TIMING_CAVEAT, Metric, Scale, Strategy  # noqa: F401
 from jaxtop.demo.base import analysis as _analysis
-from jaxtop.probes.live_arrays import MIN_HOLE_BUFFER, hole_ratio
+from jaxtop.probes.buffer_detail import MIN_HOLE_BUFFER, hole_ratio
 
 
 class Placement(Strategy):

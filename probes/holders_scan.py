@@ -27,7 +27,8 @@ import time
 from typing import Any, Callable
 
 from jaxtop.probes.frames import LIBRARY, NO_STACK, LibraryFilter, pick_site
-from jaxtop.probes.live_arrays import NBYTES, LiveArrays
+from jaxtop.probes.buffer_detail import NBYTES
+from jaxtop.probes.live_arrays import LiveArrays
 from jaxtop.probes.pprof import ProfileTotals, SiteStats
 
 __all__ = ["CHUNK", "MIN_ARRAYS", "arrays_at", "totals_from_arrays"]

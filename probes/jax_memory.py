@@ -15,7 +15,8 @@ from typing import Any, Iterable
 from jaxtop.probes.jaxstate import backend_ready  # noqa: F401  (the agent asks it from here)
 from jaxtop.probes.jaxstate import version_tuple
 from jaxtop.wire.protocol import fragmentation_na
-from jaxtop.probes.live_arrays import NOT_READY, LiveArrays, detail_of
+from jaxtop.probes.buffer_detail import NOT_READY, detail_of
+from jaxtop.probes.live_arrays import LiveArrays
 
 
 def normalize_stats(raw: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -60,124 +60,19 @@ scan, as before this module existed.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 import weakref
-from operator import itemgetter
 from typing import Any, Callable, Iterable
 
+from jaxtop.probes.buffer_detail import DEV, DTYPE, NBYTES, NOT_READY, PTR, SHAPE, SHARDED, UNMAPPED, WHY
+
 #: Arrays a scan takes weak references to between two hand-backs of the
-#: interpreter (a few hundred microseconds of work).
-SCAN_PIECE = 5000
-#: Buffers a device's map lists at most (the largest ones).
-BUFFER_MAP_MAX = 2000
-#: Largest buffers listed per device.
-TOP_BUFFERS = 10
-#: A gap between two address neighbours this wide or wider is taken for the
-#: distance between two memory regions (on CPU another mapping or malloc
-#: arena; on a GPU another pool chunk), not a hole among live buffers.
-REGION_GAP_BYTES = 4 << 20
-#: Narrower gaps are the allocator's own headers and alignment, not holes.
-MIN_HOLE_BYTES = 4096
-#: Holes are read only between buffers this large or larger. On CPU a small
-#: buffer comes from malloc's bins, among the program's other heap objects:
-#: the space around it is theirs, not a hole (5 float32 scalars alive read
-#: 99.9996 % holes). Large ones are mmap'd or come from the top of the heap.
-MIN_HOLE_BUFFER = 64 << 10
-
-# Why a counted buffer has no place in the map: still being computed; a
-# shard of a sharded array; an address only a new Array would tell.
-NOT_READY, SHARDED, UNMAPPED = "not_ready", "sharded", "no_address"
-#: What the address function gives for the last kind (jax_memory.UNASKED).
+#: interpreter (~0.35 µs each with :func:`_blind`: under a millisecond).
+SCAN_PIECE = 2000
+#: What the address function gives for a buffer whose address only a new
+#: Array would tell (jax_memory.UNASKED).
 UNASKED = -2
-
-# A buffer is one flat tuple of atoms: (device id, nbytes, ptr, dtype,
-# shape, why unmapped). One object per array, which the cyclic collector
-# stops following after its first pass (a tuple of atoms is untracked).
-DEV, NBYTES, PTR, DTYPE, SHAPE, WHY = range(6)
-_nbytes = itemgetter(NBYTES)
-
-
-def hole_ratio(spans: list[tuple[int, int]] | list[list[int]], fill: int = 0) -> float | None:
-    """Share of holes in the address range of some buffers: where the
-    allocator reports no fragmentation (CPU), the one fragmentation measure
-    left, read from live buffers' addresses.
-
-    Args:
-        spans: (address, bytes) of each buffer, in any order.
-
-        fill: bytes of buffers whose place is unknown, each smaller than
-            :data:`MIN_HOLE_BUFFER`: they may sit in the holes, so the holes
-            are counted less that much (a lower bound).
-
-    Returns:
-        holes / (holes + buffer bytes), where a hole is a gap between
-        address neighbours of at least :data:`MIN_HOLE_BYTES` and under
-        :data:`REGION_GAP_BYTES`, among the buffers of at least
-        :data:`MIN_HOLE_BUFFER`; None for fewer than two such buffers.
-    """
-    spans = sorted((p, n) for p, n in spans if n >= MIN_HOLE_BUFFER)
-    if len(spans) < 2:
-        return None
-    holes = 0
-    for (p, n), (q, _) in zip(spans, spans[1:]):
-        gap = q - (p + n)
-        if MIN_HOLE_BYTES <= gap < REGION_GAP_BYTES:
-            holes += gap
-    holes = max(0, holes - fill)
-    used = sum(n for _, n in spans)
-    return holes / (holes + used) if holes + used else None
-
-
-def detail_of(rows: list[tuple]) -> dict[str, Any]:
-    """Top buffers, address map and holes of one device's counted buffers.
-
-    Args:
-        rows: ``(device, nbytes, ptr, dtype, shape, why)`` per buffer, any
-            order; ``ptr`` None for a buffer without an address.
-
-    Returns:
-        ``{"top", "map", "map_complete"}`` and ``"holes"`` when every buffer
-        is in the map (a buffer left out could sit in a "hole"): ``top``
-        lists the largest buffers, ``map`` is ``[[ptr, nbytes], …]`` in
-        address order (the largest :data:`BUFFER_MAP_MAX` when there are
-        more).
-    """
-    if len(rows) > BUFFER_MAP_MAX:
-        largest = heapq.nlargest(BUFFER_MAP_MAX, rows, key=_nbytes)
-    else:
-        largest = sorted(rows, key=_nbytes, reverse=True)
-    top = [{"nbytes": r[NBYTES], "dtype": r[DTYPE], "shape": r[SHAPE], "ptr": r[PTR]} for r in largest[:TOP_BUFFERS]]
-    mapped = sorted([r[PTR], r[NBYTES]] for r in largest if r[PTR] is not None)
-    out: dict[str, Any] = {"top": top, "map": mapped, "map_complete": len(rows) <= BUFFER_MAP_MAX}
-    # A buffer left out of the map (no address yet, or beyond its length)
-    # could sit in a hole: with every large one in, the small ones left out
-    # count as filling holes by their size; one large one left out, and the
-    # holes are not known.
-    listed = {id(r) for r in largest}
-    left_out = [r for r in rows if r[PTR] is None or id(r) not in listed]
-    if all(r[NBYTES] < MIN_HOLE_BUFFER for r in left_out):
-        out["holes"] = hole_ratio(mapped, fill=sum(r[NBYTES] for r in left_out))
-    return out
-
-
-def summarize_live_arrays(buffers: Iterable[tuple[int, int, int | None, str, str]]) -> dict[int, dict[str, Any]]:
-    """Per-device accounting from ``(device_id, nbytes, ptr, dtype, shape)``
-    rows, each buffer once (the reference :class:`LiveArrays` keeps up to date).
-
-    Returns:
-        ``{device_id: {"bytes", "count", "largest_bytes"}}`` plus
-        :func:`detail_of` for each device.
-    """
-    rows: dict[int, list] = {}
-    for dev, nbytes, ptr, dtype, shape in buffers:
-        rows.setdefault(dev, []).append((dev, nbytes, ptr, dtype, shape, None))
-    per: dict[int, dict[str, Any]] = {}
-    for dev, items in rows.items():
-        per[dev] = {"bytes": sum(map(_nbytes, items)), "count": len(items),
-                    "largest_bytes": max(map(_nbytes, items)), **detail_of(items)}
-    return per
 
 
 class _Device:
@@ -261,7 +156,7 @@ class _Device:
     @property
     def largest(self) -> int:
         if self._largest is None:
-            self._largest = max(map(_nbytes, self.rows.values()), default=0)
+            self._largest = max((row[NBYTES] for row in self.rows.values()), default=0)
         return self._largest
 
 
@@ -293,7 +188,11 @@ class LiveArrays:
         # parent's traceback, device, nbytes, dtype, shape): the parents'
         # keys, for the per-shard Arrays a host read makes (see the module).
         # The parent holds its traceback, so the id is unique meanwhile.
-        self._open: dict[tuple, list[int]] = {}
+        # A slot holds one key (an int), or a list where several arrays of
+        # one call share it: one list per array would be 50,000 objects the
+        # collector follows, and promoting them set off a full collection
+        # of the program's heap (~70-90 ms, holding the interpreter).
+        self._open: dict[tuple, int | list[int]] = {}
         self._parent_tb: dict[int, int] = {}  # sharded key -> id of its traceback
         self._parent_tbs: dict[int, int] = {}  # id of such a traceback -> arrays holding it
         #: Arrays read (new to a scan, or asked again) in the last scan, and
@@ -333,7 +232,10 @@ class LiveArrays:
         try:
             refs: list[Any] = []
             for start in range(0, len(live), SCAN_PIECE):
-                refs.extend(map(weakref.ref, live[start:start + SCAN_PIECE]))
+                piece = list(map(weakref.ref, live[start:start + SCAN_PIECE]))
+                if _blind is not None:
+                    any(map(_blind, piece))
+                refs.extend(piece)
                 if len(live) > SCAN_PIECE:
                     time.sleep(0)
         except TypeError:
@@ -496,17 +398,29 @@ class LiveArrays:
             tb_id = self._parent_tb[key] = id(tb)
             self._parent_tbs[tb_id] = self._parent_tbs.get(tb_id, 0) + 1
             for row in rows:
-                self._open.setdefault((tb_id, row[DEV], row[NBYTES], row[DTYPE], row[SHAPE]), []).append(key)
+                slot = (tb_id, row[DEV], row[NBYTES], row[DTYPE], row[SHAPE])
+                held = self._open.get(slot)
+                if held is None:
+                    self._open[slot] = key
+                elif held.__class__ is int:
+                    self._open[slot] = [held, key]
+                else:
+                    held.append(key)
 
     def _close_slot(self, slot: tuple, key: int) -> None:
-        keys = self._open.get(slot)
-        if keys is not None:
-            try:
-                keys.remove(key)
-            except ValueError:
-                pass
-            if not keys:
+        held = self._open.get(slot)
+        if held is None:
+            return
+        if held.__class__ is int:
+            if held == key:
                 del self._open[slot]
+            return
+        try:
+            held.remove(key)
+        except ValueError:
+            pass
+        if len(held) == 1:
+            self._open[slot] = held[0]
 
     def _slot_of(self, arr: Any, kind: tuple) -> tuple | None:
         """The open slot (see ``_open``) ``arr`` fits: same traceback object,
@@ -530,10 +444,14 @@ class LiveArrays:
         slot = self._slot_of(arr, (row[DEV], row[NBYTES], row[DTYPE], row[SHAPE]))
         if slot is None:
             return
-        keys = self._open[slot]
-        parent = keys.pop()
-        if not keys:
+        held = self._open[slot]
+        if held.__class__ is int:
+            parent = held
             del self._open[slot]
+        else:
+            parent = held.pop()
+            if len(held) == 1:
+                self._open[slot] = held[0]
         entry = self._entries.get(parent)
         if not entry:
             return
@@ -571,6 +489,8 @@ class LiveArrays:
             if not kids or len(kids) != 1 or kids[0] is arr:
                 return
             ref = weakref.ref(kids[0])
+            if _blind is not None:
+                _blind(ref)
         except Exception:
             return
         key = id(ref)
@@ -587,6 +507,37 @@ class LiveArrays:
         self._open.clear()
         self._parent_tb.clear()
         self._parent_tbs.clear()
+
+
+def _collector_blind() -> Callable[[Any], None] | None:
+    """CPython's ``PyObject_GC_UnTrack``, through a function object of our
+    own (``ctypes.pythonapi``'s are shared with the program); None where
+    there is none (another interpreter, no ctypes).
+
+    The cyclic collector runs a full pass over the program's whole heap
+    once the objects that survived into its oldest generation since the
+    last one reach a quarter of those it holds. A weak reference per live
+    array is one such object per array: at 50,000 arrays (a heap of ~300,000
+    objects) the first scan's references set off a full collection of
+    ~60-90 ms, on whichever thread allocated next, holding the interpreter.
+    A weak reference without a callback holds nothing the collector could
+    follow (it does not own its referent; clearing it when the referent dies
+    goes by the referent's own list, tracked or not), so taking it out of
+    the collector's lists changes no collection's outcome, only its cost.
+    CPython allows untracking an untracked object again (its deallocator
+    does)."""
+    try:
+        import ctypes
+
+        untrack = ctypes.PYFUNCTYPE(None, ctypes.py_object)(("PyObject_GC_UnTrack", ctypes.pythonapi))
+    except Exception:
+        return None
+    return untrack
+
+
+#: Takes a callback-less weak reference out of the collector's lists (see
+#: :func:`_collector_blind`); ~0.25 µs a call.
+_blind = _collector_blind()
 
 
 def _itemsize(dtype: Any) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxtop.probes import live_arrays as live_arrays_module
+from jaxtop.probes import buffer_detail
 from jaxtop.probes.jax_memory import fragmentation, normalize_stats
 
 GiB = 1 << 30
@@ -16,10 +16,10 @@ def test_holes_are_not_read_among_small_buffers():
     objects (measured: 99.9996 % "holes"): no hole figure at all; and small
     buffers between large ones do not fill the large ones' holes."""
     scalars = [(0x5600_0000_0000 + k * 300_000, 4) for k in range(5)]
-    assert live_arrays_module.hole_ratio(scalars) is None
+    assert buffer_detail.hole_ratio(scalars) is None
     mib = 1 << 20
     spans = [(0x10_0000_0000, mib), (0x10_0000_0000 + 2 * mib, mib), (0x10_0000_0000 + mib + 4096, 16)]
-    assert live_arrays_module.hole_ratio(spans) == pytest.approx(0.5 * mib / (0.5 * mib + mib))
+    assert buffer_detail.hole_ratio(spans) == pytest.approx(0.5 * mib / (0.5 * mib + mib))
 
 
 #: memory_stats() of a TPU v5e chip (jax 0.10.2), read on one through the

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxtop.probes import live_arrays as live_arrays_module
-from jaxtop.probes.live_arrays import summarize_live_arrays
+from jaxtop.probes import buffer_detail
+from jaxtop.probes.buffer_detail import summarize_live_arrays
 
 
 def test_summary_per_device():
@@ -31,8 +31,8 @@ def test_summary_per_device():
 def test_summary_top_is_limited_and_pointerless_buffers_are_not_mapped():
     rows = [(0, n, (None if n % 2 else 0x10000 - n), "uint8", f"[{n}]") for n in range(1, 31)]
     out = summarize_live_arrays(rows)[0]
-    assert len(out["top"]) == live_arrays_module.TOP_BUFFERS
-    assert [t["nbytes"] for t in out["top"]] == list(range(30, 30 - live_arrays_module.TOP_BUFFERS, -1))
+    assert len(out["top"]) == buffer_detail.TOP_BUFFERS
+    assert [t["nbytes"] for t in out["top"]] == list(range(30, 30 - buffer_detail.TOP_BUFFERS, -1))
     assert out["count"] == 30 and out["bytes"] == sum(range(1, 31))
     assert all(ptr is not None for ptr, _ in out["map"])
     assert len(out["map"]) == 15
@@ -40,7 +40,7 @@ def test_summary_top_is_limited_and_pointerless_buffers_are_not_mapped():
 
 
 def test_summary_map_truncated_keeps_the_largest(monkeypatch):
-    monkeypatch.setattr(live_arrays_module, "BUFFER_MAP_MAX", 4)
+    monkeypatch.setattr(buffer_detail, "BUFFER_MAP_MAX", 4)
     rows = [(0, n * 10, 0x100 * (20 - n), "float32", "[x]") for n in range(1, 11)]
     out = summarize_live_arrays(rows)[0]
     assert out["map_complete"] is False
@@ -58,12 +58,12 @@ def test_hole_ratio_counts_gaps_between_neighbours_not_between_regions():
     # Three 1 MiB buffers with a 1 MiB hole, then one 64 MiB away (another region).
     spans = [(0x10_0000_0000, mib), (0x10_0000_0000 + 2 * mib, mib), (0x10_0000_0000 + 3 * mib, mib),
              (0x10_0000_0000 + 67 * mib, mib)]
-    assert live_arrays_module.hole_ratio(spans) == pytest.approx(mib / (mib + 4 * mib))
-    assert live_arrays_module.hole_ratio(list(reversed(spans))) == live_arrays_module.hole_ratio(spans)  # any order
+    assert buffer_detail.hole_ratio(spans) == pytest.approx(mib / (mib + 4 * mib))
+    assert buffer_detail.hole_ratio(list(reversed(spans))) == buffer_detail.hole_ratio(spans)  # any order
     # Allocator headers and alignment (under 4 KiB) are not holes.
-    big = live_arrays_module.MIN_HOLE_BUFFER
-    assert live_arrays_module.hole_ratio([(0, big), (big + 64, big)]) == 0.0
-    assert live_arrays_module.hole_ratio([(0, big)]) is None and live_arrays_module.hole_ratio([]) is None
+    big = buffer_detail.MIN_HOLE_BUFFER
+    assert buffer_detail.hole_ratio([(0, big), (big + 64, big)]) == 0.0
+    assert buffer_detail.hole_ratio([(0, big)]) is None and buffer_detail.hole_ratio([]) is None
 
 
 def test_summary_holes_only_when_every_large_buffer_has_an_address(monkeypatch):
@@ -77,5 +77,5 @@ def test_summary_holes_only_when_every_large_buffer_has_an_address(monkeypatch):
     assert out["holes"] == pytest.approx((2 * n - 4096) / (2 * n - 4096 + 2 * n))
     # A large one without an address: its place could be anywhere, no measure.
     assert "holes" not in summarize_live_arrays(placed + [(0, n, None, "f32", "[16384]")])[0]
-    monkeypatch.setattr(live_arrays_module, "BUFFER_MAP_MAX", 1)  # a map cut short: one large one left out
+    monkeypatch.setattr(buffer_detail, "BUFFER_MAP_MAX", 1)  # a map cut short: one large one left out
     assert "holes" not in summarize_live_arrays(placed)[0]
