@@ -48,9 +48,10 @@ STAMP_RE = re.compile(
 #: The same for abseil's header at a line's start only (jaxlib >= 0.7, no
 #: partial line of the program's before it): the common case, scanned in a
 #: third of the time (the unanchored form tries both headers at every byte).
-#: Groups: time, thread, the direction's two words' first letters.
+#: Groups: the time's hour and minute (``HH:MM:``), its seconds, the
+#: thread, the direction's two words' first letters.
 LINE_START_STAMP_RE = re.compile(
-    rb"^[IWEF]\d{4} (\d\d:\d\d:\d\d\.\d+)" + _SP + rb"+(\d+)" + _SP + rb"+" + _FILE_LINE
+    rb"^[IWEF]\d{4} (\d\d:\d\d:)(\d\d\.\d+)" + _SP + rb"+(\d+)" + _SP + rb"+" + _FILE_LINE
     + rb"(h|d)\w*-to-(h|d)\w* transfer:", re.M
 )
 #: Direction codes in a stamp report: the first letters of its two words.

@@ -236,6 +236,23 @@ def test_each_guard_line_is_stamped_with_its_thread_and_time(rig):
     assert len(report.split()) == 6  # the first two lines: one run
 
 
+def test_a_run_of_stamps_crosses_minutes_and_stops_at_the_cap(rig, monkeypatch):
+    # A thread's run of lines is one token however many minutes it spans
+    # (each line's own minute gives its time); past the stamps a read may
+    # keep, the lines are still counted, not stamped.
+    late = GUARD_CACHED.replace(b"18:34:30.920001", b"18:34:59.999999")
+    next_minute = GUARD_CACHED.replace(b"18:34:30.920001", b"18:35:00.000002")
+    r = rig().feed(GUARD_H2D + late + next_minute + GUARD_D2D)
+    assert r.stamps == ["h2d,2146,18:34:30.919532", "h2d,2146,18:34:59.999999", "h2d,2146,18:35:00.000002",
+                        "d2d,6082,19:10:03.642390"]
+    [report] = [line for line in r.all_reports.splitlines() if line.startswith(b"T ")]
+    assert len(report.split()) == 3  # "T", the h2d run, the d2d run
+    monkeypatch.setattr(_relay, "STAMPS_PER_READ_MAX", 3)
+    capped = rig().feed(GUARD_H2D + late + next_minute + GUARD_D2D + GUARD_H2D)
+    assert capped.stamps == ["h2d,2146,18:34:30.919532", "h2d,2146,18:34:59.999999", "h2d,2146,18:35:00.000002"]
+    assert capped.reports == G(GUARD_H2D, 2) + G(late, 2) + G(GUARD_D2D)  # by message, as always
+
+
 def test_stamps_are_the_same_whichever_scan_finds_them(rig):
     # Guard lines at line starts (the rule) are stamped by an anchored scan;
     # anything else in the read (the program's own text holding the guard's
