@@ -52,19 +52,19 @@ if __package__:
         GUARD_RE, LINE_START_GUARD_RE, GUARD_AT_END_RE, LOG_LINE_RE, UNKNOWN_GUARD_RE,
         UNKNOWN_REPORTS_MAX, STAMP_RE, LINE_START_STAMP_RE, _STAMP_DIRECTION, STAMPS_PER_READ_MAX, _GUARD_MARK,
         _HEADER_END, PARTIAL_GUARD_RE, PARTIAL_LOG_RE, PARTIAL_HEADER_MAX, PARTIAL_MAX,
-        DIRECTION_KEYS)
+        DIRECTION_KEYS, LINE_START_ABSEIL_GUARD_RE, WORDS_DIRECTION)
     from .oom import OomLineScanner
 else:  # run as a script (python -S): this file's directory is sys.path[0]
     from _relay_lines import (
         GUARD_RE, LINE_START_GUARD_RE, GUARD_AT_END_RE, LOG_LINE_RE, UNKNOWN_GUARD_RE,
         UNKNOWN_REPORTS_MAX, STAMP_RE, LINE_START_STAMP_RE, _STAMP_DIRECTION, STAMPS_PER_READ_MAX, _GUARD_MARK,
         _HEADER_END, PARTIAL_GUARD_RE, PARTIAL_LOG_RE, PARTIAL_HEADER_MAX, PARTIAL_MAX,
-        DIRECTION_KEYS)
+        DIRECTION_KEYS, LINE_START_ABSEIL_GUARD_RE, WORDS_DIRECTION)
     from oom import OomLineScanner
 
 #: A stamp's run: minute, thread, the direction's letters (see ``stamp``);
 #: and its seconds.
-_RUN_KEY = itemgetter(0, 2, 3, 4)
+_RUN_KEY = itemgetter(0, 2, 3)
 _SECONDS = itemgetter(1)
 
 HOLD_S = 0.05
@@ -194,23 +194,31 @@ class Relay:
         all its stamps, found by the anchored scan; else (a guard line after
         a partial line of the program's, TSL's header, the program's own
         text holding the mark) the general one runs."""
+        if STAMPS_PER_READ_MAX <= self.stamp_count:
+            return
+        found = LINE_START_STAMP_RE.findall(data)
+        if len(found) != data.count(_GUARD_MARK):
+            found = [(w[:6], w[6:], m[1] or m[3] or b"0", _STAMP_DIRECTION.get((m[4], m[5])))
+                     for m in STAMP_RE.findall(data) for w in (m[0] or m[2],)]
+        else:
+            found = [(m[0], m[1], m[2], _STAMP_DIRECTION.get((m[3], m[4]))) for m in found]
+        self.file_stamps(found)
+
+    def file_stamps(self, found):
+        """File ``(HH:MM:, seconds, thread, direction code)`` per guard line
+        (direction None: no transfer's) into the report's runs."""
         left = STAMPS_PER_READ_MAX - self.stamp_count
         if left <= 0:
             return
+        if len(found) > left:
+            found = found[:left]
         stamps = self.stamps
         minutes = self.stamp_minutes
         run = stamps[-1] if stamps else None
-        found = LINE_START_STAMP_RE.findall(data)
-        if len(found) != data.count(_GUARD_MARK):
-            found = [(w[:6], w[6:], m[1] or m[3] or b"0", m[4], m[5])
-                     for m in STAMP_RE.findall(data) for w in (m[0] or m[2],)]
-        if len(found) > left:
-            found = found[:left]
         # Lines come in runs of one minute, thread and direction (a step's
         # transfers): each run's times are made in C (map), not line by
         # line in Python (which was two thirds of the relay's cost a line).
-        for (minute, thread, first, second), lines in groupby(found, _RUN_KEY):
-            direction = _STAMP_DIRECTION.get((first, second))
+        for (minute, thread, direction), lines in groupby(found, _RUN_KEY):
             if direction is None:
                 continue
             base = minutes.get(minute)
@@ -315,12 +323,21 @@ class Relay:
         when what is left still holds a guard message: a guard line that
         came in after a partial line of the program's.
         """
-        if _GUARD_MARK in data:
-            self.stamp(data)
         if self.keep_all:
             if _GUARD_MARK not in data:
                 self.forward(data)
                 return
+            # The rule: every guard line whole, with abseil's header, at a
+            # line's start. One scan then gives the stamps, the messages and
+            # what is left for the user.
+            parts = LINE_START_ABSEIL_GUARD_RE.split(data)
+            if len(parts) // 6 == data.count(_GUARD_MARK):
+                self.file_stamps(list(zip(parts[1::6], parts[2::6], parts[3::6],
+                                          map(WORDS_DIRECTION.get, parts[5::6]))))
+                self.count(parts[4::6])
+                self.forward(b"".join(parts[0::6]))
+                return
+            self.stamp(data)
             parts = LINE_START_GUARD_RE.split(data)
             found = parts[1::2]
             if found:
@@ -337,6 +354,8 @@ class Relay:
             return
         # The user sees some guard lines or silenced a severity: judge each
         # log line (found anywhere, as above).
+        if _GUARD_MARK in data:
+            self.stamp(data)
         if (_HEADER_END if self.silenced else _GUARD_MARK) not in data:
             self.forward(data)
             return

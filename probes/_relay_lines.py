@@ -54,6 +54,17 @@ LINE_START_STAMP_RE = re.compile(
     rb"^[IWEF]\d{4} (\d\d:\d\d:)(\d\d\.\d+)" + _SP + rb"+(\d+)" + _SP + rb"+" + _FILE_LINE
     + rb"(h|d)\w*-to-(h|d)\w* transfer:", re.M
 )
+#: A whole guard line with abseil's header at a line's start, everything
+#: the relay takes from it in one scan (the common case: jaxlib >= 0.7, no
+#: partial line of the program's before it). Groups: the time's ``HH:MM:``,
+#: its seconds, the thread, the message (as :data:`GUARD_RE`'s), the
+#: direction's words.
+LINE_START_ABSEIL_GUARD_RE = re.compile(
+    rb"^[IWEF]\d{4} (\d\d:\d\d:)(\d\d\.\d+)" + _SP + rb"+(\d+)" + _SP + rb"+" + _FILE_LINE
+    + rb"((host-to-device|device-to-device|device-to-host) transfer:[^\n]*)\n", re.M
+)
+#: Direction codes in a stamp report, by the direction's words.
+WORDS_DIRECTION = {b"host-to-device": b"h2d", b"device-to-device": b"d2d", b"device-to-host": b"d2h"}
 #: Direction codes in a stamp report: the first letters of its two words.
 _STAMP_DIRECTION = {(b"h", b"d"): b"h2d", (b"d", b"h"): b"d2h", (b"d", b"d"): b"d2d"}
 #: Stamps kept per read at most (a flood is still counted by ``G``).

@@ -260,8 +260,13 @@ def test_stamps_are_the_same_whichever_scan_finds_them(rig):
     # the general one. Both give each guard line's stamp, in order.
     at_starts = GUARD_H2D + GUARD_CACHED + GUARD_D2D
     expected = ["h2d,2146,18:34:30.919532", "h2d,2146,18:34:30.920001", "d2d,6082,19:10:03.642390"]
-    assert rig().feed(at_starts).stamps == expected
-    assert rig().feed(b"file transfer: done\n" + at_starts).stamps == expected
+    # The rule's one scan also takes the messages and what the user sees:
+    # the same as the two scans of any other read.
+    counted = G(GUARD_H2D) + G(GUARD_CACHED) + G(GUARD_D2D)
+    ruled = rig().feed(b"step 1\n" + at_starts + b"step 2\n")
+    assert (ruled.stamps, ruled.reports, ruled.out) == (expected, counted, b"step 1\nstep 2\n")
+    other = rig().feed(b"file transfer: done\n" + at_starts + b"step 2\n")
+    assert (other.stamps, other.reports, other.out) == (expected, counted, b"file transfer: done\nstep 2\n")
     assert rig().feed(GUARD_H2D + b"50% |#####" + GUARD_CACHED + GUARD_D2D).stamps == expected
 
 
