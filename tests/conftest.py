@@ -150,3 +150,20 @@ def utc(monkeypatch):
     time.tzset()
     yield
     time.tzset()
+
+
+@pytest.fixture
+def rig():
+    """Makes relays on pipes (tests/relay_rig.py's Rig), closed after the test."""
+    from relay_rig import Rig
+
+    made = []
+
+    def make(passed=()):
+        r = Rig(passed)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()

@@ -9,141 +9,12 @@ from __future__ import annotations
 
 import os
 import random
-import struct
 import threading
-import time
-from pathlib import Path
-
-import pytest
 
 from jaxtop.probes import _relay
 from jaxtop.probes._relay import Relay
-
-RELAY_PATH = Path(_relay.__file__)
-TOKEN = b"c0ffee42"
-
-GUARD_H2D = (
-    b"W1202 18:34:30.919532    2146 guard_lib.cc:125] host-to-device transfer: "
-    b"aval=ShapedArray(float32[1000,1000]), dst_sharding=SingleDeviceSharding(device=CpuDevice(id=0), "
-    b"memory_kind=device)\n"
-)
-GUARD_CACHED = b"W1202 18:34:30.920001    2146 guard_lib.cc:125] host-to-device transfer: \n"
-GUARD_D2D = (
-    b"W1202 19:10:03.642390    6082 guard_lib.cc:140] device-to-device transfer: "
-    b"aval=ShapedArray(bfloat16[8]), sharding=SingleDeviceSharding(device=CpuDevice(id=0), memory_kind=device), "
-    b"dst_sharding=SingleDeviceSharding(device=CpuDevice(id=1), memory_kind=device)\n"
-)
-GUARD_OLD = (
-    b"W0611 09:01:02.000017   31337 external/xla/xla/python/transfer_guard_lib.cc:149] "
-    b"device-to-host transfer: shape=(2,3), dtype=F32, device=cuda:0\n"
-)
-GUARD_TSL = (  # jaxlib before 0.7 logged through XLA/TSL, with this header
-    b"2026-12-03 19:09:21.852989: W external/xla/xla/python/transfer_guard_lib.cc:108] "
-    b"host-to-device transfer: aval=ShapedArray(float32[3]), dst_sharding=SingleDeviceSharding(device=CpuDevice(id=0))\n"
-)
-GUARD_TSL_TID = (  # ... and with TF_CPP_LOG_THREAD_ID, a thread id after the severity
-    b"2026-12-03 19:09:21.900001: W    4242 external/xla/xla/python/transfer_guard_lib.cc:140] "
-    b"device-to-device transfer: aval=ShapedArray(int8[2]), dst_sharding=SingleDeviceSharding(device=CpuDevice(id=1))\n"
-)
-OTHER_WARNING = b"W1202 18:34:31.000001    2146 cpu_client.cc:77] something else entirely\n"
-OTHER_ERROR = b"E1202 18:34:31.000002    2146 cpu_client.cc:78] a real error\n"
-
-
-def G(line: bytes, n: int = 1) -> bytes:
-    """The relay's report of n guard lines with this line's message."""
-    return b"G %d %s\n" % (n, line.split(b"] ", 1)[1].rstrip(b"\n"))
-
-
-def marker(verb: str, arg: str, token: bytes = TOKEN) -> bytes:
-    return b"\x00jaxtop:" + token + b":" + f"{verb} {arg}".encode() + b"\x00"
-
-
-def _runs(payload: bytes) -> list[tuple[str, float]]:
-    """A ``T`` report's runs (``dir,thread,HEX``) as ``(dir,thread, Unix time)`` per line."""
-    out = []
-    for run in payload.split():
-        direction, thread, hexed = run.decode().split(",")
-        raw = bytes.fromhex(hexed)
-        out += [(f"{direction},{thread}", t) for t in struct.unpack(f"{len(raw) // 8}d", raw)]
-    return out
-
-
-def _time_of_day(t: float) -> str:
-    lt = time.localtime(t)
-    return f"{lt.tm_hour:02d}:{lt.tm_min:02d}:{round(t % 60, 6):09.6f}"
-
-
-def _drain(fd: int) -> bytes:
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-class Rig:
-    """A Relay writing into two pipes that the test reads back."""
-
-    def __init__(self, passed=()):
-        self.out_r, self.out_w = os.pipe()
-        self.rep_r, self.rep_w = os.pipe()
-        for fd in (self.out_r, self.rep_r, self.rep_w):
-            os.set_blocking(fd, False)  # rep_w as main() sets it
-        self.relay = Relay(self.out_w, self.rep_w, TOKEN, set(passed))
-        self._out = b""
-        self._rep = b""
-
-    def feed(self, *chunks: bytes) -> "Rig":
-        for c in chunks:
-            self.relay.feed(c)
-        return self
-
-    @property
-    def out(self) -> bytes:
-        self._out += _drain(self.out_r)
-        return self._out
-
-    @property
-    def all_reports(self) -> bytes:
-        self._rep += _drain(self.rep_r)
-        return self._rep
-
-    @property
-    def reports(self) -> bytes:
-        """The reports but the stamps (``T`` lines: tests/test_transfer_sites.py's)."""
-        return b"".join(line for line in self.all_reports.splitlines(keepends=True) if not line.startswith(b"T "))
-
-    @property
-    def stamps(self) -> list[str]:
-        """Each stamped line as ``dir,thread,HH:MM:SS.ffffff`` (its Unix time read back as local time)."""
-        return [f"{head},{_time_of_day(t)}" for line in self.all_reports.splitlines() if line.startswith(b"T ")
-                for head, t in _runs(line[2:])]
-
-    def close(self):
-        for fd in (self.out_r, self.out_w, self.rep_r, self.rep_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-@pytest.fixture
-def rig():
-    made = []
-
-    def make(passed=()):
-        r = Rig(passed)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.close()
+from relay_rig import (G, GUARD_CACHED, GUARD_D2D, GUARD_H2D, GUARD_OLD, GUARD_TSL, GUARD_TSL_TID, OTHER_ERROR,
+                       OTHER_WARNING, TOKEN, marker, reported_runs)
 
 
 # -- plain bytes -------------------------------------------------------------------
@@ -224,63 +95,6 @@ def test_guard_lines_are_reported_and_hidden(rig):
     r = rig().feed(b"before\n" + GUARD_H2D + b"middle\n" + GUARD_CACHED + GUARD_D2D + b"after\n")
     assert r.out == b"before\nmiddle\nafter\n"
     assert r.reports == G(GUARD_H2D) + G(GUARD_CACHED) + G(GUARD_D2D)
-
-
-def test_each_guard_line_is_stamped_with_its_thread_and_time(rig):
-    # What the agent needs to tell which call of the program made a line: a
-    # run of one direction and thread is one token, its times doubles in hex.
-    r = rig().feed(b"before\n" + GUARD_H2D + GUARD_CACHED + b"x " + GUARD_D2D + GUARD_TSL + GUARD_TSL_TID + GUARD_OLD)
-    assert r.stamps == ["h2d,2146,18:34:30.919532", "h2d,2146,18:34:30.920001", "d2d,6082,19:10:03.642390",
-                        "h2d,0,19:09:21.852989", "d2d,4242,19:09:21.900001", "d2h,31337,09:01:02.000017"]
-    [report] = [line for line in r.all_reports.splitlines() if line.startswith(b"T ")]
-    assert len(report.split()) == 6  # the first two lines: one run
-
-
-def test_a_run_of_stamps_crosses_minutes_and_stops_at_the_cap(rig, monkeypatch):
-    # A thread's run of lines is one token however many minutes it spans
-    # (each line's own minute gives its time); past the stamps a read may
-    # keep, the lines are still counted, not stamped.
-    late = GUARD_CACHED.replace(b"18:34:30.920001", b"18:34:59.999999")
-    next_minute = GUARD_CACHED.replace(b"18:34:30.920001", b"18:35:00.000002")
-    r = rig().feed(GUARD_H2D + late + next_minute + GUARD_D2D)
-    assert r.stamps == ["h2d,2146,18:34:30.919532", "h2d,2146,18:34:59.999999", "h2d,2146,18:35:00.000002",
-                        "d2d,6082,19:10:03.642390"]
-    [report] = [line for line in r.all_reports.splitlines() if line.startswith(b"T ")]
-    assert len(report.split()) == 3  # "T", the h2d run, the d2d run
-    monkeypatch.setattr(_relay, "STAMPS_PER_READ_MAX", 3)
-    capped = rig().feed(GUARD_H2D + late + next_minute + GUARD_D2D + GUARD_H2D)
-    assert capped.stamps == ["h2d,2146,18:34:30.919532", "h2d,2146,18:34:59.999999", "h2d,2146,18:35:00.000002"]
-    assert capped.reports == G(GUARD_H2D, 2) + G(late, 2) + G(GUARD_D2D)  # by message, as always
-
-
-def test_stamps_are_the_same_whichever_scan_finds_them(rig):
-    # Guard lines at line starts (the rule) are stamped by an anchored scan;
-    # anything else in the read (the program's own text holding the guard's
-    # mark, a guard line after a partial line) sends the whole read through
-    # the general one. Both give each guard line's stamp, in order.
-    at_starts = GUARD_H2D + GUARD_CACHED + GUARD_D2D
-    expected = ["h2d,2146,18:34:30.919532", "h2d,2146,18:34:30.920001", "d2d,6082,19:10:03.642390"]
-    # The rule's one scan also takes the messages and what the user sees:
-    # the same as the two scans of any other read.
-    counted = G(GUARD_H2D) + G(GUARD_CACHED) + G(GUARD_D2D)
-    ruled = rig().feed(b"step 1\n" + at_starts + b"step 2\n")
-    assert (ruled.stamps, ruled.reports, ruled.out) == (expected, counted, b"step 1\nstep 2\n")
-    other = rig().feed(b"file transfer: done\n" + at_starts + b"step 2\n")
-    assert (other.stamps, other.reports, other.out) == (expected, counted, b"file transfer: done\nstep 2\n")
-    assert rig().feed(GUARD_H2D + b"50% |#####" + GUARD_CACHED + GUARD_D2D).stamps == expected
-
-
-def test_a_stamp_is_the_latest_moment_of_its_time_of_day():
-    """The header has the local time of day; the relay reads a line at most a
-    batch after it was written, so the day is today's, or yesterday's for a
-    time still ahead (a line of 23:59:59 read just after midnight)."""
-    now = time.time()
-    lt = time.localtime(now)
-    assert _relay.minute_start(b"%02d:%02d:" % (lt.tm_hour, lt.tm_min)) == pytest.approx(now - lt.tm_sec - now % 1,
-                                                                                          abs=1e-3)
-    ahead = time.localtime(now + 3600)
-    start = _relay.minute_start(b"%02d:%02d:" % (ahead.tm_hour, ahead.tm_min))
-    assert now - 86400 - 60 < start < now - 86400 + 3600
 
 
 def test_guard_lines_of_passed_directions_still_reach_the_user(rig):
@@ -401,7 +215,7 @@ def _run(data, cuts):
     counts, syncs, stamps = {}, [], 0
     for report in bytes(relay.report_backlog).split(b"\n")[:-1]:
         if report.startswith(b"T "):
-            stamps += len(_runs(report[2:]))
+            stamps += len(reported_runs(report[2:]))
             continue
         kind, n, *rest = report.split(b" ", 2)
         if kind == b"G":

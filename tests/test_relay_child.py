@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from jaxtop.probes import _relay
-from test_relay import G, GUARD_CACHED, GUARD_D2D, GUARD_H2D, GUARD_OLD, GUARD_TSL, GUARD_TSL_TID, OTHER_ERROR, OTHER_WARNING, RELAY_PATH, TOKEN, marker  # helpers shared with that module
+from relay_rig import G, GUARD_CACHED, GUARD_D2D, GUARD_H2D, GUARD_OLD, GUARD_TSL, GUARD_TSL_TID, OTHER_ERROR, OTHER_WARNING, RELAY_PATH, TOKEN, marker
 
 
 # -- the real child process ---------------------------------------------------------------
