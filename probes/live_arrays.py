@@ -70,6 +70,14 @@ from jaxtop.probes.buffer_detail import DEV, DTYPE, NBYTES, NOT_READY, PTR, SHAP
 #: Arrays a scan takes weak references to between two hand-backs of the
 #: interpreter (~0.35 µs each with :func:`_blind`: under a millisecond).
 SCAN_PIECE = 2000
+#: Arrays a scan reads (~7 µs each) between two hand-backs of the
+#: interpreter. Python takes it from a busy thread only every 5 ms
+#: (``sys.getswitchinterval()``): while a first scan read 50,000 arrays in
+#: one go, a thread of the program that sleeps 200 µs in a loop beside its
+#: step loop waited up to 116-247 ms at a time; handing back every 100
+#: reads, up to 8-12 ms (the scan's own ``jax.live_arrays()`` call holds it
+#: ~10 ms), its waits over 1 ms ending with the scan (measured, 2-core VM).
+READ_PIECE = 100
 #: What the address function gives for a buffer whose address only a new
 #: Array would tell (jax_memory.UNASKED).
 UNASKED = -2
@@ -268,8 +276,10 @@ class LiveArrays:
                 if key in new:
                     new.discard(key)
                     found.append(i)
-            for i in reversed(found):
+            for n, i in enumerate(reversed(found), 1):
                 self._read(keys[i], refs[i], live[i])
+                if n % READ_PIECE == 0:
+                    time.sleep(0)
             self.read_cpu_s += time.thread_time() - started
             self._keys = keys
         return changed
