@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from jaxtop.probes.forksafe import ForkLock
 from jaxtop.probes.frames import HOOK_CODES, LIBRARY, MAX_FILES_CACHED, LibraryFilter, jitted_name, made_at_run_time
+from jaxtop.probes.guard_levels import explicit_put_unlogged
 from jaxtop.probes.callee_names import callee_of
 from jaxtop.probes.transfer_values import MAX_ARGS, ArgInfo, describe_value, literal_kind
 
@@ -130,6 +131,8 @@ class CallNotes:
         self._hook_state: Any = None
         self._handlers: dict[Any, Any] = {}  # type -> the handler we replaced
         self._handler_table: Any = None
+        # Whether a shard-argument call is an explicit put the guard will not log.
+        self._explicit_unlogged: Callable[[], bool] | None = None
         self._np: Any = None
         self._array_type: Any = None
         self._tls = threading.local()
@@ -170,6 +173,7 @@ class CallNotes:
             self._keep_thread_local_hooks()
         table = getattr(pxla, "shard_arg_handlers", None)
         if isinstance(table, dict):
+            self._explicit_unlogged = explicit_put_unlogged()
             self._handler_table = table
             self._wrap_handlers()
         self._running = self._hook_state is not None or self._handler_table is not None
@@ -386,6 +390,7 @@ class CallNotes:
         tls = self._tls
         append = self._slow.append
         probe = self
+        unlogged = self._explicit_unlogged
 
         def jaxtop_shard_arg(xs: Any, *rest: Any, **kw: Any) -> Any:
             if getattr(tls, "inside", False):  # a handler calling shard_args again: the outer one records
@@ -396,6 +401,8 @@ class CallNotes:
             finally:
                 tls.inside = False
             try:
+                if unlogged is not None and unlogged():
+                    return result  # jax.device_put: no guard line to tie (see probes/guard_levels.py)
                 frame = sys._getframe(1)
                 site, callee = probe._user_site(frame)
                 described, named = probe._slow_call_args(frame)
