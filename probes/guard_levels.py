@@ -34,7 +34,8 @@ def explicit_put_unlogged() -> Callable[[], bool] | None:
     put that the guard will not log (~0.2 µs a call); None where this jax
     keeps no such state (the probe then notes every call, as before)."""
     config = sys.modules.get("jax._src.config")
-    lib = getattr(config, "guard_lib", None)
+    # jaxlib's module for it: guard_lib (jax 0.10), transfer_guard_lib (jax 0.4.30).
+    lib = getattr(config, "guard_lib", None) or getattr(config, "transfer_guard_lib", None)
     try:
         local, process = lib.thread_local_state, lib.global_state  # type: ignore[union-attr]
         log_explicit = lib.TransferGuardLevel.LOG_EXPLICIT  # type: ignore[union-attr]
