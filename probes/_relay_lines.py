@@ -50,19 +50,15 @@ STAMP_RE = re.compile(
 #: third of the time (the unanchored form tries both headers at every byte).
 #: Groups: the time's hour and minute (``HH:MM:``), its seconds, the
 #: thread, the direction's two words' first letters.
-LINE_START_STAMP_RE = re.compile(
-    rb"^[IWEF]\d{4} (\d\d:\d\d:)(\d\d\.\d+)" + _SP + rb"+(\d+)" + _SP + rb"+" + _FILE_LINE
-    + rb"(h|d)\w*-to-(h|d)\w* transfer:", re.M
-)
+_LINE_START_ABSEIL = rb"^[IWEF]\d{4} (\d\d:\d\d:)(\d\d\.\d+)" + _SP + rb"+(\d+)" + _SP + rb"+" + _FILE_LINE
+LINE_START_STAMP_RE = re.compile(_LINE_START_ABSEIL + rb"(h|d)\w*-to-(h|d)\w* transfer:", re.M)
 #: A whole guard line with abseil's header at a line's start, everything
 #: the relay takes from it in one scan (the common case: jaxlib >= 0.7, no
 #: partial line of the program's before it). Groups: the time's ``HH:MM:``,
 #: its seconds, the thread, the message (as :data:`GUARD_RE`'s), the
 #: direction's words.
 LINE_START_ABSEIL_GUARD_RE = re.compile(
-    rb"^[IWEF]\d{4} (\d\d:\d\d:)(\d\d\.\d+)" + _SP + rb"+(\d+)" + _SP + rb"+" + _FILE_LINE
-    + rb"((host-to-device|device-to-device|device-to-host) transfer:[^\n]*)\n", re.M
-)
+    _LINE_START_ABSEIL + rb"((host-to-device|device-to-device|device-to-host) transfer:[^\n]*)\n", re.M)
 #: Direction codes in a stamp report, by the direction's words.
 WORDS_DIRECTION = {b"host-to-device": b"h2d", b"device-to-device": b"d2d", b"device-to-host": b"d2h"}
 #: Direction codes in a stamp report: the first letters of its two words.

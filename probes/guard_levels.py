@@ -35,10 +35,10 @@ def explicit_put_unlogged() -> Callable[[], bool] | None:
     keeps no such state (the probe then notes every call, as before)."""
     config = sys.modules.get("jax._src.config")
     # jaxlib's module for it: guard_lib (jax 0.10), transfer_guard_lib (jax 0.4.30).
-    lib = getattr(config, "guard_lib", None) or getattr(config, "transfer_guard_lib", None)
+    lib: Any = getattr(config, "guard_lib", None) or getattr(config, "transfer_guard_lib", None)
     try:
-        local, process = lib.thread_local_state, lib.global_state  # type: ignore[union-attr]
-        log_explicit = lib.TransferGuardLevel.LOG_EXPLICIT  # type: ignore[union-attr]
+        local, process = lib.thread_local_state, lib.global_state
+        log_explicit = lib.TransferGuardLevel.LOG_EXPLICIT
         local().explicit_device_put  # noqa: B018  (the attribute this jaxlib must have)
     except Exception:
         return None
