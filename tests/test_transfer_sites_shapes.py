@@ -116,13 +116,16 @@ def test_generated_code_past_the_lines_kept_is_not_held(child_env, tmp_path):
     counted as the rest, with the reason, and once nearly every line is
     beyond the kept ones the hook leaves for spells (it cost each call more
     than JAX's own logging), the lines made meanwhile counted with that
-    reason."""
+    reason. The program goes on for 15 s at least: a spell begins only
+    after some seconds of such lines (and a fast machine makes 200,000 in
+    fewer)."""
     from jaxtop.probes.transfer_keys import MAX_CODES
     from jaxtop.probes.transfer_sites import MAX_SITES
     from jaxtop.probes.transfer_spells import spell_reason
 
     log = tmp_path / "run.jsonl"
-    proc = subprocess.run([PY, "-m", "jaxtop", "run", "--log", str(log), str(TARGETS / "generated_code.py"), "200000"],
+    proc = subprocess.run([PY, "-m", "jaxtop", "run", "--log", str(log), str(TARGETS / "generated_code.py"), "200000",
+                           "host", "15"],
                           cwd=TARGETS, env=child_env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     alive = int(proc.stdout.rsplit("alive=", 1)[1])
@@ -130,7 +133,7 @@ def test_generated_code_past_the_lines_kept_is_not_held(child_env, tmp_path):
     sites = _last_sites(log)
     reasons = sites.get("unattributed_reasons") or {}
     assert any(f"more than {MAX_SITES} lines" in r for r in reasons), reasons
-    assert reasons.get(spell_reason("sealed", MAX_SITES), 0) > 0, reasons
+    assert reasons.get(spell_reason("sealed", MAX_SITES), 0) > 0, (reasons, proc.stdout)
     # Every transfer is counted once: at its line, or as one of the rest
     # (the generated calls past the lines kept share a note while they
     # come one after the other: none is lost or counted twice).
