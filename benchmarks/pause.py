@@ -11,6 +11,7 @@ of the holders' cadence).
     .venv/bin/python benchmarks/pause.py --baseline fc94bbf   # also jaxtop before the chunked scans
     .venv/bin/python benchmarks/pause.py --unlimited          # also jaxtop with JAXTOP_MAX_PAUSE_MS=off
     .venv/bin/python benchmarks/pause.py --unlimited --pace-ms 10 --size 8 --seconds 30   # a 2-core VM
+    python benchmarks/pause.py --platform tpu --runs 2      # on the chip (children one at a time)
 
 ``jax.live_arrays()``, which the live-array scan calls, is one call into
 jaxlib that holds the interpreter throughout (~0.14 us an array here): the
@@ -20,6 +21,11 @@ scan predicted to pause the program more than 1 ms
 finds jax's backend, so the one scan that meets them (nothing could predict
 it) falls in the settle. ``--unlimited`` adds the arm ``unlimited``: every
 scan on its cadence, whatever it pauses (the agent before the limit).
+
+Each wake-up later than 1 ms notes where the program's other threads stand
+at that moment (the agent's among them): the thread that held the
+interpreter has just let it go, as a rule a line past the call that held
+it. The most frequent places are printed under the figures.
 
 Target (the fifth trust sweep): the longest pause under jaxtop at most
 1 ms at 50,000 arrays, beside plain's.
@@ -33,6 +39,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tui import tree_at  # noqa: E402  (a sibling benchmark's: jaxtop as it was at a revision)
@@ -57,6 +64,23 @@ late = []
 stop = threading.Event()
 timing = threading.Event()
 
+blame = {}
+
+def where_others_are():
+    """Where each other thread stands right after a late wake-up: the one
+    that held the interpreter has just let it go, as a rule a line or two
+    past the call that held it (a hint, not a proof)."""
+    import traceback
+    me, main = threading.get_ident(), threading.main_thread().ident
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        if ident in (me, main):
+            continue
+        stack = traceback.extract_stack(frame)[-3:]
+        key = names.get(ident, "?") + ": " + " < ".join(
+            f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(stack))
+        blame[key] = blame.get(key, 0) + 1
+
 def watcher():
     while not stop.is_set():
         t = time.perf_counter()
@@ -64,6 +88,8 @@ def watcher():
         lateness = time.perf_counter() - t - 0.0002
         if timing.is_set():
             late.append(lateness)
+            if lateness > 1e-3:
+                where_others_are()
 
 thread = threading.Thread(target=watcher, daemon=True)
 thread.start()
@@ -84,7 +110,8 @@ late.sort()
 with open(out, "w") as f:
     json.dump({"max_ms": late[-1] * 1e3, "p999_us": late[int(0.999 * (len(late) - 1))] * 1e6,
                "p99_us": late[int(0.99 * (len(late) - 1))] * 1e6, "wakeups": len(late),
-               "over_1ms": sum(x > 1e-3 for x in late), "steps_per_s": steps / seconds}, f)
+               "over_1ms": sum(x > 1e-3 for x in late), "steps_per_s": steps / seconds,
+               "blame": sorted(blame.items(), key=lambda kv: -kv[1])[:5]}, f)
 '''
 
 
@@ -93,7 +120,7 @@ def run(mode: str, args: argparse.Namespace, work: str, tree: str | None = None)
     with open(script, "w") as f:
         f.write(CHILD)
     out = os.path.join(work, f"{mode}.json")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXTOP_SOCKET_DIR=work)
+    env = dict(os.environ, JAX_PLATFORMS=args.platform, JAXTOP_SOCKET_DIR=work)
     if mode == "unlimited":
         env["JAXTOP_MAX_PAUSE_MS"] = "off"
     else:
@@ -119,6 +146,9 @@ def main() -> int:
                          "threads make the watcher wake 3-6 ms late without jaxtop; paced, the cores are free and "
                          "a pause is jaxtop's (e.g. 10 with --size 8 on a 2-core VM: a server waiting for requests)")
     ap.add_argument("--size", type=int, default=384, help="the step's matrix: SIZE x SIZE (default 384)")
+    ap.add_argument("--platform", default="cpu",
+                    help="JAX_PLATFORMS of the children (tpu on the chip: they run one at a time, as one process "
+                         "at a time may open it)")
     ap.add_argument("--unlimited", action="store_true",
                     help="also time jaxtop with JAXTOP_MAX_PAUSE_MS=off ('unlimited')")
     args = ap.parse_args()
@@ -130,13 +160,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="jaxtop-pause-") as work:
         for r in range(args.runs):
             for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
+                t0 = time.monotonic()
                 results[mode].append(run(mode, args, work, tree))
+                x = results[mode][-1]
+                print(f"  {mode}: longest pause {x['max_ms']:.2f} ms ({time.monotonic() - t0:.0f} s)", file=sys.stderr,
+                      flush=True)
     for mode, runs in results.items():
         print(f"{mode:>9}: longest pause " + ", ".join(f"{x['max_ms']:.2f}" for x in runs) + " ms;  p99.9 "
               + ", ".join(f"{x['p999_us']:.0f}" for x in runs) + " us;  p99 "
               + ", ".join(f"{x['p99_us']:.0f}" for x in runs) + " us;  wake-ups over 1 ms "
               + ", ".join(str(x["over_1ms"]) for x in runs) + ";  steps/s "
               + ", ".join(f"{x['steps_per_s']:,.0f}" for x in runs))
+    for mode, runs in results.items():
+        for x in runs:
+            for where, n in x.get("blame", []):
+                print(f"  {mode}: {n} wake-up(s) over 1 ms beside {where}")
     worst = max(x["max_ms"] for x in results["jaxtop"])
     plain = max(x["max_ms"] for x in results["plain"])
     print("targets:")

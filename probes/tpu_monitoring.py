@@ -70,6 +70,14 @@ MAX_REASON = 160
 #: 460 MB, most of it in quoting the answer whole).
 MAX_VALUES = 256
 MAX_VALUE_CHARS = 4096
+#: The reading thread sleeps this long between two metrics: a thread of the
+#: program waiting for the interpreter takes it meanwhile (``sleep(0)``
+#: lets it go and takes it straight back, before a waiter wakes, unless the
+#: waiter has already waited out the 5 ms switch interval).
+HAND_BACK_S = 0.0005
+#: A metric whose call into libtpu took longer than the pause limit this
+#: many reads in a row is read no more (a first call may set things up).
+SLOW_READS = 2
 #: A reading that has not returned in this long is said on the wire (n/a,
 #: the metric named), and stays so until it returns: the runtime's call
 #: cannot be interrupted, and runs on jaxtop's own thread.
@@ -255,7 +263,8 @@ class TpuMonitoringProbe:
     needs_jax = True
 
     def __init__(self, platforms: Callable[[], set[str] | None] | None = None,
-                 loader: Callable[[], Any] | None = None, thread: bool = True) -> None:
+                 loader: Callable[[], Any] | None = None, thread: bool = True,
+                 pause_limit_s: float | None = 0.001) -> None:
         self._platforms = platforms or _backend_platforms
         self._loader = loader or _import_tpumonitoring
         self._use_thread = thread
@@ -274,6 +283,11 @@ class TpuMonitoringProbe:
         self.interval_s = READ_INTERVAL_S
         self.read_s: float | None = None  # seconds the last reading took
         self._reading: tuple[str, float] | None = None  # (metric, monotonic start) of a call in the runtime
+        # The longest a call into libtpu may take (None: no limit): such a
+        # call keeps the interpreter, so every thread of the program waits.
+        self.pause_limit_s = pause_limit_s
+        self._slow: dict[str, int] = {}  # wire name -> reads in a row over the limit
+        self._retired: dict[str, str] = {}  # wire name -> why it is read no more
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -388,11 +402,25 @@ class TpuMonitoringProbe:
             if name is None:
                 unavailable[wire] = "not offered by this libtpu (list_supported_metrics)"
                 continue
+            if wire in self._retired:
+                unavailable[wire] = self._retired[wire]
+                continue
             try:
+                # The interpreter handed back between metrics: libtpu's calls
+                # keep it (pybind11 holds it by default), and several in a row
+                # would make a waiting thread of the program wait out Python's
+                # whole 5 ms switch interval (6-8 ms pauses on a TPU v5e host).
+                time.sleep(HAND_BACK_S)
                 self._reading = (name, time.monotonic())
+                started = time.perf_counter()
                 metric = module.get_metric(name)
+                took = time.perf_counter() - started
+                time.sleep(HAND_BACK_S)  # the two calls apart too
+                started = time.perf_counter()
                 values = metric.data()
+                took = max(took, time.perf_counter() - started)
                 self._reading = None
+                self._timed(wire, name, took)
                 if isinstance(values, (list, tuple)) and not values:
                     unavailable[wire] = EMPTY_REASON
                     continue
@@ -409,6 +437,21 @@ class TpuMonitoringProbe:
             value["unavailable"] = unavailable
         self._publish(value)
         return bool(metrics)
+
+    def _timed(self, wire: str, name: str, took_s: float) -> None:
+        """Note how long one metric's longer call took; a metric over the
+        pause limit SLOW_READS times in a row is read no more, the reason
+        kept (each call is one pause of the program's threads: the reads
+        hand the interpreter back between calls)."""
+        limit = self.pause_limit_s
+        if limit is None or took_s <= limit:
+            self._slow.pop(wire, None)
+            return
+        self._slow[wire] = self._slow.get(wire, 0) + 1
+        if self._slow[wire] >= SLOW_READS:
+            self._retired[wire] = (f"read no more: a call into libtpu for {name!r} took {took_s * 1e3:.1f} ms, "
+                                   f"which the program's threads wait out (over the {limit * 1e3:g} ms pause limit, "
+                                   "$JAXTOP_MAX_PAUSE_MS)")
 
     def _description(self, name: str, metric: Any) -> str:
         """The metric's description, asked once (it names the statistics)."""

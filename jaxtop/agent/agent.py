@@ -175,7 +175,7 @@ class Agent(AgentLoop):
         self.nvml = NvmlProbe() if nvml else None
         # The TPU runtime's own readings (duty cycle, HBM, HLO queue), on a
         # TPU backend only: sample field `accelerator`, sent when it changes.
-        self.accelerator = TpuMonitoringProbe()
+        self.accelerator = TpuMonitoringProbe(pause_limit_s=self.devices.pause.limit_s)
         # The jit ledger: every compiled function's memory, compiles and
         # recompile reasons (sample field `jit`, command `jit_ledger`).
         self.jit = JitLedgerProbe(interval_s=self.slow_interval_s)
