@@ -286,6 +286,7 @@ class TpuMonitoringProbe:
         # The longest a call into libtpu may take (None: no limit): such a
         # call keeps the interpreter, so every thread of the program waits.
         self.pause_limit_s = pause_limit_s
+        self._handed_back_s = 0.0  # seconds of the current reading spent in hand-backs
         self._slow: dict[str, int] = {}  # wire name -> reads in a row over the limit
         self._retired: dict[str, str] = {}  # wire name -> why it is read no more
         self._stop = threading.Event()
@@ -379,7 +380,8 @@ class TpuMonitoringProbe:
     def _read_and_schedule(self) -> None:
         started = time.perf_counter()
         answered = self.read_once()
-        self.read_s = time.perf_counter() - started
+        # The hand-backs between calls are sleeps, not the runtime's cost.
+        self.read_s = max(0.0, time.perf_counter() - started - self._handed_back_s)
         if answered:
             self.interval_s = READ_INTERVAL_S
         else:  # nothing answered: ask less often, up to IDLE_INTERVAL_S
@@ -397,6 +399,7 @@ class TpuMonitoringProbe:
             return False
         metrics: dict[str, Any] = {}
         unavailable: dict[str, str] = {}
+        self._handed_back_s = 0.0
         for wire, (_, shape) in METRICS.items():
             name = self._names.get(wire)
             if name is None:
@@ -410,12 +413,12 @@ class TpuMonitoringProbe:
                 # keep it (pybind11 holds it by default), and several in a row
                 # would make a waiting thread of the program wait out Python's
                 # whole 5 ms switch interval (6-8 ms pauses on a TPU v5e host).
-                time.sleep(HAND_BACK_S)
+                self._hand_back()
                 self._reading = (name, time.monotonic())
                 started = time.perf_counter()
                 metric = module.get_metric(name)
                 took = time.perf_counter() - started
-                time.sleep(HAND_BACK_S)  # the two calls apart too
+                self._hand_back()  # the two calls apart too
                 started = time.perf_counter()
                 values = metric.data()
                 took = max(took, time.perf_counter() - started)
@@ -437,6 +440,13 @@ class TpuMonitoringProbe:
             value["unavailable"] = unavailable
         self._publish(value)
         return bool(metrics)
+
+    def _hand_back(self) -> None:
+        """Sleep HAND_BACK_S: a thread of the program waiting for the
+        interpreter takes it meanwhile."""
+        started = time.perf_counter()
+        time.sleep(HAND_BACK_S)
+        self._handed_back_s += time.perf_counter() - started
 
     def _timed(self, wire: str, name: str, took_s: float) -> None:
         """Note how long one metric's longer call took; a metric over the
