@@ -15,6 +15,12 @@ where a loop timing it hot reads well under 1 us.
 
     .venv/bin/python benchmarks/agent_tick.py --seconds 15
     .venv/bin/python benchmarks/agent_tick.py --sites off   # transfers counted, not tied to lines
+    .venv/bin/python benchmarks/agent_tick.py --arrays 50000 --rate 100   # what a tick holds at many arrays
+
+Each probe's longest call in wall time is printed too: with the program's
+loop mostly asleep (a low ``--rate``), the agent's thread holds the
+interpreter for about that long, and each of the program's threads that
+wants it meanwhile waits (the 1 ms pause target of the fifth trust sweep).
 """
 
 from __future__ import annotations
@@ -28,20 +34,26 @@ import tempfile
 
 CHILD = r'''
 import collections, json, sys, threading, time
-seconds, rate = float(sys.argv[1]), float(sys.argv[2])
+seconds, rate, arrays = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+import numpy as np
+import jax
+kept = [jax.device_put(np.full((4,), i, np.float32)) for i in range(arrays)]
 import jaxtop
 from jaxtop.agent import loop, probe_list
 
-costs, counts = collections.Counter(), collections.Counter()
+costs, counts, longest, over = collections.Counter(), collections.Counter(), collections.Counter(), collections.Counter()
 
 def tick(self, tick, record):
     for probe in self._probes:
-        t = time.thread_time_ns()
+        t, w = time.thread_time_ns(), time.perf_counter_ns()
         try:
             value = probe.on_tick(tick)
         except Exception as exc:
             value = {"error": f"{type(exc).__name__}: {exc}"}
         costs[probe.name] += time.thread_time_ns() - t
+        w = time.perf_counter_ns() - w
+        longest[probe.name] = max(longest[probe.name], w)
+        over[probe.name] += w > 1_000_000
         counts[probe.name] += 1
         if value is not None:
             record[probe.name] = value
@@ -49,22 +61,23 @@ def tick(self, tick, record):
 emit = loop.AgentLoop._emit
 
 def timed_emit(self, record, keep=True):
-    t = time.thread_time_ns()
+    t, w = time.thread_time_ns(), time.perf_counter_ns()
     emit(self, record, keep)
     costs["(emit)"] += time.thread_time_ns() - t
+    w = time.perf_counter_ns() - w
+    longest["(emit)"] = max(longest["(emit)"], w)
+    over["(emit)"] += w > 1_000_000
     counts["(emit)"] += 1
 
 probe_list.ProbeList.tick = tick
 loop.AgentLoop._emit = timed_emit
 handle = jaxtop.instrument()
-import numpy as np
-import jax
 f = jax.jit(lambda x: x * 2.0)
 host = np.ones((16,), np.float32)
 for _ in range(2000):
     f(host)
 time.sleep(1.0)
-costs.clear(); counts.clear()
+costs.clear(); counts.clear(); longest.clear(); over.clear()
 agent = next(t for t in threading.enumerate() if t.name == "jaxtop-agent")
 clock = time.pthread_getcpuclockid(agent.ident)
 a0, wall0 = time.clock_gettime(clock), time.perf_counter()
@@ -78,7 +91,8 @@ while time.perf_counter() - wall0 < seconds:
 wall = time.perf_counter() - wall0
 print("RESULT " + json.dumps({"rate": n / wall, "wall": wall,
                               "agent_pct": 100 * (time.clock_gettime(clock) - a0) / wall,
-                              "costs": dict(costs), "counts": dict(counts)}), flush=True)
+                              "costs": dict(costs), "counts": dict(counts),
+                              "longest": dict(longest), "over": dict(over)}), flush=True)
 '''
 
 
@@ -88,13 +102,15 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=1000.0, help="jitted calls (implicit transfers) a second")
     p.add_argument("--sites", choices=("on", "off"), default="on", help="tie transfers to lines (JAXTOP_TRANSFER_SITES)")
     p.add_argument("--platform", default="cpu", help="JAX_PLATFORMS for the child (cpu, tpu)")
+    p.add_argument("--arrays", type=int, default=0, help="live arrays the child holds (made before the agent starts)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="jaxtop-tick-") as tmp:
         env = dict(os.environ, JAX_PLATFORMS=args.platform, JAXTOP_SOCKET_DIR=os.path.join(tmp, "sockets"))
         env.pop("JAX_TRANSFER_GUARD", None)
         env["JAXTOP_TRANSFER_SITES"] = "1" if args.sites == "on" else "0"
         # Run from elsewhere: in a checkout, `-c` would put its jaxtop/ (not the installed package) first.
-        done = subprocess.run([sys.executable, "-c", CHILD, str(args.seconds), str(args.rate)], env=env, cwd=tmp,
+        done = subprocess.run([sys.executable, "-c", CHILD, str(args.seconds), str(args.rate), str(args.arrays)],
+                              env=env, cwd=tmp,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.seconds + 300)
     line = next((x for x in done.stdout.decode().splitlines() if x.startswith("RESULT ")), None)
     if line is None:
@@ -108,7 +124,8 @@ def main() -> int:
           f"{r['agent_pct'] - 100 * ticked / 1e9 / wall:.3f} %")
     for name, ns in sorted(r["costs"].items(), key=lambda kv: -kv[1]):
         n = r["counts"][name]
-        print(f"  {name:<20} {ns / n / 1e3:7.1f} us a call  {100 * ns / 1e9 / wall:6.3f} % of a core  ({n} calls)")
+        print(f"  {name:<20} {ns / n / 1e3:7.1f} us a call  {100 * ns / 1e9 / wall:6.3f} % of a core  ({n} calls; "
+              f"the longest {r['longest'].get(name, 0) / 1e6:.2f} ms of wall time, {r['over'].get(name, 0)} over 1 ms)")
     return 0
 
 

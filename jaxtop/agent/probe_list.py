@@ -16,12 +16,23 @@ Standard library only (the agent imports it inside the user's job).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterator
 
 from jaxtop.probes.base import Probe, Tick
 from jaxtop.probes.forksafe import ForkLock
 
-__all__ = ["FieldProbe", "ProbeList"]
+__all__ = ["HAND_BACK_AFTER_S", "HAND_BACK_S", "FieldProbe", "ProbeList"]
+
+#: A tick that has run this long since it last let the interpreter go
+#: sleeps HAND_BACK_S before its next probe. The probes run on the agent's
+#: thread holding the interpreter, one after the other, and a thread of the
+#: program that wants it meanwhile waits for the whole run (up to Python's
+#: 5 ms switch interval): so it waits for one probe at most. ``sleep(0)``
+#: would not do: it lets go and takes it straight back, before the waiting
+#: thread wakes.
+HAND_BACK_AFTER_S = 0.0005
+HAND_BACK_S = 0.0005
 
 
 class FieldProbe:
@@ -121,7 +132,11 @@ class ProbeList:
             probe.reason = f"could not start: {type(exc).__name__}: {exc}"
 
     def tick(self, tick: Tick, record: dict[str, Any]) -> None:
-        """Each probe's field for this tick into ``record`` (None: left out)."""
+        """Each probe's field for this tick into ``record`` (None: left out),
+        the interpreter handed back whenever the probes have held it
+        HAND_BACK_AFTER_S."""
+        clock = time.perf_counter
+        held_since = clock()
         for probe in self._probes:
             try:
                 value = probe.on_tick(tick)
@@ -129,6 +144,9 @@ class ProbeList:
                 value = {"error": f"{type(exc).__name__}: {exc}"}
             if value is not None:
                 record[probe.name] = value
+            if clock() - held_since > HAND_BACK_AFTER_S:
+                time.sleep(HAND_BACK_S)
+                held_since = clock()
 
     def shift_deadlines(self, gap: float) -> None:
         """The process was stopped for ``gap`` seconds: tell every probe that has deadlines."""
