@@ -68,18 +68,21 @@ import time
 import weakref
 from typing import Any, Callable, Iterable
 
+from jaxtop.probes.base import hand_back
 from jaxtop.probes.buffer_detail import DEV, DTYPE, NBYTES, NOT_READY, PTR, SHAPE, SHARDED, UNMAPPED, WHY
 
 #: Arrays a scan takes weak references to between two hand-backs of the
 #: interpreter (~0.35 µs each with :func:`_blind`: under a millisecond).
 SCAN_PIECE = 2000
 #: Arrays a scan reads (~7 µs each) between two hand-backs of the
-#: interpreter. Python takes it from a busy thread only every 5 ms
-#: (``sys.getswitchinterval()``): while a first scan read 50,000 arrays in
-#: one go, a thread of the program that sleeps 200 µs in a loop beside its
-#: step loop waited up to 116-247 ms at a time; handing back every 100
-#: reads, up to 8-12 ms (the scan's own ``jax.live_arrays()`` call holds it
-#: ~10 ms), its waits over 1 ms ending with the scan (measured, 2-core VM).
+#: interpreter (:func:`jaxtop.probes.base.hand_back`). Python takes it from
+#: a busy thread only every 5 ms (``sys.getswitchinterval()``): while a
+#: first scan read 50,000 arrays in one go, a thread of the program that
+#: sleeps 200 µs in a loop beside its step loop waited up to 116-247 ms at
+#: a time; handing back every 100 reads with ``sleep(0)``, up to 8-12 ms
+#: (the scan's own ``jax.live_arrays()`` call holds it ~10 ms), its waits
+#: over 1 ms ending with the scan (measured, 2-core VM). ``sleep(0)`` hands
+#: it over only to a thread that has already waited 5 ms.
 READ_PIECE = 100
 #: What the address function gives for a buffer whose address only a new
 #: Array would tell (jax_memory.UNASKED).
@@ -249,7 +252,7 @@ class LiveArrays:
                     any(map(_blind, piece))
                 refs.extend(piece)
                 if len(live) > SCAN_PIECE:
-                    time.sleep(0)
+                    hand_back()
         except TypeError:
             return self._rescan_all(live)
         keys = tuple(map(id, refs))
@@ -283,7 +286,7 @@ class LiveArrays:
             for n, i in enumerate(reversed(found), 1):
                 self._read(keys[i], refs[i], live[i])
                 if n % READ_PIECE == 0:
-                    time.sleep(0)
+                    hand_back()
             self.read_cpu_s += time.thread_time() - started
             self._keys = keys
         return changed

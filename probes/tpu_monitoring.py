@@ -46,7 +46,7 @@ import time
 from typing import Any, Callable
 
 from jaxtop.probes import jaxstate
-from jaxtop.probes.base import Tick
+from jaxtop.probes.base import Tick, hand_back
 from jaxtop.probes.forksafe import ForkLock
 
 __all__ = ["EMPTY_REASON", "METRICS", "MAX_SHARE", "READ_INTERVAL_S", "TpuMonitoringProbe", "parse"]
@@ -70,11 +70,6 @@ MAX_REASON = 160
 #: 460 MB, most of it in quoting the answer whole).
 MAX_VALUES = 256
 MAX_VALUE_CHARS = 4096
-#: The reading thread sleeps this long between two metrics: a thread of the
-#: program waiting for the interpreter takes it meanwhile (``sleep(0)``
-#: lets it go and takes it straight back, before a waiter wakes, unless the
-#: waiter has already waited out the 5 ms switch interval).
-HAND_BACK_S = 0.0005
 #: A metric whose call into libtpu took longer than the pause limit this
 #: many reads in a row is read no more (a first call may set things up).
 SLOW_READS = 2
@@ -411,8 +406,7 @@ class TpuMonitoringProbe:
             try:
                 # The interpreter handed back between metrics: libtpu's calls
                 # keep it (pybind11 holds it by default), and several in a row
-                # would make a waiting thread of the program wait out Python's
-                # whole 5 ms switch interval (6-8 ms pauses on a TPU v5e host).
+                # held a waiting thread of the program 6-8 ms on a TPU v5e host.
                 self._hand_back()
                 self._reading = (name, time.monotonic())
                 started = time.perf_counter()
@@ -442,11 +436,10 @@ class TpuMonitoringProbe:
         return bool(metrics)
 
     def _hand_back(self) -> None:
-        """Sleep HAND_BACK_S: a thread of the program waiting for the
-        interpreter takes it meanwhile."""
-        started = time.perf_counter()
-        time.sleep(HAND_BACK_S)
-        self._handed_back_s += time.perf_counter() - started
+        """Let the interpreter go (:func:`jaxtop.probes.base.hand_back`)
+        between two calls into libtpu: a thread of the program waiting for
+        it takes it meanwhile."""
+        self._handed_back_s += hand_back()
 
     def _timed(self, wire: str, name: str, took_s: float) -> None:
         """Note how long one metric's longer call took; a metric over the

@@ -569,16 +569,13 @@ def test_a_scan_hands_the_interpreter_back_while_it_reads(cpu_jax, monkeypatch):
     from a busy thread only every 5 ms. A first scan of 50,000 arrays in one
     go held a thread of the program up to 116-247 ms: the scan hands it back
     every READ_PIECE reads."""
-    from types import SimpleNamespace
-
     from jaxtop.probes import live_arrays
 
     jnp = cpu_jax.numpy
     held = [jnp.full((2,), i, dtype=jnp.float32) for i in range(1000)]
     cpu_jax.block_until_ready(held)
     handed: list[float] = []
-    clock = SimpleNamespace(sleep=handed.append, perf_counter=time.perf_counter, thread_time=time.thread_time)
-    monkeypatch.setattr(live_arrays, "time", clock)
+    monkeypatch.setattr(live_arrays, "hand_back", lambda: handed.append(1.0) or 0.0)
     probe = JaxMemoryProbe()
     try:
         probe.scan_live_arrays(now=1.0)

@@ -132,7 +132,11 @@ def test_a_tick_hands_the_interpreter_back_between_probes_that_hold_it():
         thread.join()
         sys.setswitchinterval(old)
         gc.enable()
-    assert max(late) < 0.008, f"the longest wait {max(late) * 1e3:.1f} ms (a probe holds ~{n} adds)"
+    # Each tick run back to back makes one wait of 12 ms or more; one wait
+    # over 8 ms is let pass (a loaded machine may not wake the sleeper
+    # within a hand-back or two).
+    long_waits = sorted(x for x in late if x > 0.008)
+    assert len(long_waits) <= 1, f"waits over 8 ms: {[round(x * 1e3, 1) for x in long_waits]} (a probe: ~{n} adds)"
 
 
 def test_a_probe_added_under_a_taken_name_replaces_and_stops_the_old_one():

@@ -448,4 +448,8 @@ def test_the_reads_hand_the_interpreter_back_between_metrics(monkeypatch):
         thread.join()
         sys.setswitchinterval(old)
         gc.enable()
-    assert max(late) < 0.015, f"the longest wait {max(late) * 1e3:.1f} ms (a C call holds ~{n} adds)"
+    # Each reading back to back makes one wait of 32 ms or more; one wait
+    # over 15 ms is let pass (a loaded machine may not wake the sleeper
+    # within a hand-back or two).
+    long_waits = sorted(x for x in late if x > 0.015)
+    assert len(long_waits) <= 1, f"waits over 15 ms: {[round(x * 1e3, 1) for x in long_waits]} (a call: ~{n} adds)"

@@ -19,20 +19,18 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from jaxtop.probes.base import Probe, Tick
+from jaxtop.probes.base import Probe, Tick, hand_back
 from jaxtop.probes.forksafe import ForkLock
 
-__all__ = ["HAND_BACK_AFTER_S", "HAND_BACK_S", "FieldProbe", "ProbeList"]
+__all__ = ["HAND_BACK_AFTER_S", "FieldProbe", "ProbeList"]
 
-#: A tick that has run this long since it last let the interpreter go
-#: sleeps HAND_BACK_S before its next probe. The probes run on the agent's
-#: thread holding the interpreter, one after the other, and a thread of the
-#: program that wants it meanwhile waits for the whole run (up to Python's
-#: 5 ms switch interval): so it waits for one probe at most. ``sleep(0)``
-#: would not do: it lets go and takes it straight back, before the waiting
-#: thread wakes.
+#: A tick that has run this long since it last let the interpreter go hands
+#: it back (:func:`jaxtop.probes.base.hand_back`) before its next probe. The
+#: probes run on the agent's thread holding the interpreter, one after the
+#: other, and a thread of the program that wants it meanwhile would wait
+#: for the whole run (up to Python's 5 ms switch interval): so it waits for
+#: one probe at most.
 HAND_BACK_AFTER_S = 0.0005
-HAND_BACK_S = 0.0005
 
 
 class FieldProbe:
@@ -145,7 +143,7 @@ class ProbeList:
             if value is not None:
                 record[probe.name] = value
             if clock() - held_since > HAND_BACK_AFTER_S:
-                time.sleep(HAND_BACK_S)
+                hand_back()
                 held_since = clock()
 
     def shift_deadlines(self, gap: float) -> None:
