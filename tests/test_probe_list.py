@@ -7,15 +7,14 @@ real agent in a fresh interpreter (tests/targets/probe_lifecycle.py).
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
+from interpreter_waits import adds_for, long_waits, waits_beside
 from jaxtop.agent.probe_list import FieldProbe, ProbeList
 from jaxtop.probes.base import Probe, Tick
 
@@ -93,9 +92,7 @@ def test_a_tick_hands_the_interpreter_back_between_probes_that_hold_it():
     it waits for all of them, up to Python's switch interval (set to 50 ms
     here, so that the figure stands out of a loaded machine's noise: 12 ms
     or more); with the tick handing it back, for one or two probes."""
-    t = time.perf_counter()
-    sum(range(1_000_000))
-    n = int(1_000_000 * 0.002 / (time.perf_counter() - t))
+    n = adds_for(0.002)
 
     class Holding(Fake):
         def on_tick(self, tick):
@@ -107,36 +104,11 @@ def test_a_tick_hands_the_interpreter_back_between_probes_that_hold_it():
     for i in range(6):
         probes.add(Holding(f"p{i}", log))
     probes.start_early()
-    late: list[float] = []
-    stop = threading.Event()
-
-    def sleeper() -> None:
-        while not stop.is_set():
-            t = time.perf_counter()
-            time.sleep(0.0002)
-            late.append(time.perf_counter() - t)
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.05)
-    thread = threading.Thread(target=sleeper)
-    gc.collect()
-    gc.disable()  # a full collection of a big heap would hold it too
-    try:
-        thread.start()
-        time.sleep(0.01)
-        for _ in range(10):
-            probes.tick(Tick(time.time()), {})
-            time.sleep(0.005)
-    finally:
-        stop.set()
-        thread.join()
-        sys.setswitchinterval(old)
-        gc.enable()
+    late = waits_beside(lambda: probes.tick(Tick(time.time()), {}), 10)
     # Each tick run back to back makes one wait of 12 ms or more; one wait
     # over 8 ms is let pass (a loaded machine may not wake the sleeper
     # within a hand-back or two).
-    long_waits = sorted(x for x in late if x > 0.008)
-    assert len(long_waits) <= 1, f"waits over 8 ms: {[round(x * 1e3, 1) for x in long_waits]} (a probe: ~{n} adds)"
+    assert len(long_waits(late, 0.008)) <= 1, f"waits over 8 ms: {long_waits(late, 0.008)} (a probe: ~{n} adds)"
 
 
 def test_a_probe_added_under_a_taken_name_replaces_and_stops_the_old_one():

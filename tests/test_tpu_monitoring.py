@@ -11,15 +11,14 @@ off a TPU backend or before jax imported libtpu; a reading is cheap.
 
 from __future__ import annotations
 
-import gc
 import sys
-import threading
 import time
 import types
 from typing import Any
 
 import pytest
 
+from interpreter_waits import adds_for, long_waits, waits_beside
 from jaxtop.probes.base import Tick
 from jaxtop.probes.tpu_monitoring import (
     EMPTY_REASON, IDLE_INTERVAL_S, METRICS, READ_INTERVAL_S, TpuMonitoringProbe, Unreadable, parse,
@@ -407,9 +406,7 @@ def test_the_reads_hand_the_interpreter_back_between_metrics(monkeypatch):
     wants it waits for all of them, up to Python's switch interval (set to
     50 ms here, so that the figure stands out of a loaded machine's noise:
     32 ms or more); handed back between metrics, for one call at most."""
-    t = time.perf_counter()
-    sum(range(1_000_000))
-    n = int(1_000_000 * 0.004 / (time.perf_counter() - t))  # a C loop of ~4 ms that never lets the interpreter go
+    n = adds_for(0.004)  # a C loop of ~4 ms that never lets the interpreter go
 
     class Holding(FakeMetric):
         def data(self) -> Any:
@@ -421,35 +418,8 @@ def test_the_reads_hand_the_interpreter_back_between_metrics(monkeypatch):
     mod.get_metric = lambda name: Holding(plain_get(name).values)
     probe = tpu_probe(pause_limit_s=None)
     slow_tick(probe)
-    late: list[float] = []
-    stop = threading.Event()
-
-    def sleeper() -> None:
-        while not stop.is_set():
-            t = time.perf_counter()
-            time.sleep(0.0002)
-            late.append(time.perf_counter() - t)
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.05)
-    thread = threading.Thread(target=sleeper)
-    # The collector kept out of the window: a full collection of this
-    # process's heap (jax imported by earlier tests) holds it ~20 ms too.
-    gc.collect()
-    gc.disable()
-    try:
-        thread.start()
-        time.sleep(0.01)
-        for _ in range(5):
-            probe.read_once()
-            time.sleep(0.005)
-    finally:
-        stop.set()
-        thread.join()
-        sys.setswitchinterval(old)
-        gc.enable()
+    late = waits_beside(probe.read_once, 5)
     # Each reading back to back makes one wait of 32 ms or more; one wait
     # over 15 ms is let pass (a loaded machine may not wake the sleeper
     # within a hand-back or two).
-    long_waits = sorted(x for x in late if x > 0.015)
-    assert len(long_waits) <= 1, f"waits over 15 ms: {[round(x * 1e3, 1) for x in long_waits]} (a call: ~{n} adds)"
+    assert len(long_waits(late, 0.015)) <= 1, f"waits over 15 ms: {long_waits(late, 0.015)} (a call: ~{n} adds)"
