@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["HAND_BACK_S", "Probe", "Tick", "hand_back"]
+__all__ = ["HAND_BACK_AFTER_S", "HAND_BACK_S", "HandBack", "Probe", "Tick", "hand_back"]
 
 #: How long a thread of jaxtop sleeps to hand the interpreter to a thread of
 #: the program that waits for it. jaxtop's work runs on its own threads
@@ -46,11 +46,38 @@ __all__ = ["HAND_BACK_S", "Probe", "Tick", "hand_back"]
 HAND_BACK_S = 0.0005
 
 
+#: Work in pieces hands the interpreter back once its pieces have held it
+#: this long (:class:`HandBack`): a thread of the program waits about this
+#: long at most, and short pieces do not each pay a sleep.
+HAND_BACK_AFTER_S = 0.0005
+
+
 def hand_back() -> float:
     """Let the interpreter go for HAND_BACK_S; the seconds it took."""
     started = time.perf_counter()
     time.sleep(HAND_BACK_S)
     return time.perf_counter() - started
+
+
+class HandBack:
+    """Called between two pieces of work on one of jaxtop's threads: hands
+    the interpreter back (:func:`hand_back`) once the pieces since the last
+    time held it :data:`HAND_BACK_AFTER_S`. Its argument is ignored (it
+    stands where ``time.sleep`` stood)."""
+
+    __slots__ = ("after_s", "since")
+
+    def __init__(self, after_s: float = HAND_BACK_AFTER_S) -> None:
+        self.after_s = after_s
+        self.since = time.perf_counter()
+
+    def __call__(self, _seconds: float = 0.0) -> float:
+        """The seconds slept (0: the pieces have not held it long enough)."""
+        if time.perf_counter() - self.since < self.after_s:
+            return 0.0
+        slept = hand_back()
+        self.since = time.perf_counter()
+        return slept
 
 
 def _drop(record: dict[str, Any]) -> None:

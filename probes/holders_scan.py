@@ -9,8 +9,9 @@ latency objective sees that as a stall, every profile. The same sites come
 from each array's own ``traceback`` (the stack jax recorded when the array
 was made: what the profile's samples carry), read here in chunks of
 :data:`CHUNK` arrays with the interpreter handed back between them
-(``time.sleep(0)``): about 0.5 us an array, no piece longer than a few
-hundred microseconds.
+(:class:`jaxtop.probes.base.HandBack`: once the pieces held it half a
+millisecond): about 0.5 us an array, no piece longer than a few hundred
+microseconds.
 
 What it reads is the memory probe's last scan (:class:`jaxtop.probes.
 live_arrays.LiveArrays`: each buffer once, per device); arrays made since
@@ -23,9 +24,9 @@ Stdlib only; the arrays are jax's, handed in.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
+from jaxtop.probes.base import HandBack
 from jaxtop.probes.frames import LIBRARY, NO_STACK, LibraryFilter, pick_site
 from jaxtop.probes.buffer_detail import NBYTES
 from jaxtop.probes.live_arrays import LiveArrays
@@ -51,7 +52,7 @@ def _frames(tb: Any) -> list[tuple[str, str, int]]:
 
 
 def totals_from_arrays(arrays: LiveArrays, labels: dict[int, str], filt: LibraryFilter = LIBRARY,
-                       chunk: int = CHUNK, pause: Callable[[float], None] = time.sleep) -> ProfileTotals:
+                       chunk: int = CHUNK, pause: Callable[[float], Any] | None = None) -> ProfileTotals:
     """The live arrays of the last scan folded into allocation sites, as
     :func:`jaxtop.probes.pprof.aggregate_profile` folds a profile.
 
@@ -60,8 +61,10 @@ def totals_from_arrays(arrays: LiveArrays, labels: dict[int, str], filt: Library
         labels: device id -> the profile's device label (``cpu:0``).
         filt: what counts as library code.
         chunk: arrays read between two calls of ``pause(0)``.
-        pause: hands the interpreter back to the program's threads.
+        pause: hands the interpreter back to the program's threads (default:
+            a :class:`~jaxtop.probes.base.HandBack`).
     """
+    pause = pause or HandBack()
     refs = arrays.refs
     groups: dict[tuple[Any, str], list[int]] = {}  # (traceback, device label) -> [bytes, count]
     untraced: dict[str, list[int]] = {}  # arrays without a traceback, by device label
@@ -114,12 +117,13 @@ def _add(totals: ProfileTotals, key: Any, library: bool, label: str, nbytes: int
 
 
 def arrays_at(arrays: LiveArrays, sites: set[tuple[str, int]], per_site: int = 3, filt: LibraryFilter = LIBRARY,
-              chunk: int = CHUNK, pause: Callable[[float], None] = time.sleep) -> dict[tuple[str, int], list[Any]]:
+              chunk: int = CHUNK, pause: Callable[[float], Any] | None = None) -> dict[tuple[str, int], list[Any]]:
     """Up to ``per_site`` live arrays of the last scan made at each of
     ``sites`` (``(file, line)``, as a profile's sites name them), read
     ``chunk`` arrays between two hand-backs of the interpreter; the newest
     of the scan first (a growing site's newest arrays are the ones it keeps
     adding). Stops once every site has its arrays."""
+    pause = pause or HandBack()
     out: dict[tuple[str, int], list[Any]] = {site: [] for site in sites}
     wanted = len(sites) * per_site
     got = 0

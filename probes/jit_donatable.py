@@ -28,9 +28,10 @@ Stdlib only; the executable is jaxlib's, handed in.
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from typing import Any
+
+from jaxtop.probes.base import HandBack
 
 __all__ = ["MAX_NAMES", "donatable", "donatable_args", "parse_parameter", "shapes_in"]
 
@@ -115,9 +116,10 @@ def donatable_args(executable: Any) -> tuple[list[str], bool] | None:
         return None
     params = []
     root = None
+    hand_back = HandBack()
     for k, ins in enumerate(instructions):
         if k and k % PIECE == 0:
-            time.sleep(0)  # the program's threads get the interpreter back between pieces
+            hand_back()  # the program's threads get the interpreter back between pieces
         if str(ins.opcode).endswith("kParameter"):
             parsed = parse_parameter(ins.to_string())
             if parsed is None:

@@ -16,21 +16,12 @@ Standard library only (the agent imports it inside the user's job).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Iterator
 
-from jaxtop.probes.base import Probe, Tick, hand_back
+from jaxtop.probes.base import HandBack, Probe, Tick
 from jaxtop.probes.forksafe import ForkLock
 
-__all__ = ["HAND_BACK_AFTER_S", "FieldProbe", "ProbeList"]
-
-#: A tick that has run this long since it last let the interpreter go hands
-#: it back (:func:`jaxtop.probes.base.hand_back`) before its next probe. The
-#: probes run on the agent's thread holding the interpreter, one after the
-#: other, and a thread of the program that wants it meanwhile would wait
-#: for the whole run (up to Python's 5 ms switch interval): so it waits for
-#: one probe at most.
-HAND_BACK_AFTER_S = 0.0005
+__all__ = ["FieldProbe", "ProbeList"]
 
 
 class FieldProbe:
@@ -130,11 +121,15 @@ class ProbeList:
             probe.reason = f"could not start: {type(exc).__name__}: {exc}"
 
     def tick(self, tick: Tick, record: dict[str, Any]) -> None:
-        """Each probe's field for this tick into ``record`` (None: left out),
-        the interpreter handed back whenever the probes have held it
-        HAND_BACK_AFTER_S."""
-        clock = time.perf_counter
-        held_since = clock()
+        """Each probe's field for this tick into ``record`` (None: left out).
+
+        The probes run on the agent's thread holding the interpreter, one
+        after the other: a thread of the program that wants it meanwhile
+        would wait for the whole run (up to Python's 5 ms switch interval).
+        The interpreter is handed back between probes once they have held it
+        :data:`~jaxtop.probes.base.HAND_BACK_AFTER_S`, so it waits for about
+        one probe at most."""
+        hand_back = HandBack()
         for probe in self._probes:
             try:
                 value = probe.on_tick(tick)
@@ -142,9 +137,7 @@ class ProbeList:
                 value = {"error": f"{type(exc).__name__}: {exc}"}
             if value is not None:
                 record[probe.name] = value
-            if clock() - held_since > HAND_BACK_AFTER_S:
-                hand_back()
-                held_since = clock()
+            hand_back()
 
     def shift_deadlines(self, gap: float) -> None:
         """The process was stopped for ``gap`` seconds: tell every probe that has deadlines."""
