@@ -49,7 +49,7 @@ from jaxtop.probes import jaxstate
 from jaxtop.probes.base import Tick, hand_back
 from jaxtop.probes.forksafe import ForkLock
 
-__all__ = ["EMPTY_REASON", "METRICS", "MAX_SHARE", "READ_INTERVAL_S", "TpuMonitoringProbe", "parse"]
+__all__ = ["EMPTY_REASON", "METRICS", "MAX_SHARE", "READ_INTERVAL_S", "SLOW_READS", "TpuMonitoringProbe", "parse"]
 
 #: Least seconds between two readings (the runtime's own windows are 1-5 s).
 READ_INTERVAL_S = 1.0
@@ -72,7 +72,7 @@ MAX_VALUES = 256
 MAX_VALUE_CHARS = 4096
 #: A metric whose call into libtpu took longer than the pause limit this
 #: many reads in a row is read no more (a first call may set things up).
-SLOW_READS = 2
+SLOW_READS = 3
 #: A reading that has not returned in this long is said on the wire (n/a,
 #: the metric named), and stays so until it returns: the runtime's call
 #: cannot be interrupted, and runs on jaxtop's own thread.

@@ -50,7 +50,8 @@ environment:
   JAXTOP_MAX_PAUSE_MS        the longest pause a live-array scan may put on the program (default 1; off:
                              no limit). jax.live_arrays() holds the interpreter ~0.14-0.37 us an array
                              (7-18 ms at 50,000); no scan predicted longer is taken, and the screen shows
-                             the last scan's totals and says why
+                             the last scan's totals and says why. On a TPU, a libtpu metric whose call takes
+                             longer in three readings in a row is read no more
   JAXTOP_ADVISE_WHOLE        1: `jaxtop advise FILE` decodes every line of a big recording instead of its
                              last window (benchmarks/advice.py compares the two)"""
 
