@@ -61,10 +61,11 @@ def mean_interval(values: list[float]) -> tuple[float, float]:
     pairs taken as independent): narrower than the median's where the
     pairs' spread is near normal, which the quartiles beside it show."""
     n = len(values)
-    # t's 97.5th percentile for n-1 degrees of freedom, 1.96 beyond 60.
+    # t's 97.5th percentile for n-1 degrees of freedom, taken at the nearest
+    # tabled degrees at or below (the wider interval, never a narrower one).
     t = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 10: 2.23, 15: 2.13, 20: 2.09, 30: 2.04, 40: 2.02, 60: 2.00}
     df = n - 1
-    quantile = next((v for k, v in sorted(t.items()) if df <= k), 1.96)
+    quantile = t[max(k for k in t if k <= df)] if df >= 1 else float("inf")
     return statistics.fmean(values), quantile * statistics.stdev(values) / n ** 0.5 if n > 1 else float("inf")
 
 
