@@ -40,6 +40,7 @@ import time
 import types
 from typing import Any, Callable
 
+from jaxtop.probes.base import hand_back
 from jaxtop.probes.holders_scan import arrays_at
 
 __all__ = ["CHUNK", "MAX_DEPTH", "MAX_OBJECTS", "WHO_MIN_INTERVAL_S", "WHO_SITES", "WhoCommand", "holders_of"]
@@ -246,8 +247,15 @@ def _roots(is_library: Callable[[str], bool]) -> list[tuple[str, Any]]:
     return out
 
 
+def _hand_back(_seconds: float) -> None:
+    """Between two pieces of the walk: let the interpreter go
+    (:func:`jaxtop.probes.base.hand_back`; ``sleep(0)`` hands it only to a
+    thread that already waited Python's 5 ms switch interval)."""
+    hand_back()
+
+
 def holders_of(targets: list[Any], is_library: Callable[[str], bool] | None = None,
-               pause: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter,
+               pause: Callable[[float], Any] = _hand_back, clock: Callable[[], float] = time.perf_counter,
                max_objects: int = MAX_OBJECTS) -> dict[str, Any]:
     """The names that keep ``targets`` alive.
 
