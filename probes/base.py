@@ -65,17 +65,21 @@ class HandBack:
     time held it :data:`HAND_BACK_AFTER_S`. Its argument is ignored (it
     stands where ``time.sleep`` stood)."""
 
-    __slots__ = ("after_s", "since")
+    __slots__ = ("after_s", "since", "slept_s")
 
     def __init__(self, after_s: float = HAND_BACK_AFTER_S) -> None:
         self.after_s = after_s
         self.since = time.perf_counter()
+        #: Seconds slept so far: not the work's cost (a cadence that follows
+        #: the work's wall time leaves them out).
+        self.slept_s = 0.0
 
     def __call__(self, _seconds: float = 0.0) -> float:
         """The seconds slept (0: the pieces have not held it long enough)."""
         if time.perf_counter() - self.since < self.after_s:
             return 0.0
         slept = hand_back()
+        self.slept_s += slept
         self.since = time.perf_counter()
         return slept
 
