@@ -46,7 +46,7 @@ import time
 from typing import Any, Callable
 
 from jaxtop.probes import jaxstate
-from jaxtop.probes.base import Tick, hand_back
+from jaxtop.probes.base import HandBack, Tick
 from jaxtop.probes.forksafe import ForkLock
 
 __all__ = ["EMPTY_REASON", "METRICS", "MAX_SHARE", "READ_INTERVAL_S", "SLOW_READS", "TpuMonitoringProbe", "parse"]
@@ -281,7 +281,9 @@ class TpuMonitoringProbe:
         # The longest a call into libtpu may take (None: no limit): such a
         # call keeps the interpreter, so every thread of the program waits.
         self.pause_limit_s = pause_limit_s
-        self._handed_back_s = 0.0  # seconds of the current reading spent in hand-backs
+        # Hands the interpreter back before each call into libtpu (after any
+        # time held: a call's length is the runtime's), counting what it slept.
+        self._pause = HandBack(after_s=0.0)
         self._slow: dict[str, int] = {}  # wire name -> reads in a row over the limit
         self._retired: dict[str, str] = {}  # wire name -> why it is read no more
         self._stop = threading.Event()
@@ -376,7 +378,7 @@ class TpuMonitoringProbe:
         started = time.perf_counter()
         answered = self.read_once()
         # The hand-backs between calls are sleeps, not the runtime's cost.
-        self.read_s = max(0.0, time.perf_counter() - started - self._handed_back_s)
+        self.read_s = max(0.0, time.perf_counter() - started - self._pause.slept_s)
         if answered:
             self.interval_s = READ_INTERVAL_S
         else:  # nothing answered: ask less often, up to IDLE_INTERVAL_S
@@ -394,7 +396,7 @@ class TpuMonitoringProbe:
             return False
         metrics: dict[str, Any] = {}
         unavailable: dict[str, str] = {}
-        self._handed_back_s = 0.0
+        self._pause = HandBack(after_s=0.0)
         for wire, (_, shape) in METRICS.items():
             name = self._names.get(wire)
             if name is None:
@@ -407,12 +409,12 @@ class TpuMonitoringProbe:
                 # The interpreter handed back between metrics: libtpu's calls
                 # keep it (pybind11 holds it by default), and several in a row
                 # held a waiting thread of the program 6-8 ms on a TPU v5e host.
-                self._hand_back()
+                self._pause()
                 self._reading = (name, time.monotonic())
                 started = time.perf_counter()
                 metric = module.get_metric(name)
                 took = time.perf_counter() - started
-                self._hand_back()  # the two calls apart too
+                self._pause()  # the two calls apart too
                 started = time.perf_counter()
                 values = metric.data()
                 took = max(took, time.perf_counter() - started)
@@ -434,12 +436,6 @@ class TpuMonitoringProbe:
             value["unavailable"] = unavailable
         self._publish(value)
         return bool(metrics)
-
-    def _hand_back(self) -> None:
-        """Let the interpreter go (:func:`jaxtop.probes.base.hand_back`)
-        between two calls into libtpu: a thread of the program waiting for
-        it takes it meanwhile."""
-        self._handed_back_s += hand_back()
 
     def _timed(self, wire: str, name: str, took_s: float) -> None:
         """Note how long one metric's longer call took; a metric over the
